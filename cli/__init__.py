@@ -1,0 +1,1 @@
+"""The gpuinfra command line: typer commands that parse options and call one engine function."""

@@ -1,0 +1,46 @@
+"""Turn known failures into one clear line on stderr and a deliberate exit code."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import typer
+from rich.console import Console
+
+from cli.exitcodes import ExitCode
+from cli.options import state
+from inventory.errors import InventoryInvalid
+
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+class UserError(Exception):
+    """A problem the operator can fix, reported without a traceback."""
+
+    def __init__(self, message: str, code: ExitCode = ExitCode.BAD_INPUT):
+        super().__init__(message)
+        self.code = code
+
+
+@contextmanager
+def reporting() -> Iterator[None]:
+    try:
+        yield
+    except InventoryInvalid as exc:
+        for error in exc.errors:
+            stderr.print(f"error: {error}", markup=False)
+        _traceback_if_verbose()
+        raise typer.Exit(ExitCode.BAD_INPUT) from None
+    except UserError as exc:
+        stderr.print(f"error: {exc}", markup=False)
+        _traceback_if_verbose()
+        raise typer.Exit(exc.code) from None
+
+
+def _traceback_if_verbose() -> None:
+    if state.verbose:
+        import traceback
+
+        traceback.print_exc(file=sys.stderr)

@@ -1,0 +1,1 @@
+"""The cluster model: load, validate and derive the topology the roles need."""

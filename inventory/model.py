@@ -1,0 +1,129 @@
+"""The cluster inventory model: one validated description of a GPU cluster, from cluster.yml."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+# The groups a host can belong to, and what each one means. Documented in README too.
+GROUPS: dict[str, str] = {
+    "etcd": "dedicated etcd members (odd count; 5 in the reference design), data on local disk",
+    "control_plane": "Kubernetes API server, controller-manager and scheduler (kubeadm)",
+    "loadbalancer": "HAProxy in front of the API servers; two share a keepalived virtual address",
+    "dns": "Bind9 for the cluster domain: the first host is the primary, the rest secondaries",
+    "monitoring": "Prometheus (and Grafana where used) scraping every host",
+    "gpu_worker": "Kubernetes workers with NVIDIA GPUs; need a gpu spec",
+    "cpu_worker": "Kubernetes workers without GPUs",
+}
+Group = Literal["etcd", "control_plane", "loadbalancer", "dns", "monitoring", "gpu_worker", "cpu_worker"]
+TargetOS = Literal["ubuntu-22.04", "ubuntu-24.04", "debian-12", "debian-13"]
+
+HostName = Annotated[
+    str,
+    StringConstraints(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"),
+]
+
+
+class Strict(BaseModel):
+    """Every model forbids unknown keys: a typo in the inventory must never pass silently."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Versions(Strict):
+    """Pinned versions; the NVIDIA stack is checked against each other by the nvidia role."""
+
+    kubernetes: str = "1.31.4"
+    etcd: str = "3.5.16"  # Debian 13's etcd-server; upstream 3.5 otherwise
+    containerd: str = "1.7.24"
+    docker: str = "26.1.5"
+    nvidia_driver: str = "550.163.01"
+    cuda: str = "12.4"
+    cudnn: str = "9.1.0"
+    nccl: str = "2.22.3"
+
+
+class Networks(Strict):
+    node: ipaddress.IPv4Network
+    pod: ipaddress.IPv4Network = ipaddress.IPv4Network("10.128.0.0/12")
+    service: ipaddress.IPv4Network = ipaddress.IPv4Network("10.96.0.0/16")
+    # Networks allowed to reach SSH and the Kubernetes API; the node network always may.
+    admin: list[ipaddress.IPv4Network] = Field(default_factory=list)
+
+
+class SSH(Strict):
+    user: str = "root"
+    # Private key on the controller; relative paths are taken from the cluster file's folder.
+    key: Path | None = None
+    # known_hosts used for strict host-key checking; never turned off.
+    known_hosts: Path = Path("~/.ssh/known_hosts")
+    port: int = Field(22, ge=1, le=65535)
+    # Jump host as user@host[:port], when the nodes are not directly reachable.
+    bastion: str | None = None
+
+
+class API(Strict):
+    # Virtual address keepalived holds on the load balancers (needed with two of them).
+    vip: ipaddress.IPv4Address | None = None
+    port: int = Field(6443, ge=1, le=65535)
+
+
+class GPUSpec(Strict):
+    model: str
+    count: int = Field(ge=1, le=16)
+
+
+class EtcdHost(Strict):
+    # A dedicated local SSD/NVMe for etcd's data, e.g. /dev/nvme1n1; a plain directory without.
+    disk: str | None = None
+
+
+class Host(Strict):
+    address: ipaddress.IPv4Address
+    groups: list[Group] = Field(min_length=1)
+    gpu: GPUSpec | None = None
+    etcd: EtcdHost | None = None
+    # Per-host role settings, shaped like group_vars: {role: {key: value}}.
+    vars: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+
+class Cluster(Strict):
+    name: HostName
+    domain: str
+    os: TargetOS = "ubuntu-22.04"
+    versions: Versions = Field(default_factory=Versions)
+    networks: Networks
+    ssh: SSH = Field(default_factory=SSH)
+    api: API = Field(default_factory=API)
+    hosts: dict[HostName, Host]
+    # Role settings per group: {group: {role: {key: value}}}; host vars override them.
+    group_vars: dict[Group, dict[str, dict[str, Any]]] = Field(default_factory=dict)
+
+    def in_group(self, group: str) -> list[str]:
+        """Host names in a group, in inventory order."""
+        return [name for name, host in self.hosts.items() if group in host.groups]
+
+    def fqdn(self, host: str) -> str:
+        return f"{host}.{self.domain}"
+
+
+class LoadedCluster(BaseModel):
+    """A validated cluster and where it came from (for messages and relative paths)."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    cluster: Cluster
+    source: Path  # the file that was read (cluster.yml or the Ansible inventory)
+    base_dir: Path  # relative paths in the file are taken from here
+
+    def resolve(self, path: Path) -> Path:
+        path = path.expanduser()
+        return path if path.is_absolute() else (self.base_dir / path)
+
+    @property
+    def state_dir(self) -> Path:
+        """Where generated secrets (PKI, TSIG keys) and run reports live; ignored by git."""
+        return self.base_dir / ".state"

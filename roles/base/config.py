@@ -1,0 +1,27 @@
+"""Defaults of the base role; inventory group_vars/host vars under `base:` override them."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class BaseConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Debian/Ubuntu mirror URL; None keeps the distribution's default archive.
+    apt_mirror: str | None = None
+    # HTTP proxy for apt only (fleets often reach mirrors through one); None for direct.
+    apt_proxy: str | None = None
+    # Enable contrib/non-free (Debian) or restricted/multiverse (Ubuntu): NVIDIA's userspace lives there.
+    apt_nonfree: bool = True
+    # Tools an operator expects on every node when debugging at 3 a.m.
+    packages: list[str] = Field(
+        default_factory=lambda: ["ca-certificates", "curl", "chrony", "jq", "less", "lsof", "rsync"]
+    )
+    # NTP servers for chrony; etcd and TLS both break on skewed clocks.
+    ntp_servers: list[str] = Field(default_factory=lambda: ["pool.ntp.org"])
+    # Cap the journal so a chatty node cannot fill its root disk.
+    journald_max_use: str = "2G"
+    journald_max_file: str = "128M"
+    # Password logins invite brute force; keys only (root by key for provisioning).
+    ssh_permit_root_login: str = "prohibit-password"

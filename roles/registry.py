@@ -1,0 +1,11 @@
+"""Every role's configuration model, by the name used under group_vars and host vars."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from roles.base.config import BaseConfig
+
+ROLE_CONFIGS: dict[str, type[BaseModel]] = {
+    "base": BaseConfig,
+}

@@ -5,7 +5,9 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from roles.base.config import BaseConfig
+from roles.gpu_health.config import GpuHealthConfig
 
 ROLE_CONFIGS: dict[str, type[BaseModel]] = {
     "base": BaseConfig,
+    "gpu_health": GpuHealthConfig,
 }

@@ -1,0 +1,68 @@
+"""Defaults of the gpu_health role; inventory group_vars/host vars under `gpu_health:` override them."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class GpuHealthConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Any volatile (since last reset) uncorrectable ECC error means data in flight was lost.
+    ecc_volatile_uncorrectable_max: int = Field(0, ge=0)
+    # Aggregate (lifetime) errors may predate a successful row remap: worth a look, not a drain.
+    ecc_aggregate_uncorrectable_max: int = Field(0, ge=0)
+    # A narrower PCIe link still computes correctly, only host transfers slow: fix at maintenance.
+    pcie_downgrade_verdict: Literal["degraded", "failed"] = "degraded"
+    # Every NVLink that the GPU reports as present must be up: NCCL rings route around nothing.
+    nvlink_links_down_max: int = Field(0, ge=0)
+
+    # 8192^3 BF16 GEMMs: big enough to saturate tensor cores, small enough to run in seconds.
+    matmul_size: int = Field(8192, ge=1024)
+    # Enough back-to-back GEMMs to reach the power cap and steady clocks (a cold GPU flatters).
+    matmul_iterations: int = Field(50, ge=5)
+    # cuBLAS reaches ~70-80% of the datasheet dense peak on H100 SXM at the 700 W cap (the
+    # datasheet assumes max boost clock); below 60% the GPU is a straggler for synchronous jobs.
+    matmul_degraded_fraction: float = Field(0.60, gt=0, le=1)
+    # Below 30% of peak something is broken (clocks pinned low, a sick SM array), not just slow.
+    matmul_failed_fraction: float = Field(0.30, gt=0, le=1)
+    # Device-to-device copies of 2 GiB dwarf the L2 cache (50 MiB on H100), so HBM is measured.
+    membw_size_mib: int = Field(2048, ge=256)
+    # A plain copy kernel reaches ~80-90% of HBM's datasheet bandwidth; 70% leaves noise room.
+    membw_degraded_fraction: float = Field(0.70, gt=0, le=1)
+    membw_failed_fraction: float = Field(0.35, gt=0, le=1)
+    # nccl-tests reach peak bus bandwidth only with large messages (hundreds of MiB and up).
+    allreduce_size_mib: int = Field(512, ge=16)
+    # 8x H100 reach ~480 GB/s bus bandwidth over NVLink (nccl-tests#212); 70% is a sick link.
+    allreduce_degraded_fraction: float = Field(0.70, gt=0, le=1)
+    allreduce_failed_fraction: float = Field(0.35, gt=0, le=1)
+    # DCGM diag level 1 takes seconds, 2 about two minutes, 3 about fifteen (NVIDIA's docs).
+    dcgm_level: int = Field(1, ge=1, le=4)
+
+    # The reference design never acts on more than a bounded share of the fleet at once.
+    cordon_budget: str = Field("10%", pattern=r"^(\d+%|\d+)$")
+    # SSH fan-out width: each session mostly waits on the remote GPUs, not on this machine.
+    fleet_parallel: int = Field(32, ge=1, le=256)
+    # Active tests plus DCGM level 3 can take ~15 minutes; a hung node must not block the run.
+    fleet_timeout_s: int = Field(1200, ge=30)
+    # What runs on each sampled node; JSON so verdicts are parsed, never scraped from a table.
+    remote_command: str = "gpuinfra health run --format json"
+    # Kubernetes node names: kubelet registers with the short host name unless told otherwise.
+    node_name: Literal["host", "fqdn"] = "host"
+
+    # Image with gpuinfra, kubectl and PyTorch (for the active tests); built from this repository.
+    image: str = "ghcr.io/gpuinfra/gpu-health:0.1.0"
+    # Its own namespace so RBAC and quotas for node-patching pods stay separate from workloads.
+    namespace: str = "gpu-health"
+    # Four times a day, off the hour, so it does not coincide with hourly batch starts.
+    cronjob_schedule: str = "17 */6 * * *"
+    # Pods per CronJob run, each on a different idle node: a random sample, not a fleet sweep.
+    cronjob_parallelism: int = Field(2, ge=1)
+    # Passive checks (ECC, Xid, throttling, links) are cheap: every five minutes on every node.
+    passive_interval_s: int = Field(300, ge=30)
+    # Debian/Ubuntu prometheus-node-exporter's textfile collector directory.
+    textfile_dir: str = "/var/lib/prometheus/node-exporter"
+    # The extended resource the NVIDIA device plugin advertises; the CronJob asks for all of them.
+    gpu_resource: str = "nvidia.com/gpu"

@@ -13,11 +13,18 @@ from inventory.model import Cluster, LoadedCluster
 from inventory.validate import check_cluster
 
 CLUSTER_FILE_NAMES = ("cluster.yml", "cluster.yaml")
-ANSIBLE_FILE_NAMES = ("hosts.yml", "hosts.yaml", "hosts.ini", "inventory.ini", "hosts", "inventory")
+ANSIBLE_FILE_NAMES = (
+    "hosts.yml",
+    "hosts.yaml",
+    "hosts.ini",
+    "inventory.ini",
+    "hosts",
+    "inventory",
+)
 
 
 def load(path: str | Path) -> LoadedCluster:
-    """Load a cluster file, a folder holding one, or an Ansible inventory; raise InventoryInvalid."""
+    """Load a cluster file, a folder holding one, or an Ansible inventory (InventoryInvalid)."""
     path = Path(path)
     target = _locate(path)
     if _is_ansible(target):
@@ -95,7 +102,9 @@ def parse_yaml(path: Path, text: str) -> tuple[Any, dict[tuple[str, ...], int]]:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
         problem = exc.problem or str(exc)
-        raise InventoryInvalid([InventoryError(path, "", f"malformed YAML: {problem}", line)]) from None
+        raise InventoryInvalid(
+            [InventoryError(path, "", f"malformed YAML: {problem}", line)]
+        ) from None
     lines: dict[tuple[str, ...], int] = {}
     errors: list[InventoryError] = []
     if node is not None:

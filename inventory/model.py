@@ -18,7 +18,9 @@ GROUPS: dict[str, str] = {
     "gpu_worker": "Kubernetes workers with NVIDIA GPUs; need a gpu spec",
     "cpu_worker": "Kubernetes workers without GPUs",
 }
-Group = Literal["etcd", "control_plane", "loadbalancer", "dns", "monitoring", "gpu_worker", "cpu_worker"]
+Group = Literal[
+    "etcd", "control_plane", "loadbalancer", "dns", "monitoring", "gpu_worker", "cpu_worker"
+]
 TargetOS = Literal["ubuntu-22.04", "ubuntu-24.04", "debian-12", "debian-13"]
 
 HostName = Annotated[
@@ -79,6 +81,8 @@ class GPUSpec(Strict):
 class EtcdHost(Strict):
     # A dedicated local SSD/NVMe for etcd's data, e.g. /dev/nvme1n1; a plain directory without.
     disk: str | None = None
+    # etcd member name when it must differ from the host name (imported Kubespray inventories).
+    member_name: HostName | None = None
 
 
 class Host(Strict):
@@ -99,12 +103,19 @@ class Cluster(Strict):
     ssh: SSH = Field(default_factory=SSH)
     api: API = Field(default_factory=API)
     hosts: dict[HostName, Host]
-    # Role settings per group: {group: {role: {key: value}}}; host vars override them.
-    group_vars: dict[Group, dict[str, dict[str, Any]]] = Field(default_factory=dict)
+    # Role settings per group: {group: {role: {key: value}}}. "all" applies to every host,
+    # then each of the host's groups in the order it lists them, then the host's own vars.
+    group_vars: dict[Literal["all"] | Group, dict[str, dict[str, Any]]] = Field(
+        default_factory=dict
+    )
 
     def in_group(self, group: str) -> list[str]:
         """Host names in a group, in inventory order."""
         return [name for name, host in self.hosts.items() if group in host.groups]
+
+    def etcd_member(self, host: str) -> str:
+        entry = self.hosts[host].etcd
+        return entry.member_name if entry and entry.member_name else host
 
     def fqdn(self, host: str) -> str:
         return f"{host}.{self.domain}"

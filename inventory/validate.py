@@ -1,4 +1,4 @@
-"""Rules across the whole cluster that a schema alone cannot say; each yields (key path, message)."""
+"""Rules across the whole cluster that a schema cannot express; each yields (key, message)."""
 
 from __future__ import annotations
 

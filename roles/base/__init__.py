@@ -1,1 +1,1 @@
-"""The base role: hostname, /etc/hosts, apt sources, baseline packages, time sync, journald, sshd."""
+"""The base role: hostname, /etc/hosts, apt sources, packages, time sync, journald, sshd."""

@@ -12,7 +12,7 @@ class BaseConfig(BaseModel):
     apt_mirror: str | None = None
     # HTTP proxy for apt only (fleets often reach mirrors through one); None for direct.
     apt_proxy: str | None = None
-    # Enable contrib/non-free (Debian) or restricted/multiverse (Ubuntu): NVIDIA's userspace lives there.
+    # Enable contrib/non-free (Debian) or restricted/multiverse (Ubuntu): NVIDIA userspace is there.
     apt_nonfree: bool = True
     # Tools an operator expects on every node when debugging at 3 a.m.
     packages: list[str] = Field(

@@ -1,0 +1,50 @@
+# gpuinfra: the commands a newcomer and CI run. `make help` lists them.
+SHELL := /bin/bash
+VENV := .venv
+BIN := $(VENV)/bin
+PYTHON ?= python3
+LAB ?= lab
+
+.PHONY: help install test unit lint format render demo clean
+
+help:
+	@echo "make install  Debian packages for the lab + .venv with gpuinfra (editable) and dev tools"
+	@echo "make demo     the main job: lab up, bootstrap the cluster on it, verification report"
+	@echo "make test     every test: unit, then integration on a lab booted for the run"
+	@echo "make unit     unit tests only (no root, no hosts)"
+	@echo "make lint     ruff check and format check"
+	@echo "make render   render the sample cluster's files into build/render"
+
+install: $(VENV)/.installed
+
+# Re-run when the dependencies change; the Debian packages are idempotent to install.
+$(VENV)/.installed: pyproject.toml scripts/install-debian-packages.sh
+	bash scripts/install-debian-packages.sh
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+test: install
+	$(BIN)/pytest
+
+unit: install
+	$(BIN)/pytest tests/unit
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+render: install
+	$(BIN)/gpuinfra render inventory/sample --out build/render
+
+demo: install
+	$(BIN)/gpuinfra inventory validate inventory/sample
+	$(BIN)/gpuinfra render inventory/sample --out build/render
+
+clean:
+	rm -rf build .pytest_cache .ruff_cache

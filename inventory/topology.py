@@ -1,0 +1,189 @@
+"""Derive what the roles need from a validated cluster: endpoints, DNS records, firewall peers."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+
+from inventory.model import Cluster
+
+ETCD_CLIENT_PORT = 2379
+ETCD_PEER_PORT = 2380
+ETCD_METRICS_PORT = 2381  # plain-HTTP /metrics listener, so Prometheus needs no client cert
+KUBELET_PORT = 10250
+NODE_EXPORTER_PORT = 9100
+SSH_PORT = 22
+DNS_PORT = 53
+HAPROXY_STATS_PORT = 8404
+
+
+@dataclass(frozen=True)
+class DNSRecord:
+    name: str  # relative to its zone ("etcd-1", "_etcd-server-ssl._tcp") or "@"
+    type: str  # A, PTR, SRV
+    value: str
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    address: str
+    port: int
+
+
+@dataclass(frozen=True)
+class FirewallRule:
+    """Inbound traffic one group's hosts accept: a port from a set of sources."""
+
+    description: str
+    port: int
+    protocol: str  # tcp or udp
+    sources: tuple[str, ...]  # addresses and CIDRs, sorted
+
+
+@dataclass(frozen=True)
+class Topology:
+    etcd_initial_cluster: str
+    etcd_client_endpoints: tuple[str, ...]
+    api_address: str  # what clients dial: the VIP, the single balancer, or the only API server
+    api_endpoint: str  # api.<domain>:port
+    api_backends: tuple[Backend, ...]
+    dns_primary: str | None
+    dns_secondaries: tuple[str, ...]
+    forward_zone: str
+    reverse_zones: dict[str, tuple[DNSRecord, ...]]
+    forward_records: tuple[DNSRecord, ...]
+    # group -> rules; a host gets the union of its groups' rules plus the "all" rules
+    firewall: dict[str, tuple[FirewallRule, ...]] = field(default_factory=dict)
+
+    def rules_for(self, groups: list[str]) -> list[FirewallRule]:
+        seen: dict[tuple[int, str, tuple[str, ...]], FirewallRule] = {}
+        for group in ["all", *groups]:
+            for rule in self.firewall.get(group, ()):
+                seen.setdefault((rule.port, rule.protocol, rule.sources), rule)
+        return sorted(seen.values(), key=lambda r: (r.port, r.protocol, r.sources))
+
+
+def build_topology(cluster: Cluster) -> Topology:
+    def address(name: str) -> str:
+        return str(cluster.hosts[name].address)
+
+    etcd = cluster.in_group("etcd")
+    control_plane = cluster.in_group("control_plane")
+    balancers = cluster.in_group("loadbalancer")
+    dns = cluster.in_group("dns")
+    monitoring = cluster.in_group("monitoring")
+
+    if cluster.api.vip is not None:
+        api_address = str(cluster.api.vip)
+    elif balancers:
+        api_address = address(balancers[0])
+    elif control_plane:
+        api_address = address(control_plane[0])
+    else:
+        api_address = ""
+
+    return Topology(
+        etcd_initial_cluster=",".join(
+            f"{cluster.etcd_member(name)}=https://{address(name)}:{ETCD_PEER_PORT}" for name in etcd
+        ),
+        etcd_client_endpoints=tuple(f"https://{address(name)}:{ETCD_CLIENT_PORT}" for name in etcd),
+        api_address=api_address,
+        api_endpoint=f"api.{cluster.domain}:{cluster.api.port}",
+        api_backends=tuple(
+            Backend(name, address(name), cluster.api.port) for name in control_plane
+        ),
+        dns_primary=dns[0] if dns else None,
+        dns_secondaries=tuple(dns[1:]),
+        forward_zone=cluster.domain,
+        forward_records=_forward_records(cluster, api_address),
+        reverse_zones=_reverse_zones(cluster),
+        firewall=_firewall(cluster, etcd, control_plane, balancers, monitoring),
+    )
+
+
+def _forward_records(cluster: Cluster, api_address: str) -> tuple[DNSRecord, ...]:
+    records = [DNSRecord(name, "A", str(host.address)) for name, host in cluster.hosts.items()]
+    if api_address:
+        records.append(DNSRecord("api", "A", api_address))
+    # RFC 2782 SRV: priority weight port target; etcd's DNS discovery reads these names.
+    for name in cluster.in_group("etcd"):
+        fqdn = f"{cluster.fqdn(name)}."
+        records.append(DNSRecord("_etcd-server-ssl._tcp", "SRV", f"0 0 {ETCD_PEER_PORT} {fqdn}"))
+        records.append(DNSRecord("_etcd-client-ssl._tcp", "SRV", f"0 0 {ETCD_CLIENT_PORT} {fqdn}"))
+    return tuple(records)
+
+
+def reverse_zone_name(address: ipaddress.IPv4Address) -> str:
+    """The /24 in-addr.arpa zone holding an address (classful delegation keeps zones simple)."""
+    a, b, c, _ = str(address).split(".")
+    return f"{c}.{b}.{a}.in-addr.arpa"
+
+
+def _reverse_zones(cluster: Cluster) -> dict[str, tuple[DNSRecord, ...]]:
+    zones: dict[str, list[DNSRecord]] = {}
+    for name, host in cluster.hosts.items():
+        last_octet = str(host.address).rsplit(".", 1)[1]
+        zones.setdefault(reverse_zone_name(host.address), []).append(
+            DNSRecord(last_octet, "PTR", f"{cluster.fqdn(name)}.")
+        )
+    return {zone: tuple(records) for zone, records in sorted(zones.items())}
+
+
+def _firewall(
+    cluster: Cluster,
+    etcd: list[str],
+    control_plane: list[str],
+    balancers: list[str],
+    monitoring: list[str],
+) -> dict[str, tuple[FirewallRule, ...]]:
+    def addresses(names: list[str]) -> tuple[str, ...]:
+        return tuple(sorted(str(cluster.hosts[n].address) for n in names))
+
+    node_net = str(cluster.networks.node)
+    admin = tuple(sorted({node_net, *(str(net) for net in cluster.networks.admin)}))
+    api_port = cluster.api.port
+    scrapers = addresses(monitoring)
+    rules: dict[str, list[FirewallRule]] = {
+        "all": [FirewallRule("SSH from admin networks", SSH_PORT, "tcp", admin)],
+        "etcd": [
+            FirewallRule(
+                "etcd clients: control plane and members",
+                ETCD_CLIENT_PORT,
+                "tcp",
+                addresses(sorted(set(control_plane) | set(etcd))),
+            ),
+            FirewallRule("etcd peers: members only", ETCD_PEER_PORT, "tcp", addresses(etcd)),
+        ],
+        "control_plane": [
+            FirewallRule("Kubernetes API from nodes and admins", api_port, "tcp", admin),
+        ],
+        "loadbalancer": [
+            FirewallRule("Kubernetes API from nodes and admins", api_port, "tcp", admin),
+        ],
+        "dns": [
+            FirewallRule("DNS from the cluster", DNS_PORT, "udp", (node_net,)),
+            FirewallRule("DNS from the cluster", DNS_PORT, "tcp", (node_net,)),
+        ],
+    }
+    for group in ("control_plane", "gpu_worker", "cpu_worker"):
+        rules.setdefault(group, []).append(
+            FirewallRule(
+                "kubelet from the control plane", KUBELET_PORT, "tcp", addresses(control_plane)
+            )
+        )
+    if scrapers:
+        rules["all"].append(
+            FirewallRule("node exporter from monitoring", NODE_EXPORTER_PORT, "tcp", scrapers)
+        )
+        rules["etcd"].append(
+            FirewallRule("etcd metrics from monitoring", ETCD_METRICS_PORT, "tcp", scrapers)
+        )
+        rules["loadbalancer"].append(
+            FirewallRule("HAProxy stats from monitoring", HAPROXY_STATS_PORT, "tcp", scrapers)
+        )
+    # A rule with no sources (no control plane yet, say) would be an empty set: leave it out.
+    return {
+        group: tuple(rule for rule in group_rules if rule.sources)
+        for group, group_rules in rules.items()
+    }

@@ -1,0 +1,123 @@
+"""Render every managed file of every host from the templates, with no connection to any host."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+import jinja2
+from pydantic import BaseModel
+
+from inventory.model import Cluster, Host, LoadedCluster
+from inventory.topology import Topology, build_topology
+from roles.config import role_settings
+
+TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
+CLUSTER_DIR = "_cluster"  # cluster-wide files (Kubernetes manifests) under OUT/_cluster/
+
+
+@dataclass(frozen=True)
+class ManagedFile:
+    """One file a role owns on a host: the same content is rendered offline and uploaded."""
+
+    role: str
+    path: str  # absolute path on the host
+    content: str
+    mode: str = "0644"
+    user: str = "root"
+    group: str = "root"
+    secret: bool = False  # never shown in diffs, plans or logs
+
+
+@dataclass(frozen=True)
+class HostContext:
+    """What a role's files and deploy see of one host."""
+
+    loaded: LoadedCluster
+    topology: Topology
+    name: str
+
+    @property
+    def cluster(self) -> Cluster:
+        return self.loaded.cluster
+
+    @property
+    def host(self) -> Host:
+        return self.cluster.hosts[self.name]
+
+    @property
+    def address(self) -> str:
+        return str(self.host.address)
+
+    def settings(self, role: str) -> BaseModel:
+        return role_settings(self.cluster, self.name, role)
+
+
+@cache
+def environment() -> jinja2.Environment:
+    # StrictUndefined: a missing variable is an error, never an empty string in a config file.
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+
+
+def render_template(name: str, **context: object) -> str:
+    return environment().get_template(name).render(**context)
+
+
+def host_contexts(loaded: LoadedCluster) -> list[HostContext]:
+    topology = build_topology(loaded.cluster)
+    return [HostContext(loaded, topology, name) for name in loaded.cluster.hosts]
+
+
+def host_files(ctx: HostContext) -> list[ManagedFile]:
+    from roles.phases import PHASES
+
+    files: list[ManagedFile] = []
+    for phase in PHASES:
+        if phase.applies_to(ctx.host.groups) and phase.files is not None:
+            files.extend(phase.files(ctx))
+    return files
+
+
+def cluster_files(loaded: LoadedCluster) -> dict[str, str]:
+    from roles.phases import CLUSTER_FILES
+
+    rendered: dict[str, str] = {}
+    for producer in CLUSTER_FILES:
+        rendered.update(producer(loaded))
+    return rendered
+
+
+@dataclass
+class RenderResult:
+    out: Path
+    hosts: int = 0
+    files: int = 0
+    per_host: dict[str, list[str]] = field(default_factory=dict)
+
+
+def render_cluster(loaded: LoadedCluster, out: Path) -> RenderResult:
+    """Render everything in memory first, then write: a template error writes nothing."""
+    planned: list[tuple[Path, ManagedFile | str]] = []
+    result = RenderResult(out=out)
+    for ctx in host_contexts(loaded):
+        files = host_files(ctx)
+        result.per_host[ctx.name] = [f.path for f in files]
+        planned += [(out / ctx.name / f.path.lstrip("/"), f) for f in files]
+    planned += [(out / CLUSTER_DIR / rel, text) for rel, text in cluster_files(loaded).items()]
+    for target, item in planned:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        content = item if isinstance(item, str) else item.content
+        target.write_text(content)
+        if isinstance(item, ManagedFile):
+            target.chmod(int(item.mode, 8))
+    result.hosts = len(result.per_host)
+    result.files = len(planned)
+    return result

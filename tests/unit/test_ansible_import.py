@@ -1,0 +1,91 @@
+"""Importing Ansible inventories (Kubespray layout) through ansible-core's own loader."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from typer.testing import CliRunner
+
+from cli.main import app
+from inventory.ansible_import import import_ansible
+from inventory.loader import load
+
+KUBESPRAY = Path(__file__).parent / "data" / "kubespray"
+runner = CliRunner()
+
+
+def test_kubespray_ini_maps_groups_and_host_vars():
+    result = import_ansible(KUBESPRAY / "inventory.ini", name="mycluster")
+    cluster = result.loaded.cluster
+    assert cluster.in_group("control_plane") == ["node1", "node2"]
+    assert cluster.in_group("etcd") == ["node1", "node2", "node3"]
+    assert cluster.in_group("cpu_worker") == ["node4", "node5"]
+    assert cluster.in_group("loadbalancer") == ["lb1"]
+    # Kubespray binds to `ip`; ansible_host is only how the controller reaches a host.
+    assert str(cluster.hosts["node1"].address) == "10.20.0.11"
+    assert cluster.etcd_member("node1") == "etcd1"
+    assert cluster.ssh.user == "ubuntu"  # from group_vars/all.yml
+    assert cluster.domain == "mycluster.local"
+    assert str(cluster.networks.pod) == "10.233.64.0/18"  # from group_vars/k8s_cluster/
+    assert str(cluster.networks.service) == "10.233.0.0/18"
+    assert cluster.versions.kubernetes == "1.31.4"
+    assert str(cluster.networks.node) == "10.20.0.0/24"
+
+
+def test_unmapped_variables_and_groups_are_reported():
+    result = import_ansible(KUBESPRAY / "inventory.ini", name="mycluster")
+    assert "variable node_labels (node5) has no gpuinfra equivalent" in result.unmapped
+    assert "variable upstream_dns_servers (6 hosts) has no gpuinfra equivalent" in result.unmapped
+
+
+def test_cli_import_writes_a_valid_cluster_file(tmp_path):
+    out = tmp_path / "mycluster" / "cluster.yml"
+    result = runner.invoke(
+        app, ["inventory", "import", str(KUBESPRAY / "inventory.ini"), "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "not mapped: variable node_labels (node5)" in result.stdout
+    data = yaml.safe_load(out.read_text())
+    assert data["name"] == "kubespray"
+    assert len(load(out).cluster.hosts) == 6
+    again = runner.invoke(
+        app, ["inventory", "import", str(KUBESPRAY / "inventory.ini"), "--out", str(out)]
+    )
+    assert again.exit_code == 2 and "exists" in again.stderr
+
+
+def test_commands_accept_an_ansible_inventory_directly(tmp_path):
+    result = runner.invoke(app, ["inventory", "validate", str(KUBESPRAY / "inventory.ini")])
+    assert result.exit_code == 0, result.output
+    rendered = runner.invoke(
+        app, ["render", str(KUBESPRAY / "inventory.ini"), "--out", str(tmp_path / "r")]
+    )
+    assert rendered.exit_code == 0, rendered.output
+    assert (tmp_path / "r" / "node1" / "etc" / "hosts").is_file()
+
+
+def test_yaml_ansible_inventory_is_recognised(tmp_path):
+    inventory = {
+        "all": {
+            "hosts": {"a1": {"ansible_host": "10.1.0.5"}, "a2": {"ansible_host": "10.1.0.6"}},
+            "children": {
+                "kube_control_plane": {"hosts": {"a1": None}},
+                "etcd": {"hosts": {"a1": None}},
+                "kube_node": {"hosts": {"a2": None}},
+            },
+        }
+    }
+    path = tmp_path / "hosts.yml"
+    path.write_text(yaml.safe_dump(inventory))
+    loaded = load(path)
+    assert loaded.cluster.in_group("cpu_worker") == ["a2"]
+    assert loaded.cluster.in_group("control_plane") == ["a1"]
+
+
+def test_an_invalid_import_names_the_rule(tmp_path):
+    path = tmp_path / "hosts.ini"
+    path.write_text("[etcd]\nn1 ansible_host=10.1.0.1\nn2 ansible_host=10.1.0.2\n")
+    result = runner.invoke(app, ["inventory", "validate", str(path)])
+    assert result.exit_code == 2
+    assert "etcd needs an odd number of members (got 2)" in result.stderr

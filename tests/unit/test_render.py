@@ -1,0 +1,113 @@
+"""Offline render: every host gets its files, every template renders under StrictUndefined."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jinja2
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
+from inventory.loader import load
+from roles import render as render_module
+from roles.render import TEMPLATES, environment, host_contexts, host_files, render_cluster
+from tests.unit.conftest import SAMPLE
+
+runner = CliRunner()
+
+
+def test_render_sample_writes_files_for_all_25_hosts(tmp_path):
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["render", str(SAMPLE), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    hosts = sorted(p.name for p in out.iterdir() if p.name != render_module.CLUSTER_DIR)
+    assert len(hosts) == 25
+    for host in hosts:
+        assert (out / host / "etc/hostname").read_text() == f"{host}\n"
+        assert (out / host / "etc/hosts").is_file()
+
+
+def test_every_template_is_rendered_from_the_sample(tmp_path):
+    """Each template under templates/ must be used, so StrictUndefined has checked all of them."""
+    environment.cache_clear()
+    render_cluster(load(SAMPLE), tmp_path)
+    used = {key[1] for key in environment().cache}
+    present = {str(p.relative_to(TEMPLATES)) for p in TEMPLATES.rglob("*.j2")}
+    assert present, "no templates found"
+    assert present - used == set()
+
+
+def test_a_missing_variable_is_an_error_not_an_empty_string(tmp_path):
+    (tmp_path / "t.j2").write_text("value={{ not_given }}\n")
+    env = environment().overlay(loader=jinja2.FileSystemLoader(tmp_path))
+    with pytest.raises(jinja2.UndefinedError):
+        env.get_template("t.j2").render()
+
+
+def test_hosts_file_lists_every_host_and_the_api():
+    loaded = load(SAMPLE)
+    ctx = host_contexts(loaded)[0]
+    hosts_file = next(f for f in host_files(ctx) if f.path == "/etc/hosts").content
+    for name, host in loaded.cluster.hosts.items():
+        assert f"{host.address} {name}.sample.gpu.internal {name}\n" in hosts_file
+    assert "10.40.0.10 api.sample.gpu.internal api\n" in hosts_file
+
+
+def test_group_and_host_vars_reach_the_templates(small_cluster, write_cluster):
+    small_cluster["group_vars"] = {
+        "all": {"base": {"ntp_servers": ["ntp.all"]}},
+        "etcd": {"base": {"ntp_servers": ["ntp.etcd"]}},
+    }
+    small_cluster["hosts"]["etcd-2"]["vars"] = {"base": {"ntp_servers": ["ntp.host"]}}
+    loaded = load(write_cluster(small_cluster))
+    chrony = {
+        ctx.name: next(f for f in host_files(ctx) if "chrony" in f.path).content
+        for ctx in host_contexts(loaded)
+    }
+    assert "pool ntp.all iburst" in chrony["cpu-1"]
+    assert "pool ntp.etcd iburst" in chrony["etcd-1"]
+    assert "pool ntp.host iburst" in chrony["etcd-2"]
+
+
+def test_debian_sources_enable_non_free(small_cluster, write_cluster):
+    loaded = load(write_cluster(small_cluster))
+    sources = next(
+        f for f in host_files(host_contexts(loaded)[0]) if f.path.endswith("gpuinfra.sources")
+    )
+    assert "Suites: trixie trixie-updates" in sources.content
+    assert "Components: main contrib non-free non-free-firmware" in sources.content
+
+
+def test_render_is_deterministic(tmp_path):
+    loaded = load(SAMPLE)
+    render_cluster(loaded, tmp_path / "a")
+    render_cluster(loaded, tmp_path / "b")
+    first = {
+        p.relative_to(tmp_path / "a"): p.read_bytes()
+        for p in (tmp_path / "a").rglob("*")
+        if p.is_file()
+    }
+    second = {
+        p.relative_to(tmp_path / "b"): p.read_bytes()
+        for p in (tmp_path / "b").rglob("*")
+        if p.is_file()
+    }
+    assert first == second
+
+
+def test_cli_help_lists_the_commands():
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0
+    for command in ("inventory", "render", "lab", "health"):
+        assert command in result.stdout
+
+
+def test_version():
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.stdout.startswith("gpuinfra ")
+
+
+def test_repo_paths():
+    assert Path(TEMPLATES).is_dir()

@@ -1,4 +1,4 @@
-"""Defaults of the gpu_health role; inventory group_vars/host vars under `gpu_health:` override them."""
+"""Defaults of the gpu_health role; group_vars/host vars under `gpu_health:` override them."""
 
 from __future__ import annotations
 

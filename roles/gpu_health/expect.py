@@ -1,0 +1,77 @@
+"""What a node should have (GPU count, model, driver) and which thresholds apply to it, taken
+from the cluster inventory directly or from the expectations file rendered for the cluster."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from inventory.model import LoadedCluster
+from roles.config import role_settings
+from roles.gpu_health.checks import Expectations
+from roles.gpu_health.config import GpuHealthConfig
+
+
+class UnknownHost(LookupError):
+    """The host is not a GPU worker of the inventory."""
+
+
+def _find(names: list[str], host: str) -> str:
+    """Inventory names are short; Kubernetes node names may be fully qualified."""
+    for candidate in (host, host.split(".", 1)[0]):
+        if candidate in names:
+            return candidate
+    raise UnknownHost(f"{host} is not a gpu_worker in the inventory (known: {', '.join(names)})")
+
+
+def from_cluster(loaded: LoadedCluster, host: str) -> tuple[Expectations, GpuHealthConfig]:
+    cluster = loaded.cluster
+    name = _find(cluster.in_group("gpu_worker"), host)
+    gpu = cluster.hosts[name].gpu
+    expect = Expectations(
+        count=gpu.count if gpu else None,
+        model=gpu.model if gpu else None,
+        driver=cluster.versions.nvidia_driver,
+    )
+    cfg = role_settings(cluster, name, "gpu_health")
+    assert isinstance(cfg, GpuHealthConfig)
+    return expect, cfg
+
+
+def expectations_document(loaded: LoadedCluster) -> dict[str, Any]:
+    """Every GPU worker's expectations and settings, for nodes that cannot read the inventory
+    (the in-cluster checks get it as a ConfigMap)."""
+    hosts = {}
+    for name in loaded.cluster.in_group("gpu_worker"):
+        expect, cfg = from_cluster(loaded, name)
+        hosts[name] = {
+            "count": expect.count,
+            "model": expect.model,
+            # Only what differs from the defaults, so the file stays readable.
+            "config": cfg.model_dump(exclude_defaults=True),
+        }
+    return {"driver": loaded.cluster.versions.nvidia_driver, "hosts": hosts}
+
+
+def from_document(document: dict[str, Any], host: str) -> tuple[Expectations, GpuHealthConfig]:
+    hosts = document.get("hosts", {})
+    name = _find(list(hosts), host)
+    entry = hosts[name]
+    expect = Expectations(
+        count=entry.get("count"), model=entry.get("model"), driver=document.get("driver")
+    )
+    return expect, GpuHealthConfig.model_validate(entry.get("config", {}))
+
+
+def from_file(path: Path, host: str) -> tuple[Expectations, GpuHealthConfig]:
+    return from_document(json.loads(path.read_text()), host)
+
+
+def cluster_config(loaded: LoadedCluster) -> GpuHealthConfig:
+    """The settings that apply fleet-wide (fleet runs, in-cluster manifests): group vars for all
+    hosts, then for gpu_worker; per-host vars only reach that host's own checks."""
+    merged: dict[str, Any] = {}
+    for group in ("all", "gpu_worker"):
+        merged.update(loaded.cluster.group_vars.get(group, {}).get("gpu_health", {}))
+    return GpuHealthConfig.model_validate(merged)

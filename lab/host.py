@@ -1,0 +1,292 @@
+"""One lab host on the machine: its copy-on-write root, identity, block device and supervisor."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import shlex
+import signal
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from lab.errors import LabError
+from lab.naming import LabNames
+from lab.system import run
+from lab.topology import DISK_DEVICE
+
+NSPAWN_EXIT_REBOOT = 133  # systemd-nspawn's exit code when the host ran `systemctl reboot`
+SUPERVISOR_SCRIPT = "supervise.sh"
+CONSOLE_LOG = "console.log"
+NSPAWN_PID = "nspawn.pid"
+EXIT_STATUS = "exit-status"
+STOP_REQUESTED = "stop-requested"
+PREPARED = "prepared"
+DISK_FILE = "disk.img"
+HOST_KEY = "etc/ssh/ssh_host_ed25519_key"
+SSHD_DROP_IN = """\
+# gpuinfra lab: one host key per host, made on the machine before first boot (its public
+# half is in the lab's known_hosts), and keys only: the lab key is authorised for root.
+HostKey /etc/ssh/ssh_host_ed25519_key
+PasswordAuthentication no
+PermitRootLogin prohibit-password
+"""
+RESOLV_CONF = """\
+# gpuinfra lab: no name server; /etc/hosts names the Debian mirror, and lab traffic must not
+# leave the lab bridge for anything else.
+options timeout:1 attempts:1
+"""
+
+
+@dataclass(frozen=True)
+class HostPaths:
+    """Where one host's files live in the lab's state folder."""
+
+    root: Path
+
+    @property
+    def upper(self) -> Path:
+        return self.root / "upper"
+
+    @property
+    def work(self) -> Path:
+        return self.root / "work"
+
+    @property
+    def merged(self) -> Path:
+        return self.root / "merged"
+
+    def __truediv__(self, name: str) -> Path:
+        return self.root / name
+
+
+def mounted_paths() -> set[str]:
+    """Mount points of the machine's own mount namespace."""
+    with open("/proc/self/mountinfo") as mountinfo:
+        return {line.split()[4] for line in mountinfo}
+
+
+def ensure_root_mounted(paths: HostPaths, lower: Path) -> None:
+    """The host's root: the shared Debian root below, the host's own changes in upper."""
+    for folder in (paths.upper, paths.work, paths.merged):
+        folder.mkdir(parents=True, exist_ok=True)
+    if str(paths.merged) in mounted_paths():
+        return
+    options = f"lowerdir={lower},upperdir={paths.upper},workdir={paths.work}"
+    run(["mount", "-t", "overlay", "overlay", "-o", options, str(paths.merged)])
+
+
+def write_identity(
+    paths: HostPaths,
+    host: str,
+    domain: str,
+    address: ipaddress.IPv4Address,
+    mirror_hosts: list[tuple[str, str]],
+    sources: str,
+    lab_public_key: str,
+) -> None:
+    """Files that make the host itself; written once, so a host keeps its changes across boots."""
+    if (paths / PREPARED).exists():
+        return
+    root = paths.merged
+    (root / "etc/hostname").write_text(f"{host}\n")
+    (root / "etc/machine-id").write_text(uuid.uuid4().hex + "\n")
+    lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
+    lines.append(f"{address}\t{host}.{domain} {host}")
+    lines += [f"{ip}\t{name}" for ip, name in mirror_hosts]
+    (root / "etc/hosts").write_text("\n".join(lines) + "\n")
+    (root / "etc/resolv.conf").unlink(missing_ok=True)  # may be a link to the machine's
+    (root / "etc/resolv.conf").write_text(RESOLV_CONF)
+    (root / "etc/apt/sources.list.d/debian.sources").write_text(sources)
+    (root / "etc/ssh/sshd_config.d/gpuinfra-lab.conf").write_text(SSHD_DROP_IN)
+    ssh_dir = root / "root/.ssh"
+    ssh_dir.mkdir(mode=0o700, exist_ok=True)
+    authorized = ssh_dir / "authorized_keys"
+    authorized.write_text(lab_public_key.strip() + "\n")
+    authorized.chmod(0o600)
+    key = root / HOST_KEY
+    if not key.exists():
+        # Made here, not by the host, so its public half is known before the first connection.
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{host}", "-f", str(key)])
+    (paths / PREPARED).write_text("")
+
+
+def host_public_key(paths: HostPaths) -> str:
+    """The host key as known_hosts wants it: "ssh-ed25519 AAAA..." without the comment."""
+    key_type, key_data = (paths.merged / f"{HOST_KEY}.pub").read_text().split()[:2]
+    return f"{key_type} {key_data}"
+
+
+def ensure_disk(paths: HostPaths, size: int) -> str:
+    """The host's loop device (a sparse file in its folder), attached once; returns /dev/loopN."""
+    image = paths / DISK_FILE
+    if not image.exists():
+        with image.open("wb") as handle:
+            handle.truncate(size)
+    attached = loop_devices_of(image)
+    if attached:
+        return attached[0]
+    return run(["losetup", "--find", "--show", str(image)]).strip()
+
+
+def loop_devices_of(image: Path) -> list[str]:
+    output = run(["losetup", "--associated", str(image)], check=False)
+    return [line.split(":", 1)[0] for line in output.splitlines() if line.strip()]
+
+
+def nspawn_argv(paths: HostPaths, host: str, netns: str, loop_device: str | None) -> list[str]:
+    """systemd-nspawn as LAB.md measured it: each flag is needed, see there for why."""
+    capabilities = ["CAP_NET_ADMIN"]  # nftables, sysctls and keepalived inside the host
+    argv = [
+        "systemd-nspawn",
+        f"--directory={paths.merged}",
+        "--boot",
+        f"--machine={host}",
+        "--register=no",  # no machine bus on a machine without systemd
+        "--keep-unit",
+        f"--network-namespace-path=/run/netns/{netns}",
+        "--resolv-conf=off",  # the host's own resolv.conf (no name server), see RESOLV_CONF
+        "--link-journal=no",
+        "--timezone=off",
+        "--console=read-only",  # the boot log goes to console.log for post-mortems
+    ]
+    if loop_device:
+        capabilities.append("CAP_SYS_ADMIN")  # mkfs and mount on the bound device
+        argv.append(f"--bind={loop_device}:{DISK_DEVICE}")
+    argv.insert(1, f"--capability={','.join(capabilities)}")
+    return argv
+
+
+def supervisor_script(paths: HostPaths, host: str, lab: str, argv: list[str]) -> str:
+    """A shell loop that boots the host again when it reboots (systemd-nspawn exits 133).
+
+    Powering off (exit 0) or `lab stop` (which leaves STOP_REQUESTED) ends the loop.
+    """
+    command = " ".join(shlex.quote(word) for word in argv)
+    return f"""\
+#!/bin/sh
+# gpuinfra lab {lab}, host {host}: keeps the host booted across reboots.
+cd {shlex.quote(str(paths.root))} || exit 1
+while :; do
+    rm -f {EXIT_STATUS}
+    SYSTEMD_NSPAWN_API_VFS_WRITABLE=network {command} &
+    echo $! > {NSPAWN_PID}
+    wait $!
+    status=$?
+    echo "$status" > {EXIT_STATUS}
+    rm -f {NSPAWN_PID}
+    [ -e {STOP_REQUESTED} ] && break
+    [ "$status" -eq {NSPAWN_EXIT_REBOOT} ] || break
+    echo "gpuinfra lab: host rebooted, booting it again" >> {CONSOLE_LOG}
+done
+"""
+
+
+def start(paths: HostPaths, names: LabNames, host: str, loop_device: str | None) -> None:
+    """Start the host's supervisor, detached from the caller so the lab outlives the command."""
+    (paths / STOP_REQUESTED).unlink(missing_ok=True)
+    argv = nspawn_argv(paths, host, names.netns(host), loop_device)
+    script = paths / SUPERVISOR_SCRIPT
+    script.write_text(supervisor_script(paths, host, names.lab, argv))
+    log = paths / CONSOLE_LOG
+    # The outer shell exits at once: the supervisor is nobody's child here, so no zombies.
+    launcher = 'sh "$0" </dev/null >>"$1" 2>&1 &'
+    subprocess.run(
+        ["sh", "-c", launcher, str(script), str(log)], check=True, start_new_session=True
+    )
+
+
+def nspawn_pid(paths: HostPaths) -> int | None:
+    """The host's running systemd-nspawn, checked against its command line (pids get reused)."""
+    try:
+        pid = int((paths / NSPAWN_PID).read_text())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return None
+    return pid if f"--directory={paths.merged}".encode() in cmdline else None
+
+
+def is_running(paths: HostPaths) -> bool:
+    return nspawn_pid(paths) is not None
+
+
+def processes_under(folder: Path) -> dict[int, str]:
+    """Processes whose command line names a path in folder: supervisors and systemd-nspawn."""
+    needle = str(folder).rstrip("/").encode() + b"/"
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if needle in cmdline:
+            found[int(entry.name)] = cmdline.replace(b"\0", b" ").decode(errors="replace")
+    return found
+
+
+def request_stop(paths: HostPaths) -> int | None:
+    """Ask the host to power off (SIGTERM to systemd-nspawn) and its supervisor not to restart."""
+    (paths / STOP_REQUESTED).write_text("")
+    pid = nspawn_pid(paths)
+    if pid is not None:
+        _signal(pid, signal.SIGTERM)
+    return pid
+
+
+def stop_all(pids: list[int], deadline_s: float) -> list[int]:
+    """Wait for processes to exit until the deadline, then SIGKILL them; returns those killed."""
+    end = time.monotonic() + deadline_s
+    remaining = [pid for pid in pids if _alive(pid)]
+    while remaining and time.monotonic() < end:
+        time.sleep(0.25)
+        remaining = [pid for pid in remaining if _alive(pid)]
+    for pid in remaining:
+        _signal(pid, signal.SIGKILL)
+    end = time.monotonic() + 10
+    while any(_alive(pid) for pid in remaining) and time.monotonic() < end:
+        time.sleep(0.1)
+    return remaining
+
+
+def _alive(pid: int) -> bool:
+    try:
+        # A zombie has exited: it only waits for its parent, and holds no mounts or devices.
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+    except PermissionError as exc:
+        raise LabError(f"cannot signal process {pid}: {exc.strerror}") from None
+
+
+def terminate(pid: int) -> None:
+    _signal(pid, signal.SIGTERM)
+
+
+def kill(pid: int) -> None:
+    _signal(pid, signal.SIGKILL)
+
+
+def loop_devices_under(folder: Path) -> list[str]:
+    """Loop devices whose backing file lies in folder (found even if the file was deleted)."""
+    output = run(["losetup", "--list", "--json", "--output", "NAME,BACK-FILE"], check=False)
+    if not output.strip():
+        return []
+    prefix = str(folder).rstrip("/") + "/"
+    return [
+        device["name"]
+        for device in json.loads(output).get("loopdevices", [])
+        if (device.get("back-file") or "").startswith(prefix)
+    ]

@@ -1,0 +1,80 @@
+"""The cluster inventory (cluster.yml) of a lab, loadable by inventory.loader like any other."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from inventory.loader import build
+from inventory.model import LoadedCluster
+from lab.state import LabState
+from lab.topology import DISK_DEVICE, LAB_GPU_COUNT, LAB_GPU_MODEL
+
+HEADER = """\
+# Written by `gpuinfra lab up --name {name}`; rewritten on every `up`, do not edit.
+# Hosts are systemd-nspawn containers on this machine running Debian 13 (trixie), with
+# addresses in {subnet} (198.18.0.0/15 is reserved for benchmarks and never routed).
+# The key and known_hosts live in the lab's state folder, outside the repository.
+"""
+GPU_COMMENT = "# lab host: no GPU inside; the spec only makes it a valid gpu_worker"
+
+
+def inventory_data(state: LabState) -> dict[str, Any]:
+    """The lab as plain cluster.yml data, with absolute paths to its key and known_hosts."""
+    hosts: dict[str, Any] = {}
+    for _, spec, address in state.hosts():
+        host: dict[str, Any] = {"address": str(address), "groups": list(spec.groups)}
+        if spec.gpu:
+            host["gpu"] = {"model": LAB_GPU_MODEL, "count": LAB_GPU_COUNT}
+        if spec.disk_bytes and "etcd" in spec.groups:
+            host["etcd"] = {"disk": DISK_DEVICE}
+        hosts[spec.name] = host
+    data: dict[str, Any] = {
+        "name": state.name,
+        "domain": state.domain,
+        "os": "debian-13",
+        "networks": {"node": str(state.subnet)},
+        "ssh": {
+            "user": "root",
+            "key": str(state.private_key),
+            "known_hosts": str(state.known_hosts),
+        },
+    }
+    if state.vip is not None:
+        data["api"] = {"vip": str(state.vip)}
+    data["hosts"] = hosts
+    return data
+
+
+def render_inventory(state: LabState) -> str:
+    """cluster.yml text: the data, a header saying where it came from, and why GPUs are fake."""
+    data = inventory_data(state)
+    hosts = data.pop("hosts")
+    text = HEADER.format(name=state.name, subnet=state.subnet)
+    text += yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
+    text += "hosts:\n"
+    for name, host in hosts.items():
+        text += f"  {name}:\n"
+        body = yaml.safe_dump(host, sort_keys=False, default_flow_style=None)
+        for line in body.splitlines():
+            if line.startswith("gpu:"):
+                text += f"    {GPU_COMMENT}\n"
+            text += f"    {line}\n"
+    return text
+
+
+def write_inventory(state: LabState, path: Path) -> Path:
+    path = path.absolute()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(render_inventory(state))
+    partial.replace(path)
+    return path
+
+
+def loaded_cluster(state: LabState) -> LoadedCluster:
+    """The validated cluster of a lab, without needing its file (for `lab ssh` and status)."""
+    source = state.inventory_path or (state.names.state_dir / "cluster.yml")
+    return build(inventory_data(state), source=source, base_dir=source.parent)

@@ -1,0 +1,135 @@
+"""What a lab recorded about itself (slot, hosts, inventory path), and the locks around it."""
+
+from __future__ import annotations
+
+import fcntl
+import ipaddress
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from lab import addressing
+from lab.errors import LabError
+from lab.naming import LABS_DIR, LabNames
+from lab.topology import HostSpec, Topology
+
+STATE_FILE = "lab.json"
+PRIVATE_KEY = "id_ed25519"
+KNOWN_HOSTS = "known_hosts"
+
+
+@dataclass(frozen=True)
+class LabState:
+    name: str
+    slot: int
+    topology: Topology
+    inventory_path: Path | None = None
+
+    @property
+    def names(self) -> LabNames:
+        return LabNames(self.name, self.slot)
+
+    @property
+    def subnet(self) -> ipaddress.IPv4Network:
+        return addressing.subnet_of(self.slot)
+
+    @property
+    def gateway(self) -> ipaddress.IPv4Address:
+        return addressing.gateway(self.subnet)
+
+    @property
+    def vip(self) -> ipaddress.IPv4Address | None:
+        return addressing.virtual_address(self.subnet) if self.topology.needs_vip else None
+
+    @property
+    def private_key(self) -> Path:
+        return self.names.state_dir / PRIVATE_KEY
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.names.state_dir / KNOWN_HOSTS
+
+    @property
+    def domain(self) -> str:
+        # .test is reserved (RFC 2606): lab names can never resolve anywhere real.
+        return f"{self.name}.gpuinfra.test"
+
+    def hosts(self) -> Iterator[tuple[int, HostSpec, ipaddress.IPv4Address]]:
+        """(index, spec, address) of every host, in address order."""
+        for index, host in enumerate(self.topology.hosts):
+            yield index, host, addressing.host_address(self.subnet, index)
+
+    def host_at(self, index: int) -> tuple[int, HostSpec, ipaddress.IPv4Address]:
+        return index, self.topology.hosts[index], addressing.host_address(self.subnet, index)
+
+    def host(self, name: str) -> tuple[int, HostSpec, ipaddress.IPv4Address]:
+        for index, spec, address in self.hosts():
+            if spec.name == name:
+                return index, spec, address
+        known = ", ".join(self.topology.names()[:12])
+        raise LabError(f"lab {self.name} has no host {name!r} (hosts: {known} ...)")
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "slot": self.slot,
+            "subnet": str(self.subnet),
+            "inventory_path": str(self.inventory_path) if self.inventory_path else None,
+            "topology": self.topology.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> LabState:
+        inventory = data.get("inventory_path")
+        return cls(
+            name=data["name"],
+            slot=data["slot"],
+            topology=Topology.from_json(data["topology"]),
+            inventory_path=Path(inventory) if inventory else None,
+        )
+
+
+def state_path(name: str) -> Path:
+    return LABS_DIR / name / STATE_FILE
+
+
+def read_state(name: str) -> LabState | None:
+    path = state_path(name)
+    try:
+        return LabState.from_json(json.loads(path.read_text()))
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise LabError(
+            f"{path} is unreadable ({exc}): run `gpuinfra lab down --name {name}`"
+        ) from None
+
+
+def write_state(state: LabState) -> None:
+    path = state_path(state.name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".json.partial")
+    partial.write_text(json.dumps(state.to_json(), indent=2) + "\n")
+    os.replace(partial, path)  # atomic: a crash leaves the old state or the new, never half
+
+
+def recorded_labs() -> list[LabState]:
+    labs = []
+    for path in sorted(LABS_DIR.glob(f"*/{STATE_FILE}")):
+        state = read_state(path.parent.name)
+        if state is not None:
+            labs.append(state)
+    return labs
+
+
+@contextmanager
+def locked(name: str | None) -> Iterator[None]:
+    """Serialise changes: one lab's up/down/stop at a time; None locks the address plan."""
+    LABS_DIR.mkdir(parents=True, exist_ok=True)
+    lock_path = LABS_DIR / (f".{name}.lock" if name else ".slots.lock")
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield

@@ -1,0 +1,136 @@
+"""Which hosts a lab boots: the default 11-host cluster, a 100-host scale cluster, or N hosts."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from lab.errors import LabError
+
+# Lab hosts have no GPU; a gpu_worker still needs a spec to validate, so it names a real part.
+LAB_GPU_MODEL = "NVIDIA H100 80GB HBM3"
+LAB_GPU_COUNT = 8
+# Inside each host the attached loop device appears under this name (a second virtio disk).
+DISK_DEVICE = "/dev/vdb"
+TOPOLOGIES = ("default", "scale")
+_SIZE = re.compile(r"^(\d+)([KMGT]?)(i?B)?$", re.IGNORECASE)
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    name: str
+    groups: tuple[str, ...]
+    gpu: bool = False  # a gpu_worker: the inventory gets a gpu spec (see LAB_GPU_MODEL)
+    disk_bytes: int | None = None  # a loop-file block device, seen inside as DISK_DEVICE
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "groups": list(self.groups),
+            "gpu": self.gpu,
+            "disk_bytes": self.disk_bytes,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> HostSpec:
+        return cls(data["name"], tuple(data["groups"]), data["gpu"], data["disk_bytes"])
+
+
+@dataclass(frozen=True)
+class Topology:
+    """The hosts of a lab in address order, and whether the API needs a virtual address."""
+
+    hosts: tuple[HostSpec, ...]
+    kind: str = "default"
+    needs_vip: bool = field(default=False)
+
+    def names(self) -> list[str]:
+        return [host.name for host in self.hosts]
+
+    def with_disks(self, disks: dict[str, int]) -> Topology:
+        unknown = sorted(set(disks) - set(self.names()))
+        if unknown:
+            raise LabError(f"--disk names hosts not in the lab: {', '.join(unknown)}")
+        hosts = tuple(
+            HostSpec(host.name, host.groups, host.gpu, disks.get(host.name, host.disk_bytes))
+            for host in self.hosts
+        )
+        return Topology(hosts, self.kind, self.needs_vip)
+
+    def to_json(self) -> dict:
+        return {
+            "kind": self.kind,
+            "needs_vip": self.needs_vip,
+            "hosts": [host.to_json() for host in self.hosts],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> Topology:
+        hosts = tuple(HostSpec.from_json(host) for host in data["hosts"])
+        return cls(hosts, data["kind"], data["needs_vip"])
+
+
+def default_topology() -> Topology:
+    """The reference design in miniature: every group present, etcd at its full five members."""
+    hosts = [HostSpec(f"etcd-{i}", ("etcd",)) for i in range(1, 6)]
+    hosts += [HostSpec(f"cp-{i}", ("control_plane",)) for i in range(1, 3)]
+    hosts += [
+        HostSpec("lb-1", ("loadbalancer",)),
+        HostSpec("dns-1", ("dns",)),
+        HostSpec("mon-1", ("monitoring",)),
+        HostSpec("cpu-1", ("cpu_worker",)),
+        HostSpec("gpu-1", ("gpu_worker",), gpu=True),
+    ]
+    return Topology(tuple(hosts), "default")
+
+
+def scale_topology() -> Topology:
+    """A 100-host production shape: HA everywhere (two balancers share api.vip) and many workers."""
+    hosts = [HostSpec(f"etcd-{i}", ("etcd",)) for i in range(1, 6)]
+    hosts += [HostSpec(f"cp-{i}", ("control_plane",)) for i in range(1, 4)]
+    hosts += [HostSpec(f"lb-{i}", ("loadbalancer",)) for i in range(1, 3)]
+    hosts += [HostSpec(f"dns-{i}", ("dns",)) for i in range(1, 3)]
+    hosts += [HostSpec("mon-1", ("monitoring",))]
+    hosts += [HostSpec(f"gpu-{i:02d}", ("gpu_worker",), gpu=True) for i in range(1, 25)]
+    hosts += [HostSpec(f"cpu-{i:02d}", ("cpu_worker",)) for i in range(1, 64)]
+    return Topology(tuple(hosts), "scale", needs_vip=True)
+
+
+def generic_topology(count: int) -> Topology:
+    """count interchangeable CPU workers, for scale measurements of the engine itself."""
+    if count < 1:
+        raise LabError(f"--hosts must be at least 1 (got {count})")
+    width = max(3, len(str(count)))
+    hosts = tuple(HostSpec(f"host-{i:0{width}d}", ("cpu_worker",)) for i in range(1, count + 1))
+    return Topology(hosts, f"hosts-{count}")
+
+
+def named_topology(kind: str) -> Topology:
+    if kind == "default":
+        return default_topology()
+    if kind == "scale":
+        return scale_topology()
+    raise LabError(f"unknown topology {kind!r} (known: {', '.join(TOPOLOGIES)})")
+
+
+def parse_size(text: str) -> int:
+    """Bytes from a size such as 512M, 2G or 1GiB (powers of 1024, as losetup and truncate)."""
+    match = _SIZE.match(text.strip())
+    if not match:
+        raise LabError(f"invalid size {text!r}: use a number with K, M, G or T (e.g. 2G)")
+    size = int(match.group(1)) * _UNITS[match.group(2).upper()]
+    if size < 2**20:
+        raise LabError(f"disk size {text!r} is below 1M: too small for a filesystem")
+    return size
+
+
+def parse_disks(options: list[str]) -> dict[str, int]:
+    """{host: bytes} from repeated --disk HOST=SIZE options."""
+    disks: dict[str, int] = {}
+    for option in options:
+        host, sep, size = option.partition("=")
+        if not sep or not host:
+            raise LabError(f"invalid --disk {option!r}: use HOST=SIZE, e.g. etcd-1=2G")
+        disks[host] = parse_size(size)
+    return disks

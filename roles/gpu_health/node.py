@@ -30,6 +30,7 @@ class NodeRequest:
     active: bool = True
     require_active: bool = False
     dcgm: bool = True
+    dcgm_level: int | None = None  # overrides the config's level (the DaemonSet's preflight)
     replay: Path | None = None  # a recording to judge instead of this node's GPUs
 
 
@@ -67,6 +68,8 @@ def resolve(request: NodeRequest) -> tuple[str, Expectations, GpuHealthConfig]:
         model=request.expect_model or expect.model,
         driver=request.expect_driver or expect.driver,
     )
+    if request.dcgm_level is not None:
+        cfg = cfg.model_copy(update={"dcgm_level": request.dcgm_level})
     return host, expect, cfg
 
 

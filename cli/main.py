@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cli import health, inventory, lab, render
+from cli import engine, health, inventory, lab, render
 from cli.options import state
 
 app = typer.Typer(
@@ -20,6 +20,9 @@ app.add_typer(inventory.app, name="inventory")
 app.add_typer(lab.app, name="lab")
 app.add_typer(health.app, name="health")
 app.command("render")(render.render)
+app.command("plan")(engine.plan)
+app.command("apply")(engine.apply)
+app.command("drift")(engine.drift)
 
 
 def _version(value: bool) -> None:

@@ -1,0 +1,57 @@
+"""The base role's deploy: declare hostname, hosts, apt, packages, time, journald and sshd."""
+
+from __future__ import annotations
+
+from io import StringIO
+
+from pyinfra.api import deploy
+from pyinfra.operations import apt, files, server, systemd
+
+from roles.base.config import BaseConfig
+from roles.base.files import managed_files
+from roles.operations import live_hostname, put_file, service_running
+from roles.render import HostContext
+
+# The distribution's own source lists duplicate ours; apt warns about every duplicate entry.
+DISTRIBUTION_SOURCES = ("/etc/apt/sources.list.d/debian.sources",
+                        "/etc/apt/sources.list.d/ubuntu.sources")  # fmt: skip
+
+
+@deploy("Base")
+def apply(ctx: HostContext) -> None:
+    cfg = ctx.settings("base")
+    assert isinstance(cfg, BaseConfig)
+    written = {f.path: put_file(f) for f in managed_files(ctx)}
+    sources_list = files.put(
+        name="Point sources.list at the managed sources",
+        src=StringIO("# Managed by gpuinfra: sources are in sources.list.d/gpuinfra.sources\n"),
+        dest="/etc/apt/sources.list",
+        mode="0644",
+    )
+    for path in DISTRIBUTION_SOURCES:
+        files.file(name=f"Remove {path}", path=path, present=False)
+    live_hostname(name="Set the running hostname", hostname=ctx.name)
+    sources = written["/etc/apt/sources.list.d/gpuinfra.sources"]
+    # Refresh package lists only when the sources change: a time-based refresh would show up
+    # as a pending change in every plan and drift check.
+    apt.update(
+        name="Refresh package lists for new sources",
+        _if=lambda: sources.did_change() or sources_list.did_change(),
+    )
+    apt.packages(name="Install baseline packages", packages=cfg.packages, no_recommends=True)
+    service_running(name="Run chrony", unit="chrony", container_skips=True)
+    systemd.service(
+        name="Restart chrony for new sources",
+        service="chrony",
+        restarted=True,
+        _if=written["/etc/chrony/sources.d/gpuinfra.sources"].did_change,
+    )
+    systemd.service(
+        name="Restart journald for new limits",
+        service="systemd-journald",
+        restarted=True,
+        _if=written["/etc/systemd/journald.conf.d/50-gpuinfra.conf"].did_change,
+    )
+    sshd_changed = written["/etc/ssh/sshd_config.d/50-gpuinfra.conf"].did_change
+    server.shell(name="Check sshd configuration", commands=["sshd -t"], _if=sshd_changed)
+    systemd.service(name="Reload sshd", service="ssh", reloaded=True, _if=sshd_changed)

@@ -1,0 +1,32 @@
+"""Facts shared by several roles: small pyinfra fact classes (a command and how to read it)."""
+
+from __future__ import annotations
+
+from pyinfra.api import FactBase
+
+
+class Container(FactBase):
+    """The container technology the host runs in ("systemd-nspawn", "docker"...), or None."""
+
+    def command(self) -> str:
+        return "systemd-detect-virt --container || true"
+
+    def process(self, output: list[str]) -> str | None:
+        value = output[0].strip() if output else "none"
+        return None if value in ("", "none") else value
+
+
+class UnitState(FactBase):
+    """Whether a systemd unit is enabled and active; None when the unit does not exist."""
+
+    def command(self, unit: str) -> str:
+        return (
+            f"systemctl show --property=LoadState,ActiveState,UnitFileState {unit} 2>/dev/null "
+            "|| true"
+        )
+
+    def process(self, output: list[str]) -> dict[str, str] | None:
+        state = dict(line.split("=", 1) for line in output if "=" in line)
+        if state.get("LoadState") in (None, "not-found"):
+            return None
+        return state

@@ -1,0 +1,42 @@
+"""JUnit XML for a drift run: one test case per host and role, drifted ones failing with diffs."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from roles.runner import RunReport
+
+
+def write_junit(report: RunReport, path: Path) -> None:
+    from roles.runner import HostStatus
+
+    suite = ET.Element("testsuite", name=f"gpuinfra drift {report.cluster}")
+    tests = failures = errors = 0
+    for host in report.hosts.values():
+        roles = sorted({op.phase for op in host.operations}) or ["connect"]
+        for role in roles:
+            tests += 1
+            case = ET.SubElement(
+                suite, "testcase", classname=host.name, name=role, time=f"{host.seconds:.3f}"
+            )
+            if host.status in (HostStatus.unreachable, HostStatus.failed):
+                errors += 1
+                ET.SubElement(case, "error", message=host.error or host.status.value)
+                continue
+            drifted = [op for op in host.operations if op.phase == role and op.changed]
+            if drifted:
+                failures += 1
+                failure = ET.SubElement(
+                    case, "failure", message=f"{len(drifted)} operation(s) would change"
+                )
+                failure.text = "\n".join(
+                    f"{op.name}\n{op.diff}" if op.diff else op.name for op in drifted
+                )
+    suite.set("tests", str(tests))
+    suite.set("failures", str(failures))
+    suite.set("errors", str(errors))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ET.ElementTree(suite).write(path, encoding="unicode", xml_declaration=True)

@@ -1,0 +1,392 @@
+"""The one module that talks to pyinfra's API: connect, add each role's deploy, plan or apply."""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+import gevent
+from pyinfra.api import BaseStateCallback, Config, Inventory, State
+from pyinfra.api.connect import connect_all, disconnect_all
+from pyinfra.api.exceptions import PyinfraError
+from pyinfra.api.operations import run_ops
+from pyinfra.api.state import StateStage
+from pyinfra.context import ctx_host, ctx_state
+from pyinfra.facts.files import FileContents
+
+from inventory.model import LoadedCluster
+from roles.phases import PHASES, Phase
+from roles.render import HostContext, ManagedFile, host_contexts
+
+REDACTED = "(secret: content differs, not shown)"
+
+
+class Mode(StrEnum):
+    plan = "plan"
+    apply = "apply"
+    drift = "drift"
+
+
+class HostStatus(StrEnum):
+    ok = "ok"  # matches the inventory (plan/drift) or converged without change (apply)
+    changed = "changed"  # apply changed it
+    drift = "drift"  # plan/drift: would change
+    failed = "failed"  # an operation failed
+    unreachable = "unreachable"  # no SSH connection (refused key, changed host key, down)
+
+
+@dataclass
+class OperationResult:
+    phase: str
+    name: str
+    changed: bool
+    diff: str | None = None  # unified diff of a managed file; secrets are redacted
+    error: str | None = None
+
+
+@dataclass
+class HostReport:
+    name: str
+    status: HostStatus = HostStatus.ok
+    error: str | None = None
+    operations: list[OperationResult] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def changes(self) -> list[OperationResult]:
+        return [op for op in self.operations if op.changed]
+
+
+@dataclass
+class RunReport:
+    cluster: str
+    mode: Mode
+    hosts: dict[str, HostReport] = field(default_factory=dict)
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+    stopped: str | None = None  # why a batched run stopped early
+    notes: list[str] = field(default_factory=list)
+
+    def with_status(self, *statuses: HostStatus) -> list[HostReport]:
+        return [h for h in self.hosts.values() if h.status in statuses]
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    mode: Mode
+    limit: tuple[str, ...] = ()  # host or group names; empty: every host
+    roles: tuple[str, ...] = ()  # role names; empty: every role
+    parallel: int | None = None  # concurrent hosts; None: every host (within the nofile cap)
+    batch: str | None = None  # apply in rolling batches: "N" hosts or "P%"
+    fail_percent: float | None = None  # stop a batched run past this share of failed hosts
+    connect_timeout: int = 10
+
+
+Progress = Callable[[str, int, int], None]  # (what, done, total)
+
+
+def select_hosts(loaded: LoadedCluster, limit: Iterable[str]) -> list[str]:
+    """Hosts named by --limit (host names or group names), in inventory order."""
+    wanted = set(limit)
+    if not wanted:
+        return list(loaded.cluster.hosts)
+    return [
+        name
+        for name, host in loaded.cluster.hosts.items()
+        if name in wanted or wanted.intersection(host.groups)
+    ]
+
+
+def select_phases(roles: Iterable[str]) -> list[Phase]:
+    wanted = set(roles)
+    return [phase for phase in PHASES if not wanted or phase.role in wanted]
+
+
+def batches(hosts: list[str], batch: str | None) -> list[list[str]]:
+    if not batch:
+        return [hosts]
+    if batch.endswith("%"):
+        size = max(1, round(len(hosts) * float(batch[:-1]) / 100))
+    else:
+        size = max(1, int(batch))
+    return [hosts[i : i + size] for i in range(0, len(hosts), size)]
+
+
+def run(loaded: LoadedCluster, options: RunOptions, progress: Progress | None = None) -> RunReport:
+    started = time.monotonic()
+    report = RunReport(cluster=loaded.cluster.name, mode=options.mode)
+    hosts = select_hosts(loaded, options.limit)
+    phases = select_phases(options.roles)
+    contexts = {ctx.name: ctx for ctx in host_contexts(loaded)}
+    host_batches = batches(hosts, options.batch if options.mode is Mode.apply else None)
+    for number, batch in enumerate(host_batches, 1):
+        _run_batch(loaded, options, [contexts[h] for h in batch], phases, report, progress)
+        failed = len(report.with_status(HostStatus.failed, HostStatus.unreachable))
+        if (
+            options.fail_percent is not None
+            and number < len(host_batches)
+            and failed * 100 / len(report.hosts) > options.fail_percent
+        ):
+            report.stopped = (
+                f"stopped after batch {number} of {len(host_batches)}: {failed} of "
+                f"{len(report.hosts)} hosts failed, over --fail-percent {options.fail_percent:g}"
+            )
+            break
+    report.seconds = time.monotonic() - started
+    return report
+
+
+class _Recorder(BaseStateCallback):
+    """Collects per-host connection errors and operation failures as pyinfra reports them."""
+
+    def __init__(self, progress: Progress | None, total: int):
+        self.connect_errors: dict[str, str] = {}
+        self.op_errors: dict[tuple[str, str], str] = {}
+        self.progress = progress
+        self.total = total
+        self.done = 0
+
+    def host_connect_error(self, state, host, error) -> None:
+        self.connect_errors[host.name] = _explain_connect_error(error)
+
+    def operation_host_success(self, state, host, op_hash, retry_count: int = 0) -> None:
+        self._step()
+
+    def operation_host_error(self, state, host, op_hash, retry_count=0, max_retries=0) -> None:
+        results = state.get_results_for_host(host)
+        self.op_errors[(host.name, op_hash)] = getattr(results, "error", None) or "failed"
+        self._step()
+
+    def _step(self) -> None:
+        self.done += 1
+        if self.progress:
+            self.progress("apply", self.done, self.total)
+
+
+def _explain_connect_error(error: Exception) -> str:
+    text = str(error.args[0] if getattr(error, "args", None) else error)
+    lowered = text.lower()
+    if "host key" in lowered or "known_hosts" in lowered or "not found in known_hosts" in lowered:
+        return f"host key refused: {text} (check the cluster's known_hosts file)"
+    if "authentication" in lowered:
+        return f"key refused: {text}"
+    return text
+
+
+def _pyinfra_inventory(loaded: LoadedCluster, names: list[str], timeout: int) -> Inventory:
+    cluster = loaded.cluster
+    ssh = cluster.ssh
+    data: dict[str, object] = {
+        "ssh_user": ssh.user,
+        "ssh_port": ssh.port,
+        "ssh_known_hosts_file": str(loaded.resolve(ssh.known_hosts)),
+        # Never trust an unknown host key: a changed key means a different machine.
+        "ssh_strict_host_key_checking": "yes",
+        "ssh_connect_retries": 0,
+        "ssh_paramiko_connect_kwargs": {"timeout": timeout, "banner_timeout": timeout},
+    }
+    if ssh.key is not None:
+        data.update(
+            ssh_key=str(loaded.resolve(ssh.key)), ssh_allow_agent=False, ssh_look_for_keys=False
+        )
+    if ssh.bastion:
+        data["ssh_config_file"] = str(_bastion_config(loaded))
+    hosts = [(name, {"ssh_hostname": str(cluster.hosts[name].address)}) for name in names]
+    return Inventory((hosts, data))
+
+
+def _bastion_config(loaded: LoadedCluster) -> Path:
+    path = loaded.state_dir / "ssh_config"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"Host *\n    ProxyJump {loaded.cluster.ssh.bastion}\n")
+    return path
+
+
+def _run_batch(
+    loaded: LoadedCluster,
+    options: RunOptions,
+    contexts: list[HostContext],
+    phases: list[Phase],
+    report: RunReport,
+    progress: Progress | None,
+) -> None:
+    names = [ctx.name for ctx in contexts]
+    for name in names:
+        report.hosts[name] = HostReport(name)
+    config = Config(
+        PARALLEL=options.parallel or len(names),
+        CONNECT_TIMEOUT=options.connect_timeout,
+        FAIL_PERCENT=None,
+    )
+    inventory = _pyinfra_inventory(loaded, names, options.connect_timeout)
+    state = State(inventory, config, check_for_changes=True)
+    recorder = _Recorder(progress, 0)
+    state.add_callback_handler(recorder)
+    by_name = {ctx.name: ctx for ctx in contexts}
+
+    clock = time.monotonic()
+    state.set_stage(StateStage.Connect)
+    try:
+        connect_all(state)
+    except PyinfraError:
+        pass  # every host failed to connect; each is reported below
+    _add_time(report, "connect", clock)
+    for host in state.failed_hosts:
+        entry = report.hosts[host.name]
+        entry.status = HostStatus.unreachable
+        entry.error = recorder.connect_errors.get(host.name, "could not connect")
+    active = [h for h in inventory if h in state.active_hosts]
+    if not active:
+        return
+
+    state.set_stage(StateStage.Prepare)
+    op_phase: dict[str, str] = {}
+    for index, phase in enumerate(phases):
+        clock = time.monotonic()
+        targets = [h for h in active if phase.applies_to(by_name[h.name].host.groups)]
+        _prepare_phase(state, phase, index, targets, by_name, op_phase)
+        _add_time(report, f"prepare:{phase.role}", clock)
+
+    _collect_plan(state, active, op_phase, report)
+    if options.mode is not Mode.apply:
+        _disconnect(state)
+        return
+
+    recorder.total = sum(len(state.ops[h]) for h in active)
+    clock = time.monotonic()
+    state.set_stage(StateStage.Execute)
+    try:
+        run_ops(state)
+    except PyinfraError as exc:
+        report.notes.append(str(exc))
+    _add_time(report, "execute", clock)
+    _collect_results(state, active, op_phase, recorder, report)
+    _disconnect(state)
+
+
+def _prepare_phase(state, phase, index, targets, by_name, op_phase) -> None:
+    """Run one role's deploy on its hosts, concurrently, recording which ops belong to it."""
+
+    def prepare(host) -> Exception | None:
+        before = set(state.ops[host])
+        started = time.monotonic()
+        # pyinfra 3.10 hashes API-mode operations by their position on the host; adding the
+        # phase index keeps two roles' operations at the same position from being merged.
+        host.loop_position = [index]
+        try:
+            with ctx_state.use(state), ctx_host.use(host):
+                phase.deploy(by_name[host.name])
+        except Exception as exc:  # noqa: BLE001: reported per host, the others go on
+            return exc
+        finally:
+            host.loop_position = []
+            host._gpuinfra_prepare_seconds = (  # type: ignore[attr-defined]
+                getattr(host, "_gpuinfra_prepare_seconds", 0.0) + time.monotonic() - started
+            )
+        for op_hash in set(state.ops[host]) - before:
+            op_phase[op_hash] = phase.role
+        return None
+
+    greenlets = {state.pool.spawn(prepare, host): host for host in targets}
+    gevent.joinall(list(greenlets))
+    for greenlet, host in greenlets.items():
+        error = greenlet.value if greenlet.successful() else greenlet.exception
+        if error is not None:
+            # The host's own operations are dropped; the other hosts go on.
+            state.failed_hosts.add(host)
+            state.active_hosts.discard(host)
+            host._gpuinfra_error = f"{phase.role}: {error}"  # type: ignore[attr-defined]
+
+
+def _collect_plan(state, active, op_phase, report: RunReport) -> None:
+    for host in active:
+        entry = report.hosts[host.name]
+        entry.seconds = getattr(host, "_gpuinfra_prepare_seconds", 0.0)
+        if getattr(host, "_gpuinfra_error", None):
+            entry.status = HostStatus.failed
+            entry.error = host._gpuinfra_error
+            continue
+        files_by_op = getattr(host, "_gpuinfra_files", {})
+        for op_hash in state.get_op_order():
+            op_data = state.ops[host].get(op_hash)
+            if op_data is None:
+                continue
+            name = _op_name(state, op_hash)
+            changed = bool(op_data.operation_meta._maybe_is_change)
+            result = OperationResult(op_phase.get(op_hash, "?"), name, changed)
+            if changed and op_hash in files_by_op:
+                result.diff = _diff(host, files_by_op[op_hash])
+            entry.operations.append(result)
+        if entry.changes:
+            entry.status = HostStatus.drift
+
+
+def _collect_results(state, active, op_phase, recorder: _Recorder, report: RunReport) -> None:
+    for host in active:
+        entry = report.hosts[host.name]
+        if entry.status is HostStatus.failed:
+            continue
+        planned = {op.name: op for op in entry.operations}
+        entry.operations = []
+        for op_hash in state.get_op_order():
+            op_data = state.ops[host].get(op_hash)
+            if op_data is None:
+                continue
+            name = _op_name(state, op_hash)
+            meta = op_data.operation_meta
+            error = recorder.op_errors.get((host.name, op_hash))
+            changed = meta.is_complete() and meta.did_change()
+            previous = planned.get(name)
+            entry.operations.append(
+                OperationResult(
+                    op_phase.get(op_hash, "?"),
+                    name,
+                    changed,
+                    diff=previous.diff if previous and changed else None,
+                    error=error,
+                )
+            )
+        if any(op.error for op in entry.operations) or host in state.failed_hosts:
+            entry.status = HostStatus.failed
+            entry.error = next((op.error for op in entry.operations if op.error), "failed")
+        elif entry.changes:
+            entry.status = HostStatus.changed
+        else:
+            entry.status = HostStatus.ok
+
+
+def _op_name(state, op_hash: str) -> str:
+    names = sorted(state.get_op_meta(op_hash).names)
+    return names[0] if names else op_hash
+
+
+def _diff(host, managed: ManagedFile) -> str:
+    if managed.secret:
+        return REDACTED
+    with ctx_host.use(host):
+        current = host.get_fact(FileContents, path=managed.path)
+    before = [line + "\n" for line in current] if current else []
+    after = managed.content.splitlines(keepends=True)
+    return "".join(
+        difflib.unified_diff(
+            before, after, fromfile=f"{host.name}:{managed.path}", tofile="inventory"
+        )
+    )
+
+
+def _disconnect(state) -> None:
+    state.set_stage(StateStage.Disconnect)
+    disconnect_all(state)
+
+
+def _add_time(report: RunReport, key: str, since: float) -> None:
+    report.phase_seconds[key] = report.phase_seconds.get(key, 0.0) + time.monotonic() - since
+
+
+# pyinfra logs each host's errors itself; our report says the same once, so keep it quiet.
+logging.getLogger("pyinfra").setLevel(logging.CRITICAL)

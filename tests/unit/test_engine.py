@@ -1,0 +1,116 @@
+"""Engine pieces that need no hosts: selection, batches, exit codes, JUnit and JSON reports."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from dataclasses import asdict
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.engine import _exit_code
+from cli.exitcodes import ExitCode
+from cli.main import app
+from inventory.loader import load
+from roles.junit import write_junit
+from roles.render import ManagedFile
+from roles.runner import (
+    REDACTED,
+    HostReport,
+    HostStatus,
+    Mode,
+    OperationResult,
+    RunReport,
+    _diff,
+    batches,
+    select_hosts,
+)
+from tests.unit.conftest import SAMPLE
+
+runner = CliRunner()
+
+
+def test_limit_takes_hosts_and_groups():
+    loaded = load(SAMPLE)
+    assert select_hosts(loaded, ["etcd-2"]) == ["etcd-2"]
+    assert select_hosts(loaded, ["loadbalancer", "dns-1"]) == ["lb-1", "lb-2", "dns-1"]
+    assert len(select_hosts(loaded, [])) == 25
+
+
+@pytest.mark.parametrize(
+    ("batch", "sizes"), [(None, [10]), ("3", [3, 3, 3, 1]), ("50%", [5, 5]), ("1%", [1] * 10)]
+)
+def test_batches(batch, sizes):
+    hosts = [f"h{i}" for i in range(10)]
+    split = batches(hosts, batch)
+    assert [len(b) for b in split] == sizes
+    assert [h for b in split for h in b] == hosts
+
+
+def report_with(*statuses: HostStatus) -> RunReport:
+    report = RunReport(cluster="c", mode=Mode.drift)
+    for i, status in enumerate(statuses):
+        report.hosts[f"h{i}"] = HostReport(f"h{i}", status=status)
+    return report
+
+
+@pytest.mark.parametrize(
+    ("statuses", "code"),
+    [
+        ((HostStatus.ok, HostStatus.ok), ExitCode.OK),
+        ((HostStatus.ok, HostStatus.drift), ExitCode.DRIFT),
+        ((HostStatus.drift, HostStatus.unreachable), ExitCode.UNREACHABLE),
+        ((HostStatus.unreachable, HostStatus.failed), ExitCode.ERROR),
+    ],
+)
+def test_exit_codes_are_distinct_and_ordered(statuses, code):
+    assert _exit_code(report_with(*statuses)) == code
+
+
+def test_junit_has_a_case_per_host_and_role_and_fails_drift_with_its_diff(tmp_path):
+    report = report_with(HostStatus.ok, HostStatus.drift, HostStatus.unreachable)
+    report.hosts["h0"].operations = [OperationResult("base", "Write /etc/hosts", False)]
+    report.hosts["h1"].operations = [
+        OperationResult("base", "Write /etc/hosts", True, diff="-old\n+new\n"),
+        OperationResult("firewall", "Write /etc/nftables.conf", False),
+    ]
+    report.hosts["h2"].error = "host key refused"
+    path = tmp_path / "junit.xml"
+    write_junit(report, path)
+    suite = ET.parse(path).getroot()
+    cases = {(c.get("classname"), c.get("name")): c for c in suite.iter("testcase")}
+    assert set(cases) == {("h0", "base"), ("h1", "base"), ("h1", "firewall"), ("h2", "connect")}
+    assert cases[("h0", "base")].find("failure") is None
+    assert "+new" in cases[("h1", "base")].find("failure").text
+    assert cases[("h1", "firewall")].find("failure") is None
+    assert cases[("h2", "connect")].find("error").get("message") == "host key refused"
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("4", "1", "1")
+
+
+def test_json_report_is_serialisable():
+    report = report_with(HostStatus.drift)
+    report.hosts["h0"].operations = [OperationResult("base", "Write /etc/hosts", True, "d")]
+    document = json.loads(json.dumps(asdict(report)))
+    assert document["hosts"]["h0"]["status"] == "drift"
+    assert document["hosts"]["h0"]["operations"][0]["diff"] == "d"
+
+
+def test_secret_files_are_never_diffed():
+    secret = ManagedFile("dns", "/etc/bind/tsig.key", "secret=abc\n", secret=True)
+    assert _diff(object(), secret) == REDACTED
+
+
+def test_unknown_role_and_empty_limit_are_bad_input():
+    result = runner.invoke(app, ["plan", str(SAMPLE), "--roles", "bsae"])
+    assert result.exit_code == ExitCode.BAD_INPUT
+    assert "--roles: unknown role bsae" in result.stderr
+    result = runner.invoke(app, ["drift", str(SAMPLE), "--limit", "nosuchhost"])
+    assert result.exit_code == ExitCode.BAD_INPUT
+    assert "matches no host" in result.stderr
+
+
+def test_bad_batch_is_refused_before_connecting():
+    result = runner.invoke(app, ["apply", str(SAMPLE), "--batch", "ten", "--yes"])
+    assert result.exit_code == ExitCode.BAD_INPUT
+    assert "--batch" in result.stderr

@@ -13,3 +13,7 @@ class LabMissingTool(LabError):
 
 class LabNotRoot(LabError):
     """The lab creates namespaces, mounts and links: only root may."""
+
+
+class LabInvalid(LabError):
+    """The request itself is wrong (a name, a size, a host that is not in the lab)."""

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from inventory.model import LoadedCluster
 from lab import addressing, host, network, rootfs
-from lab.errors import LabError
+from lab.errors import LabError, LabInvalid
 from lab.host import HostPaths
 from lab.inventory import HEADER, loaded_cluster, write_inventory
 from lab.memory import host_memory
@@ -162,7 +162,7 @@ def _resolve_state(name: str, topology: Topology | None, inventory_path: Path | 
     existing = read_state(name)
     if existing is not None:
         if topology is not None and topology != existing.topology:
-            raise LabError(
+            raise LabInvalid(
                 f"lab {name} is already up with other hosts ({existing.topology.kind}, "
                 f"{len(existing.topology.hosts)} hosts): run `gpuinfra lab down --name {name}` "
                 "first, or use another --name"
@@ -175,7 +175,7 @@ def _resolve_state(name: str, topology: Topology | None, inventory_path: Path | 
         return state
     topology = topology or default_topology()
     if len(topology.hosts) > addressing.max_hosts():
-        raise LabError(f"a lab holds at most {addressing.max_hosts()} hosts")
+        raise LabInvalid(f"a lab holds at most {addressing.max_hosts()} hosts")
     path = (inventory_path or default_inventory_path(name)).absolute()
     with locked(None):
         slot = addressing.free_slot(_used_slots())
@@ -301,7 +301,7 @@ def _state(name: str) -> LabState:
     check_lab_name(name)
     state = read_state(name)
     if state is None:
-        raise LabError(f"no lab named {name}: start it with `gpuinfra lab up --name {name}`")
+        raise LabInvalid(f"no lab named {name}: start it with `gpuinfra lab up --name {name}`")
     return state
 
 

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from lab.errors import LabError
+from lab.errors import LabInvalid
 
 # Labs live outside the repository: upper dirs hold whole root filesystems, keys are secrets.
 LABS_DIR = Path("/var/lib/gpuinfra/labs")
@@ -26,9 +26,9 @@ IFNAME_MAX = 15
 
 def check_lab_name(name: str) -> str:
     if name in RESERVED_NAMES:
-        raise LabError(f"the lab name {name!r} is reserved (inventory/{name} is not a lab)")
+        raise LabInvalid(f"the lab name {name!r} is reserved (inventory/{name} is not a lab)")
     if not _NAME.match(name):
-        raise LabError(
+        raise LabInvalid(
             f"invalid lab name {name!r}: use 1 to 24 lowercase letters, digits and dashes, "
             "starting with a letter"
         )
@@ -84,5 +84,5 @@ def nft_table_of(lab: str) -> str:
 
 def _ifname(name: str) -> str:
     if len(name) > IFNAME_MAX:
-        raise LabError(f"interface name {name} is longer than {IFNAME_MAX} characters")
+        raise LabInvalid(f"interface name {name} is longer than {IFNAME_MAX} characters")
     return name

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lab import addressing
-from lab.errors import LabError
+from lab.errors import LabError, LabInvalid
 from lab.naming import LABS_DIR, LabNames
 from lab.topology import HostSpec, Topology
 
@@ -70,7 +70,7 @@ class LabState:
             if spec.name == name:
                 return index, spec, address
         known = ", ".join(self.topology.names()[:12])
-        raise LabError(f"lab {self.name} has no host {name!r} (hosts: {known} ...)")
+        raise LabInvalid(f"lab {self.name} has no host {name!r} (hosts: {known} ...)")
 
     def to_json(self) -> dict:
         return {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from lab.errors import LabError
+from lab.errors import LabInvalid
 
 # Lab hosts have no GPU; a gpu_worker still needs a spec to validate, so it names a real part.
 LAB_GPU_MODEL = "NVIDIA H100 80GB HBM3"
@@ -51,7 +51,7 @@ class Topology:
     def with_disks(self, disks: dict[str, int]) -> Topology:
         unknown = sorted(set(disks) - set(self.names()))
         if unknown:
-            raise LabError(f"--disk names hosts not in the lab: {', '.join(unknown)}")
+            raise LabInvalid(f"--disk names hosts not in the lab: {', '.join(unknown)}")
         hosts = tuple(
             HostSpec(host.name, host.groups, host.gpu, disks.get(host.name, host.disk_bytes))
             for host in self.hosts
@@ -100,7 +100,7 @@ def scale_topology() -> Topology:
 def generic_topology(count: int) -> Topology:
     """count interchangeable CPU workers, for scale measurements of the engine itself."""
     if count < 1:
-        raise LabError(f"--hosts must be at least 1 (got {count})")
+        raise LabInvalid(f"--hosts must be at least 1 (got {count})")
     width = max(3, len(str(count)))
     hosts = tuple(HostSpec(f"host-{i:0{width}d}", ("cpu_worker",)) for i in range(1, count + 1))
     return Topology(hosts, f"hosts-{count}")
@@ -111,17 +111,17 @@ def named_topology(kind: str) -> Topology:
         return default_topology()
     if kind == "scale":
         return scale_topology()
-    raise LabError(f"unknown topology {kind!r} (known: {', '.join(TOPOLOGIES)})")
+    raise LabInvalid(f"unknown topology {kind!r} (known: {', '.join(TOPOLOGIES)})")
 
 
 def parse_size(text: str) -> int:
     """Bytes from a size such as 512M, 2G or 1GiB (powers of 1024, as losetup and truncate)."""
     match = _SIZE.match(text.strip())
     if not match:
-        raise LabError(f"invalid size {text!r}: use a number with K, M, G or T (e.g. 2G)")
+        raise LabInvalid(f"invalid size {text!r}: use a number with K, M, G or T (e.g. 2G)")
     size = int(match.group(1)) * _UNITS[match.group(2).upper()]
     if size < 2**20:
-        raise LabError(f"disk size {text!r} is below 1M: too small for a filesystem")
+        raise LabInvalid(f"disk size {text!r} is below 1M: too small for a filesystem")
     return size
 
 
@@ -131,6 +131,6 @@ def parse_disks(options: list[str]) -> dict[str, int]:
     for option in options:
         host, sep, size = option.partition("=")
         if not sep or not host:
-            raise LabError(f"invalid --disk {option!r}: use HOST=SIZE, e.g. etcd-1=2G")
+            raise LabInvalid(f"invalid --disk {option!r}: use HOST=SIZE, e.g. etcd-1=2G")
         disks[host] = parse_size(size)
     return disks

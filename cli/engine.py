@@ -70,9 +70,8 @@ def apply(
     with reporting():
         if batch is not None and not (batch.rstrip("%").replace(".", "", 1).isdigit()):
             raise UserError(f"--batch: expected N or P% (got {batch!r})")
-    if not yes:
-        if not typer.confirm("Apply changes to the hosts?", default=False, err=True):
-            raise typer.Exit(ExitCode.OK)
+    if not yes and not typer.confirm("Apply changes to the hosts?", default=False, err=True):
+        raise typer.Exit(ExitCode.OK)
     report = _run(cluster, Mode.apply, limit, roles, parallel, output, batch, fail_percent)
     if report_path:
         report_path.parent.mkdir(parents=True, exist_ok=True)

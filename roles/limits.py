@@ -1,4 +1,4 @@
-"""Raise the open-files limit before pyinfra is imported: it caps parallelism at (nofile - 10) / 3."""
+"""Raise the open-files limit before pyinfra is imported: it caps parallelism by it."""
 
 from __future__ import annotations
 

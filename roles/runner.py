@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import logging
 import time
@@ -231,10 +232,8 @@ def _run_batch(
 
     clock = time.monotonic()
     state.set_stage(StateStage.Connect)
-    try:
+    with contextlib.suppress(PyinfraError):  # every host failed to connect: reported below
         connect_all(state)
-    except PyinfraError:
-        pass  # every host failed to connect; each is reported below
     _add_time(report, "connect", clock)
     for host in state.failed_hosts:
         entry = report.hosts[host.name]
@@ -281,7 +280,7 @@ def _prepare_phase(state, phase, index, targets, by_name, op_phase) -> None:
         try:
             with ctx_state.use(state), ctx_host.use(host):
                 phase.deploy(by_name[host.name])
-        except Exception as exc:  # noqa: BLE001: reported per host, the others go on
+        except Exception as exc:  # noqa: BLE001 (reported per host; the others go on)
             return exc
         finally:
             host.loop_position = []

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import os
 import shlex
 import signal
 import subprocess
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from lab.errors import LabError
+from lab import processes
 from lab.naming import LabNames
 from lab.system import run
 from lab.topology import DISK_DEVICE
@@ -213,70 +211,20 @@ def is_running(paths: HostPaths) -> bool:
     return nspawn_pid(paths) is not None
 
 
-def processes_under(folder: Path) -> dict[int, str]:
-    """Processes whose command line names a path in folder: supervisors and systemd-nspawn."""
-    needle = str(folder).rstrip("/").encode() + b"/"
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if needle in cmdline:
-            found[int(entry.name)] = cmdline.replace(b"\0", b" ").decode(errors="replace")
-    return found
-
-
 def request_stop(paths: HostPaths) -> int | None:
     """Ask the host to power off (SIGTERM to systemd-nspawn) and its supervisor not to restart."""
     (paths / STOP_REQUESTED).write_text("")
     pid = nspawn_pid(paths)
     if pid is not None:
-        _signal(pid, signal.SIGTERM)
+        processes.send(pid, signal.SIGTERM)
     return pid
 
 
-def stop_all(pids: list[int], deadline_s: float) -> list[int]:
-    """Wait for processes to exit until the deadline, then SIGKILL them; returns those killed."""
-    end = time.monotonic() + deadline_s
-    remaining = [pid for pid in pids if _alive(pid)]
-    while remaining and time.monotonic() < end:
-        time.sleep(0.25)
-        remaining = [pid for pid in remaining if _alive(pid)]
-    for pid in remaining:
-        _signal(pid, signal.SIGKILL)
-    end = time.monotonic() + 10
-    while any(_alive(pid) for pid in remaining) and time.monotonic() < end:
-        time.sleep(0.1)
-    return remaining
-
-
-def _alive(pid: int) -> bool:
-    try:
-        # A zombie has exited: it only waits for its parent, and holds no mounts or devices.
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
-
-
-def _signal(pid: int, signum: int) -> None:
-    try:
-        os.kill(pid, signum)
-    except ProcessLookupError:
-        pass
-    except PermissionError as exc:
-        raise LabError(f"cannot signal process {pid}: {exc.strerror}") from None
-
-
-def terminate(pid: int) -> None:
-    _signal(pid, signal.SIGTERM)
-
-
-def kill(pid: int) -> None:
-    _signal(pid, signal.SIGKILL)
+def kill_orphans(paths: HostPaths) -> list[int]:
+    """Kill what is left of the host after its systemd-nspawn died (e.g. was SIGKILLed)."""
+    orphans = processes.with_root_under(paths.root)
+    processes.kill_all(orphans)
+    return orphans
 
 
 def loop_devices_under(folder: Path) -> list[str]:

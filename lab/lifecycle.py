@@ -7,6 +7,7 @@ import ipaddress
 import json
 import re
 import shutil
+import signal
 import socket
 import time
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from inventory.model import LoadedCluster
-from lab import addressing, host, network, rootfs
+from lab import addressing, host, network, processes, rootfs
 from lab.errors import LabError, LabInvalid
 from lab.host import HostPaths
 from lab.inventory import HEADER, loaded_cluster, write_inventory
@@ -260,6 +261,7 @@ def _boot(state: LabState, index: int) -> bool:
     paths = _paths(state, spec.name)
     if host.is_running(paths):
         return True
+    host.kill_orphans(paths)  # a host whose systemd-nspawn was killed must not run twice
     network.ensure_host_network(state.names, spec.name, index, address, state.subnet, state.gateway)
     loop = host.ensure_disk(paths, spec.disk_bytes) if spec.disk_bytes else None
     host.start(paths, state.names, spec.name, loop)
@@ -320,20 +322,23 @@ def down(name: str, *, deadline_s: float = STOP_DEADLINE_S) -> DownResult:
         host_dirs = sorted(hosts_dir.iterdir()) if hosts_dir.is_dir() else []
         for paths in (HostPaths(folder) for folder in host_dirs):
             host.request_stop(paths)
+        # By command line too: a lost pid file must not leave a host running.
         nspawns = [
             pid
-            for pid, cmdline in host.processes_under(state_dir).items()
+            for pid, cmdline in processes.with_cmdline_under(state_dir).items()
             if cmdline.startswith("systemd-nspawn")
         ]
         for pid in nspawns:
-            host.terminate(pid)
-        killed = host.stop_all(nspawns, deadline_s)
+            processes.send(pid, signal.SIGTERM)
+        killed = processes.stop(nspawns, deadline_s)
         if nspawns:
             removed.append(f"{len(nspawns)} hosts stopped")
-        leftovers = list(host.processes_under(state_dir))
-        for pid in leftovers:
-            host.kill(pid)
-        host.stop_all(leftovers, 5)
+        # Supervisors, and hosts whose systemd-nspawn died before us (found by their root).
+        leftovers = list(processes.with_cmdline_under(state_dir))
+        leftovers += processes.with_root_under(state_dir)
+        processes.kill_all(leftovers)
+        if leftovers:
+            removed.append(f"{len(leftovers)} leftover processes")
         mounts = sorted(
             (point for point in host.mounted_paths() if point.startswith(f"{state_dir}/")),
             key=len,
@@ -426,9 +431,11 @@ def stop_host(name: str, host_name: str, *, deadline_s: float = STOP_DEADLINE_S)
     state = _state(name)
     state.host(host_name)
     with locked(name):
-        pid = host.request_stop(_paths(state, host_name))
+        paths = _paths(state, host_name)
+        pid = host.request_stop(paths)
         if pid is not None:
-            host.stop_all([pid], deadline_s)
+            processes.stop([pid], deadline_s)
+        host.kill_orphans(paths)
         return pid is not None
 
 

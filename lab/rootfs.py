@@ -46,7 +46,7 @@ def machine_mirror(sources: tuple[Path, ...] = APT_SOURCE_FILES) -> Mirror:
     archives = [uri for uri in uris if uri.rstrip("/").endswith("/debian")]
     if not archives:
         where = ", ".join(str(path) for path in sources)
-        raise LabError(f"no Debian archive (a URI ending in /debian) in {where}: pass --mirror")
+        raise LabError(f"no Debian archive (a URI ending in /debian) in {where}")
     security = [uri for uri in uris if uri.rstrip("/").endswith("/debian-security")]
     return Mirror(archives[0].rstrip("/"), security[0].rstrip("/") if security else None)
 

@@ -69,8 +69,9 @@ class LabState:
         for index, spec, address in self.hosts():
             if spec.name == name:
                 return index, spec, address
-        known = ", ".join(self.topology.names()[:12])
-        raise LabInvalid(f"lab {self.name} has no host {name!r} (hosts: {known} ...)")
+        names = self.topology.names()
+        known = ", ".join(names[:12]) + (" ..." if len(names) > 12 else "")
+        raise LabInvalid(f"lab {self.name} has no host {name!r} (hosts: {known})")
 
     def to_json(self) -> dict:
         return {

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from lab.errors import LabInvalid
 
 # Lab hosts have no GPU; a gpu_worker still needs a spec to validate, so it names a real part.
-LAB_GPU_MODEL = "NVIDIA H100 80GB HBM3"
+LAB_GPU_MODEL = "H100-SXM5-80GB"
 LAB_GPU_COUNT = 8
 # Inside each host the attached loop device appears under this name (a second virtio disk).
 DISK_DEVICE = "/dev/vdb"

@@ -1,0 +1,144 @@
+"""Lab topologies become cluster inventories that load and validate like any operator's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from inventory.loader import load
+from lab import naming
+from lab.errors import LabInvalid
+from lab.inventory import GPU_COMMENT, inventory_data, render_inventory, write_inventory
+from lab.state import LabState
+from lab.topology import (
+    DISK_DEVICE,
+    Topology,
+    default_topology,
+    generic_topology,
+    named_topology,
+    parse_disks,
+    parse_size,
+    scale_topology,
+)
+
+
+@pytest.fixture
+def labs_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Labs in a temporary folder, with the private key the inventory must point at (0600)."""
+    folder = tmp_path / "labs"
+    monkeypatch.setattr(naming, "LABS_DIR", folder)
+    return folder
+
+
+def lab_state(labs_dir: Path, name: str, topology: Topology, slot: int = 2) -> LabState:
+    state = LabState(name, slot, topology, labs_dir.parent / "inventory" / name / "cluster.yml")
+    state.private_key.parent.mkdir(parents=True, exist_ok=True)
+    state.private_key.write_text("not a real key\n")
+    state.private_key.chmod(0o600)
+    return state
+
+
+def test_default_topology_has_every_group() -> None:
+    topology = default_topology()
+    groups = [group for host in topology.hosts for group in host.groups]
+    assert groups.count("etcd") == 5
+    assert groups.count("control_plane") == 2
+    for group in ("loadbalancer", "dns", "monitoring", "cpu_worker", "gpu_worker"):
+        assert groups.count(group) == 1
+    assert not any(host.disk_bytes for host in topology.hosts)  # etcd disks only on request
+
+
+def test_default_inventory_loads_and_validates(labs_dir: Path) -> None:
+    state = lab_state(labs_dir, "lab", default_topology())
+    path = write_inventory(state, state.inventory_path)
+    loaded = load(path)
+    cluster = loaded.cluster
+    assert cluster.os == "debian-13"
+    assert str(cluster.networks.node) == "198.18.8.0/22"
+    assert cluster.in_group("etcd") == [f"etcd-{i}" for i in range(1, 6)]
+    assert cluster.hosts["gpu-1"].gpu is not None
+    assert cluster.api.vip is None  # one load balancer: no virtual address needed
+    # Absolute paths: the inventory works from any working directory.
+    assert cluster.ssh.key == state.private_key and cluster.ssh.key.is_absolute()
+    assert cluster.ssh.known_hosts == state.known_hosts and cluster.ssh.known_hosts.is_absolute()
+    assert {str(host.address) for host in cluster.hosts.values()} == {
+        f"198.18.8.{10 + i}" for i in range(len(state.topology.hosts))
+    }
+
+
+def test_gpu_spec_is_explained_in_a_comment(labs_dir: Path) -> None:
+    text = render_inventory(lab_state(labs_dir, "lab", default_topology()))
+    lines = text.splitlines()
+    gpu_line = next(i for i, line in enumerate(lines) if line.strip().startswith("gpu:"))
+    assert lines[gpu_line - 1].strip() == GPU_COMMENT
+    assert yaml.safe_load(text)["hosts"]["gpu-1"]["gpu"]["count"] >= 1
+
+
+def test_etcd_disk_is_recorded_only_for_etcd_hosts(labs_dir: Path) -> None:
+    topology = default_topology().with_disks({"etcd-1": 2**30, "cpu-1": 2**30})
+    state = lab_state(labs_dir, "lab", topology)
+    cluster = load(write_inventory(state, state.inventory_path)).cluster
+    assert cluster.hosts["etcd-1"].etcd is not None
+    assert cluster.hosts["etcd-1"].etcd.disk == DISK_DEVICE
+    assert cluster.hosts["etcd-2"].etcd is None
+    assert cluster.hosts["cpu-1"].etcd is None  # the disk exists, but etcd settings cannot
+
+
+def test_scale_topology_is_ha_and_loads(labs_dir: Path) -> None:
+    state = lab_state(labs_dir, "scale", scale_topology())
+    cluster = load(write_inventory(state, state.inventory_path)).cluster
+    assert len(cluster.hosts) == 100
+    assert len(cluster.in_group("loadbalancer")) == 2
+    assert cluster.api.vip is not None and cluster.api.vip in cluster.networks.node
+
+
+@pytest.mark.parametrize("count", [1, 100, 200])
+def test_generic_hosts_load(labs_dir: Path, count: int) -> None:
+    state = lab_state(labs_dir, "many", generic_topology(count))
+    cluster = load(write_inventory(state, state.inventory_path)).cluster
+    assert len(cluster.hosts) == count
+    assert cluster.in_group("cpu_worker") == list(cluster.hosts)
+
+
+def test_generic_needs_a_host() -> None:
+    with pytest.raises(LabInvalid):
+        generic_topology(0)
+
+
+def test_unknown_topology_and_disk_host_are_refused() -> None:
+    with pytest.raises(LabInvalid, match="unknown topology"):
+        named_topology("huge")
+    with pytest.raises(LabInvalid, match="not in the lab"):
+        default_topology().with_disks({"etcd-9": 2**30})
+
+
+@pytest.mark.parametrize(
+    ("text", "size"), [("512M", 512 * 2**20), ("2G", 2 * 2**30), ("1GiB", 2**30), ("4096K", 2**22)]
+)
+def test_parse_size(text: str, size: int) -> None:
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "2X", "-1G", "1.5G", "100"])
+def test_parse_size_refuses_nonsense(text: str) -> None:
+    with pytest.raises(LabInvalid):
+        parse_size(text)
+
+
+def test_parse_disks() -> None:
+    assert parse_disks(["etcd-1=1G", "etcd-2=2G"]) == {"etcd-1": 2**30, "etcd-2": 2 * 2**30}
+    with pytest.raises(LabInvalid, match="HOST=SIZE"):
+        parse_disks(["etcd-1"])
+
+
+def test_state_round_trips_through_json(labs_dir: Path) -> None:
+    state = lab_state(labs_dir, "lab", default_topology().with_disks({"etcd-3": 2**30}))
+    assert LabState.from_json(state.to_json()) == state
+
+
+def test_inventory_data_uses_the_lab_domain(labs_dir: Path) -> None:
+    data = inventory_data(lab_state(labs_dir, "itest", default_topology()))
+    assert data["domain"] == "itest.gpuinfra.test"
+    assert data["name"] == "itest"

@@ -177,7 +177,9 @@ def _emit(report, output: OutputFormat, show_diff: bool) -> None:
             for op in host.changes:
                 if op.diff:
                     console.print(f"[bold]{host.name}[/]: {op.name}")
-                    console.print(Syntax(op.diff, "diff", background_color="default"))
+                    console.print(
+                        Syntax(op.diff, "diff", background_color="default", word_wrap=True)
+                    )
     timings = ", ".join(f"{k} {v:.1f}s" for k, v in report.phase_seconds.items())
     console.print(f"total {report.seconds:.1f}s ({timings})", markup=False)
     for note in report.notes:

@@ -15,6 +15,7 @@ import gevent
 from pyinfra.api import BaseStateCallback, Config, Inventory, State
 from pyinfra.api.connect import connect_all, disconnect_all
 from pyinfra.api.exceptions import PyinfraError
+from pyinfra.api.operation import OperationMeta
 from pyinfra.api.operations import run_ops
 from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_host, ctx_state
@@ -243,6 +244,12 @@ def _run_batch(
     if not active:
         return
 
+    # pyinfra keeps the state in a process-wide context and the host in a greenlet-local one.
+    with ctx_state.use(state):
+        _prepare_and_execute(state, options, active, phases, by_name, report, recorder)
+
+
+def _prepare_and_execute(state, options, active, phases, by_name, report, recorder) -> None:
     state.set_stage(StateStage.Prepare)
     op_phase: dict[str, str] = {}
     for index, phase in enumerate(phases):
@@ -278,7 +285,7 @@ def _prepare_phase(state, phase, index, targets, by_name, op_phase) -> None:
         # phase index keeps two roles' operations at the same position from being merged.
         host.loop_position = [index]
         try:
-            with ctx_state.use(state), ctx_host.use(host):
+            with ctx_host.use(host):
                 phase.deploy(by_name[host.name])
         except Exception as exc:  # noqa: BLE001 (reported per host; the others go on)
             return exc
@@ -316,13 +323,40 @@ def _collect_plan(state, active, op_phase, report: RunReport) -> None:
             if op_data is None:
                 continue
             name = _op_name(state, op_hash)
-            changed = bool(op_data.operation_meta._maybe_is_change)
+            changed = bool(op_data.operation_meta._maybe_is_change) and _conditions_hold(
+                op_data.global_arguments.get("_if")
+            )
             result = OperationResult(op_phase.get(op_hash, "?"), name, changed)
             if changed and op_hash in files_by_op:
                 result.diff = _diff(host, files_by_op[op_hash])
             entry.operations.append(result)
         if entry.changes:
             entry.status = HostStatus.drift
+
+
+def _conditions_hold(conditions) -> bool:
+    """Evaluate an operation's `_if` conditions before execution: pyinfra only checks them while
+    executing, so a plan would count every handler ("restart if the file changed") as a change.
+    Each `did_change()` a condition asks about is answered with what that operation will do."""
+    if not conditions:
+        return True
+    conditions = conditions if isinstance(conditions, list) else [conditions]
+    original = OperationMeta.did_change
+
+    def will_change(meta: OperationMeta) -> bool:
+        return original(meta) if meta.is_complete() else bool(meta._maybe_is_change)
+
+    def holds(condition) -> bool:
+        # `_if=meta.did_change` is a method bound before this patch: answer it directly.
+        if getattr(condition, "__func__", None) is original:
+            return will_change(condition.__self__)
+        return bool(condition())
+
+    OperationMeta.did_change = will_change  # type: ignore[method-assign]
+    try:
+        return all(holds(condition) for condition in conditions)
+    finally:
+        OperationMeta.did_change = original  # type: ignore[method-assign]
 
 
 def _collect_results(state, active, op_phase, recorder: _Recorder, report: RunReport) -> None:

@@ -73,7 +73,7 @@ class TorchBackend:
             a = torch.randn(size, size, device=device, dtype=torch.bfloat16)
             b = torch.randn(size, size, device=device, dtype=torch.bfloat16)
             out = torch.empty_like(a)
-            for _ in range(5):  # warm-up: cuBLAS picks its kernel, clocks ramp
+            for _ in range(20):  # warm-up: cuBLAS picks its kernel, clocks ramp
                 torch.matmul(a, b, out=out)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -143,7 +143,7 @@ class CupyBackend:
             a = cupy.random.random((size, size), dtype=cupy.float32).astype(cupy.float16)
             b = cupy.random.random((size, size), dtype=cupy.float32).astype(cupy.float16)
             out = cupy.empty_like(a)
-            for _ in range(5):
+            for _ in range(20):
                 cupy.matmul(a, b, out=out)
             seconds = self._timed(lambda: cupy.matmul(a, b, out=out), iterations)
         return 2 * size**3 * iterations / seconds / 1e12

@@ -21,8 +21,9 @@ class GpuHealthConfig(BaseModel):
 
     # 8192^3 BF16 GEMMs: big enough to saturate tensor cores, small enough to run in seconds.
     matmul_size: int = Field(8192, ge=1024)
-    # Enough back-to-back GEMMs to reach the power cap and steady clocks (a cold GPU flatters).
-    matmul_iterations: int = Field(50, ge=5)
+    # ~3 s of back-to-back GEMMs per H100 (1.1 TFLOP each): past the clock ramp to the steady,
+    # power-capped clocks that real training sees (a cold GPU's first GEMMs flatter it).
+    matmul_iterations: int = Field(2000, ge=5)
     # cuBLAS reaches ~70-80% of the datasheet dense peak on H100 SXM at the 700 W cap (the
     # datasheet assumes max boost clock); below 60% the GPU is a straggler for synchronous jobs.
     matmul_degraded_fraction: float = Field(0.60, gt=0, le=1)

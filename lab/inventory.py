@@ -9,6 +9,7 @@ import yaml
 
 from inventory.loader import build
 from inventory.model import LoadedCluster
+from lab import rootfs
 from lab.state import LabState
 from lab.topology import DISK_DEVICE, LAB_GPU_COUNT, LAB_GPU_MODEL
 
@@ -44,8 +45,24 @@ def inventory_data(state: LabState) -> dict[str, Any]:
     }
     if state.vip is not None:
         data["api"] = {"vip": str(state.vip)}
+    data["group_vars"] = {"all": {"base": _base_settings()}}
     data["hosts"] = hosts
     return data
+
+
+def _base_settings() -> dict[str, Any]:
+    """The base role manages /etc/hosts and apt sources: keep the lab's mirror in both, or the
+    hosts (which have no DNS) lose their packages on the first apply."""
+    from lab.lifecycle import _resolve_mirror
+
+    mirror = rootfs.machine_mirror()
+    settings: dict[str, Any] = {
+        "apt_mirror": mirror.archive,
+        "extra_hosts": {name: address for address, name in _resolve_mirror(mirror)},
+    }
+    if mirror.security:
+        settings["apt_security_mirror"] = mirror.security
+    return settings
 
 
 def render_inventory(state: LabState) -> str:

@@ -10,6 +10,8 @@ class BaseConfig(BaseModel):
 
     # Debian/Ubuntu mirror URL; None keeps the distribution's default archive.
     apt_mirror: str | None = None
+    # Security archive; None: the mirror URL with "-security" appended (Debian's layout).
+    apt_security_mirror: str | None = None
     # HTTP proxy for apt only (fleets often reach mirrors through one); None for direct.
     apt_proxy: str | None = None
     # Enable contrib/non-free (Debian) or restricted/multiverse (Ubuntu): NVIDIA userspace is there.

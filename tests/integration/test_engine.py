@@ -1,0 +1,121 @@
+"""The engine on the lab: apply converges, plan then shows nothing, drift catches hand edits."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cli.exitcodes import ExitCode
+
+GPUINFRA = str(Path(sys.executable).parent / "gpuinfra")
+MANAGED = ["/etc/hosts", "/etc/hostname", "/etc/ssh/sshd_config.d/50-gpuinfra.conf"]
+
+pytestmark = pytest.mark.integration
+
+
+def gpuinfra(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [GPUINFRA, *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+    )
+
+
+@pytest.fixture(scope="module")
+def converged(lab):
+    """The lab with the base role applied once (the first apply installs packages)."""
+    result = gpuinfra("apply", str(lab.inventory_path), "--yes", "--format", "json")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert {h["status"] for h in report["hosts"].values()} <= {"changed", "ok"}
+    return lab
+
+
+def test_plan_after_apply_has_no_changes(converged):
+    result = gpuinfra("plan", str(converged.inventory_path), "--format", "json")
+    assert result.returncode == ExitCode.OK, result.stdout[-3000:] + result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    pending = {
+        name: [op["name"] for op in host["operations"] if op["changed"]]
+        for name, host in report["hosts"].items()
+    }
+    assert all(not ops for ops in pending.values()), pending
+    assert len(report["hosts"]) == len(converged.hosts)
+
+
+def checksums(lab, host: str) -> str:
+    return lab.ssh(host, "sha256sum " + " ".join(MANAGED)).stdout
+
+
+def test_drift_reports_a_hand_edit_and_changes_nothing(converged, tmp_path):
+    lab = converged
+    host = "cpu-1" if "cpu-1" in lab.hosts else lab.hosts[-1]
+    lab.ssh(host, "echo '10.9.9.9 rogue' >> /etc/hosts")
+    before = {h: checksums(lab, h) for h in lab.hosts}
+    report_path, junit_path = tmp_path / "drift.json", tmp_path / "drift.xml"
+    result = gpuinfra(
+        "drift", str(lab.inventory_path), "--report", str(report_path), "--junit", str(junit_path)
+    )
+    after = {h: checksums(lab, h) for h in lab.hosts}
+    assert before == after, "drift changed a managed file"
+    assert result.returncode == ExitCode.DRIFT, result.stdout[-3000:]
+
+    report = json.loads(report_path.read_text())
+    drifted = {name for name, h in report["hosts"].items() if h["status"] == "drift"}
+    assert drifted == {host}
+    diffs = [op["diff"] for op in report["hosts"][host]["operations"] if op["changed"]]
+    assert any("-10.9.9.9 rogue" in (d or "") for d in diffs)
+
+    cases = ET.parse(junit_path).getroot().findall("testcase")
+    failing = [(c.get("classname"), c.get("name")) for c in cases if c.find("failure") is not None]
+    assert failing == [(host, "base")]
+    assert "10.9.9.9 rogue" in next(
+        c.find("failure").text for c in cases if c.get("classname") == host
+    )
+
+    fixed = gpuinfra("apply", str(lab.inventory_path), "--limit", host, "--yes")
+    assert fixed.returncode == ExitCode.OK, fixed.stdout[-2000:]
+    assert "rogue" not in lab.ssh(host, "cat /etc/hosts").stdout
+
+
+def test_drift_with_a_stopped_host_reports_it_and_checks_the_others(converged, tmp_path):
+    lab = converged
+    host = lab.hosts[-1]
+    down = subprocess.run(
+        [GPUINFRA, "lab", "stop", host, "--name", lab.name], capture_output=True, text=True
+    )
+    assert down.returncode == 0, down.stderr
+    try:
+        report_path = tmp_path / "drift.json"
+        result = gpuinfra("drift", str(lab.inventory_path), "--report", str(report_path))
+        assert result.returncode == ExitCode.UNREACHABLE, result.stdout[-2000:]
+        report = json.loads(report_path.read_text())
+        assert report["hosts"][host]["status"] == "unreachable"
+        others = {h["status"] for name, h in report["hosts"].items() if name != host}
+        assert others == {"ok"}
+    finally:
+        subprocess.run([GPUINFRA, "lab", "start", host, "--name", lab.name], check=True)
+
+
+def test_a_changed_host_key_is_refused(converged, tmp_path):
+    """A known_hosts file naming another key for one host: that host is refused, not trusted."""
+    lab = converged
+    victim = lab.hosts[0]
+    data = yaml.safe_load(lab.inventory_path.read_text())
+    known = Path(data["ssh"]["known_hosts"]).read_text().splitlines()
+    other = next(line for line in known if not line.startswith(lab.address(victim) + " "))
+    forged = [line for line in known if not line.startswith(lab.address(victim) + " ")]
+    forged.append(lab.address(victim) + " " + other.split(" ", 1)[1])
+    (tmp_path / "known_hosts").write_text("\n".join(forged) + "\n")
+    data["ssh"]["known_hosts"] = str(tmp_path / "known_hosts")
+    (tmp_path / "cluster.yml").write_text(yaml.safe_dump(data))
+    result = gpuinfra("drift", str(tmp_path), "--format", "json")
+    assert result.returncode == ExitCode.UNREACHABLE
+    report = json.loads(result.stdout)
+    assert report["hosts"][victim]["status"] == "unreachable"
+    assert "host key" in report["hosts"][victim]["error"].lower()
+    assert {h["status"] for n, h in report["hosts"].items() if n != victim} == {"ok"}

@@ -4,22 +4,24 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from cli.errors import UserError, reporting
+from cli.errors import UserError, reporting, stderr
 from cli.exitcodes import ExitCode
 from cli.options import ClusterArg, FormatOpt, OutputFormat
 from roles.gpu_health.results import NodeReport, Verdict
+
+if TYPE_CHECKING:
+    from roles.gpu_health.fleet import FleetReport
 
 app = typer.Typer(
     help="GPU health: passive and active checks, fleet sampling, cordoning.", no_args_is_help=True
 )
 stdout = Console(highlight=False, soft_wrap=True)
-stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
 STYLE = {"ok": "green", "degraded": "yellow", "failed": "bold red", "skipped": "dim"}
 NODE_EXIT = {
@@ -231,7 +233,7 @@ def render_node(report: NodeReport) -> None:
     stdout.print(table)
 
 
-def render_fleet(report) -> None:
+def render_fleet(report: FleetReport) -> None:
     table = Table(title=f"{len(report.hosts)} of {report.gpu_workers} GPU workers checked")
     for column in ("host", "status", "why", "cordon"):
         table.add_column(column)

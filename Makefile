@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PYTHON ?= python3
 LAB ?= lab
 
-.PHONY: help install test unit lint format render demo clean
+.PHONY: help install test unit lint format render demo lab-down clean
 
 help:
 	@echo "make install  Debian packages for the lab + .venv with gpuinfra (editable) and dev tools"
@@ -14,6 +14,7 @@ help:
 	@echo "make unit     unit tests only (no root, no hosts)"
 	@echo "make lint     ruff check and format check"
 	@echo "make render   render the sample cluster's files into build/render"
+	@echo "make lab-down take the demo lab down (LAB=name for another)"
 
 install: $(VENV)/.installed
 
@@ -42,9 +43,15 @@ format: install
 render: install
 	$(BIN)/gpuinfra render inventory/sample --out build/render
 
+# The main job on the embedded default: boot the 12-host lab, converge it, then the CI check
+# (drift: exit 0 when every host matches the inventory) with its JSON and JUnit reports.
 demo: install
-	$(BIN)/gpuinfra inventory validate inventory/sample
-	$(BIN)/gpuinfra render inventory/sample --out build/render
+	$(BIN)/gpuinfra lab up --name $(LAB) --inventory inventory/$(LAB)/cluster.yml
+	$(BIN)/gpuinfra apply inventory/$(LAB) --yes --report build/demo/apply.json
+	$(BIN)/gpuinfra drift inventory/$(LAB) --report build/demo/drift.json --junit build/demo/drift.xml
+
+lab-down: install
+	$(BIN)/gpuinfra lab down --name $(LAB)
 
 clean:
 	rm -rf build .pytest_cache .ruff_cache

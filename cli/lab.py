@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cli.errors import UserError, reporting
+from cli.errors import UserError, reporting, stderr
 from cli.exitcodes import ExitCode
 from cli.options import FormatOpt, OutputFormat
 from lab import lifecycle
@@ -52,6 +52,10 @@ def lab_errors() -> Iterator[None]:
             raise UserError(str(exc), ExitCode.BAD_INPUT) from exc
         except LabError as exc:
             raise UserError(str(exc), ExitCode.ERROR) from exc
+        except KeyboardInterrupt:
+            # Everything the lab does is resumable: say how, without a traceback.
+            stderr.print("interrupted: rerun the command to resume, or `gpuinfra lab down`")
+            raise typer.Exit(130) from None
 
 
 @app.command()

@@ -112,6 +112,7 @@ def read_state(name: str) -> LabState | None:
 def write_state(state: LabState) -> None:
     path = state_path(state.name)
     path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.chmod(0o700)  # it holds the lab's private key and every host's root
     partial = path.with_suffix(".json.partial")
     partial.write_text(json.dumps(state.to_json(), indent=2) + "\n")
     os.replace(partial, path)  # atomic: a crash leaves the old state or the new, never half

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from inventory.model import LoadedCluster
-from lab import addressing, host, network, processes, rootfs
+from lab import addressing, host, naming, network, processes, rootfs
 from lab.errors import LabError, LabInvalid
 from lab.host import HostPaths
 from lab.inventory import HEADER, loaded_cluster, write_inventory
 from lab.memory import host_memory
-from lab.naming import LABS_DIR, LabNames, check_lab_name
+from lab.naming import LabNames, check_lab_name
 from lab.state import LabState, locked, read_state, recorded_labs, write_state
 from lab.system import require_root_and_tools, run, succeeds
 from lab.topology import Topology, default_topology
@@ -312,7 +312,7 @@ def down(name: str, *, deadline_s: float = STOP_DEADLINE_S) -> DownResult:
     check_lab_name(name)
     require_root_and_tools(("ip", "nft", "losetup"))
     removed: list[str] = []
-    state_dir = LABS_DIR / name
+    state_dir = naming.LABS_DIR / name
     with locked(name):
         try:
             state = read_state(name)
@@ -371,7 +371,7 @@ def down(name: str, *, deadline_s: float = STOP_DEADLINE_S) -> DownResult:
         if state_dir.exists():
             shutil.rmtree(state_dir)
             removed.append(f"state {state_dir}")
-    (LABS_DIR / f".{name}.lock").unlink(missing_ok=True)
+    (naming.LABS_DIR / f".{name}.lock").unlink(missing_ok=True)
     return DownResult(name, removed, killed)
 
 

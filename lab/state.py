@@ -11,9 +11,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from lab import addressing
+from lab import addressing, naming
 from lab.errors import LabError, LabInvalid
-from lab.naming import LABS_DIR, LabNames
+from lab.naming import LabNames
 from lab.topology import HostSpec, Topology
 
 STATE_FILE = "lab.json"
@@ -94,7 +94,7 @@ class LabState:
 
 
 def state_path(name: str) -> Path:
-    return LABS_DIR / name / STATE_FILE
+    return naming.LABS_DIR / name / STATE_FILE
 
 
 def read_state(name: str) -> LabState | None:
@@ -120,7 +120,7 @@ def write_state(state: LabState) -> None:
 
 def recorded_labs() -> list[LabState]:
     labs = []
-    for path in sorted(LABS_DIR.glob(f"*/{STATE_FILE}")):
+    for path in sorted(naming.LABS_DIR.glob(f"*/{STATE_FILE}")):
         state = read_state(path.parent.name)
         if state is not None:
             labs.append(state)
@@ -130,8 +130,8 @@ def recorded_labs() -> list[LabState]:
 @contextmanager
 def locked(name: str | None) -> Iterator[None]:
     """Serialise changes: one lab's up/down/stop at a time; None locks the address plan."""
-    LABS_DIR.mkdir(parents=True, exist_ok=True)
-    lock_path = LABS_DIR / (f".{name}.lock" if name else ".slots.lock")
+    naming.LABS_DIR.mkdir(parents=True, exist_ok=True)
+    lock_path = naming.LABS_DIR / (f".{name}.lock" if name else ".slots.lock")
     with open(lock_path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield

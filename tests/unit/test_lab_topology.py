@@ -8,10 +8,10 @@ import pytest
 import yaml
 
 from inventory.loader import load
-from lab import naming
+from lab import lifecycle, naming
 from lab.errors import LabInvalid
 from lab.inventory import GPU_COMMENT, inventory_data, render_inventory, write_inventory
-from lab.state import LabState
+from lab.state import LabState, read_state, recorded_labs
 from lab.topology import (
     DISK_DEVICE,
     Topology,
@@ -142,3 +142,21 @@ def test_inventory_data_uses_the_lab_domain(labs_dir: Path) -> None:
     data = inventory_data(lab_state(labs_dir, "itest", default_topology()))
     assert data["domain"] == "itest.gpuinfra.test"
     assert data["name"] == "itest"
+
+
+def test_labs_get_distinct_subnets_and_keep_theirs(
+    labs_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Slot 0 is taken by something on the machine (a lab bridge or address): it is skipped.
+    monkeypatch.setattr(lifecycle, "_used_slots", lambda: {0} | {s.slot for s in recorded_labs()})
+    first = lifecycle._resolve_state("one", default_topology(), None)
+    second = lifecycle._resolve_state("two", generic_topology(3), None)
+    assert (first.slot, second.slot) == (1, 2)
+    assert not first.subnet.overlaps(second.subnet)
+    assert read_state("one") == first  # recorded at once, so a third lab sees both taken
+    # Resuming keeps the slot; asking for other hosts is refused instead of silently changed.
+    assert lifecycle._resolve_state("one", None, None).slot == 1
+    with pytest.raises(LabInvalid, match="already up with other hosts"):
+        lifecycle._resolve_state("one", generic_topology(2), None)
+    third = lifecycle._resolve_state("three", None, None)
+    assert third.slot == 3 and third.topology == default_topology()

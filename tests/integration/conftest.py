@@ -10,7 +10,8 @@ Use it from any integration test (engine, roles, etcd ...)::
         assert result.stdout.strip() == "running"
 
 The lab is booted once per test session under the name `itest` (its own subnet, bridge and
-namespaces: a developer's `lab` is never touched) and taken down at the end. Set
+namespaces: a developer's `lab` is never touched; GPUINFRA_LAB_NAME picks another name, for
+two sessions on one machine) and taken down at the end. Set
 GPUINFRA_LAB_KEEP=1 to leave it running after the session; the next session then reuses it
 (`lab up` is idempotent) and starts in seconds. Tests that break a host (stop, partition,
 reboot) must leave it as they found it. Needs root, systemd-nspawn and debootstrap
@@ -34,7 +35,8 @@ from lab.state import read_state
 from lab.topology import Topology, default_topology
 from roles.ssh import ssh_argv
 
-LAB_NAME = "itest"
+# Two sessions at once on one machine (two developers) each set their own name.
+LAB_NAME = os.environ.get("GPUINFRA_LAB_NAME", "itest")
 KEEP_ENV = "GPUINFRA_LAB_KEEP"
 
 

@@ -163,7 +163,7 @@ def lab_traces(name: str) -> dict[str, list]:
 
 
 def test_second_lab_with_a_disk_then_down_leaves_no_trace(lab: LabCluster, tmp_path: Path) -> None:
-    name = "itest-small"
+    name = f"{lab.name}-small"
     topology = generic_topology(2).with_disks({"host-001": 256 * 2**20})
     small = boot_lab(name, topology, tmp_path / "cluster.yml")
     try:

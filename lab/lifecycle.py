@@ -9,6 +9,7 @@ import re
 import shutil
 import signal
 import socket
+import subprocess
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -152,8 +153,8 @@ def up(
             inventory_path=state.inventory_path,
             subnet=str(state.subnet),
             hosts=len(state.topology.hosts),
-            started=[name for name, already in results if not already],
-            already_running=[name for name, already in results if already],
+            started=[host_name for host_name, already in results if not already],
+            already_running=[host_name for host_name, already in results if already],
             seconds=time.monotonic() - started_at,
             rootfs_build_seconds=build_seconds,
         )
@@ -294,7 +295,7 @@ def _each(work, items, threads: int) -> tuple[list, list[str]]:
         for future in futures:
             try:
                 results.append(future.result())
-            except LabError as exc:
+            except (LabError, OSError, subprocess.SubprocessError) as exc:
                 failures.append(str(exc))
     return results, failures
 

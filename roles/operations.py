@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
+import posixpath
+import shlex
 from io import StringIO
 
 from pyinfra import host
-from pyinfra.api import operation
+from pyinfra.api import FileUploadCommand, operation
 from pyinfra.api.operation import OperationMeta
+from pyinfra.facts.files import File, Sha1File
 from pyinfra.facts.server import Hostname
 from pyinfra.operations import files
 
@@ -15,7 +19,20 @@ from roles.render import ManagedFile
 
 
 def put_file(managed: ManagedFile) -> OperationMeta:
-    """Upload a rendered file; the runner turns a pending change into a unified diff."""
+    """Upload a rendered file; the runner turns a pending change into a unified diff. A file with
+    a `check` is validated before it replaces the live one (see `put_checked`)."""
+    if managed.check is not None:
+        meta = put_checked(
+            name=f"Write {managed.path}",
+            content=managed.content,
+            dest=managed.path,
+            check=managed.check,
+            mode=managed.mode,
+            user=managed.user,
+            group=managed.group,
+        )
+        _remember(meta, managed)
+        return meta
     meta = files.put(
         name=f"Write {managed.path}",
         src=StringIO(managed.content),
@@ -25,11 +42,51 @@ def put_file(managed: ManagedFile) -> OperationMeta:
         mode=managed.mode,
         create_remote_dir=True,
     )
+    _remember(meta, managed)
+    return meta
+
+
+def _remember(meta: OperationMeta, managed: ManagedFile) -> None:
     # Remembered by operation hash so the runner can diff exactly this file on this host.
     if not hasattr(host, "_gpuinfra_files"):
         host._gpuinfra_files = {}
     host._gpuinfra_files[meta._hash] = managed
-    return meta
+
+
+def staged_path(dest: str) -> str:
+    """Where a checked file waits for its validation, beside the live one (same filesystem, so
+    the final move is atomic)."""
+    directory, name = posixpath.split(dest)
+    return posixpath.join(directory, f".{name}.gpuinfra-new")
+
+
+@operation()
+def put_checked(
+    content: str, dest: str, check: str, mode: str = "0644", user: str = "root", group: str = "root"
+):
+    """Write a config file only after it passed its validator: the content goes to a staged path,
+    `check` runs with `{path}` set to it, and a passing file is moved over the live one
+    atomically. A failing check removes the staged file, fails the operation and leaves the live
+    config as it was, so a daemon restarted later never reads a broken file."""
+    current = host.get_fact(File, path=dest)
+    digest = hashlib.sha1(content.encode()).hexdigest()
+    if (
+        current
+        and host.get_fact(Sha1File, path=dest) == digest
+        and current.get("mode") == int(mode)
+        and current.get("user") == user
+        and current.get("group") == group
+    ):
+        host.noop(f"{dest} is up to date")
+        return
+    staged = staged_path(dest)
+    quoted_staged, quoted_dest = shlex.quote(staged), shlex.quote(dest)
+    yield f"mkdir -p {shlex.quote(posixpath.dirname(dest))}"
+    yield FileUploadCommand(StringIO(content), staged)
+    yield f"chown {user}:{group} {quoted_staged} && chmod {mode} {quoted_staged}"
+    validate = check.format(path=quoted_staged)
+    yield f"{{ {validate} ; }} || {{ rc=$?; rm -f {quoted_staged}; exit $rc; }}"
+    yield f"mv -f {quoted_staged} {quoted_dest}"
 
 
 @operation()

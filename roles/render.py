@@ -28,6 +28,9 @@ class ManagedFile:
     user: str = "root"
     group: str = "root"
     secret: bool = False  # never shown in diffs, plans or logs
+    # A command that validates a candidate file ("nft -c -f {path}"): when set, the new content
+    # is staged beside the live file, checked, and only then moved into place.
+    check: str | None = None
 
 
 @dataclass(frozen=True)

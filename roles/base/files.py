@@ -25,11 +25,11 @@ def managed_files(ctx: HostContext) -> list[ManagedFile]:
     if ctx.topology.api_address:
         hosts.append((ctx.topology.api_address, f"api.{ctx.cluster.domain}", "api"))
 
-    def file(path: str, template: str, **extra: object) -> ManagedFile:
+    def file(path: str, template: str, check: str | None = None, **extra: object) -> ManagedFile:
         content = render_template(
             f"base/{template}", cfg=cfg, ctx=ctx, cluster=ctx.cluster, **extra
         )
-        return ManagedFile("base", path, content)
+        return ManagedFile("base", path, content, check=check)
 
     return [
         file("/etc/hostname", "hostname.j2"),
@@ -44,5 +44,6 @@ def managed_files(ctx: HostContext) -> list[ManagedFile]:
         file("/etc/apt/apt.conf.d/90gpuinfra", "apt.conf.j2"),
         file("/etc/chrony/sources.d/gpuinfra.sources", "chrony.sources.j2"),
         file("/etc/systemd/journald.conf.d/50-gpuinfra.conf", "journald.conf.j2"),
-        file("/etc/ssh/sshd_config.d/50-gpuinfra.conf", "sshd.conf.j2"),
+        # A drop-in that sshd rejects never goes live: a broken sshd locks the operator out.
+        file("/etc/ssh/sshd_config.d/50-gpuinfra.conf", "sshd.conf.j2", check="sshd -t -f {path}"),
     ]

@@ -46,6 +46,13 @@ def inventory_data(state: LabState) -> dict[str, Any]:
     if state.vip is not None:
         data["api"] = {"vip": str(state.vip)}
     data["group_vars"] = {"all": {"base": _base_settings()}}
+    if any("etcd" in spec.groups for _, spec, _ in state.hosts()):
+        # GitHub's releases are unreachable from the lab: Debian 13's etcd-server 3.5.16. The
+        # lab's disks are loop files sharing the machine's one disk (fsync p99 about 20 ms
+        # measured): the disk gate runs and its result is in the run report, but cannot pass.
+        data["group_vars"]["etcd"] = {
+            "etcd": {"source": "distribution", "disk_gate_override": True}
+        }
     data["hosts"] = hosts
     return data
 

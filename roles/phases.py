@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from inventory.model import LoadedCluster
 from roles.base import deploy as base_deploy
 from roles.base import files as base_files
+from roles.etcd import deploy as etcd_deploy
+from roles.etcd import files as etcd_files
 from roles.gpu_health import files as gpu_health_files
 from roles.render import HostContext, ManagedFile
 
@@ -25,6 +27,8 @@ class Phase:
 
 PHASES: list[Phase] = [
     Phase("base", None, base_files.managed_files, base_deploy.apply),
+    Phase("etcd", ("etcd",), etcd_files.managed_files, etcd_deploy.apply),
+    Phase("etcd", ("control_plane",), etcd_files.client_files, etcd_deploy.apply_clients),
 ]
 
 # Producers of cluster-wide files (Kubernetes manifests): relative path -> content.

@@ -58,6 +58,8 @@ class HostReport:
     error: str | None = None
     operations: list[OperationResult] = field(default_factory=list)
     seconds: float = 0.0
+    # Results of checks a role ran while executing (the etcd disk gate: p99, pass/fail/override)
+    checks: list[dict] = field(default_factory=list)
 
     @property
     def changes(self) -> list[OperationResult]:
@@ -384,9 +386,16 @@ def _collect_results(state, active, op_phase, recorder: _Recorder, report: RunRe
                     error=error,
                 )
             )
+        entry.checks = list(getattr(host, "_gpuinfra_checks", []))
         if any(op.error for op in entry.operations) or host in state.failed_hosts:
             entry.status = HostStatus.failed
-            entry.error = next((op.error for op in entry.operations if op.error), "failed")
+            failed_checks = [
+                c["detail"] for c in entry.checks if c.get("status") in ("fail", "error")
+            ]
+            entry.error = next(
+                iter(failed_checks),
+                next((op.error for op in entry.operations if op.error), "failed"),
+            )
         elif entry.changes:
             entry.status = HostStatus.changed
         else:

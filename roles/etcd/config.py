@@ -1,0 +1,57 @@
+"""Defaults of the etcd role; inventory group_vars/host vars under `etcd:` override them."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+GIB = 2**30
+
+
+class EtcdConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Where etcd comes from: the upstream release (checksum-pinned), a mirror of it, or the
+    # distribution's package (Debian 13 ships etcd-server 3.5.16; the lab uses it).
+    source: Literal["upstream", "mirror", "distribution"] = "upstream"
+    # Base URL holding etcd-v<version>-linux-<arch>.tar.gz, for source: mirror.
+    mirror_url: str | None = None
+    # SHA-256 of the release tarball for a version the pinned table does not hold.
+    sha256: str | None = None
+    # Data directory: the mount point of etcd.disk, mode 0700 (etcd refuses looser modes).
+    data_dir: str = "/var/lib/etcd"
+    # ext4 is what etcd's own benchmarks and most operators run; fsync behaviour is well known.
+    filesystem: Literal["ext4", "xfs"] = "ext4"
+    # OpenAI hit the 2 GiB default past 1,000 nodes; 8 GiB is etcd's advised maximum.
+    quota_backend_bytes: int = Field(8 * GIB, ge=GIB, le=8 * GIB)
+    # Keep 8 h of history (Kubespray's default); the API server compacts too, this is a floor.
+    auto_compaction_mode: Literal["periodic", "revision"] = "periodic"
+    auto_compaction_retention: str = "8h"
+    # 250/2500 ms instead of 100/1000: tolerates a slow fsync or GC pause without an election,
+    # while a dead leader is still replaced within seconds (etcd tuning guide: election ~10x).
+    heartbeat_interval_ms: int = Field(250, ge=10)
+    election_timeout_ms: int = Field(2500, ge=100)
+    # Raft snapshot every 10,000 applied entries (3.5's 100,000 keeps too much in memory).
+    snapshot_count: int = 10000
+    # The disk gate: etcd wants WAL fsync p99 under 10 ms (etcd hardware guide, fio test).
+    fsync_p99_max_ms: float = Field(10.0, gt=0)
+    # Run etcd on a disk that failed the gate anyway; recorded in the run report.
+    disk_gate_override: bool = False
+    # Leaf certificates for a year (like kubeadm's); the CA for ten.
+    cert_days: int = Field(365, ge=1)
+    ca_days: int = Field(3650, ge=1)
+    # Backups: a snapshot every hour kept for a day, on the member's root disk.
+    backup_dir: str = "/var/backups/etcd"
+    backup_schedule: str = "hourly"
+    backup_keep: int = Field(24, ge=1)
+    # Seconds a restarted member and the cluster get to become healthy before the roll stops.
+    health_timeout_s: int = Field(120, ge=5)
+
+    @model_validator(mode="after")
+    def _mirror_needs_url(self) -> EtcdConfig:
+        if self.source == "mirror" and not self.mirror_url:
+            raise ValueError("source: mirror needs mirror_url")
+        if self.election_timeout_ms < 5 * self.heartbeat_interval_ms:
+            raise ValueError("election_timeout_ms must be at least 5x heartbeat_interval_ms")
+        return self

@@ -1,0 +1,99 @@
+"""The etcd role's deploy: data disk, disk gate, certificates, the unit, then the members.
+
+A new cluster bootstraps all members together (they start in the same operation). Afterwards a
+change that needs a restart rolls through the members one at a time (`_serial`), and each
+restart returns only when the member and the whole cluster are healthy again, so a bad change
+stops on the first member with the others still serving.
+"""
+
+from __future__ import annotations
+
+from pyinfra.api import deploy
+from pyinfra.operations import apt, files, server, systemd
+
+from roles.etcd import operations as etcd_ops
+from roles.etcd.files import (
+    BACKUP_TIMER,
+    BACKUP_UNIT,
+    UNIT,
+    WAIT_HEALTHY,
+    client_files,
+    managed_files,
+    settings,
+)
+from roles.operations import put_file
+from roles.render import HostContext
+
+
+@deploy("Etcd")
+def apply(ctx: HostContext) -> None:
+    cfg = settings(ctx)
+    server.group(name="Create the etcd group", group="etcd", system=True)
+    server.user(
+        name="Create the etcd user",
+        user="etcd",
+        group="etcd",
+        system=True,
+        home=cfg.data_dir,
+        shell="/usr/sbin/nologin",
+        ensure_home=False,
+    )
+    tools = ["fio", "xfsprogs" if cfg.filesystem == "xfs" else "e2fsprogs"]
+    apt.packages(name="Install filesystem tools and fio", packages=tools, no_recommends=True)
+    etcd_ops.data_disk(
+        name="Prepare the data disk",
+        device=ctx.host.etcd.disk if ctx.host.etcd else None,
+        mountpoint=cfg.data_dir,
+        filesystem=cfg.filesystem,
+    )
+    files.directory(
+        name="Own the data directory (0700)",
+        path=cfg.data_dir,
+        user="etcd",
+        group="etcd",
+        mode="0700",
+    )
+    etcd_ops.disk_gate(
+        name="Check the data disk's fsync latency",
+        data_dir=cfg.data_dir,
+        limit_ms=cfg.fsync_p99_max_ms,
+        override=cfg.disk_gate_override,
+    )
+    etcd_ops.disk_gate_barrier(
+        name="Stop unless every new member passed the disk gate", data_dir=cfg.data_dir
+    )
+
+    written = {f.path: put_file(f) for f in managed_files(ctx)}
+    restart_on = [meta for path, meta in written.items() if path not in (BACKUP_UNIT, BACKUP_TIMER)]
+    units = [written[UNIT], written[BACKUP_UNIT], written[BACKUP_TIMER]]
+    systemd.daemon_reload(
+        name="Reload systemd for changed units", _if=lambda: any(u.did_change() for u in units)
+    )
+    installed = etcd_ops.etcd_installed(
+        name="Install etcd", cfg=cfg, version=ctx.cluster.versions.etcd
+    )
+    # Every member starts in this one operation: a new cluster bootstraps all together.
+    started = etcd_ops.unit_running(name="Start etcd", unit="etcd")
+    server.shell(
+        name="Wait for the new cluster to be healthy",
+        commands=[f"{WAIT_HEALTHY} {cfg.health_timeout_s}"],
+        _if=lambda: installed.did_change() or started.did_change(),
+    )
+    server.shell(
+        name="Restart etcd, one member at a time, each waiting for a healthy cluster",
+        commands=[f"systemctl restart etcd && {WAIT_HEALTHY} {cfg.health_timeout_s}"],
+        _serial=True,
+        _if=lambda: (
+            any(meta.did_change() for meta in restart_on)
+            and not installed.did_change()
+            and not started.did_change()
+        ),
+    )
+    etcd_ops.unit_running(name="Schedule snapshots", unit="etcd-backup.timer")
+
+
+@deploy("Etcd clients")
+def apply_clients(ctx: HostContext) -> None:
+    """The API servers' etcd CA and client certificate (kubeadm's external-etcd layout)."""
+    for managed in client_files(ctx):
+        put_file(managed)

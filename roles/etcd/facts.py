@@ -1,0 +1,78 @@
+"""Facts the etcd role reads from a host: its data disk, mounts, fstab and installed version."""
+
+from __future__ import annotations
+
+import shlex
+
+from pyinfra.api import FactBase
+
+
+class BlockDevice(FactBase):
+    """A block device as `blkid -p` probes it: {} when it holds nothing, None when missing."""
+
+    def command(self, device: str) -> str:
+        quoted = shlex.quote(device)
+        return f"if test -b {quoted}; then echo PRESENT; blkid -p -o export {quoted} || true; fi"
+
+    def process(self, output: list[str]) -> dict[str, str] | None:
+        if not output or output[0].strip() != "PRESENT":
+            return None
+        return dict(line.split("=", 1) for line in output[1:] if "=" in line)
+
+
+class MountedAt(FactBase):
+    """The device and options mounted at a path, or None."""
+
+    def command(self, path: str) -> str:
+        return f"findmnt -rn -o SOURCE,OPTIONS --mountpoint {shlex.quote(path)} || true"
+
+    def process(self, output: list[str]) -> dict[str, str] | None:
+        line = next((line for line in output if line.strip()), None)
+        if line is None:
+            return None
+        source, _, options = line.partition(" ")
+        return {"source": source, "options": options}
+
+
+class FstabEntry(FactBase):
+    """The /etc/fstab line that mounts something at a path, or None."""
+
+    def command(self, path: str) -> str:
+        return (
+            f"awk -v p={shlex.quote(path)} '$1 !~ /^#/ && $2 == p' /etc/fstab 2>/dev/null || true"
+        )
+
+    def process(self, output: list[str]) -> str | None:
+        lines = [line.strip() for line in output if line.strip()]
+        return lines[0] if lines else None
+
+
+class EtcdInstalled(FactBase):
+    """The installed etcd version: the package's (distribution) or the binary's own."""
+
+    def command(self, source: str, binary_dir: str) -> str:
+        if source == "distribution":
+            return "dpkg-query -W -f '${Version}' etcd-server 2>/dev/null || true"
+        return f"{binary_dir}/etcd --version 2>/dev/null | sed -n 's/^etcd Version: //p' || true"
+
+    def process(self, output: list[str]) -> str | None:
+        value = "".join(output).strip()
+        return value or None
+
+
+class MemberData(FactBase):
+    """Whether the data directory already holds a member (etcd was set up here before)."""
+
+    def command(self, data_dir: str) -> str:
+        return f"test -d {shlex.quote(data_dir)}/member && echo yes || echo no"
+
+    def process(self, output: list[str]) -> bool:
+        return bool(output) and output[0].strip() == "yes"
+
+
+class Machine(FactBase):
+    def command(self) -> str:
+        return "uname -m"
+
+    def process(self, output: list[str]) -> str:
+        return output[0].strip()

@@ -1,0 +1,279 @@
+"""The etcd PKI, made on the controller with `cryptography`: a CA, per-member server and peer
+certificates, and client certificates for the API servers and operators.
+
+Everything lives in the cluster's state directory (`.state/etcd-pki/`, ignored by git): the
+folder is 0700 and every private key 0600. Certificates are only (re)issued when missing, when
+their names no longer match the inventory, or when asked to rotate; the CA is never replaced
+here (a new CA means a full, coordinated restart of every member and client).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from inventory.model import LoadedCluster
+
+PKI_DIR = "etcd-pki"
+# Client identities besides the members: the API servers (kubeadm's name for it) and the
+# operator certificate etcdctl uses in day-2 commands.
+CLIENTS = ("kube-apiserver-etcd-client", "operator")
+# Renew ahead of expiry: a certificate with less than this left is reported as expiring.
+EXPIRING_DAYS = 30
+
+
+@dataclass(frozen=True)
+class CertSpec:
+    """What one certificate must say: its file stem, subject and names, and what it is for."""
+
+    stem: str  # path below the PKI folder without extension, e.g. "etcd-1/server"
+    common_name: str
+    dns_names: tuple[str, ...] = ()
+    ip_addresses: tuple[str, ...] = ()
+    server: bool = True  # serverAuth (members); every certificate also has clientAuth
+    organization: str | None = None
+
+
+@dataclass(frozen=True)
+class KeyPair:
+    cert_pem: str
+    key_pem: str
+
+
+@dataclass(frozen=True)
+class CertExpiry:
+    name: str
+    path: str
+    not_after: str  # ISO 8601, UTC
+    days_left: int
+    serial: str
+
+    @property
+    def status(self) -> str:
+        if self.days_left < 0:
+            return "expired"
+        return "expiring" if self.days_left < EXPIRING_DAYS else "ok"
+
+
+def pki_dir(loaded: LoadedCluster) -> Path:
+    return loaded.state_dir / PKI_DIR
+
+
+def member_specs(loaded: LoadedCluster, host: str) -> tuple[CertSpec, CertSpec]:
+    """Server and peer certificates of one member: every name and address it is reached by."""
+    cluster = loaded.cluster
+    member = cluster.etcd_member(host)
+    address = str(cluster.hosts[host].address)
+    names = tuple(dict.fromkeys([host, cluster.fqdn(host), member, "localhost"]))
+    server = CertSpec(f"{host}/server", member, names, (address, "127.0.0.1"))
+    peer = CertSpec(f"{host}/peer", member, names[:-1], (address,))
+    return server, peer
+
+
+def client_spec(name: str) -> CertSpec:
+    # system:masters is what kubeadm gives the API server's etcd client; etcd ignores it.
+    organization = "system:masters" if name == "kube-apiserver-etcd-client" else None
+    return CertSpec(f"clients/{name}", name, server=False, organization=organization)
+
+
+def all_specs(loaded: LoadedCluster) -> list[CertSpec]:
+    specs: list[CertSpec] = []
+    for host in loaded.cluster.in_group("etcd"):
+        specs.extend(member_specs(loaded, host))
+    specs.extend(client_spec(name) for name in CLIENTS)
+    return specs
+
+
+def ensure_pki(
+    loaded: LoadedCluster,
+    *,
+    cert_days: int = 365,
+    ca_days: int = 3650,
+    rotate: bool = False,
+) -> dict[str, KeyPair]:
+    """Make whatever is missing or stale (all leaves when `rotate`); return every pair by stem,
+    the CA as "ca"."""
+    root = pki_dir(loaded)
+    _private_dir(root)
+    ca_key_path, ca_cert_path = root / "ca.key", root / "ca.crt"
+    if not (ca_key_path.exists() and ca_cert_path.exists()):
+        ca_key = ec.generate_private_key(ec.SECP256R1())
+        ca_cert = _ca_certificate(ca_key, f"{loaded.cluster.name} etcd CA", ca_days)
+        _write_pair(root, "ca", ca_cert, ca_key)
+    ca_key = serialization.load_pem_private_key(ca_key_path.read_bytes(), None)
+    ca_cert = x509.load_pem_x509_certificate(ca_cert_path.read_bytes())
+    pairs = {"ca": KeyPair(ca_cert_path.read_text(), ca_key_path.read_text())}
+    for spec in all_specs(loaded):
+        cert_path = root / f"{spec.stem}.crt"
+        if rotate or not _matches(cert_path, spec, ca_cert):
+            key = ec.generate_private_key(ec.SECP256R1())
+            cert = _leaf_certificate(spec, key, ca_cert, ca_key, cert_days)
+            _write_pair(root, spec.stem, cert, key)
+        pairs[spec.stem] = KeyPair(cert_path.read_text(), (root / f"{spec.stem}.key").read_text())
+    return pairs
+
+
+def expiry_report(loaded: LoadedCluster, now: dt.datetime | None = None) -> list[CertExpiry]:
+    """Every certificate in the PKI folder with its expiry, soonest first."""
+    now = now or dt.datetime.now(dt.UTC)
+    root = pki_dir(loaded)
+    report = []
+    for path in sorted(root.rglob("*.crt")):
+        cert = x509.load_pem_x509_certificate(path.read_bytes())
+        not_after = cert.not_valid_after_utc
+        report.append(
+            CertExpiry(
+                name=str(path.relative_to(root).with_suffix("")),
+                path=str(path),
+                not_after=not_after.isoformat(),
+                days_left=(not_after - now).days,
+                serial=format(cert.serial_number, "x"),
+            )
+        )
+    return sorted(report, key=lambda e: (e.days_left, e.name))
+
+
+def _matches(cert_path: Path, spec: CertSpec, ca_cert: x509.Certificate) -> bool:
+    """An existing certificate is kept while it is signed by this CA and names what the
+    inventory says (an address change re-issues it)."""
+    key_path = cert_path.with_suffix(".key")
+    if not (cert_path.exists() and key_path.exists()):
+        return False
+    cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    if cert.issuer != ca_cert.subject:
+        return False
+    try:
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        dns = tuple(sans.get_values_for_type(x509.DNSName))
+        ips = tuple(str(ip) for ip in sans.get_values_for_type(x509.IPAddress))
+    except x509.ExtensionNotFound:
+        dns, ips = (), ()
+    return sorted(dns) == sorted(spec.dns_names) and sorted(ips) == sorted(spec.ip_addresses)
+
+
+def _name(common_name: str, organization: str | None = None) -> x509.Name:
+    attributes = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+    if organization:
+        attributes.insert(0, x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
+    return x509.Name(attributes)
+
+
+def _validity(days: int) -> tuple[dt.datetime, dt.datetime]:
+    # Back-dated an hour so a member whose clock is slightly behind accepts a fresh certificate.
+    start = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
+    return start, start + dt.timedelta(days=days)
+
+
+def _ca_certificate(key: ec.EllipticCurvePrivateKey, name: str, days: int) -> x509.Certificate:
+    start, end = _validity(days)
+    subject = _name(name)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )  # fmt: skip
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+
+
+def _leaf_certificate(
+    spec: CertSpec,
+    key: ec.EllipticCurvePrivateKey,
+    ca_cert: x509.Certificate,
+    ca_key,
+    days: int,
+) -> x509.Certificate:
+    start, end = _validity(days)
+    # etcd's members are servers and clients of each other (peers), and its gRPC gateway
+    # dials the member with the server certificate: members need both usages.
+    usages = [ExtendedKeyUsageOID.CLIENT_AUTH]
+    if spec.server:
+        usages.insert(0, ExtendedKeyUsageOID.SERVER_AUTH)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(_name(spec.common_name, spec.organization))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )  # fmt: skip
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_cert.public_key()),
+            critical=False,
+        )
+    )
+    if spec.dns_names or spec.ip_addresses:
+        alt_names: list[x509.GeneralName] = [x509.DNSName(name) for name in spec.dns_names]
+        alt_names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in spec.ip_addresses]
+        builder = builder.add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
+    return builder.sign(ca_key, hashes.SHA256())
+
+
+def _private_dir(path: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o700)
+
+
+def _write_pair(root: Path, stem: str, cert: x509.Certificate, key) -> None:
+    target = root / stem
+    _private_dir(target.parent)
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    _write_atomic(target.with_suffix(".key"), key_pem, 0o600)
+    _write_atomic(target.with_suffix(".crt"), cert.public_bytes(serialization.Encoding.PEM), 0o644)
+
+
+def _write_atomic(path: Path, data: bytes, mode: int) -> None:
+    # The key is created 0600 before a byte is written: never readable by others, even briefly.
+    partial = path.with_name(path.name + ".partial")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+    os.chmod(partial, mode)
+    partial.replace(path)

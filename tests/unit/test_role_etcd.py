@@ -1,0 +1,193 @@
+"""The etcd role offline: PKI (names, key modes, expiry), unit flags, release pins, disk rules."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import stat
+
+import pytest
+from cryptography import x509
+from pydantic import ValidationError
+
+from inventory.loader import load
+from inventory.topology import build_topology
+from roles.etcd import pki
+from roles.etcd.config import EtcdConfig
+from roles.etcd.files import client_files, etcd_flags, managed_files
+from roles.etcd.gate import judge, parse_p99_ms
+from roles.etcd.operations import refusal
+from roles.etcd.release import CHECKSUMS, ReleaseUnknown, binary_dir, release
+from roles.render import HostContext
+
+
+@pytest.fixture
+def loaded(small_cluster, write_cluster):
+    small_cluster["hosts"]["etcd-2"]["etcd"] = {"disk": "/dev/nvme1n1", "member_name": "infra2"}
+    return load(write_cluster(small_cluster))
+
+
+def context(loaded, name: str) -> HostContext:
+    return HostContext(loaded, build_topology(loaded.cluster), name)
+
+
+def sans(cert_pem: str) -> tuple[set[str], set[str]]:
+    cert = x509.load_pem_x509_certificate(cert_pem.encode())
+    ext = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    return set(ext.get_values_for_type(x509.DNSName)), {
+        str(ip) for ip in ext.get_values_for_type(x509.IPAddress)
+    }
+
+
+def test_member_certificates_name_the_host_fqdn_member_and_address(loaded):
+    pairs = pki.ensure_pki(loaded)
+    dns, ips = sans(pairs["etcd-2/server"].cert_pem)
+    assert dns == {"etcd-2", "etcd-2.small.test", "infra2", "localhost"}
+    assert ips == {"10.0.0.12", "127.0.0.1"}
+    peer_dns, peer_ips = sans(pairs["etcd-2/peer"].cert_pem)
+    assert peer_dns == {"etcd-2", "etcd-2.small.test", "infra2"} and peer_ips == {"10.0.0.12"}
+    cert = x509.load_pem_x509_certificate(pairs["etcd-2/server"].cert_pem.encode())
+    usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert {u._name for u in usages} == {"serverAuth", "clientAuth"}
+    client = x509.load_pem_x509_certificate(
+        pairs["clients/kube-apiserver-etcd-client"].cert_pem.encode()
+    )
+    client_usages = client.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert [u._name for u in client_usages] == ["clientAuth"]
+
+
+def test_private_keys_are_0600_in_a_0700_folder(loaded):
+    pki.ensure_pki(loaded)
+    root = pki.pki_dir(loaded)
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+    keys = list(root.rglob("*.key"))
+    assert len(keys) == 1 + 2 * 3 + len(pki.CLIENTS)
+    assert all(stat.S_IMODE(k.stat().st_mode) == 0o600 for k in keys)
+    assert not list(root.rglob("*.partial"))
+
+
+def test_certificates_are_kept_until_names_change_or_rotation(loaded, small_cluster, write_cluster):
+    first = pki.ensure_pki(loaded)
+    assert pki.ensure_pki(loaded)["etcd-1/server"] == first["etcd-1/server"]
+    small_cluster["hosts"]["etcd-1"]["address"] = "10.0.0.99"
+    moved = load(write_cluster(small_cluster))
+    again = pki.ensure_pki(moved)
+    assert again["etcd-1/server"] != first["etcd-1/server"]
+    assert "10.0.0.99" in sans(again["etcd-1/server"].cert_pem)[1]
+    assert again["ca"] == first["ca"]
+    rotated = pki.ensure_pki(moved, rotate=True)
+    assert rotated["etcd-3/peer"] != again["etcd-3/peer"] and rotated["ca"] == first["ca"]
+
+
+def test_expiry_report_counts_days_and_flags_expiring(loaded):
+    pki.ensure_pki(loaded, cert_days=20)
+    report = pki.expiry_report(loaded)
+    leaves = [e for e in report if e.name != "ca"]
+    assert {e.days_left for e in leaves} == {19}
+    assert {e.status for e in leaves} == {"expiring"}
+    ca = next(e for e in report if e.name == "ca")
+    assert ca.status == "ok" and ca.days_left > 3000
+    later = pki.expiry_report(loaded, now=dt.datetime.now(dt.UTC) + dt.timedelta(days=40))
+    assert {e.status for e in later if e.name != "ca"} == {"expired"}
+
+
+def test_unit_flags_require_client_and_peer_certificates(loaded):
+    flags = etcd_flags(context(loaded, "etcd-2"))
+    assert "--name=infra2" in flags
+    assert "--client-cert-auth=true" in flags and "--peer-client-cert-auth=true" in flags
+    assert "--quota-backend-bytes=8589934592" in flags
+    assert "--listen-metrics-urls=http://10.0.0.12:2381,http://127.0.0.1:2381" in flags
+    assert (
+        "--initial-cluster=etcd-1=https://10.0.0.11:2380,infra2=https://10.0.0.12:2380,"
+        "etcd-3=https://10.0.0.13:2380" in flags
+    )
+    assert not any(f.startswith("--listen-client-urls=http:") for f in flags)
+
+
+def test_settings_reach_the_unit_and_the_disk_is_checked_before_start(small_cluster, write_cluster):
+    small_cluster["hosts"]["etcd-1"]["etcd"] = {"disk": "/dev/vdb"}
+    small_cluster["group_vars"] = {
+        "etcd": {"etcd": {"quota_backend_bytes": 4294967296, "heartbeat_interval_ms": 100,
+                          "election_timeout_ms": 1000, "source": "distribution"}}
+    }  # fmt: skip
+    loaded = load(write_cluster(small_cluster))
+    files = {f.path: f for f in managed_files(context(loaded, "etcd-1"))}
+    unit = files["/etc/systemd/system/etcd.service"].content
+    assert "ExecStart=/usr/bin/etcd \\" in unit
+    assert "--quota-backend-bytes=4294967296" in unit and "--heartbeat-interval=100" in unit
+    assert "mountpoint -q /var/lib/etcd || mount /var/lib/etcd" in unit
+    plain = {f.path: f for f in managed_files(context(loaded, "etcd-2"))}
+    assert "mountpoint" not in plain["/etc/systemd/system/etcd.service"].content
+    keys = [f for f in files.values() if f.path.endswith(".key")]
+    assert keys and all(k.secret and k.mode == "0600" for k in keys)
+    assert files["/etc/etcd/pki/server.key"].user == "etcd"
+
+
+def test_api_servers_get_the_ca_and_their_client_certificate(loaded):
+    files = {f.path: f for f in client_files(context(loaded, "cp-1"))}
+    assert set(files) == {
+        "/etc/kubernetes/pki/etcd/ca.crt",
+        "/etc/kubernetes/pki/apiserver-etcd-client.crt",
+        "/etc/kubernetes/pki/apiserver-etcd-client.key",
+    }
+    assert files["/etc/kubernetes/pki/apiserver-etcd-client.key"].secret
+
+
+def test_config_errors_name_the_key():
+    with pytest.raises(ValidationError, match="mirror_url"):
+        EtcdConfig(source="mirror")
+    with pytest.raises(ValidationError, match="quota_backend_bytes"):
+        EtcdConfig(quota_backend_bytes=16 * 2**30)
+    with pytest.raises(ValidationError, match="election_timeout_ms"):
+        EtcdConfig(heartbeat_interval_ms=500, election_timeout_ms=1000)
+    with pytest.raises(ValidationError, match="disk_gate"):
+        EtcdConfig(disk_gate=True)
+
+
+def test_inventory_rejects_unknown_etcd_settings(small_cluster, write_cluster):
+    from inventory.errors import InventoryInvalid
+
+    small_cluster["group_vars"] = {"etcd": {"etcd": {"quota_bytes": 1}}}
+    with pytest.raises(InventoryInvalid, match="quota_bytes"):
+        load(write_cluster(small_cluster))
+
+
+def test_upstream_release_is_pinned_by_checksum():
+    rel = release(EtcdConfig(), "3.5.12", "x86_64")
+    assert rel.url == (
+        "https://github.com/etcd-io/etcd/releases/download/v3.5.12/etcd-v3.5.12-linux-amd64.tar.gz"
+    )
+    assert rel.sha256 == CHECKSUMS[("3.5.12", "amd64")] and rel.folder == "etcd-v3.5.12-linux-amd64"
+    mirrored = release(
+        EtcdConfig(source="mirror", mirror_url="http://m/etcd/"), "3.5.12", "aarch64"
+    )
+    assert mirrored.url == "http://m/etcd/etcd-v3.5.12-linux-arm64.tar.gz"
+    assert mirrored.sha256 == CHECKSUMS[("3.5.12", "arm64")]
+    with pytest.raises(ReleaseUnknown, match="etcd.sha256"):
+        release(EtcdConfig(), "3.5.99", "x86_64")
+    given = release(EtcdConfig(sha256="ab" * 32), "3.5.99", "x86_64")
+    assert given.sha256 == "ab" * 32
+    assert binary_dir(EtcdConfig(source="distribution")) == "/usr/bin"
+    assert binary_dir(EtcdConfig()) == "/usr/local/bin"
+
+
+def test_a_device_holding_anything_is_refused_with_what_is_on_it():
+    assert refusal("/dev/vdb", {}) is None
+    assert refusal("/dev/vdb", {"TYPE": "ext4", "LABEL": "gpuinfra-etcd", "UUID": "u"}) is None
+    reason = refusal("/dev/vdb", {"TYPE": "xfs", "LABEL": "data", "UUID": "1234"})
+    assert reason == "/dev/vdb already holds a xfs filesystem labelled 'data' (UUID 1234)"
+    assert refusal("/dev/sdb", {"PTTYPE": "gpt"}) == "/dev/sdb holds a gpt partition table"
+
+
+FIO = {"jobs": [{"sync": {"lat_ns": {"percentile": {"99.000000": 2_345_000}}}}]}
+
+
+def test_disk_gate_reads_fio_p99_and_judges_it():
+    output = "fio-3.39 warning\n" + json.dumps(FIO)
+    assert parse_p99_ms(output) == pytest.approx(2.345)
+    assert judge("e1", "/var/lib/etcd", output, True, 10.0, False).status == "pass"
+    failed = judge("e1", "/var/lib/etcd", output, True, 1.0, False)
+    assert failed.status == "fail" and "2.345 ms >= 1 ms" in failed.detail
+    assert judge("e1", "/d", output, True, 1.0, True).status == "override"
+    assert judge("e1", "/d", "fio: not found", False, 10.0, False).status == "error"
+    assert judge("e1", "/d", "{}", True, 10.0, False).status == "error"

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cli import engine, health, inventory, lab, render
+from cli import engine, etcd, health, inventory, lab, render
 from cli.options import state
 
 app = typer.Typer(
@@ -19,6 +19,7 @@ app = typer.Typer(
 app.add_typer(inventory.app, name="inventory")
 app.add_typer(lab.app, name="lab")
 app.add_typer(health.app, name="health")
+app.add_typer(etcd.app, name="etcd")
 app.command("render")(render.render)
 app.command("plan")(engine.plan)
 app.command("apply")(engine.apply)

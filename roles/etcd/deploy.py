@@ -15,6 +15,7 @@ from roles.etcd import operations as etcd_ops
 from roles.etcd.files import (
     BACKUP_TIMER,
     BACKUP_UNIT,
+    DATA_UNIT,
     UNIT,
     WAIT_HEALTHY,
     client_files,
@@ -65,7 +66,7 @@ def apply(ctx: HostContext) -> None:
 
     written = {f.path: put_file(f) for f in managed_files(ctx)}
     restart_on = [meta for path, meta in written.items() if path not in (BACKUP_UNIT, BACKUP_TIMER)]
-    units = [written[UNIT], written[BACKUP_UNIT], written[BACKUP_TIMER]]
+    units = [written[UNIT], written[DATA_UNIT], written[BACKUP_UNIT], written[BACKUP_TIMER]]
     systemd.daemon_reload(
         name="Reload systemd for changed units", _if=lambda: any(u.did_change() for u in units)
     )

@@ -12,6 +12,7 @@ from roles.render import HostContext, ManagedFile, render_template
 PKI = "/etc/etcd/pki"
 ETCDCTL_ENV = "/etc/etcd/etcdctl.env"
 UNIT = "/etc/systemd/system/etcd.service"
+DATA_UNIT = "/etc/systemd/system/etcd-data.service"
 # Written by `gpuinfra etcd replace` (and removed after): joins an existing cluster.
 INITIAL_STATE_ENV = "/etc/etcd/initial-cluster-state.env"
 WAIT_HEALTHY = "/usr/local/sbin/etcd-wait-healthy"
@@ -116,7 +117,8 @@ def managed_files(ctx: HostContext) -> list[ManagedFile]:
         render(
             ETCDCTL_ENV, "etcdctl.env.j2", endpoints=",".join(ctx.topology.etcd_client_endpoints)
         ),
-        render(UNIT, "etcd.service.j2", flags=etcd_flags(ctx), disk=disk),
+        render(DATA_UNIT, "etcd-data.service.j2", disk=disk),
+        render(UNIT, "etcd.service.j2", flags=etcd_flags(ctx)),
         render(WAIT_HEALTHY, "etcd-wait-healthy.sh.j2", mode="0755"),
         render(BACKUP, "etcd-backup.sh.j2", mode="0755", member=ctx.cluster.etcd_member(ctx.name)),
         render(BACKUP_UNIT, "etcd-backup.service.j2"),

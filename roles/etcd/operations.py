@@ -60,7 +60,9 @@ def data_disk(device: str | None, mountpoint: str, filesystem: str = "ext4"):
         )
     mounted = host.get_fact(MountedAt, path=mountpoint)
     if mounted is None:
-        yield f"mkdir -p {mnt} && mount {mnt}"
+        # blkid fills its cache so the fstab UUID resolves even without udev; "nofail" makes
+        # mount(8) succeed silently on a missing disk, hence the check after it.
+        yield f"mkdir -p {mnt} && blkid {dev} >/dev/null && mount {mnt} && mountpoint -q {mnt}"
     elif "noatime" not in mounted["options"].split(","):
         yield f"mount -o remount,noatime {mnt}"
 

@@ -115,9 +115,12 @@ def test_settings_reach_the_unit_and_the_disk_is_checked_before_start(small_clus
     unit = files["/etc/systemd/system/etcd.service"].content
     assert "ExecStart=/usr/bin/etcd \\" in unit
     assert "--quota-backend-bytes=4294967296" in unit and "--heartbeat-interval=100" in unit
-    assert "mountpoint -q /var/lib/etcd || mount /var/lib/etcd" in unit
+    assert "Requires=etcd-data.service" in unit
+    data_unit = files["/etc/systemd/system/etcd-data.service"].content
+    assert "mountpoint -q /var/lib/etcd || mount /var/lib/etcd" in data_unit
     plain = {f.path: f for f in managed_files(context(loaded, "etcd-2"))}
-    assert "mountpoint" not in plain["/etc/systemd/system/etcd.service"].content
+    assert "mountpoint" not in plain["/etc/systemd/system/etcd-data.service"].content
+    assert [f.path for f in plain.values()] == list(files), "same files, same operations"
     keys = [f for f in files.values() if f.path.endswith(".key")]
     assert keys and all(k.secret and k.mode == "0600" for k in keys)
     assert files["/etc/etcd/pki/server.key"].user == "etcd"

@@ -1,0 +1,240 @@
+"""`gpuinfra etcd ...`: day-2 operations on the external etcd cluster."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from cli.errors import UserError, reporting
+from cli.exitcodes import ExitCode
+from cli.options import ClusterArg, FormatOpt, OutputFormat
+from inventory.loader import load
+
+app = typer.Typer(help="Day-2 operations on the external etcd cluster.", no_args_is_help=True)
+console = Console(highlight=False)
+
+HEALTH_EXIT = {"healthy": ExitCode.OK, "degraded": ExitCode.DEGRADED, "lost": ExitCode.UNHEALTHY}
+
+
+def _call(work):
+    from roles.etcd.day2 import EtcdOperationError
+
+    with reporting():
+        try:
+            return work()
+        except EtcdOperationError as exc:
+            raise UserError(str(exc), ExitCode.ERROR) from None
+
+
+def _json(data) -> None:
+    typer.echo(json.dumps(data, indent=2, default=str))
+
+
+def _size(value: int | None) -> str:
+    return "-" if value is None else f"{value / 2**20:.1f} MiB"
+
+
+@app.command()
+def status(cluster: ClusterArg, output: FormatOpt = OutputFormat.table) -> None:
+    """Members, leader, health, DB size against the quota, alarms, WAL fsync p99, cert expiry.
+    Exit 0 healthy, 5 a member down (quorum kept), 6 quorum lost."""
+    from roles.etcd.day2 import status as cluster_status
+
+    with reporting():
+        loaded = load(cluster)
+    result = _call(lambda: cluster_status(loaded))
+    if output is OutputFormat.json:
+        _json(asdict(result))
+    else:
+        table = Table(title=f"etcd {result.cluster}: {result.health}")
+        for column in ("member", "address", "state", "leader", "db", "in use", "fsync p99",
+                       "detail"):  # fmt: skip
+            table.add_column(column)
+        for m in result.members:
+            fsync = "-" if m.wal_fsync_p99_ms is None else f"<= {m.wal_fsync_p99_ms:g} ms"
+            table.add_row(m.name, m.address, m.state, "*" if m.leader else "", _size(m.db_size),
+                          _size(m.db_size_in_use), fsync, m.error or "")  # fmt: skip
+        console.print(table)
+        console.print(
+            f"healthy {result.healthy_members}/{len(result.members)} (quorum {result.quorum}), "
+            f"leader {result.leader or 'none'}, quota {_size(result.quota_bytes)}, "
+            f"alarms {', '.join(result.alarms) or 'none'}",
+            markup=False,
+        )
+        soonest = result.certificates[0] if result.certificates else None
+        if soonest:
+            console.print(
+                f"certificates: soonest expiry {soonest.name} in {soonest.days_left} days",
+                markup=False,
+            )
+    raise typer.Exit(HEALTH_EXIT[result.health])
+
+
+@app.command()
+def certs(cluster: ClusterArg, output: FormatOpt = OutputFormat.table) -> None:
+    """Expiry of every etcd certificate. Exit 5 when one expires within 30 days, 6 if expired."""
+    from roles.etcd.pki import expiry_report
+
+    with reporting():
+        loaded = load(cluster)
+        report = expiry_report(loaded)
+        if not report:
+            raise UserError(f"no etcd PKI in {loaded.state_dir}: run `gpuinfra apply` first")
+    if output is OutputFormat.json:
+        _json([asdict(e) | {"status": e.status} for e in report])
+    else:
+        table = Table(title=f"etcd certificates of {loaded.cluster.name}")
+        for column in ("certificate", "expires", "days left", "status", "serial"):
+            table.add_column(column)
+        for e in report:
+            table.add_row(e.name, e.not_after, str(e.days_left), e.status, e.serial[:16])
+        console.print(table)
+    statuses = {e.status for e in report}
+    code = ExitCode.UNHEALTHY if "expired" in statuses else ExitCode.OK
+    if code is ExitCode.OK and "expiring" in statuses:
+        code = ExitCode.DEGRADED
+    raise typer.Exit(code)
+
+
+@app.command("check-disk")
+def check_disk(
+    cluster: ClusterArg,
+    max_ms: Annotated[
+        float | None, typer.Option("--max-ms", help="p99 limit [default: fsync_p99_max_ms].")
+    ] = None,
+    output: FormatOpt = OutputFormat.table,
+) -> None:
+    """etcd's fio fdatasync test on every member's data directory. Exit 6 if one fails."""
+    from roles.etcd.day2 import check_disk as run_check
+
+    with reporting():
+        loaded = load(cluster)
+    results = _call(lambda: run_check(loaded, max_ms))
+    if output is OutputFormat.json:
+        _json([asdict(r) for r in results])
+    else:
+        table = Table(title="etcd disk gate (fio fdatasync p99)")
+        for column in ("member", "path", "p99", "limit", "result", "detail"):
+            table.add_column(column)
+        for r in results:
+            p99 = "-" if r.p99_ms is None else f"{r.p99_ms:.3f} ms"
+            table.add_row(r.host, r.path, p99, f"{r.limit_ms:g} ms", r.status, r.detail)
+        console.print(table)
+    failed = [r for r in results if r.status != "pass"]
+    raise typer.Exit(ExitCode.UNHEALTHY if failed else ExitCode.OK)
+
+
+@app.command()
+def snapshot(
+    cluster: ClusterArg,
+    out: Annotated[Path | None, typer.Option("--out", help="Where to write it.")] = None,
+    output: FormatOpt = OutputFormat.table,
+) -> None:
+    """Take a snapshot on a healthy member and copy it to this machine (mode 0600)."""
+    import time
+
+    from roles.etcd.day2 import snapshot as take
+
+    with reporting():
+        loaded = load(cluster)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    target = out or loaded.state_dir / "etcd-snapshots" / f"{loaded.cluster.name}-{stamp}.db"
+    result = _call(lambda: take(loaded, target))
+    if output is OutputFormat.json:
+        _json(asdict(result))
+    else:
+        console.print(
+            f"snapshot from {result.member}: {result.path} ({_size(result.size)}, revision "
+            f"{result.revision}, {result.keys} keys) in {result.seconds:.1f}s",
+            markup=False,
+        )
+
+
+@app.command()
+def restore(
+    cluster: ClusterArg,
+    snapshot_file: Annotated[Path, typer.Argument(help="A snapshot from `etcd snapshot`.")],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
+    output: FormatOpt = OutputFormat.table,
+) -> None:
+    """Rebuild the whole cluster from a snapshot: every member's data is replaced."""
+    from roles.etcd.day2 import restore as rebuild
+
+    with reporting():
+        loaded = load(cluster)
+    if not yes and not typer.confirm(
+        f"Replace the data of every etcd member of {loaded.cluster.name}?", default=False, err=True
+    ):
+        raise typer.Exit(ExitCode.OK)
+    result = _call(lambda: rebuild(loaded, snapshot_file))
+    if output is OutputFormat.json:
+        _json(asdict(result))
+    else:
+        console.print(
+            f"restored {len(result.members)} members from {result.snapshot} in "
+            f"{result.seconds:.1f}s; cluster {result.health}",
+            markup=False,
+        )
+    raise typer.Exit(HEALTH_EXIT[result.health])
+
+
+@app.command("replace")
+def replace_member(
+    cluster: ClusterArg,
+    member: Annotated[str, typer.Argument(help="The etcd host to remove and add back.")],
+    override_gate: Annotated[
+        bool, typer.Option("--override-gate", help="Rejoin even if its disk fails the gate.")
+    ] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
+    output: FormatOpt = OutputFormat.table,
+) -> None:
+    """Remove a failed member, clear its data and add it back as a new member."""
+    from roles.etcd.day2 import replace
+
+    with reporting():
+        loaded = load(cluster)
+    if not yes and not typer.confirm(
+        f"Remove {member} from etcd and clear its data directory?", default=False, err=True
+    ):
+        raise typer.Exit(ExitCode.OK)
+    result = _call(lambda: replace(loaded, member, override_gate=override_gate))
+    if output is OutputFormat.json:
+        _json(asdict(result))
+    else:
+        gate = result.gate.detail if result.gate else "not run"
+        console.print(
+            f"{result.member}: member {result.old_id} replaced by {result.new_id} in "
+            f"{result.seconds:.1f}s (disk gate: {gate})",
+            markup=False,
+        )
+
+
+@app.command("rotate-certs")
+def rotate_certs(
+    cluster: ClusterArg,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
+    output: FormatOpt = OutputFormat.table,
+) -> None:
+    """New member and client certificates (same CA), rolled out one member at a time."""
+    from roles.etcd.day2 import rotate_certs as rotate
+
+    with reporting():
+        loaded = load(cluster)
+    if not yes and not typer.confirm("Rotate every etcd certificate?", default=False, err=True):
+        raise typer.Exit(ExitCode.OK)
+    result = _call(lambda: rotate(loaded))
+    if output is OutputFormat.json:
+        _json(asdict(result))
+    else:
+        for name, state in result.apply_status.items():
+            console.print(f"{name}: {state} {result.apply_errors.get(name, '')}", markup=False)
+        console.print(f"rotated in {result.seconds:.1f}s; cluster {result.health}", markup=False)
+    if result.apply_errors:
+        raise typer.Exit(ExitCode.ERROR)
+    raise typer.Exit(HEALTH_EXIT[result.health])

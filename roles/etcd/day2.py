@@ -323,7 +323,13 @@ def _start_all(loaded: LoadedCluster, hosts: list[str], timeout_s: int) -> None:
     started = each(
         hosts,
         lambda h: run_on(
-            loaded, h, f"systemctl start etcd && {WAIT_HEALTHY} {timeout_s}", timeout=timeout_s + 60
+            loaded,
+            h,
+            # One retry: a start can fail to spawn once under load (systemd: "Failed to spawn
+            # executor"), while a member that really cannot start fails both.
+            f"{{ systemctl start etcd || {{ sleep 3; systemctl start etcd; }}; }} && "
+            f"{WAIT_HEALTHY} {timeout_s}",
+            timeout=timeout_s + 60,
         ),
     )
     failed = {h: r for h, r in started.items() if not r.ok}  # type: ignore[union-attr]

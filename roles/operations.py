@@ -14,7 +14,7 @@ from pyinfra.facts.files import File, Sha1File
 from pyinfra.facts.server import Hostname
 from pyinfra.operations import files
 
-from roles.facts import Container, UnitState
+from roles.facts import Container, RebootReasons, UnitState
 from roles.render import ManagedFile
 
 
@@ -110,3 +110,36 @@ def live_hostname(hostname: str):
     """Set the running hostname (the /etc/hostname file is a managed file of its own)."""
     if host.get_fact(Hostname) != hostname:
         yield f"hostname {hostname}"
+
+
+def report_note(message: str) -> None:
+    """Say why an operation did nothing on this host (a container forbids it, a module is not
+    installed yet): logged like pyinfra's noop and collected into the run report's host notes."""
+    host.noop(message)
+    if not hasattr(host, "_gpuinfra_notes"):
+        host._gpuinfra_notes = {}
+    host._gpuinfra_notes[message] = None  # a dict keeps order and drops the execute-time repeat
+
+
+REBOOT_FLAG = "/run/reboot-required"
+
+
+def reboot_flag_commands(reason: str) -> list[str]:
+    """Shell commands for Debian's reboot convention: the flag file, and the reason (a package
+    name, by convention) once in the .pkgs list."""
+    pkgs = shlex.quote(f"{REBOOT_FLAG}.pkgs")
+    quoted = shlex.quote(reason)
+    return [
+        f"echo '*** System restart required ***' > {REBOOT_FLAG}",
+        f"grep -qxF {quoted} {pkgs} 2>/dev/null || echo {quoted} >> {pkgs}",
+    ]
+
+
+@operation()
+def reboot_required(reason: str):
+    """Mark the host "reboot required" (hang it off the change that needs the reboot with
+    `_if`); `gpuinfra apply --reboot` reboots marked hosts in rolling batches."""
+    if reason in host.get_fact(RebootReasons):
+        host.noop(f"reboot already required for {reason}")
+        return
+    yield from reboot_flag_commands(reason)

@@ -1,0 +1,34 @@
+"""Defaults of the container_runtime role (containerd + Docker); inventory group_vars/host vars
+under `container_runtime:` override them. Versions come from the cluster's `versions`."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ContainerRuntimeConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # "docker": Docker's own apt repository (docker-ce, containerd.io), what Ubuntu fleets run;
+    # "distribution": the OS archive (Debian 13: docker.io, docker-cli, containerd).
+    source: Literal["docker", "distribution"] = "docker"
+    # Docker's repository; a fleet mirror of it goes here.
+    docker_repo_url: str = "https://download.docker.com/linux"
+    # Docker's release key, pinned by fingerprint: a key that does not match is refused.
+    # Published at https://docs.docker.com/engine/install/ubuntu/
+    docker_key_fingerprint: str = "9DC858229FC7DD38854AE2D88D81803C0EBFCD88"
+    # Kubelet and containerd must agree on the pause image, or pods restart their sandboxes;
+    # 3.10 is what kubeadm 1.31 expects.
+    sandbox_image: str = "registry.k8s.io/pause:3.10"
+    # Registry host -> mirror endpoints tried first (pull-through caches keep thousands of
+    # nodes from hammering a public registry at once).
+    registry_mirrors: dict[str, list[str]] = Field(default_factory=dict)
+    # Docker's data: images and containers belong on the local data disk, not the root disk.
+    data_root: str = "/var/lib/docker"
+    # json-file logs without rotation fill the disk: keep 5 files of 100 MB per container.
+    log_max_size: str = "100m"
+    log_max_file: int = 5
+    # Containers keep running while dockerd restarts (upgrades, config changes).
+    live_restore: bool = True

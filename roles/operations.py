@@ -98,7 +98,11 @@ def service_running(unit: str, container_skips: bool = False):
         return
     state = host.get_fact(UnitState, unit=unit)
     if state is None:
-        raise ValueError(f"systemd unit {unit} is not installed")
+        # Not installed yet when the run is prepared: a package operation before this one
+        # installs it. Should it still be missing, systemctl fails and names the unit.
+        yield f"systemctl enable {unit}"
+        yield f"systemctl start {unit}"
+        return
     if state.get("UnitFileState") not in ("enabled", "static", "alias", "enabled-runtime"):
         yield f"systemctl enable {unit}"
     if state.get("ActiveState") != "active":
@@ -139,7 +143,7 @@ def reboot_flag_commands(reason: str) -> list[str]:
 def reboot_required(reason: str):
     """Mark the host "reboot required" (hang it off the change that needs the reboot with
     `_if`); `gpuinfra apply --reboot` reboots marked hosts in rolling batches."""
-    if reason in host.get_fact(RebootReasons):
+    if reason in (host.get_fact(RebootReasons) or []):
         host.noop(f"reboot already required for {reason}")
         return
     yield from reboot_flag_commands(reason)

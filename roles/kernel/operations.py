@@ -30,16 +30,23 @@ def sysctls_live(values: dict[str, str], persisted_in: str):
     container) or an absent one (its module is not loaded) is reported, not failed: the file
     `persisted_in` sets it at the next boot."""
     state = host.get_fact(SysctlState, names=sorted(values)) or {}
+    commands = []
+    # Notes first, commands after: pyinfra stops reading a generator at its first command
+    # when it only asks whether anything would change (plans).
     for name, wanted in values.items():
         access, current = state.get(name, ("absent", ""))
         if current.split() == str(wanted).split():
             continue
         if access == "rw":
-            yield f"sysctl -q -w {shlex.quote(f'{name}={wanted}')}"
+            commands.append(f"sysctl -q -w {shlex.quote(f'{name}={wanted}')}")
         elif access == "ro":
             report_note(f"{name}: read-only here (is {current}, wants {wanted}); {persisted_in}")
         else:
-            report_note(f"{name}: not present (module not loaded?); {persisted_in}")
+            report_note(
+                f"{name}: not here (its module is not loaded, or it exists only outside this "
+                f"network namespace); {persisted_in}"
+            )
+    yield from commands
 
 
 @operation()
@@ -52,13 +59,15 @@ def modules_loaded(modules: list[str], persisted_in: str):
     if not wanted:
         return
     container = host.get_fact(Container)
+    commands = []
     for module in wanted:
         if container:
             report_note(f"module {module}: cannot load in a container ({container}); {PERSISTED}")
         elif state.get(module) == "missing":
             report_note(f"module {module}: not installed yet; loads at boot from {persisted_in}")
         else:
-            yield f"modprobe {shlex.quote(module)}"
+            commands.append(f"modprobe {shlex.quote(module)}")
+    yield from commands
 
 
 @operation()
@@ -94,14 +103,15 @@ def sysfs_setting(pattern: str, value: str, what: str, persisted_by: str):
     if not files:
         report_note(f"{what}: no {pattern} on this host; {persisted_by} sets it where present")
         return
-    for path, (access, current) in sorted(files.items()):
-        if current == value:
-            continue
-        if access != "rw":
-            report_note(
-                f"{what}: {path} is read-only here (is {current}); {persisted_by} {PERSISTED}"
-            )
-            return
+    differing = {path: entry for path, entry in sorted(files.items()) if entry[1] != value}
+    read_only = [path for path, (access, _) in differing.items() if access != "rw"]
+    if read_only:
+        current = differing[read_only[0]][1]
+        report_note(
+            f"{what}: {read_only[0]} is read-only here (is {current}); {persisted_by} {PERSISTED}"
+        )
+        return
+    for path in differing:
         yield f"echo {shlex.quote(value)} > {shlex.quote(path)}"
 
 
@@ -120,7 +130,8 @@ def grub_updated():
     """Regenerate grub.cfg for a new command line; hosts without GRUB (containers, other boot
     loaders) report it instead."""
     if not host.get_fact(Which, command="update-grub"):
-        report_note("no update-grub here: the kernel command line drop-in waits for GRUB")
+        # Logged only: a handler's body runs in every plan, fired or not.
+        host.noop("no update-grub here: the kernel command line drop-in waits for GRUB")
         return
     yield "update-grub"
 

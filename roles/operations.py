@@ -105,6 +105,10 @@ def service_running(unit: str, container_skips: bool = False):
         return
     if state.get("UnitFileState") not in ("enabled", "static", "alias", "enabled-runtime"):
         yield f"systemctl enable {unit}"
+    if state.get("ActiveState") == "failed":
+        # A unit that failed several times in a row refuses `start` ("start request repeated
+        # too quickly") until its failure is cleared.
+        yield f"systemctl reset-failed {unit}"
     if state.get("ActiveState") != "active":
         yield f"systemctl start {unit}"
 

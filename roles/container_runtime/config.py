@@ -4,8 +4,9 @@ under `container_runtime:` override them. Versions come from the cluster's `vers
 from __future__ import annotations
 
 from typing import Literal
+from urllib.parse import urlparse
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class ContainerRuntimeConfig(BaseModel):
@@ -26,9 +27,21 @@ class ContainerRuntimeConfig(BaseModel):
     # nodes from hammering a public registry at once).
     registry_mirrors: dict[str, list[str]] = Field(default_factory=dict)
     # Docker's data: images and containers belong on the local data disk, not the root disk.
-    data_root: str = "/var/lib/docker"
+    data_root: str = Field("/var/lib/docker", pattern=r"^/")
     # json-file logs without rotation fill the disk: keep 5 files of 100 MB per container.
-    log_max_size: str = "100m"
-    log_max_file: int = 5
+    log_max_size: str = Field("100m", pattern=r"^[0-9]+[kmg]$")
+    log_max_file: int = Field(5, ge=1)
     # Containers keep running while dockerd restarts (upgrades, config changes).
     live_restore: bool = True
+
+    # dockerd --validate (Docker 26) checks only the JSON's shape: a bad mirror URL passes it
+    # and then stops dockerd from starting, so the inventory refuses it instead.
+    @field_validator("registry_mirrors")
+    @classmethod
+    def _mirrors_are_urls(cls, mirrors: dict[str, list[str]]) -> dict[str, list[str]]:
+        for registry, endpoints in mirrors.items():
+            for endpoint in endpoints:
+                url = urlparse(endpoint)
+                if url.scheme not in ("http", "https") or not url.netloc:
+                    raise ValueError(f"{registry}: {endpoint!r} is not an http(s) URL")
+        return mirrors

@@ -79,3 +79,42 @@ def test_a_failed_batch_stops_the_rollout(small_cluster, write_cluster):
     outcomes = rebooter(loaded, ssh, timeout=10).rolling([["cpu-1"], ["gpu-1"], ["cp-1"]])
     assert [(o.host, o.ok) for o in outcomes] == [("cpu-1", True), ("gpu-1", False)]
     assert not any(a == address(loaded, "cp-1") for a, _ in ssh.commands)
+
+
+def test_apply_reboot_updates_the_report(small_cluster, write_cluster, monkeypatch):
+    """`apply --reboot`: only converged hosts that wait for a reboot are rebooted, one at a
+    time by default; one that does not come back fails the run, the rest keep their flag."""
+    from cli import engine
+    from roles import reboot
+    from roles.runner import HostReport, HostStatus, Mode, RunReport
+
+    seen: list[list[str]] = []
+
+    class FakeRebooter:
+        def __init__(self, loaded):
+            pass
+
+        def rolling(self, batches):
+            seen.extend(batches)
+            return [
+                reboot.RebootOutcome("cpu-1", True, 3.0),
+                reboot.RebootOutcome("gpu-1", False, 9.0, "not back"),
+            ]
+
+    monkeypatch.setattr(reboot, "Rebooter", FakeRebooter)
+    report = RunReport("small", Mode.apply)
+    report.hosts = {
+        "cpu-1": HostReport("cpu-1", HostStatus.changed, reboot_required=True),
+        "gpu-1": HostReport("gpu-1", HostStatus.ok, reboot_required=True),
+        "cp-1": HostReport("cp-1", HostStatus.ok, reboot_required=True),
+        "cp-2": HostReport("cp-2", HostStatus.failed, reboot_required=True),
+        "etcd-1": HostReport("etcd-1", HostStatus.ok),
+    }
+    engine._reboot(write_cluster(small_cluster), report, None)
+    assert seen == [["cpu-1"], ["gpu-1"], ["cp-1"]]
+    assert report.hosts["cpu-1"].reboot_required is False
+    assert report.hosts["gpu-1"].status is HostStatus.failed
+    assert report.hosts["gpu-1"].error == "reboot: not back"
+    assert report.hosts["cp-1"].reboot_required is True
+    assert "still waiting for a reboot: gpu-1, cp-1" in report.notes
+    assert engine._exit_code(report) == 1

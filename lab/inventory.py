@@ -45,7 +45,10 @@ def inventory_data(state: LabState) -> dict[str, Any]:
     }
     if state.vip is not None:
         data["api"] = {"vip": str(state.vip)}
-    data["group_vars"] = {"all": {"base": _base_settings()}}
+    # Docker's own repository is out of reach from the lab: Debian 13's docker.io and containerd.
+    data["group_vars"] = {
+        "all": {"base": _base_settings(), "container_runtime": {"source": "distribution"}}
+    }
     if any("etcd" in spec.groups for _, spec, _ in state.hosts()):
         # GitHub's releases are unreachable from the lab: Debian 13's etcd-server 3.5.16. The
         # lab's disks are loop files sharing the machine's one disk (fsync p99 about 20 ms

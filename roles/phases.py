@@ -8,9 +8,13 @@ from dataclasses import dataclass
 from inventory.model import LoadedCluster
 from roles.base import deploy as base_deploy
 from roles.base import files as base_files
+from roles.container_runtime import deploy as container_runtime_deploy
+from roles.container_runtime import files as container_runtime_files
 from roles.etcd import deploy as etcd_deploy
 from roles.etcd import files as etcd_files
 from roles.gpu_health import files as gpu_health_files
+from roles.kernel import deploy as kernel_deploy
+from roles.kernel import files as kernel_files
 from roles.render import HostContext, ManagedFile
 
 
@@ -27,6 +31,13 @@ class Phase:
 
 PHASES: list[Phase] = [
     Phase("base", None, base_files.managed_files, base_deploy.apply),
+    Phase("kernel", None, kernel_files.managed_files, kernel_deploy.apply),
+    Phase(
+        "container_runtime",
+        ("control_plane", "gpu_worker", "cpu_worker"),
+        container_runtime_files.managed_files,
+        container_runtime_deploy.apply,
+    ),
     Phase("etcd", ("etcd",), etcd_files.managed_files, etcd_deploy.apply),
     Phase("etcd", ("control_plane",), etcd_files.client_files, etcd_deploy.apply_clients),
 ]

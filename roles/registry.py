@@ -5,11 +5,15 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from roles.base.config import BaseConfig
+from roles.container_runtime.config import ContainerRuntimeConfig
 from roles.etcd.config import EtcdConfig
 from roles.gpu_health.config import GpuHealthConfig
+from roles.kernel.config import KernelConfig
 
 ROLE_CONFIGS: dict[str, type[BaseModel]] = {
     "base": BaseConfig,
     "etcd": EtcdConfig,
     "gpu_health": GpuHealthConfig,
+    "kernel": KernelConfig,
+    "container_runtime": ContainerRuntimeConfig,
 }

@@ -117,7 +117,10 @@ def test_settings_reach_the_unit_and_the_disk_is_checked_before_start(small_clus
     assert "--quota-backend-bytes=4294967296" in unit and "--heartbeat-interval=100" in unit
     assert "Requires=etcd-data.service" in unit
     data_unit = files["/etc/systemd/system/etcd-data.service"].content
-    assert "mountpoint -q /var/lib/etcd || mount /var/lib/etcd" in data_unit
+    assert (
+        "blkid /dev/vdb >/dev/null; mount /var/lib/etcd; }; mountpoint -q /var/lib/etcd"
+        in data_unit
+    )
     plain = {f.path: f for f in managed_files(context(loaded, "etcd-2"))}
     assert "mountpoint" not in plain["/etc/systemd/system/etcd-data.service"].content
     assert [f.path for f in plain.values()] == list(files), "same files, same operations"

@@ -64,7 +64,7 @@ def judge(host: str, path: str, output: str | None, ok: bool, limit_ms: float,
             host, path, p99, limit_ms, "pass", f"fsync p99 {p99:.3f} ms < {limit_ms:g} ms"
         )
     verdict = "override" if override else "fail"
-    detail = f"fsync p99 {p99:.3f} ms >= {limit_ms:g} ms on {path}"
+    detail = f"fsync p99 {p99:.3f} ms >= {limit_ms:g} ms on {host}:{path}"
     if override:
         detail += " (disk_gate_override: running etcd anyway)"
     return GateResult(host, path, p99, limit_ms, verdict, detail)

@@ -8,6 +8,7 @@ stops on the first member with the others still serving.
 
 from __future__ import annotations
 
+from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import apt, files, server, systemd
 
@@ -22,6 +23,7 @@ from roles.etcd.files import (
     managed_files,
     settings,
 )
+from roles.facts import UnitState
 from roles.operations import put_file
 from roles.render import HostContext
 
@@ -70,6 +72,9 @@ def apply(ctx: HostContext) -> None:
     systemd.daemon_reload(
         name="Reload systemd for changed units", _if=lambda: any(u.did_change() for u in units)
     )
+    # Whether etcd ran before this run: a running member is only ever restarted by the serial
+    # operation below, also for a new version (the package's own restart is held back).
+    was_running = (host.get_fact(UnitState, unit="etcd") or {}).get("ActiveState") == "active"
     installed = etcd_ops.etcd_installed(
         name="Install etcd", cfg=cfg, version=ctx.cluster.versions.etcd
     )
@@ -85,9 +90,8 @@ def apply(ctx: HostContext) -> None:
         commands=[f"systemctl restart etcd && {WAIT_HEALTHY} {cfg.health_timeout_s}"],
         _serial=True,
         _if=lambda: (
-            any(meta.did_change() for meta in restart_on)
-            and not installed.did_change()
-            and not started.did_change()
+            was_running
+            and (installed.did_change() or any(meta.did_change() for meta in restart_on))
         ),
     )
     etcd_ops.unit_running(name="Schedule snapshots", unit="etcd-backup.timer")

@@ -130,10 +130,22 @@ def etcd_installed(cfg: EtcdConfig, version: str):
         host.noop(f"etcd {installed} installed")
         return
     if cfg.source == "distribution":
-        yield (
+        install = (
             "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "
             f"-o Dpkg::Options::=--force-confold etcd-server={version}* etcd-client={version}*"
         )
+        if installed:
+            # An upgrade: the package would restart etcd on every member at once. Hold that back
+            # (policy-rc.d, exit 101) and let the role's serial restart roll the new version.
+            install = (
+                "test ! -e /usr/sbin/policy-rc.d || mv /usr/sbin/policy-rc.d "
+                "/usr/sbin/policy-rc.d.gpuinfra; printf '#!/bin/sh\\nexit 101\\n' > "
+                "/usr/sbin/policy-rc.d && chmod 0755 /usr/sbin/policy-rc.d && "
+                f"{{ {install}; rc=$?; rm -f /usr/sbin/policy-rc.d; "
+                "test ! -e /usr/sbin/policy-rc.d.gpuinfra || mv /usr/sbin/policy-rc.d.gpuinfra "
+                "/usr/sbin/policy-rc.d; exit $rc; }"
+            )
+        yield install
         return
     rel = release(cfg, version, host.get_fact(Machine))
     tarball = f"/var/tmp/{rel.folder}.tar.gz"

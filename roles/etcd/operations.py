@@ -43,7 +43,7 @@ def data_disk(device: str | None, mountpoint: str, filesystem: str = "ext4"):
         raise OperationError(f"etcd.disk {device} is not a block device on this host")
     reason = refusal(device, probe)
     if reason:
-        raise OperationError(f"refusing to format {reason}; wipe it or set another etcd.disk")
+        raise OperationError(f"refusing to format: {reason}; wipe it or set another etcd.disk")
     dev, mnt = shlex.quote(device), shlex.quote(mountpoint)
     if not probe.get("TYPE"):
         mkfs = "mkfs.xfs -q -L" if filesystem == "xfs" else "mkfs.ext4 -q -L"

@@ -98,7 +98,10 @@ def service_running(unit: str, container_skips: bool = False):
         return
     state = host.get_fact(UnitState, unit=unit)
     if state is None:
-        raise ValueError(f"systemd unit {unit} is not installed")
+        # Not there yet: its package is installed by an earlier operation of this same run.
+        yield f"systemctl enable {unit}"
+        yield f"systemctl start {unit}"
+        return
     if state.get("UnitFileState") not in ("enabled", "static", "alias", "enabled-runtime"):
         yield f"systemctl enable {unit}"
     if state.get("ActiveState") != "active":

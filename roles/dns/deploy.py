@@ -51,6 +51,7 @@ def apply_server(ctx: HostContext) -> None:
             name=f"Check {zone.name} is served",
             zone=zone.name,
             serial=render_zone(ctx, zone).serial,
+            secondary=not primary,
         )
 
 

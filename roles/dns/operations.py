@@ -44,13 +44,17 @@ def primary_zone(zone: str, content: str | None, dest: str, check: str, group: s
 
 
 @operation()
-def zone_served(zone: str, serial: int):
-    """Readiness: the local server answers the zone's SOA at the serial the inventory renders
-    (on a secondary: the transfer arrived). Waits up to SERVE_TIMEOUT_S after a reload."""
+def zone_served(zone: str, serial: int, secondary: bool):
+    """Readiness: the local server answers the zone's SOA at the serial the inventory renders.
+    A secondary that holds another serial is told to transfer the zone again: a secondary
+    only follows a higher serial by itself, and a lost state directory (or a second controller)
+    renders a lower one. Then waits up to SERVE_TIMEOUT_S."""
     served = host.get_fact(ServedSerial, zone=zone)
     if served == serial:
         host.noop(f"{zone} is served at serial {serial}")
         return
+    if secondary and served is not None:
+        yield f"rndc retransfer {shlex.quote(zone)}"
     query = f"dig +short +norecurse +time=2 +tries=1 @127.0.0.1 SOA {shlex.quote(zone)}"
     yield (
         f"for i in $(seq {SERVE_TIMEOUT_S}); do "

@@ -69,8 +69,11 @@ def test_secondary_holds_the_primary_serial_and_answers_alone(converged):
     lab.ssh(PRIMARY, "systemctl stop named")
     try:
         assert dig(lab, "cpu-1", f"@{secondary} etcd-3.{domain}") == lab.address("etcd-3")
-        # The resolver fails over: the primary is listed first, and it is down.
-        assert dig(lab, "gpu-1", f"etcd-3.{domain}") == lab.address("etcd-3")
+        # The resolver fails over: the primary is listed first, and it is down (dig says so on
+        # lines of its own before the answer).
+        answer = dig(lab, "gpu-1", f"etcd-3.{domain}").splitlines()
+        assert answer[-1] == lab.address("etcd-3")
+        assert "connection refused" in answer[0]
     finally:
         lab.ssh(PRIMARY, "systemctl start named")
 
@@ -138,7 +141,7 @@ def test_a_record_change_reaches_the_secondary_with_a_higher_serial(converged):
         after = soa_serial(lab, "cpu-1", lab.address(SECONDARY), domain)
         assert after > before
         answer = lab.ssh("cpu-1", f"dig +noall +answer @{lab.address(SECONDARY)} cp-1.{domain}")
-        assert "\t600\tIN\tA\t" in answer.stdout
+        assert answer.stdout.split()[1:] == ["600", "IN", "A", lab.address("cp-1")]
     finally:
         apply_roles(lab.inventory_path, "dns", "--limit", "dns")
     assert soa_serial(lab, "cpu-1", lab.address(SECONDARY), domain) > after

@@ -199,13 +199,23 @@ def test_secondary_writes_no_zone_file():
 
 
 @pytest.mark.parametrize(
-    ("served", "waits"), [(2026112100, False), (2026112000, True), (None, True)]
+    ("served", "secondary", "expected"),
+    [
+        (2026112100, True, []),
+        (2026112000, False, ["wait"]),  # the primary: reloaded, wait for the new serial
+        (2026112000, True, ["rndc retransfer small.test", "wait"]),
+        (2026112105, True, ["rndc retransfer small.test", "wait"]),  # a higher one: still ours
+        (None, True, ["wait"]),  # not answering yet: a transfer may still be on its way
+    ],
 )
-def test_zone_served_waits_only_when_the_serial_differs(served, waits):
-    yielded, _ = commands(zone_served, {ServedSerial: served}, zone="small.test", serial=2026112100)
-    assert bool(yielded) is waits
-    if waits:
-        assert "grep -qx 2026112100" in yielded[0]
+def test_zone_served_retransfers_on_a_secondary_and_waits(served, secondary, expected):
+    yielded, _ = commands(
+        zone_served, {ServedSerial: served}, zone="small.test", serial=2026112100,
+        secondary=secondary,
+    )  # fmt: skip
+    assert [c if c.startswith("rndc") else "wait" for c in yielded] == expected
+    if yielded:
+        assert "grep -qx 2026112100" in yielded[-1]
 
 
 def test_served_serial_fact_reads_the_soa():

@@ -98,7 +98,10 @@ def service_running(unit: str, container_skips: bool = False):
         return
     state = host.get_fact(UnitState, unit=unit)
     if state is None:
-        raise ValueError(f"systemd unit {unit} is not installed")
+        # Not there when the plan was made: a package installed earlier in this run brings it
+        # (systemctl fails the operation if it still does not exist).
+        yield f"systemctl enable --now {unit}"
+        return
     if state.get("UnitFileState") not in ("enabled", "static", "alias", "enabled-runtime"):
         yield f"systemctl enable {unit}"
     if state.get("ActiveState") != "active":
@@ -110,3 +113,12 @@ def live_hostname(hostname: str):
     """Set the running hostname (the /etc/hostname file is a managed file of its own)."""
     if host.get_fact(Hostname) != hostname:
         yield f"hostname {hostname}"
+
+
+def wait_for(command: str, seconds: int = 60) -> str:
+    """A shell loop that retries a readiness probe once a second until it passes or time is up
+    (daemons answer a moment after `systemctl restart` or a reload signal returns)."""
+    return (
+        f"for attempt in $(seq {seconds}); do {command} && exit 0; sleep 1; done; "
+        f"echo {shlex.quote(f'not ready after {seconds} s: {command}')} >&2; exit 1"
+    )

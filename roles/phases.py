@@ -9,6 +9,10 @@ from inventory.model import LoadedCluster
 from roles.base import deploy as base_deploy
 from roles.base import files as base_files
 from roles.gpu_health import files as gpu_health_files
+from roles.loadbalancer import deploy as loadbalancer_deploy
+from roles.loadbalancer import files as loadbalancer_files
+from roles.monitoring import deploy as monitoring_deploy
+from roles.monitoring import files as monitoring_files
 from roles.render import HostContext, ManagedFile
 
 
@@ -25,7 +29,29 @@ class Phase:
 
 PHASES: list[Phase] = [
     Phase("base", None, base_files.managed_files, base_deploy.apply),
+    Phase(
+        "loadbalancer",
+        ("loadbalancer",),
+        loadbalancer_files.managed_files,
+        loadbalancer_deploy.apply,
+    ),
+    # Two phases for one role: node exporter on every host, then Prometheus on its own group.
+    Phase(
+        "monitoring",
+        None,
+        monitoring_files.node_exporter_files,
+        monitoring_deploy.apply_node_exporter,
+    ),
+    Phase(
+        "monitoring",
+        ("monitoring",),
+        monitoring_files.prometheus_files,
+        monitoring_deploy.apply_prometheus,
+    ),
 ]
 
 # Producers of cluster-wide files (Kubernetes manifests): relative path -> content.
-CLUSTER_FILES: list[Callable[[LoadedCluster], dict[str, str]]] = [gpu_health_files.cluster_files]
+CLUSTER_FILES: list[Callable[[LoadedCluster], dict[str, str]]] = [
+    gpu_health_files.cluster_files,
+    monitoring_files.cluster_files,
+]

@@ -6,8 +6,12 @@ from pydantic import BaseModel
 
 from roles.base.config import BaseConfig
 from roles.gpu_health.config import GpuHealthConfig
+from roles.loadbalancer.config import LoadBalancerConfig
+from roles.monitoring.config import MonitoringConfig
 
 ROLE_CONFIGS: dict[str, type[BaseModel]] = {
     "base": BaseConfig,
     "gpu_health": GpuHealthConfig,
+    "loadbalancer": LoadBalancerConfig,
+    "monitoring": MonitoringConfig,
 }

@@ -23,8 +23,10 @@ class LoadBalancerConfig(BaseModel):
     # would cut every watch and cause reconnect storms against the API servers.
     tunnel_timeout: str = "4h"
     connect_timeout: str = "5s"
-    # Concurrent connections per balancer: every kubelet, controller and kubectl holds a few.
-    maxconn: int = Field(20000, ge=100)
+    # Concurrent connections per balancer: kubelets, kube-proxies and controllers hold two or
+    # three each, so 8000 covers ~2500 nodes. HAProxy needs two descriptors per connection and
+    # refuses to (re)load when it cannot raise its limit to that (lab containers cap it at 20000).
+    maxconn: int = Field(8000, ge=100)
     # Interface keepalived sends VRRP on and adds the virtual address to: the lab's and most
     # images' first NIC; set it per group or host where the node network is on bond0, ens5...
     vrrp_interface: str = "eth0"

@@ -1,4 +1,4 @@
-"""keepalived on clusters with two or more balancers: running, and exactly one holds api.vip."""
+"""keepalived on clusters with two or more balancers: running, its config valid, api.vip serving."""
 
 from __future__ import annotations
 

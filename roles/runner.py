@@ -373,6 +373,10 @@ def _collect_results(state, active, op_phase, recorder: _Recorder, report: RunRe
             name = _op_name(state, op_hash)
             meta = op_data.operation_meta
             error = recorder.op_errors.get((host.name, op_hash))
+            if error is not None:
+                error = _error_detail(
+                    name, error, meta, getattr(host, "_gpuinfra_files", {}), op_hash
+                )
             changed = meta.is_complete() and meta.did_change()
             previous = planned.get(name)
             entry.operations.append(
@@ -391,6 +395,17 @@ def _collect_results(state, active, op_phase, recorder: _Recorder, report: RunRe
             entry.status = HostStatus.changed
         else:
             entry.status = HostStatus.ok
+
+
+def _error_detail(name: str, error: str, meta: OperationMeta, files_by_op, op_hash: str) -> str:
+    """The operation's name and the last lines its failing command wrote to stderr (what an
+    operator needs: "sshd: Bad yes/without-password argument"), never for secret files."""
+    managed = files_by_op.get(op_hash)
+    output = getattr(meta, "_combined_output", None)
+    if output is None or (managed is not None and managed.secret):
+        return f"{name}: {error}"
+    detail = " | ".join(line.strip() for line in output.stderr_lines[-3:] if line.strip())
+    return f"{name}: {detail or error}"
 
 
 def _op_name(state, op_hash: str) -> str:

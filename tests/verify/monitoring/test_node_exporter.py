@@ -5,16 +5,7 @@ from __future__ import annotations
 from inventory.topology import NODE_EXPORTER_PORT
 from roles.monitoring.files import textfile_dir
 
-# Every host runs node exporter, whatever its groups.
-TARGET_GROUPS = (
-    "etcd",
-    "control_plane",
-    "loadbalancer",
-    "dns",
-    "monitoring",
-    "gpu_worker",
-    "cpu_worker",
-)
+# No TARGET_GROUPS: the role's node exporter phase targets every host.
 
 
 def test_node_exporter_is_running_and_enabled(host):

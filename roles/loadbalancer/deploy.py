@@ -13,6 +13,7 @@ from roles.loadbalancer.files import (
     managed_files,
     uses_keepalived,
 )
+from roles.loadbalancer.operations import haproxy_serving
 from roles.operations import put_file, service_running, wait_for
 from roles.render import HostContext
 
@@ -40,6 +41,7 @@ def apply(ctx: HostContext) -> None:
         commands=[wait_for(f"curl -fsS -o /dev/null http://127.0.0.1:{HAPROXY_STATS_PORT}/stats")],
         _if=haproxy_changed,
     )
+    haproxy_serving(name="Restart HAProxy if it does not serve", stats_port=HAPROXY_STATS_PORT)
     if not keepalived:
         return
     vrrp_files = [written[KEEPALIVED_CONFIG], written[KEEPALIVED_CHECK]]

@@ -69,14 +69,17 @@ def apply_roles(lab: LabCluster, roles: str) -> None:
 
 def pending_changes(lab: LabCluster, roles: str) -> dict[str, list[str]]:
     result = gpuinfra("plan", str(lab.inventory_path), "--roles", roles, "--format", "json")
-    assert result.returncode == ExitCode.OK, result.stdout[-3000:] + result.stderr[-2000:]
+    # A plan exits 3 (drift) exactly when something would change.
+    assert result.returncode in (ExitCode.OK, ExitCode.DRIFT), result.stderr[-2000:]
     report = json.loads(result.stdout)
     assert len(report["hosts"]) == len(lab.hosts)
-    return {
+    pending = {
         name: [op["name"] for op in host["operations"] if op["changed"]]
         for name, host in report["hosts"].items()
         if any(op["changed"] for op in host["operations"])
     }
+    assert (result.returncode == ExitCode.DRIFT) == bool(pending), result.stdout[-3000:]
+    return pending
 
 
 def eventually(check: Callable[[], object], what: str, seconds: float = 90) -> object:
@@ -155,6 +158,36 @@ def test_a_listening_backend_goes_up_and_receives_connections(converged):
 def test_prometheus_metrics_on_the_stats_port(converged):
     metrics = converged.ssh("lb-1", "curl -fsS http://127.0.0.1:8404/metrics").stdout
     assert 'haproxy_backend_active_servers{proxy="kube-apiserver"}' in metrics
+
+
+def stats_answer(lab: LabCluster, balancer: str) -> bool:
+    probe = "curl -fsS -o /dev/null --max-time 3 http://127.0.0.1:8404/stats"
+    return lab.ssh(balancer, probe, check=False).returncode == 0
+
+
+def test_a_failed_reload_is_repaired_by_the_next_apply(converged):
+    """A reload that HAProxy cannot complete (here: a maxconn needing more descriptors than the
+    kernel allows) keeps the old workers and tells systemd "Reload failed!", while the unit
+    stays active. The file is then put back by hand, so only the role's serving check can see
+    that the live configuration may not be the file's."""
+    lab = converged
+    config = "/etc/haproxy/haproxy.cfg"
+    lab.ssh("lb-1", f"cp {config} /root/haproxy.cfg.good")
+    lab.ssh("lb-1", f"sed -i 's/^    maxconn .*/    maxconn 1000000/' {config}")
+    lab.ssh("lb-1", "systemctl reload haproxy", check=False)
+    lab.ssh("lb-1", f"cp /root/haproxy.cfg.good {config}")
+    status = "systemctl show --property=StatusText --value haproxy"
+    eventually(
+        lambda: lab.ssh("lb-1", status).stdout.strip() == "Reload failed!", "a failed reload"
+    )
+    assert lab.ssh("lb-1", "systemctl is-active haproxy").stdout.strip() == "active"
+    assert pending_changes(lab, "loadbalancer") == {
+        "lb-1": ["Load balancer | Restart HAProxy if it does not serve"]
+    }
+    apply_roles(lab, "loadbalancer")
+    assert stats_answer(lab, "lb-1")
+    assert lab.ssh("lb-1", status).stdout.strip() == "Ready."
+    assert pending_changes(lab, "loadbalancer") == {}
 
 
 def test_no_keepalived_with_one_balancer(converged):

@@ -45,7 +45,10 @@ def inventory_data(state: LabState) -> dict[str, Any]:
     }
     if state.vip is not None:
         data["api"] = {"vip": str(state.vip)}
-    data["group_vars"] = {"all": {"base": _base_settings()}}
+    # Docker's own repository is out of reach from the lab: Debian 13's docker.io and containerd.
+    data["group_vars"] = {
+        "all": {"base": _base_settings(), "container_runtime": {"source": "distribution"}}
+    }
     data["hosts"] = hosts
     return data
 

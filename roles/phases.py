@@ -8,7 +8,11 @@ from dataclasses import dataclass
 from inventory.model import LoadedCluster
 from roles.base import deploy as base_deploy
 from roles.base import files as base_files
+from roles.container_runtime import deploy as container_runtime_deploy
+from roles.container_runtime import files as container_runtime_files
 from roles.gpu_health import files as gpu_health_files
+from roles.kernel import deploy as kernel_deploy
+from roles.kernel import files as kernel_files
 from roles.loadbalancer import deploy as loadbalancer_deploy
 from roles.loadbalancer import files as loadbalancer_files
 from roles.monitoring import deploy as monitoring_deploy
@@ -29,6 +33,13 @@ class Phase:
 
 PHASES: list[Phase] = [
     Phase("base", None, base_files.managed_files, base_deploy.apply),
+    Phase("kernel", None, kernel_files.managed_files, kernel_deploy.apply),
+    Phase(
+        "container_runtime",
+        ("control_plane", "gpu_worker", "cpu_worker"),
+        container_runtime_files.managed_files,
+        container_runtime_deploy.apply,
+    ),
     Phase(
         "loadbalancer",
         ("loadbalancer",),

@@ -5,13 +5,17 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from roles.base.config import BaseConfig
+from roles.container_runtime.config import ContainerRuntimeConfig
 from roles.gpu_health.config import GpuHealthConfig
+from roles.kernel.config import KernelConfig
 from roles.loadbalancer.config import LoadBalancerConfig
 from roles.monitoring.config import MonitoringConfig
 
 ROLE_CONFIGS: dict[str, type[BaseModel]] = {
     "base": BaseConfig,
     "gpu_health": GpuHealthConfig,
+    "kernel": KernelConfig,
+    "container_runtime": ContainerRuntimeConfig,
     "loadbalancer": LoadBalancerConfig,
     "monitoring": MonitoringConfig,
 }

@@ -22,6 +22,7 @@ from pyinfra.context import ctx_host, ctx_state
 from pyinfra.facts.files import FileContents
 
 from inventory.model import LoadedCluster
+from roles.facts import RebootRequired
 from roles.phases import PHASES, Phase
 from roles.render import HostContext, ManagedFile, host_contexts
 
@@ -58,6 +59,8 @@ class HostReport:
     error: str | None = None
     operations: list[OperationResult] = field(default_factory=list)
     seconds: float = 0.0
+    reboot_required: bool = False  # /run/reboot-required, read at the end of the run
+    notes: list[str] = field(default_factory=list)  # why operations did nothing on this host
 
     @property
     def changes(self) -> list[OperationResult]:
@@ -260,6 +263,7 @@ def _prepare_and_execute(state, options, active, phases, by_name, report, record
 
     _collect_plan(state, active, op_phase, report)
     if options.mode is not Mode.apply:
+        _read_reboot_required(state, active, report)
         _disconnect(state)
         return
 
@@ -272,6 +276,7 @@ def _prepare_and_execute(state, options, active, phases, by_name, report, record
         report.notes.append(str(exc))
     _add_time(report, "execute", clock)
     _collect_results(state, active, op_phase, recorder, report)
+    _read_reboot_required(state, active, report)
     _disconnect(state)
 
 
@@ -317,6 +322,7 @@ def _collect_plan(state, active, op_phase, report: RunReport) -> None:
             entry.status = HostStatus.failed
             entry.error = host._gpuinfra_error
             continue
+        entry.notes = list(getattr(host, "_gpuinfra_notes", {}))
         files_by_op = getattr(host, "_gpuinfra_files", {})
         for op_hash in state.get_op_order():
             op_data = state.ops[host].get(op_hash)
@@ -395,6 +401,21 @@ def _collect_results(state, active, op_phase, recorder: _Recorder, report: RunRe
             entry.status = HostStatus.changed
         else:
             entry.status = HostStatus.ok
+
+
+def _read_reboot_required(state, active, report: RunReport) -> None:
+    """Whether each host waits for a reboot, read after its operations ran (a kernel or boot
+    command line change marks it; `apply --reboot` acts on it)."""
+
+    def read(host) -> bool:
+        with ctx_host.use(host):
+            return bool(host.get_fact(RebootRequired))
+
+    hosts = [h for h in active if h not in state.failed_hosts]
+    greenlets = {state.pool.spawn(read, host): host for host in hosts}
+    gevent.joinall(list(greenlets))
+    for greenlet, host in greenlets.items():
+        report.hosts[host.name].reboot_required = bool(greenlet.successful() and greenlet.value)
 
 
 def _error_detail(name: str, error: str, meta: OperationMeta, files_by_op, op_hash: str) -> str:

@@ -160,3 +160,9 @@ def test_labs_get_distinct_subnets_and_keep_theirs(
         lifecycle._resolve_state("one", generic_topology(2), None)
     third = lifecycle._resolve_state("three", None, None)
     assert third.slot == 3 and third.topology == default_topology()
+
+
+def test_lab_inventory_takes_the_container_runtime_from_debian(labs_dir: Path) -> None:
+    """Docker's repository is out of reach from the lab: Debian's docker.io is used instead."""
+    data = inventory_data(lab_state(labs_dir, "itest", default_topology()))
+    assert data["group_vars"]["all"]["container_runtime"] == {"source": "distribution"}

@@ -115,6 +115,20 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("target", names, scope="module")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A module with no target among the selected hosts (its role runs elsewhere, or another
+    process of the run has those hosts) has nothing to check: deselect it, not a skip."""
+    idle = [
+        item
+        for item in items
+        if "target" in getattr(item, "fixturenames", ())
+        and "target" not in getattr(getattr(item, "callspec", None), "params", {})
+    ]
+    if idle:
+        config.hook.pytest_deselected(items=idle)
+        items[:] = [item for item in items if item not in idle]
+
+
 @pytest.fixture(scope="session")
 def cluster(request: pytest.FixtureRequest) -> LoadedCluster:
     return _cluster(request.config)

@@ -10,6 +10,8 @@ from roles.dns.config import DnsConfig
 from roles.firewall.config import FirewallConfig
 from roles.gpu_health.config import GpuHealthConfig
 from roles.kernel.config import KernelConfig
+from roles.loadbalancer.config import LoadBalancerConfig
+from roles.monitoring.config import MonitoringConfig
 
 ROLE_CONFIGS: dict[str, type[BaseModel]] = {
     "base": BaseConfig,
@@ -18,4 +20,6 @@ ROLE_CONFIGS: dict[str, type[BaseModel]] = {
     "container_runtime": ContainerRuntimeConfig,
     "firewall": FirewallConfig,
     "dns": DnsConfig,
+    "loadbalancer": LoadBalancerConfig,
+    "monitoring": MonitoringConfig,
 }

@@ -151,3 +151,12 @@ def reboot_required(reason: str):
         host.noop(f"reboot already required for {reason}")
         return
     yield from reboot_flag_commands(reason)
+
+
+def wait_for(command: str, seconds: int = 60) -> str:
+    """A shell loop that retries a readiness probe once a second until it passes or time is up
+    (daemons answer a moment after `systemctl restart` or a reload signal returns)."""
+    return (
+        f"for attempt in $(seq {seconds}); do {command} && exit 0; sleep 1; done; "
+        f"echo {shlex.quote(f'not ready after {seconds} s: {command}')} >&2; exit 1"
+    )

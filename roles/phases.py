@@ -10,11 +10,19 @@ from roles.base import deploy as base_deploy
 from roles.base import files as base_files
 from roles.container_runtime import deploy as container_runtime_deploy
 from roles.container_runtime import files as container_runtime_files
+from roles.dns import deploy as dns_deploy
+from roles.dns import files as dns_files
 from roles.etcd import deploy as etcd_deploy
 from roles.etcd import files as etcd_files
+from roles.firewall import deploy as firewall_deploy
+from roles.firewall import files as firewall_files
 from roles.gpu_health import files as gpu_health_files
 from roles.kernel import deploy as kernel_deploy
 from roles.kernel import files as kernel_files
+from roles.loadbalancer import deploy as loadbalancer_deploy
+from roles.loadbalancer import files as loadbalancer_files
+from roles.monitoring import deploy as monitoring_deploy
+from roles.monitoring import files as monitoring_files
 from roles.render import HostContext, ManagedFile
 
 
@@ -38,9 +46,35 @@ PHASES: list[Phase] = [
         container_runtime_files.managed_files,
         container_runtime_deploy.apply,
     ),
+    Phase("firewall", None, firewall_files.managed_files, firewall_deploy.apply),
+    Phase("dns", ("dns",), dns_files.server_files, dns_deploy.apply_server),
+    # Every host then resolves through the cluster's DNS servers (same role: --roles dns).
+    Phase("dns", None, dns_files.client_files, dns_deploy.apply_client),
+    Phase(
+        "loadbalancer",
+        ("loadbalancer",),
+        loadbalancer_files.managed_files,
+        loadbalancer_deploy.apply,
+    ),
     Phase("etcd", ("etcd",), etcd_files.managed_files, etcd_deploy.apply),
     Phase("etcd", ("control_plane",), etcd_files.client_files, etcd_deploy.apply_clients),
+    # Two phases for one role: node exporter on every host, then Prometheus on its own group.
+    Phase(
+        "monitoring",
+        None,
+        monitoring_files.node_exporter_files,
+        monitoring_deploy.apply_node_exporter,
+    ),
+    Phase(
+        "monitoring",
+        ("monitoring",),
+        monitoring_files.prometheus_files,
+        monitoring_deploy.apply_prometheus,
+    ),
 ]
 
 # Producers of cluster-wide files (Kubernetes manifests): relative path -> content.
-CLUSTER_FILES: list[Callable[[LoadedCluster], dict[str, str]]] = [gpu_health_files.cluster_files]
+CLUSTER_FILES: list[Callable[[LoadedCluster], dict[str, str]]] = [
+    gpu_health_files.cluster_files,
+    monitoring_files.cluster_files,
+]

@@ -6,9 +6,13 @@ from pydantic import BaseModel
 
 from roles.base.config import BaseConfig
 from roles.container_runtime.config import ContainerRuntimeConfig
+from roles.dns.config import DnsConfig
 from roles.etcd.config import EtcdConfig
+from roles.firewall.config import FirewallConfig
 from roles.gpu_health.config import GpuHealthConfig
 from roles.kernel.config import KernelConfig
+from roles.loadbalancer.config import LoadBalancerConfig
+from roles.monitoring.config import MonitoringConfig
 
 ROLE_CONFIGS: dict[str, type[BaseModel]] = {
     "base": BaseConfig,
@@ -16,4 +20,8 @@ ROLE_CONFIGS: dict[str, type[BaseModel]] = {
     "gpu_health": GpuHealthConfig,
     "kernel": KernelConfig,
     "container_runtime": ContainerRuntimeConfig,
+    "firewall": FirewallConfig,
+    "dns": DnsConfig,
+    "loadbalancer": LoadBalancerConfig,
+    "monitoring": MonitoringConfig,
 }

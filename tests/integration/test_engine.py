@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -113,6 +114,8 @@ def test_a_changed_host_key_is_refused(converged, tmp_path):
     (tmp_path / "known_hosts").write_text("\n".join(forged) + "\n")
     data["ssh"]["known_hosts"] = str(tmp_path / "known_hosts")
     (tmp_path / "cluster.yml").write_text(yaml.safe_dump(data, sort_keys=False))
+    # The cluster's state (TSIG key, zone serials) lives beside its inventory: bring it along.
+    shutil.copytree(lab.loaded.state_dir, tmp_path / ".state")
     result = gpuinfra("drift", str(tmp_path), "--format", "json")
     assert result.returncode == ExitCode.UNREACHABLE
     report = json.loads(result.stdout)

@@ -1,0 +1,73 @@
+"""Defaults of the monitoring role; group_vars/host vars under `monitoring:` override them."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class MonitoringConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Prometheus's own default; long-term history belongs in remote storage, not on one node.
+    retention_time: str = Field("15d", pattern=r"^\d+[smhdwy]$")
+    # Cap on disk use as well (e.g. "50GB"): the oldest blocks go first. None: time only.
+    retention_size: str | None = Field(None, pattern=r"^\d+(B|KB|MB|GB|TB|PB|EB)$")
+    # 15 s resolves a 1-minute rate with four samples; Prometheus's default 1 m does not.
+    scrape_interval: str = Field("15s", pattern=r"^\d+[smh]$")
+    evaluation_interval: str = Field("15s", pattern=r"^\d+[smh]$")
+    # How long a host's node exporter must be unreachable before NodeDown fires: longer than a
+    # reboot's blip, short enough to page before a job notices.
+    node_down_for: str = Field("2m", pattern=r"^\d+[smh]$")
+    # Node exporter collectors that only add series on this fleet: no btrfs/zfs/xfs/bcache/nfs
+    # filesystems, no IPVS (kube-proxy runs iptables/nftables), and power/tape/fibre channel
+    # stats nobody alerts on. Collectors GPU nodes need (infiniband, hwmon, edac) stay on.
+    disabled_collectors: list[str] = Field(
+        default_factory=lambda: [
+            "arp",
+            "bcache",
+            "btrfs",
+            "fibrechannel",
+            "ipvs",
+            "nfs",
+            "nfsd",
+            "powersupplyclass",
+            "rapl",
+            "tapestats",
+            "xfs",
+            "zfs",
+        ]
+    )
+    # Debian turns the systemd collector on, one series per unit and state (400+ per host):
+    # only the units the cluster depends on are kept, so NodeServiceFailed has what it needs.
+    systemd_units: list[str] = Field(
+        default_factory=lambda: [
+            "chrony",
+            "containerd",
+            "docker",
+            "etcd",
+            "haproxy",
+            "keepalived",
+            "kubelet",
+            "named",
+            "nvidia-fabricmanager",
+            "prometheus",
+            "prometheus-node-exporter",
+            "ssh",
+        ]
+    )
+    # Series dropped at scrape time (metric_relabel_configs): the exporters' own Go runtime and
+    # HTTP handler internals, and per-CPU guest time (no VMs run on these nodes).
+    drop_metrics: list[str] = Field(
+        default_factory=lambda: [
+            "go_.*",
+            "promhttp_.*",
+            "process_.*",
+            "node_cpu_guest_seconds_total",
+            "node_scrape_collector_.*",
+            "etcd_debugging_.*",
+            "grpc_server_handled_total",
+            "grpc_server_msg_.*",
+        ]
+    )
+    # NVIDIA's DCGM exporter default port, scraped on GPU workers (installed with Kubernetes).
+    dcgm_exporter_port: int = Field(9400, ge=1, le=65535)

@@ -1,0 +1,84 @@
+"""The monitoring role's deploys: node exporter on every host, Prometheus on its group."""
+
+from __future__ import annotations
+
+from pyinfra.api import deploy
+from pyinfra.operations import apt, files, server, systemd
+
+from inventory.topology import NODE_EXPORTER_PORT
+from roles.monitoring.files import (
+    ALERT_RULES,
+    NODE_EXPORTER_DEFAULTS,
+    PROMETHEUS_CONFIG,
+    PROMETHEUS_DEFAULTS,
+    node_exporter_files,
+    prometheus_files,
+    textfile_dir,
+)
+from roles.monitoring.targets import PROMETHEUS_PORT
+from roles.operations import put_file, service_running, wait_for
+from roles.render import HostContext
+
+
+@deploy("Node exporter")
+def apply_node_exporter(ctx: HostContext) -> None:
+    apt.packages(
+        name="Install node exporter", packages=["prometheus-node-exporter"], no_recommends=True
+    )
+    # gpu_health's timer writes its .prom file here; node exporter only reads it.
+    files.directory(
+        name="Create the textfile collector directory",
+        path=textfile_dir(ctx),
+        user="root",
+        group="root",
+        mode="0755",
+    )
+    written = {f.path: put_file(f) for f in node_exporter_files(ctx)}
+    service_running(name="Run node exporter", unit="prometheus-node-exporter")
+    changed = written[NODE_EXPORTER_DEFAULTS].did_change
+    # Arguments are only read at start: a reload would keep the old collectors.
+    systemd.service(
+        name="Restart node exporter for new arguments",
+        service="prometheus-node-exporter",
+        restarted=True,
+        _if=changed,
+    )
+    server.shell(
+        name="Wait for node exporter to serve metrics",
+        commands=[
+            wait_for(f"curl -fsS -o /dev/null http://127.0.0.1:{NODE_EXPORTER_PORT}/metrics")
+        ],
+        _if=changed,
+    )
+
+
+@deploy("Prometheus")
+def apply_prometheus(ctx: HostContext) -> None:
+    apt.packages(name="Install Prometheus", packages=["prometheus"], no_recommends=True)
+    # Rules are written (and checked) before the configuration that loads them.
+    written = {f.path: put_file(f) for f in prometheus_files(ctx)}
+    arguments, rules, config = (
+        written[PROMETHEUS_DEFAULTS],
+        written[ALERT_RULES],
+        written[PROMETHEUS_CONFIG],
+    )
+    service_running(name="Run Prometheus", unit="prometheus")
+    # Retention and listen address are flags: only a restart applies them. Scrape targets and
+    # rules are re-read on SIGHUP, which keeps the in-memory head block and running queries.
+    systemd.service(
+        name="Restart Prometheus for new arguments",
+        service="prometheus",
+        restarted=True,
+        _if=arguments.did_change,
+    )
+    systemd.service(
+        name="Reload Prometheus for new targets or rules",
+        service="prometheus",
+        reloaded=True,
+        _if=lambda: not arguments.did_change() and (rules.did_change() or config.did_change()),
+    )
+    server.shell(
+        name="Wait for Prometheus to be ready",
+        commands=[wait_for(f"curl -fsS -o /dev/null http://127.0.0.1:{PROMETHEUS_PORT}/-/ready")],
+        _if=lambda: arguments.did_change() or rules.did_change() or config.did_change(),
+    )

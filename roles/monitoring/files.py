@@ -1,0 +1,94 @@
+"""Files the monitoring role manages: node exporter's settings on every host, Prometheus's
+configuration and alert rules on the monitoring hosts, Grafana dashboards for the cluster."""
+
+from __future__ import annotations
+
+import json
+
+from inventory.model import Cluster, LoadedCluster
+from roles.config import role_settings
+from roles.gpu_health.config import GpuHealthConfig
+from roles.monitoring.config import MonitoringConfig
+from roles.monitoring.dashboards import DASHBOARDS
+from roles.monitoring.targets import PROMETHEUS_PORT, scrape_jobs
+from roles.render import HostContext, ManagedFile, render_template
+
+NODE_EXPORTER_DEFAULTS = "/etc/default/prometheus-node-exporter"
+PROMETHEUS_DEFAULTS = "/etc/default/prometheus"
+PROMETHEUS_CONFIG = "/etc/prometheus/prometheus.yml"
+# Not under a rules/ glob: the staged copy that promtool checks must not be loaded as a rule file.
+ALERT_RULES = "/etc/prometheus/gpuinfra-alerts.yml"
+PROMETHEUS_DATA = "/var/lib/prometheus/metrics2/"
+DASHBOARD_DIR = "grafana"
+# Missed passive GPU checks before their metrics count as stale (the writer stopped).
+GPU_HEALTH_STALE_RUNS = 3
+
+
+def textfile_dir(ctx: HostContext) -> str:
+    """Where gpu_health writes its .prom file on this host: node exporter reads the same place."""
+    cfg = ctx.settings("gpu_health")
+    assert isinstance(cfg, GpuHealthConfig)
+    return cfg.textfile_dir
+
+
+def node_exporter_files(ctx: HostContext) -> list[ManagedFile]:
+    cfg = ctx.settings("monitoring")
+    assert isinstance(cfg, MonitoringConfig)
+    content = render_template(
+        "monitoring/prometheus-node-exporter.default.j2",
+        cfg=cfg,
+        textfile_dir=textfile_dir(ctx),
+        units_regex="(" + "|".join(cfg.systemd_units) + ")[.]service",
+    )
+    return [ManagedFile("monitoring", NODE_EXPORTER_DEFAULTS, content)]
+
+
+def gpu_health_stale_seconds(cluster: Cluster) -> int:
+    """Age past which GPU health metrics are stale: a few runs of the slowest configured node."""
+    intervals = [
+        role_settings(cluster, name, "gpu_health").passive_interval_s  # type: ignore[attr-defined]
+        for name in cluster.in_group("gpu_worker")
+    ]
+    return GPU_HEALTH_STALE_RUNS * max(intervals or [GpuHealthConfig().passive_interval_s])
+
+
+def prometheus_files(ctx: HostContext) -> list[ManagedFile]:
+    cfg = ctx.settings("monitoring")
+    assert isinstance(cfg, MonitoringConfig)
+    defaults = render_template(
+        "monitoring/prometheus.default.j2",
+        cfg=cfg,
+        config=PROMETHEUS_CONFIG,
+        data=PROMETHEUS_DATA,
+        port=PROMETHEUS_PORT,
+    )
+    rules = render_template(
+        "monitoring/gpuinfra-alerts.yml.j2",
+        cfg=cfg,
+        gpu_health_stale_s=gpu_health_stale_seconds(ctx.cluster),
+    )
+    config = render_template(
+        "monitoring/prometheus.yml.j2",
+        cfg=cfg,
+        cluster=ctx.cluster,
+        jobs=scrape_jobs(ctx.cluster, cfg.dcgm_exporter_port),
+        rules=ALERT_RULES,
+        drop_regex="|".join(cfg.drop_metrics),
+    )
+    # Rules first: promtool checks the configuration together with the rule files it names.
+    return [
+        ManagedFile("monitoring", PROMETHEUS_DEFAULTS, defaults),
+        ManagedFile("monitoring", ALERT_RULES, rules, check="promtool check rules {path}"),
+        ManagedFile("monitoring", PROMETHEUS_CONFIG, config, check="promtool check config {path}"),
+    ]
+
+
+def cluster_files(loaded: LoadedCluster) -> dict[str, str]:
+    """Grafana dashboards (JSON models, importable as they are) for clusters with a monitoring
+    host: node overview, etcd and GPU health."""
+    if not loaded.cluster.in_group("monitoring"):
+        return {}
+    return {
+        f"{DASHBOARD_DIR}/{name}.json": json.dumps(build(loaded.cluster), indent=2) + "\n"
+        for name, build in DASHBOARDS.items()
+    }

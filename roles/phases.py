@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from inventory.model import LoadedCluster
 from roles.base import deploy as base_deploy
 from roles.base import files as base_files
+from roles.drift_job import files as drift_job_files
 from roles.gpu_health import files as gpu_health_files
 from roles.render import HostContext, ManagedFile
 
@@ -29,3 +30,4 @@ PHASES: list[Phase] = [
 
 # Producers of cluster-wide files (Kubernetes manifests): relative path -> content.
 CLUSTER_FILES: list[Callable[[LoadedCluster], dict[str, str]]] = [gpu_health_files.cluster_files]
+CLUSTER_FILES.append(drift_job_files.cluster_files)

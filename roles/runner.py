@@ -91,6 +91,7 @@ class RunOptions:
     batch: str | None = None  # apply in rolling batches: "N" hosts or "P%"
     fail_percent: float | None = None  # stop a batched run past this share of failed hosts
     connect_timeout: int = 10
+    shard: tuple[int, int] | None = None  # (index, count): check only this share of the hosts
 
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
@@ -106,6 +107,17 @@ def select_hosts(loaded: LoadedCluster, limit: Iterable[str]) -> list[str]:
         for name, host in loaded.cluster.hosts.items()
         if name in wanted or wanted.intersection(host.groups)
     ]
+
+
+def shard_hosts(hosts: list[str], index: int, count: int) -> list[str]:
+    """Shard `index` of `count` (0-based, as a Kubernetes Indexed Job numbers its pods): the
+    hosts whose position in name order is `index` modulo `count`. Every host falls in exactly
+    one shard, shards differ in size by one host at most, and the split depends only on the
+    host names, so runners that each take one index check the whole fleet once."""
+    if not 0 <= index < count:
+        raise ValueError(f"shard index {index} is not in 0..{count - 1}")
+    mine = set(sorted(hosts)[index::count])
+    return [name for name in hosts if name in mine]
 
 
 def select_phases(roles: Iterable[str]) -> list[Phase]:
@@ -127,9 +139,16 @@ def run(loaded: LoadedCluster, options: RunOptions, progress: Progress | None = 
     started = time.monotonic()
     report = RunReport(cluster=loaded.cluster.name, mode=options.mode)
     hosts = select_hosts(loaded, options.limit)
+    if options.shard:
+        selected = len(hosts)
+        hosts = shard_hosts(hosts, *options.shard)
+        index, count = options.shard
+        report.notes.append(f"shard {index}/{count}: {len(hosts)} of {selected} hosts")
     phases = select_phases(options.roles)
     contexts = {ctx.name: ctx for ctx in host_contexts(loaded)}
     host_batches = batches(hosts, options.batch if options.mode is Mode.apply else None)
+    if not hosts:  # a shard of more runners than hosts: nothing to check
+        host_batches = []
     for number, batch in enumerate(host_batches, 1):
         _run_batch(loaded, options, [contexts[h] for h in batch], phases, report, progress)
         failed = len(report.with_status(HostStatus.failed, HostStatus.unreachable))

@@ -63,10 +63,11 @@ clean:
 BENCH_SIZES ?= 10 50 100 200
 BENCH_REPEATS ?= 3
 BENCH_SUITES ?= bootstrap,drift
+BENCH_ARGS ?=
 .PHONY: bench bench-quick
 bench: install
 	$(BIN)/pip install --quiet -e '.[dev,bench]'
-	$(BIN)/python -m benchmarks --sizes "$(BENCH_SIZES)" --repeats $(BENCH_REPEATS) --suites $(BENCH_SUITES)
+	$(BIN)/python -m benchmarks --sizes "$(BENCH_SIZES)" --repeats $(BENCH_REPEATS) --suites $(BENCH_SUITES) $(BENCH_ARGS)
 
 bench-quick: install
 	$(BIN)/pip install --quiet -e '.[dev,bench]'

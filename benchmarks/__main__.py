@@ -30,6 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
     parser.add_argument("--work", type=Path, default=Path("build/bench"))
     parser.add_argument(
+        "--baseline", type=Path, help="another gpuinfra checkout, run as a fourth engine"
+    )
+    parser.add_argument(
         "--report-only", action="store_true", help="rewrite the table and plots only"
     )
     args = parser.parse_args(argv)
@@ -52,13 +55,15 @@ def main(argv: list[str] | None = None) -> int:
 
         results["machine"] = _machine()
         if "bootstrap" in wanted:
-            results["bootstrap"] = suites.bootstrap(args.repeats, args.work / "bootstrap", log)
+            results["bootstrap"] = suites.bootstrap(
+                args.repeats, args.work / "bootstrap", log, args.baseline
+            )
             results_path.write_text(json.dumps(results, indent=2))
         if "drift" in wanted:
             drift = results.setdefault("drift", {})
             for size in sizes:
                 drift[str(size)] = suites.drift_at_scale(
-                    size, args.repeats, args.work / f"drift-{size}", log
+                    size, args.repeats, args.work / f"drift-{size}", log, args.baseline
                 )
                 results_path.write_text(json.dumps(results, indent=2))
     report.write(results, args.out)

@@ -6,7 +6,7 @@ import math
 import statistics
 from pathlib import Path
 
-from benchmarks.suites import ENGINES
+from benchmarks.suites import BASELINE, ENGINES
 
 FLEET = 7500  # the fleet size the projection is for
 HOSTS_PER_SHARD = 200  # the largest lab measured: a shard never goes past measured ground
@@ -21,7 +21,7 @@ def summarize(entry: dict) -> dict:
     (runs of one round are seconds apart, so the machine's load is most alike)."""
     runs = entry["runs"]
     engines: dict[str, dict] = {}
-    for engine in ENGINES:
+    for engine in (*ENGINES, BASELINE):
         mine = [r for r in runs if r["engine"] == engine]
         if not mine:
             continue
@@ -48,6 +48,8 @@ def summarize(entry: dict) -> dict:
 
     ratios["gpuinfra_over_pyinfra"] = paired("gpuinfra", "pyinfra")
     ratios["ansible_over_gpuinfra"] = paired("ansible", "gpuinfra")
+    if BASELINE in engines:
+        ratios["baseline_over_gpuinfra"] = paired(BASELINE, "gpuinfra")
     return {"engines": engines, "ratios": ratios}
 
 
@@ -148,15 +150,16 @@ def markdown(results: dict) -> str:
         lines += [
             "",
             "| lab | hosts | operations per host (same state) | gpuinfra / pyinfra | "
-            "ansible / gpuinfra |",
-            "| --- | --- | --- | --- | --- |",
+            f"ansible / gpuinfra | {BASELINE} / gpuinfra |",
+            "| --- | --- | --- | --- | --- | --- |",
         ]
         for label, entry in entries:
             ratios = summarize(entry)["ratios"]
             lines.append(
                 f"| {label} | {entry['hosts']} | {entry['operations_per_host']['same_state']} | "
                 f"{_fmt(ratios['gpuinfra_over_pyinfra'], 'x', 2)} | "
-                f"{_fmt(ratios['ansible_over_gpuinfra'], 'x', 1)} |"
+                f"{_fmt(ratios['ansible_over_gpuinfra'], 'x', 1)} | "
+                f"{_fmt(ratios.get('baseline_over_gpuinfra'), 'x', 2)} |"
             )
         lines.append("")
         at_100 = drift.get("100")
@@ -241,7 +244,7 @@ def plots(results: dict, out: Path) -> list[Path]:
             ("peak_tree_mib", "controller peak memory, MiB", "drift-memory.png"),
         ):
             fig, ax = plt.subplots(figsize=(6, 4))
-            for engine in ENGINES:
+            for engine in (*ENGINES, BASELINE):
                 points = [
                     (e["hosts"], summarize(e)["engines"][engine][metric])
                     for e in drift

@@ -23,6 +23,9 @@ BIN = Path(sys.executable).parent
 GPUINFRA = str(BIN / "gpuinfra")
 LAB = os.environ.get("BENCH_LAB", "bench")
 ENGINES = ("gpuinfra", "pyinfra", "ansible")
+# `--baseline DIR`: another checkout of gpuinfra (e.g. `git archive` of an older commit) run
+# as a fourth engine in the same rounds, for before/after figures of an engine change.
+BASELINE = "gpuinfra-baseline"
 
 Log = Callable[[str], None]
 
@@ -73,7 +76,9 @@ def apply(inventory: Path, report: Path, log: Log) -> tuple[float, dict]:
 class Engines:
     """The three engines' commands on one lab, each checking the same declared state."""
 
-    def __init__(self, inventory: Path, work: Path, log: Log):
+    def __init__(self, inventory: Path, work: Path, log: Log, baseline: Path | None = None):
+        self.baseline = baseline
+        self.names = ENGINES + ((BASELINE,) if baseline else ())
         self.inventory = inventory
         self.work = work
         self.log = log
@@ -106,9 +111,14 @@ class Engines:
         )
 
     def measure(self, engine: str) -> Measurement:
-        if engine == "gpuinfra":
-            argv = [GPUINFRA, "drift", str(self.inventory), "--format", "json"]
-            measurement, output = run_measured(engine, self.hosts, argv)
+        if engine in ("gpuinfra", BASELINE):
+            entry = [GPUINFRA]
+            if engine == BASELINE:
+                entry = [sys.executable, "-c", "import sys; sys.path.insert(0, '.'); "
+                         "from cli.main import app; app()"]  # fmt: skip
+            argv = [*entry, "drift", str(self.inventory.resolve()), "--format", "json"]
+            cwd = self.baseline if engine == BASELINE else None
+            measurement, output = run_measured(engine, self.hosts, argv, cwd=cwd)
             measurement.changes = _gpuinfra_changes(output)
         elif engine == "pyinfra":
             argv = [
@@ -167,21 +177,25 @@ def compare_engines(engines: Engines, repeats: int) -> list[Measurement]:
     """Every engine `repeats` times, interleaved, the order rotated each round so that load
     drifting during the run does not favour one engine."""
     results: list[Measurement] = []
+    names = engines.names
     for round_number in range(repeats):
-        order = ENGINES[round_number % 3 :] + ENGINES[: round_number % 3]
+        shift = round_number % len(names)
+        order = names[shift:] + names[:shift]
         for engine in order:
             results.append(engines.measure(engine))
     return results
 
 
-def drift_at_scale(size: int, repeats: int, work: Path, log: Log) -> dict:
+def drift_at_scale(
+    size: int, repeats: int, work: Path, log: Log, baseline: Path | None = None
+) -> dict:
     """Boot N plain hosts, converge them once, then compare the three engines' no-op checks."""
     work.mkdir(parents=True, exist_ok=True)
     log(f"drift at scale: {size} hosts")
     try:
         inventory, boot = lab_up(work, log, hosts=size)
         apply_seconds, _ = apply(inventory, work / "apply.json", log)
-        engines = Engines(inventory, work, log)
+        engines = Engines(inventory, work, log, baseline)
         engines.prepare_ansible()
         runs = compare_engines(engines, repeats)
     finally:
@@ -201,7 +215,7 @@ def _operations(engines: Engines) -> dict:
     return {"same_state": max(counts.values()) if counts else 0}
 
 
-def bootstrap(repeats: int, work: Path, log: Log) -> dict:
+def bootstrap(repeats: int, work: Path, log: Log, baseline: Path | None = None) -> dict:
     """The default 12-host lab from bare hosts: apply (per phase), a no-op apply, and the
     three engines' no-op checks on it."""
     work.mkdir(parents=True, exist_ok=True)
@@ -213,7 +227,7 @@ def bootstrap(repeats: int, work: Path, log: Log) -> dict:
         changed = [
             n for n, h in second_report["hosts"].items() if h["status"] != "ok"
         ]  # fmt: skip
-        engines = Engines(inventory, work, log)
+        engines = Engines(inventory, work, log, baseline)
         engines.prepare_ansible()
         runs = compare_engines(engines, repeats)
     finally:

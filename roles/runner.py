@@ -314,7 +314,9 @@ def _prefetch(state, caches, phases, by_name) -> None:
             if phase.files is not None and phase.applies_to(ctx.host.groups)
             for f in phase.files(ctx)
         ]
-        with ctx_host.use(host):
+        # Only an optimisation: a host that fails here fails again, and is reported, when its
+        # deploy asks for the same facts one by one.
+        with ctx_host.use(host), contextlib.suppress(Exception):
             cache.prefetch(prefetch_requests(managed))
 
     gevent.joinall([state.pool.spawn(prefetch, host, cache) for host, cache in caches.items()])

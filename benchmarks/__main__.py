@@ -11,6 +11,7 @@ import datetime
 import json
 import os
 import platform
+import signal
 import sys
 import time
 from pathlib import Path
@@ -49,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
             print("benchmarks boot lab hosts and need root", file=sys.stderr)
             return 2
         raise_open_files_limit()  # inherited by all three engines alike
+        # A stopped run still takes its lab down (the suites' finally blocks).
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
         def log(line: str) -> None:
             print(f"{time.strftime('%H:%M:%S')} {line}", flush=True)

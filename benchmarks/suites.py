@@ -6,6 +6,7 @@ and takes it down afterwards, also on failure.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -79,15 +80,15 @@ class Engines:
     def __init__(self, inventory: Path, work: Path, log: Log, baseline: Path | None = None):
         self.baseline = baseline
         self.names = ENGINES + ((BASELINE,) if baseline else ())
-        self.inventory = inventory
-        self.work = work
+        self.inventory = inventory.resolve()
+        self.work = work.resolve()  # pyinfra runs in it: every path below must be absolute
         self.log = log
-        self.loaded = load(inventory)
+        self.loaded = load(self.inventory)
         self.hosts = len(self.loaded.cluster.hosts)
-        render = work / "render"
-        _run([GPUINFRA, "render", str(inventory), "--out", str(render)], log)
+        render = self.work / "render"
+        _run([GPUINFRA, "render", str(self.inventory), "--out", str(render)], log)
         self.state = declared_state(self.loaded, render)
-        self.files = write_engines(self.loaded, self.state, work / "engines")
+        self.files = write_engines(self.loaded, self.state, self.work / "engines")
         self.ansible_env = {
             "ANSIBLE_CONFIG": str(self.files.ansible_cfg),
             "ANSIBLE_NOCOLOR": "1",
@@ -141,6 +142,7 @@ class Engines:
             env = {**self.ansible_env, "ANSIBLE_SSH_CONTROL_PATH_DIR": str(control)}
             measurement, output = run_measured(engine, self.hosts, argv, env=env)
             measurement.changes = _ansible_changes(output)
+            _end_control_masters(control)
         self.log(
             f"  {engine:8} {self.hosts:4} hosts: {measurement.seconds:7.2f}s "
             f"cpu {measurement.cpu_seconds:6.2f}s peak {measurement.peak_tree_mib:7.1f} MiB "
@@ -148,6 +150,17 @@ class Engines:
             f"load {measurement.load_before:.1f}"
         )
         return measurement
+
+
+def _end_control_masters(control: Path) -> None:
+    """Ansible's ssh control masters outlive the run by ControlPersist (60 s), detached from
+    its process tree: end them so they do not run beside the next engine."""
+    import psutil
+
+    for process in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if str(control) in " ".join(process.info["cmdline"] or []):
+                process.terminate()
 
 
 def _gpuinfra_changes(output: str) -> int | None:

@@ -34,6 +34,9 @@ class Measurement:
     load_before: float  # 1-minute load average of the machine when the run started
     load_after: float
     changes: int | None = None  # operations the engine says would change (0: a no-op)
+    # gpuinfra only: the hosts' preparation seconds summed, over the run's wall time: how many
+    # hosts were being worked on at once, on average.
+    parallelism: float | None = None
     output_tail: str = ""  # only for a run that failed
 
     def to_json(self) -> dict:

@@ -34,6 +34,7 @@ def summarize(entry: dict) -> dict:
             "max_process_mib": statistics.median(r["max_process_mib"] for r in mine),
             "all_noop": all(r["returncode"] == 0 and r["changes"] == 0 for r in mine),
             "median_load": statistics.median(r["load_before"] for r in mine),
+            "median_parallelism": _median_or_none([r.get("parallelism") for r in mine]),
         }
     ratios = {}
     rounds = [runs[i : i + len(engines)] for i in range(0, len(runs), len(engines))]
@@ -51,6 +52,11 @@ def summarize(entry: dict) -> dict:
     if BASELINE in engines:
         ratios["baseline_over_gpuinfra"] = paired(BASELINE, "gpuinfra")
     return {"engines": engines, "ratios": ratios}
+
+
+def _median_or_none(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
 
 
 def _fit(points: list[tuple[float, float]]) -> tuple[float, float] | None:
@@ -97,6 +103,7 @@ def projection(drift: dict[str, dict]) -> dict | None:
         "hosts_per_shard": per_shard,
         "shard_seconds": round(wall[0] + wall[1] * per_shard, 1),
         "shard_mib": round(memory[0] + memory[1] * per_shard),
+        "parallelism": {n: e["median_parallelism"] for n, e in rows if e["median_parallelism"]},
     }
 
 
@@ -212,7 +219,11 @@ def markdown(results: dict) -> str:
             f"Linear fits of gpuinfra drift's median figures over {p['sizes']} hosts: wall "
             f"{p['wall_fixed_seconds']} s + {p['wall_per_host_seconds']} s per host, CPU "
             f"{p['cpu_fixed_seconds']} s + {p['cpu_per_host_seconds']} s per host, memory "
-            f"{p['memory_fixed_mib']} MiB + {p['memory_per_host_mib']} MiB per host.",
+            f"{p['memory_fixed_mib']} MiB + {p['memory_per_host_mib']} MiB per host. "
+            "Parallelism measured (hosts being prepared at once, on average, by size): "
+            f"{p['parallelism'] or 'not recorded in these runs'}. The lab's hosts share the "
+            "controller's CPUs, so the wall-time line is an upper bound for real hosts; the CPU "
+            "line is the controller's own cost.",
             "",
             "| how | hosts per process | projected wall s | CPU s per process | MiB |",
             "| --- | --- | --- | --- | --- |",

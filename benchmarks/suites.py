@@ -121,6 +121,7 @@ class Engines:
             cwd = self.baseline if engine == BASELINE else None
             measurement, output = run_measured(engine, self.hosts, argv, cwd=cwd)
             measurement.changes = _gpuinfra_changes(output)
+            measurement.parallelism = _gpuinfra_parallelism(output)
         elif engine == "pyinfra":
             argv = [
                 str(BIN / "pyinfra"),
@@ -169,6 +170,15 @@ def _gpuinfra_changes(output: str) -> int | None:
     except ValueError:
         return None
     return sum(1 for h in report["hosts"].values() for op in h["operations"] if op["changed"])
+
+
+def _gpuinfra_parallelism(output: str) -> float | None:
+    try:
+        report = json.loads(output)
+    except ValueError:
+        return None
+    busy = sum(h["seconds"] for h in report["hosts"].values())
+    return round(busy / report["seconds"], 1) if report["seconds"] else None
 
 
 def _pyinfra_changes(output: str) -> int | None:

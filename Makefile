@@ -9,7 +9,7 @@ LAB ?= lab
 
 help:
 	@echo "make install  Debian packages for the lab + .venv with gpuinfra (editable) and dev tools"
-	@echo "make demo     the main job: lab up, bootstrap the cluster on it, verification report"
+	@echo "make demo     the main job: lab up, bootstrap the cluster on it, drift + verify reports"
 	@echo "make test     every test: unit, then integration on a lab booted for the run"
 	@echo "make unit     unit tests only (no root, no hosts)"
 	@echo "make lint     ruff check and format check"
@@ -45,12 +45,14 @@ format: install
 render: install
 	$(BIN)/gpuinfra render inventory/sample --out build/render
 
-# The main job on the embedded default: boot the 12-host lab, converge it, then the CI check
-# (drift: exit 0 when every host matches the inventory) with its JSON and JUnit reports.
+# The main job on the embedded default: boot the 12-host lab, converge it, then the CI checks
+# (drift: exit 0 when every host matches the inventory; verify: every behaviour check passes)
+# with their JSON and JUnit reports.
 demo: install
 	$(BIN)/gpuinfra lab up --name $(LAB) --inventory inventory/$(LAB)/cluster.yml
 	$(BIN)/gpuinfra apply inventory/$(LAB) --yes --report build/demo/apply.json
 	$(BIN)/gpuinfra drift inventory/$(LAB) --report build/demo/drift.json --junit build/demo/drift.xml
+	$(BIN)/gpuinfra verify inventory/$(LAB) --junit build/demo/verify.xml
 
 lab-down: install
 	$(BIN)/gpuinfra lab down --name $(LAB)

@@ -41,6 +41,7 @@ def declared_state(loaded: LoadedCluster, render_dir: Path) -> DeclaredState:
     packages: dict[str, list[list[str]]] = {}
     for ctx in host_contexts(loaded):
         files[ctx.name], packages[ctx.name] = [], []
+        roles_seen: set[str] = set()  # a role may have several phases (dns server, dns client)
         for phase in PHASES:
             if not phase.applies_to(ctx.host.groups):
                 continue
@@ -58,8 +59,9 @@ def declared_state(loaded: LoadedCluster, render_dir: Path) -> DeclaredState:
                     }
                 )
             role_packages = getattr(ctx.settings(phase.role), "packages", None)
-            if role_packages:
+            if role_packages and phase.role not in roles_seen:
                 packages[ctx.name].append(list(role_packages))
+            roles_seen.add(phase.role)
     return DeclaredState(files, packages)
 
 

@@ -71,6 +71,12 @@ def apply(
         Path | None, typer.Option("--report", help="Write the run report (JSON) here.")
     ] = None,
     output: FormatOpt = OutputFormat.table,
+    reboot: Annotated[
+        bool,
+        typer.Option(
+            "--reboot", help="Reboot hosts that need it, --batch at a time [default: one]."
+        ),
+    ] = False,
 ) -> None:
     """Converge hosts to the inventory, with per-phase and per-host timings."""
     from roles.runner import Mode
@@ -81,6 +87,8 @@ def apply(
     if not yes and not typer.confirm("Apply changes to the hosts?", default=False, err=True):
         raise typer.Exit(ExitCode.OK)
     report = _run(cluster, Mode.apply, limit, roles, parallel, output, batch, fail_percent)
+    if reboot:
+        _reboot(cluster, report, batch)
     if report_path:
         report_path.parent.mkdir(parents=True, exist_ok=True)
         report_path.write_text(json.dumps(asdict(report), indent=2))
@@ -169,6 +177,34 @@ def _run(cluster, mode, limit, roles, parallel, output, batch=None, fail_percent
         return run(loaded, options, progress)
 
 
+def _reboot(cluster, report, batch: str | None) -> None:
+    """Reboot the hosts the run left "reboot required", in rolling batches; the report says
+    which came back (flag cleared) and which did not (failed)."""
+    from roles.reboot import Rebooter
+    from roles.runner import HostStatus, batches
+
+    waiting = [
+        host.name
+        for host in report.hosts.values()
+        if host.reboot_required and host.status in (HostStatus.ok, HostStatus.changed)
+    ]
+    if not waiting:
+        return
+    with reporting():
+        loaded = load(cluster)
+    for outcome in Rebooter(loaded).rolling(batches(waiting, batch or "1")):
+        entry = report.hosts[outcome.host]
+        if outcome.ok:
+            entry.reboot_required = False
+            report.notes.append(f"{outcome.host}: rebooted, back in {outcome.seconds:.1f} s")
+        else:
+            entry.status = HostStatus.failed
+            entry.error = f"reboot: {outcome.error}"
+    left = [name for name in waiting if report.hosts[name].reboot_required]
+    if left:
+        report.notes.append(f"still waiting for a reboot: {', '.join(left)}")
+
+
 def _exit_code(report) -> ExitCode:
     from roles.runner import HostStatus
 
@@ -186,14 +222,19 @@ def _emit(report, output: OutputFormat, show_diff: bool) -> None:
         typer.echo(json.dumps(asdict(report), indent=2))
         return
     table = Table(title=f"{report.mode} {report.cluster}: {len(report.hosts)} hosts")
-    for column in ("host", "status", "changes", "seconds", "detail"):
+    for column in ("host", "status", "changes", "seconds", "reboot", "detail"):
         table.add_column(column)
     for host in report.hosts.values():
         detail = host.error or ", ".join(op.name for op in host.changes[:3])
         if len(host.changes) > 3:
             detail += f", ... ({len(host.changes) - 3} more)"
         table.add_row(
-            host.name, host.status.value, str(len(host.changes)), f"{host.seconds:.1f}", detail
+            host.name,
+            host.status.value,
+            str(len(host.changes)),
+            f"{host.seconds:.1f}",
+            "required" if host.reboot_required else "",
+            detail,
         )
     console.print(table)
     if show_diff:

@@ -13,3 +13,4 @@ class ExitCode(IntEnum):
     UNREACHABLE = 4  # at least one host could not be reached (the others were still checked)
     DEGRADED = 5  # health: a check is outside its threshold but the node can keep working
     UNHEALTHY = 6  # health: a check failed; the node should be drained
+    VERIFY_FAILED = 7  # verify: a verification check failed on a reachable host

@@ -66,7 +66,7 @@ def up(
     ] = None,
     topology: Annotated[
         TopologyName | None,
-        typer.Option(help="default: 11 hosts, every group; scale: 100 hosts, HA everywhere."),
+        typer.Option(help="default: 12 hosts, every group; scale: 100 hosts, HA everywhere."),
     ] = None,
     disk: Annotated[
         list[str] | None,

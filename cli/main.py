@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cli import engine, health, inventory, lab, render
+from cli import engine, health, inventory, lab, render, verify
 from cli.options import state
 
 app = typer.Typer(
@@ -23,6 +23,7 @@ app.command("render")(render.render)
 app.command("plan")(engine.plan)
 app.command("apply")(engine.apply)
 app.command("drift")(engine.drift)
+app.command("verify")(verify.verify_command)
 
 
 def _version(value: bool) -> None:

@@ -156,6 +156,14 @@ def import_ansible(
         [h["address"] for h in data["hosts"].values()]
     )
     data["networks"] = networks
+    if not networks.get("admin"):
+        # Ansible inventories name no admin networks; a filtering firewall without them would
+        # shut the controller out, so it starts disabled and says how to turn it on.
+        data["group_vars"] = {"all": {"firewall": {"enabled": False}}}
+        unmapped.append(
+            "firewall disabled: the inventory names no admin networks; set networks.admin "
+            "(where the controller connects from), then remove group_vars.all.firewall"
+        )
     if ssh:
         data["ssh"] = ssh
     if versions:

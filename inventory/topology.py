@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from inventory.model import Cluster
@@ -15,6 +16,8 @@ NODE_EXPORTER_PORT = 9100
 SSH_PORT = 22
 DNS_PORT = 53
 HAPROXY_STATS_PORT = 8404
+PROMETHEUS_PORT = 9090
+DCGM_EXPORTER_PORT = 9400  # NVIDIA's GPU metrics exporter on every GPU node
 
 
 @dataclass(frozen=True)
@@ -36,9 +39,9 @@ class FirewallRule:
     """Inbound traffic one group's hosts accept: a port from a set of sources."""
 
     description: str
-    port: int
-    protocol: str  # tcp or udp
-    sources: tuple[str, ...]  # addresses and CIDRs, sorted
+    port: int | None  # None for a protocol without ports (VRRP)
+    protocol: str  # tcp, udp or vrrp
+    sources: tuple[str, ...]  # addresses and CIDRs, collapsed and sorted (see collapse_sources)
 
 
 @dataclass(frozen=True)
@@ -60,8 +63,8 @@ class Topology:
         seen: dict[tuple[int, str, tuple[str, ...]], FirewallRule] = {}
         for group in ["all", *groups]:
             for rule in self.firewall.get(group, ()):
-                seen.setdefault((rule.port, rule.protocol, rule.sources), rule)
-        return sorted(seen.values(), key=lambda r: (r.port, r.protocol, r.sources))
+                seen.setdefault((rule.port or 0, rule.protocol, rule.sources), rule)
+        return [seen[key] for key in sorted(seen)]
 
 
 def build_topology(cluster: Cluster) -> Topology:
@@ -130,6 +133,23 @@ def _reverse_zones(cluster: Cluster) -> dict[str, tuple[DNSRecord, ...]]:
     return {zone: tuple(records) for zone, records in sorted(zones.items())}
 
 
+def collapse_sources(sources: Iterable[str]) -> tuple[str, ...]:
+    """Addresses and CIDRs without those another one already covers, sorted, single addresses
+    without "/32": nftables refuses overlapping intervals in one set (an admin address inside the
+    node network, say). Neighbours are not merged, so a rule still names each peer."""
+    networks = sorted(
+        {ipaddress.IPv4Network(source, strict=False) for source in sources},
+        key=lambda net: (net.prefixlen, net),
+    )
+    kept: list[ipaddress.IPv4Network] = []
+    for net in networks:
+        if not any(net.subnet_of(wider) for wider in kept):
+            kept.append(net)
+    return tuple(
+        str(net.network_address) if net.prefixlen == 32 else str(net) for net in sorted(kept)
+    )
+
+
 def _firewall(
     cluster: Cluster,
     etcd: list[str],
@@ -137,12 +157,19 @@ def _firewall(
     balancers: list[str],
     monitoring: list[str],
 ) -> dict[str, tuple[FirewallRule, ...]]:
-    def addresses(names: list[str]) -> tuple[str, ...]:
-        return tuple(sorted(str(cluster.hosts[n].address) for n in names))
+    def addresses(names: Iterable[str]) -> tuple[str, ...]:
+        return collapse_sources(str(cluster.hosts[n].address) for n in names)
 
-    node_net = str(cluster.networks.node)
-    admin = tuple(sorted({node_net, *(str(net) for net in cluster.networks.admin)}))
-    api_port = cluster.api.port
+    networks = cluster.networks
+    node_net, pod_net = str(networks.node), str(networks.pod)
+    admin_nets = [str(net) for net in networks.admin]
+    admin = collapse_sources([node_net, *admin_nets])
+    # Pods reach the API through the kubernetes Service, DNAT'd to an API server with the pod's
+    # own address as the source; CoreDNS forwards from pod addresses to the cluster DNS servers.
+    api_clients = collapse_sources([node_net, pod_net, *admin_nets])
+    dns_clients = collapse_sources([node_net, pod_net, *admin_nets])
+    api = FirewallRule("Kubernetes API from nodes, pods and admins", cluster.api.port, "tcp",
+                       api_clients)  # fmt: skip
     scrapers = addresses(monitoring)
     rules: dict[str, list[FirewallRule]] = {
         "all": [FirewallRule("SSH from admin networks", SSH_PORT, "tcp", admin)],
@@ -151,25 +178,34 @@ def _firewall(
                 "etcd clients: control plane and members",
                 ETCD_CLIENT_PORT,
                 "tcp",
-                addresses(sorted(set(control_plane) | set(etcd))),
+                addresses(set(control_plane) | set(etcd)),
             ),
             FirewallRule("etcd peers: members only", ETCD_PEER_PORT, "tcp", addresses(etcd)),
         ],
-        "control_plane": [
-            FirewallRule("Kubernetes API from nodes and admins", api_port, "tcp", admin),
-        ],
-        "loadbalancer": [
-            FirewallRule("Kubernetes API from nodes and admins", api_port, "tcp", admin),
-        ],
+        "control_plane": [api],
+        "loadbalancer": [api],
         "dns": [
-            FirewallRule("DNS from the cluster", DNS_PORT, "udp", (node_net,)),
-            FirewallRule("DNS from the cluster", DNS_PORT, "tcp", (node_net,)),
+            FirewallRule("DNS from the cluster and admins", DNS_PORT, "udp", dns_clients),
+            FirewallRule("DNS from the cluster and admins", DNS_PORT, "tcp", dns_clients),
+        ],
+        "monitoring": [
+            FirewallRule("Prometheus from admin networks", PROMETHEUS_PORT, "tcp", admin),
         ],
     }
+    if len(balancers) > 1:
+        # keepalived's VRRP adverts (IP protocol 112): dropped, both balancers claim the VIP.
+        rules["loadbalancer"].append(
+            FirewallRule("VRRP between load balancers", None, "vrrp", addresses(balancers))
+        )
+    # The API server calls kubelets (logs, exec); Prometheus scrapes their cAdvisor metrics.
+    kubelet_clients = addresses(set(control_plane) | set(monitoring))
     for group in ("control_plane", "gpu_worker", "cpu_worker"):
         rules.setdefault(group, []).append(
             FirewallRule(
-                "kubelet from the control plane", KUBELET_PORT, "tcp", addresses(control_plane)
+                "kubelet from the control plane and monitoring",
+                KUBELET_PORT,
+                "tcp",
+                kubelet_clients if control_plane else (),
             )
         )
     if scrapers:
@@ -181,6 +217,9 @@ def _firewall(
         )
         rules["loadbalancer"].append(
             FirewallRule("HAProxy stats from monitoring", HAPROXY_STATS_PORT, "tcp", scrapers)
+        )
+        rules.setdefault("gpu_worker", []).append(
+            FirewallRule("DCGM exporter from monitoring", DCGM_EXPORTER_PORT, "tcp", scrapers)
         )
     # A rule with no sources (no control plane yet, say) would be an empty set: leave it out.
     return {

@@ -25,6 +25,7 @@ def check_cluster(loaded: LoadedCluster) -> list[tuple[str, str]]:
         _host_sections_match_groups,
         _ssh_key,
         _role_vars,
+        _firewall_admin_networks,
     ):
         problems.extend(rule(loaded))
     return problems
@@ -149,3 +150,26 @@ def _role_vars(loaded: LoadedCluster) -> Iterator[tuple[str, str]]:
                     key = ".".join(str(part) for part in err["loc"])
                     message = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
                     yield f"{prefix}.{role}.{key}", message
+
+
+def _firewall_admin_networks(loaded: LoadedCluster) -> Iterator[tuple[str, str]]:
+    """A filtering firewall admits SSH only from admin networks (and the node network): without
+    any, a controller outside the node network locks itself out on the first apply."""
+    from roles.config import role_settings
+
+    cluster = loaded.cluster
+    if cluster.networks.admin:
+        return
+    try:
+        enabled = [
+            name for name in cluster.hosts if role_settings(cluster, name, "firewall").enabled
+        ]
+    except ValidationError:
+        return  # the role's settings are invalid: _role_vars reports that
+    if enabled:
+        yield (
+            "networks.admin",
+            "the firewall role is enabled (firewall.enabled) but no admin network is listed: "
+            "add the networks the controller and operators connect from, or set "
+            "group_vars.all.firewall.enabled: false",
+        )

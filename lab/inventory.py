@@ -36,7 +36,9 @@ def inventory_data(state: LabState) -> dict[str, Any]:
         "name": state.name,
         "domain": state.domain,
         "os": "debian-13",
-        "networks": {"node": str(state.subnet)},
+        # The controller reaches the hosts from the bridge's gateway address: the firewall role
+        # admits SSH only from admin networks (and the node network), so name it explicitly.
+        "networks": {"node": str(state.subnet), "admin": [f"{state.gateway}/32"]},
         "ssh": {
             "user": "root",
             "key": str(state.private_key),
@@ -45,7 +47,10 @@ def inventory_data(state: LabState) -> dict[str, Any]:
     }
     if state.vip is not None:
         data["api"] = {"vip": str(state.vip)}
-    data["group_vars"] = {"all": {"base": _base_settings()}}
+    # Docker's own repository is out of reach from the lab: Debian 13's docker.io and containerd.
+    data["group_vars"] = {
+        "all": {"base": _base_settings(), "container_runtime": {"source": "distribution"}}
+    }
     data["hosts"] = hosts
     return data
 

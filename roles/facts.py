@@ -30,3 +30,23 @@ class UnitState(FactBase):
         if state.get("LoadState") in (None, "not-found"):
             return None
         return state
+
+
+class RebootRequired(FactBase):
+    """Whether something on the host asked for a reboot (Debian's /run/reboot-required)."""
+
+    def command(self) -> str:
+        return "test -e /run/reboot-required && echo yes || echo no"
+
+    def process(self, output: list[str]) -> bool:
+        return bool(output) and output[0].strip() == "yes"
+
+
+class RebootReasons(FactBase):
+    """What asked for the reboot: the lines of /run/reboot-required.pkgs."""
+
+    def command(self) -> str:
+        return "cat /run/reboot-required.pkgs 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> list[str]:
+        return [line.strip() for line in output if line.strip()]

@@ -15,7 +15,7 @@ from pyinfra.facts.files import Directory, File, Sha1File
 from pyinfra.facts.server import Hostname
 from pyinfra.operations import files
 
-from roles.facts import Container, UnitState
+from roles.facts import Container, RebootReasons, UnitState
 from roles.render import ManagedFile
 
 
@@ -111,9 +111,17 @@ def service_running(unit: str, container_skips: bool = False):
         return
     state = host.get_fact(UnitState, unit=unit)
     if state is None:
-        raise ValueError(f"systemd unit {unit} is not installed")
+        # Not installed yet when the run is prepared: a package operation before this one
+        # installs it. Should it still be missing, systemctl fails and names the unit.
+        yield f"systemctl enable {unit}"
+        yield f"systemctl start {unit}"
+        return
     if state.get("UnitFileState") not in ("enabled", "static", "alias", "enabled-runtime"):
         yield f"systemctl enable {unit}"
+    if state.get("ActiveState") == "failed":
+        # A unit that failed several times in a row refuses `start` ("start request repeated
+        # too quickly") until its failure is cleared.
+        yield f"systemctl reset-failed {unit}"
     if state.get("ActiveState") != "active":
         yield f"systemctl start {unit}"
 
@@ -123,3 +131,36 @@ def live_hostname(hostname: str):
     """Set the running hostname (the /etc/hostname file is a managed file of its own)."""
     if host.get_fact(Hostname) != hostname:
         yield f"hostname {hostname}"
+
+
+def report_note(message: str) -> None:
+    """Say why an operation did nothing on this host (a container forbids it, a module is not
+    installed yet): logged like pyinfra's noop and collected into the run report's host notes."""
+    host.noop(message)
+    if not hasattr(host, "_gpuinfra_notes"):
+        host._gpuinfra_notes = {}
+    host._gpuinfra_notes[message] = None  # a dict keeps order and drops the execute-time repeat
+
+
+REBOOT_FLAG = "/run/reboot-required"
+
+
+def reboot_flag_commands(reason: str) -> list[str]:
+    """Shell commands for Debian's reboot convention: the flag file, and the reason (a package
+    name, by convention) once in the .pkgs list."""
+    pkgs = shlex.quote(f"{REBOOT_FLAG}.pkgs")
+    quoted = shlex.quote(reason)
+    return [
+        f"echo '*** System restart required ***' > {REBOOT_FLAG}",
+        f"grep -qxF {quoted} {pkgs} 2>/dev/null || echo {quoted} >> {pkgs}",
+    ]
+
+
+@operation()
+def reboot_required(reason: str):
+    """Mark the host "reboot required" (hang it off the change that needs the reboot with
+    `_if`); `gpuinfra apply --reboot` reboots marked hosts in rolling batches."""
+    if reason in (host.get_fact(RebootReasons) or []):
+        host.noop(f"reboot already required for {reason}")
+        return
+    yield from reboot_flag_commands(reason)

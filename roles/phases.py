@@ -8,8 +8,16 @@ from dataclasses import dataclass
 from inventory.model import LoadedCluster
 from roles.base import deploy as base_deploy
 from roles.base import files as base_files
+from roles.container_runtime import deploy as container_runtime_deploy
+from roles.container_runtime import files as container_runtime_files
+from roles.dns import deploy as dns_deploy
+from roles.dns import files as dns_files
 from roles.drift_job import files as drift_job_files
+from roles.firewall import deploy as firewall_deploy
+from roles.firewall import files as firewall_files
 from roles.gpu_health import files as gpu_health_files
+from roles.kernel import deploy as kernel_deploy
+from roles.kernel import files as kernel_files
 from roles.render import HostContext, ManagedFile
 
 
@@ -26,6 +34,17 @@ class Phase:
 
 PHASES: list[Phase] = [
     Phase("base", None, base_files.managed_files, base_deploy.apply),
+    Phase("kernel", None, kernel_files.managed_files, kernel_deploy.apply),
+    Phase(
+        "container_runtime",
+        ("control_plane", "gpu_worker", "cpu_worker"),
+        container_runtime_files.managed_files,
+        container_runtime_deploy.apply,
+    ),
+    Phase("firewall", None, firewall_files.managed_files, firewall_deploy.apply),
+    Phase("dns", ("dns",), dns_files.server_files, dns_deploy.apply_server),
+    # Every host then resolves through the cluster's DNS servers (same role: --roles dns).
+    Phase("dns", None, dns_files.client_files, dns_deploy.apply_client),
 ]
 
 # Producers of cluster-wide files (Kubernetes manifests): relative path -> content.

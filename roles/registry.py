@@ -5,11 +5,19 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from roles.base.config import BaseConfig
+from roles.container_runtime.config import ContainerRuntimeConfig
+from roles.dns.config import DnsConfig
 from roles.drift_job.config import DriftJobConfig
+from roles.firewall.config import FirewallConfig
 from roles.gpu_health.config import GpuHealthConfig
+from roles.kernel.config import KernelConfig
 
 ROLE_CONFIGS: dict[str, type[BaseModel]] = {
     "base": BaseConfig,
     "gpu_health": GpuHealthConfig,
+    "kernel": KernelConfig,
+    "container_runtime": ContainerRuntimeConfig,
+    "firewall": FirewallConfig,
+    "dns": DnsConfig,
     "drift_job": DriftJobConfig,
 }

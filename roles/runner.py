@@ -25,6 +25,7 @@ from pyinfra.facts.files import FileContents
 
 from inventory.model import LoadedCluster
 from roles.factcache import prepare_cache
+from roles.facts import RebootRequired
 from roles.operations import prefetch_requests
 from roles.phases import PHASES, Phase
 from roles.render import HostContext, ManagedFile, host_contexts
@@ -62,6 +63,8 @@ class HostReport:
     error: str | None = None
     operations: list[OperationResult] = field(default_factory=list)
     seconds: float = 0.0
+    reboot_required: bool = False  # /run/reboot-required, read at the end of the run
+    notes: list[str] = field(default_factory=list)  # why operations did nothing on this host
 
     @property
     def changes(self) -> list[OperationResult]:
@@ -287,6 +290,7 @@ def _prepare_and_execute(state, options, active, phases, by_name, report, record
 
     _collect_plan(state, active, op_phase, report)
     if options.mode is not Mode.apply:
+        _read_reboot_required(state, active, report)
         _disconnect(state)
         return
 
@@ -299,6 +303,7 @@ def _prepare_and_execute(state, options, active, phases, by_name, report, record
         report.notes.append(str(exc))
     _add_time(report, "execute", clock)
     _collect_results(state, active, op_phase, recorder, report)
+    _read_reboot_required(state, active, report)
     _disconnect(state)
 
 
@@ -364,6 +369,7 @@ def _collect_plan(state, active, op_phase, report: RunReport) -> None:
             entry.status = HostStatus.failed
             entry.error = host._gpuinfra_error
             continue
+        entry.notes = list(getattr(host, "_gpuinfra_notes", {}))
         files_by_op = getattr(host, "_gpuinfra_files", {})
         for op_hash in state.get_op_order():
             op_data = state.ops[host].get(op_hash)
@@ -420,6 +426,10 @@ def _collect_results(state, active, op_phase, recorder: _Recorder, report: RunRe
             name = _op_name(state, op_hash)
             meta = op_data.operation_meta
             error = recorder.op_errors.get((host.name, op_hash))
+            if error is not None:
+                error = _error_detail(
+                    name, error, meta, getattr(host, "_gpuinfra_files", {}), op_hash
+                )
             changed = meta.is_complete() and meta.did_change()
             previous = planned.get(name)
             entry.operations.append(
@@ -438,6 +448,32 @@ def _collect_results(state, active, op_phase, recorder: _Recorder, report: RunRe
             entry.status = HostStatus.changed
         else:
             entry.status = HostStatus.ok
+
+
+def _read_reboot_required(state, active, report: RunReport) -> None:
+    """Whether each host waits for a reboot, read after its operations ran (a kernel or boot
+    command line change marks it; `apply --reboot` acts on it)."""
+
+    def read(host) -> bool:
+        with ctx_host.use(host):
+            return bool(host.get_fact(RebootRequired))
+
+    hosts = [h for h in active if h not in state.failed_hosts]
+    greenlets = {state.pool.spawn(read, host): host for host in hosts}
+    gevent.joinall(list(greenlets))
+    for greenlet, host in greenlets.items():
+        report.hosts[host.name].reboot_required = bool(greenlet.successful() and greenlet.value)
+
+
+def _error_detail(name: str, error: str, meta: OperationMeta, files_by_op, op_hash: str) -> str:
+    """The operation's name and the last lines its failing command wrote to stderr (what an
+    operator needs: "sshd: Bad yes/without-password argument"), never for secret files."""
+    managed = files_by_op.get(op_hash)
+    output = getattr(meta, "_combined_output", None)
+    if output is None or (managed is not None and managed.secret):
+        return f"{name}: {error}"
+    detail = " | ".join(line.strip() for line in output.stderr_lines[-3:] if line.strip())
+    return f"{name}: {detail or error}"
 
 
 def _op_name(state, op_hash: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -113,6 +114,8 @@ def test_a_changed_host_key_is_refused(converged, tmp_path):
     (tmp_path / "known_hosts").write_text("\n".join(forged) + "\n")
     data["ssh"]["known_hosts"] = str(tmp_path / "known_hosts")
     (tmp_path / "cluster.yml").write_text(yaml.safe_dump(data, sort_keys=False))
+    # The cluster's state (TSIG key, zone serials) lives beside its inventory: bring it along.
+    shutil.copytree(lab.loaded.state_dir, tmp_path / ".state")
     result = gpuinfra("drift", str(tmp_path), "--format", "json")
     assert result.returncode == ExitCode.UNREACHABLE
     report = json.loads(result.stdout)
@@ -124,6 +127,28 @@ def test_a_changed_host_key_is_refused(converged, tmp_path):
         if n != victim and h["status"] != "ok"
     }
     assert others == {}
+
+
+def test_a_config_its_validator_rejects_never_goes_live(converged, tmp_path):
+    """A host var that makes the sshd drop-in invalid: `sshd -t` refuses the staged file, the
+    host's run fails, and the live drop-in is exactly what it was (no half-applied config)."""
+    lab = converged
+    host = lab.hosts[1]
+    dropin = "/etc/ssh/sshd_config.d/50-gpuinfra.conf"
+    staged = "/etc/ssh/sshd_config.d/.50-gpuinfra.conf.gpuinfra-new"
+    data = yaml.safe_load(lab.inventory_path.read_text())
+    data["hosts"][host].setdefault("vars", {})["base"] = {"ssh_permit_root_login": "sometimes"}
+    (tmp_path / "cluster.yml").write_text(yaml.safe_dump(data, sort_keys=False))
+    before = lab.ssh(host, f"sha256sum {dropin}").stdout
+
+    result = gpuinfra("apply", str(tmp_path), "--limit", host, "--yes", "--format", "json")
+    assert result.returncode == ExitCode.ERROR, result.stdout[-2000:]
+    report = json.loads(result.stdout)
+    assert report["hosts"][host]["status"] == "failed"
+    assert dropin in report["hosts"][host]["error"] or "sshd" in report["hosts"][host]["error"]
+    assert lab.ssh(host, f"sha256sum {dropin}").stdout == before
+    assert lab.ssh(host, f"test -e {staged}", check=False).returncode == 1
+    assert lab.ssh(host, "sshd -t", check=False).returncode == 0
 
 
 def test_drift_shards_split_the_hosts_and_together_check_all(converged, tmp_path):

@@ -89,3 +89,11 @@ def test_an_invalid_import_names_the_rule(tmp_path):
     result = runner.invoke(app, ["inventory", "validate", str(path)])
     assert result.exit_code == 2
     assert "etcd needs an odd number of members (got 2)" in result.stderr
+
+
+def test_import_without_admin_networks_starts_with_the_firewall_off():
+    """Ansible inventories name no admin networks: a filtering firewall would shut the
+    controller out, so the import turns it off and says how to turn it on."""
+    result = import_ansible(KUBESPRAY / "inventory.ini", name="mycluster")
+    assert result.data["group_vars"] == {"all": {"firewall": {"enabled": False}}}
+    assert any(note.startswith("firewall disabled") for note in result.unmapped)

@@ -56,7 +56,7 @@ def test_expectations_from_the_cluster_file(tmp_path):
     cluster = {
         "name": "tiny",
         "domain": "tiny.test",
-        "networks": {"node": "10.0.0.0/24"},
+        "networks": {"node": "10.0.0.0/24", "admin": ["192.0.2.0/24"]},
         "hosts": {
             "gpu-1": {
                 "address": "10.0.0.10",

@@ -33,7 +33,11 @@ def write_cluster(tmp_path: Path, workers: int) -> Path:
         for i in range(1, workers + 1)
     }
     hosts["cpu-1"] = {"address": "10.0.0.200", "groups": ["cpu_worker"]}
-    cluster = {"name": "fleet", "domain": "fleet.test", "networks": {"node": "10.0.0.0/24"}}
+    cluster = {
+        "name": "fleet",
+        "domain": "fleet.test",
+        "networks": {"node": "10.0.0.0/24", "admin": ["192.0.2.0/24"]},
+    }
     path = tmp_path / "cluster.yml"
     path.write_text(yaml.safe_dump({**cluster, "hosts": hosts}))
     return path

@@ -39,7 +39,7 @@ def write_cluster(tmp_path: Path, group_vars: dict | None = None, workers: int =
     data = {
         "name": "tiny",
         "domain": "tiny.test",
-        "networks": {"node": "10.0.0.0/24"},
+        "networks": {"node": "10.0.0.0/24", "admin": ["192.0.2.0/24"]},
         "hosts": hosts,
         "group_vars": group_vars or {},
     }
@@ -163,7 +163,7 @@ def test_no_gpu_workers_no_manifests(tmp_path):
     data = {
         "name": "cpu",
         "domain": "cpu.test",
-        "networks": {"node": "10.0.0.0/24"},
+        "networks": {"node": "10.0.0.0/24", "admin": ["192.0.2.0/24"]},
         "hosts": {"cpu-1": {"address": "10.0.0.5", "groups": ["cpu_worker"]}},
     }
     path = tmp_path / "cluster.yml"

@@ -45,8 +45,10 @@ def test_default_topology_has_every_group() -> None:
     groups = [group for host in topology.hosts for group in host.groups]
     assert groups.count("etcd") == 5
     assert groups.count("control_plane") == 2
-    for group in ("loadbalancer", "dns", "monitoring", "cpu_worker", "gpu_worker"):
+    for group in ("loadbalancer", "monitoring", "cpu_worker", "gpu_worker"):
         assert groups.count(group) == 1
+    # A DNS primary and a secondary (mon-1 doubles as the secondary: no thirteenth host).
+    assert [host.name for host in topology.hosts if "dns" in host.groups] == ["dns-1", "mon-1"]
     assert not any(host.disk_bytes for host in topology.hosts)  # etcd disks only on request
 
 
@@ -60,6 +62,8 @@ def test_default_inventory_loads_and_validates(labs_dir: Path) -> None:
     assert cluster.in_group("etcd") == [f"etcd-{i}" for i in range(1, 6)]
     assert cluster.hosts["gpu-1"].gpu is not None
     assert cluster.api.vip is None  # one load balancer: no virtual address needed
+    # The controller connects from the bridge's gateway: the firewall must admit it.
+    assert [str(net) for net in cluster.networks.admin] == ["198.18.8.1/32"]
     # Absolute paths: the inventory works from any working directory.
     assert cluster.ssh.key == state.private_key and cluster.ssh.key.is_absolute()
     assert cluster.ssh.known_hosts == state.known_hosts and cluster.ssh.known_hosts.is_absolute()
@@ -160,3 +164,9 @@ def test_labs_get_distinct_subnets_and_keep_theirs(
         lifecycle._resolve_state("one", generic_topology(2), None)
     third = lifecycle._resolve_state("three", None, None)
     assert third.slot == 3 and third.topology == default_topology()
+
+
+def test_lab_inventory_takes_the_container_runtime_from_debian(labs_dir: Path) -> None:
+    """Docker's repository is out of reach from the lab: Debian's docker.io is used instead."""
+    data = inventory_data(lab_state(labs_dir, "itest", default_topology()))
+    assert data["group_vars"]["all"]["container_runtime"] == {"source": "distribution"}

@@ -1,0 +1,47 @@
+"""Defaults of the container_runtime role (containerd + Docker); inventory group_vars/host vars
+under `container_runtime:` override them. Versions come from the cluster's `versions`."""
+
+from __future__ import annotations
+
+from typing import Literal
+from urllib.parse import urlparse
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class ContainerRuntimeConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # "docker": Docker's own apt repository (docker-ce, containerd.io), what Ubuntu fleets run;
+    # "distribution": the OS archive (Debian 13: docker.io, docker-cli, containerd).
+    source: Literal["docker", "distribution"] = "docker"
+    # Docker's repository; a fleet mirror of it goes here.
+    docker_repo_url: str = "https://download.docker.com/linux"
+    # Docker's release key, pinned by fingerprint: a key that does not match is refused.
+    # Published at https://docs.docker.com/engine/install/ubuntu/
+    docker_key_fingerprint: str = "9DC858229FC7DD38854AE2D88D81803C0EBFCD88"
+    # Kubelet and containerd must agree on the pause image, or pods restart their sandboxes;
+    # 3.10 is what kubeadm 1.31 expects.
+    sandbox_image: str = "registry.k8s.io/pause:3.10"
+    # Registry host -> mirror endpoints tried first (pull-through caches keep thousands of
+    # nodes from hammering a public registry at once).
+    registry_mirrors: dict[str, list[str]] = Field(default_factory=dict)
+    # Docker's data: images and containers belong on the local data disk, not the root disk.
+    data_root: str = Field("/var/lib/docker", pattern=r"^/")
+    # json-file logs without rotation fill the disk: keep 5 files of 100 MB per container.
+    log_max_size: str = Field("100m", pattern=r"^[0-9]+[kmg]$")
+    log_max_file: int = Field(5, ge=1)
+    # Containers keep running while dockerd restarts (upgrades, config changes).
+    live_restore: bool = True
+
+    # dockerd --validate (Docker 26) checks only the JSON's shape: a bad mirror URL passes it
+    # and then stops dockerd from starting, so the inventory refuses it instead.
+    @field_validator("registry_mirrors")
+    @classmethod
+    def _mirrors_are_urls(cls, mirrors: dict[str, list[str]]) -> dict[str, list[str]]:
+        for registry, endpoints in mirrors.items():
+            for endpoint in endpoints:
+                url = urlparse(endpoint)
+                if url.scheme not in ("http", "https") or not url.netloc:
+                    raise ValueError(f"{registry}: {endpoint!r} is not an http(s) URL")
+        return mirrors

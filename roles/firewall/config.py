@@ -1,0 +1,34 @@
+"""Defaults of the firewall role; inventory group_vars/host vars under `firewall:` override them."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ExtraRule(BaseModel):
+    """One more inbound port a group or host accepts, beyond what the topology derives."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    port: int = Field(ge=1, le=65535)
+    protocol: Literal["tcp", "udp"] = "tcp"
+    # Explicit sources only: an open port "from anywhere" should be a visible choice (0.0.0.0/0).
+    sources: list[ipaddress.IPv4Network] = Field(min_length=1)
+    description: str = "extra rule from the inventory"
+
+
+class FirewallConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # False keeps the table (same rules, so a plan shows what would be filtered) but with an
+    # accept policy: for a fleet whose admin networks are not known yet. Validation refuses
+    # enabled without networks.admin, since the controller would lock itself out.
+    enabled: bool = True
+    # Extra ports per group or host (e.g. a NodePort range's ingress, a CNI's VXLAN port);
+    # host vars replace the group's list, as every role setting does.
+    extra_rules: list[ExtraRule] = Field(default_factory=list)
+    # Log dropped packets (rate-limited): useful while bringing a cluster up, noisy after.
+    log_drops: bool = False

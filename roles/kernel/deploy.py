@@ -1,0 +1,97 @@
+"""The kernel role: sysctls, modules, kernel command line, swap, CPU governor, transparent huge
+pages, resource limits and an optional pinned kernel, with "reboot required" where it matters."""
+
+from __future__ import annotations
+
+from pyinfra.api import deploy
+from pyinfra.operations import server, systemd
+
+from roles.kernel import files as kernel_files
+from roles.kernel.files import (
+    GOVERNOR_UNIT,
+    GRUB_FILE,
+    MODULES_FILE,
+    SYSCTL_FILE,
+    SYSTEMD_LIMITS_FILE,
+    THP_UNIT,
+    host_modules,
+    kernel_settings,
+)
+from roles.kernel.operations import (
+    grub_updated,
+    kernel_package_held,
+    modules_loaded,
+    swap_off,
+    swap_out_of_fstab,
+    sysctls_live,
+    sysfs_setting,
+    units_enabled,
+)
+from roles.operations import put_file, reboot_required
+from roles.render import HostContext
+
+GOVERNOR_FILES = "/sys/devices/system/cpu/cpu*/cpufreq/scaling_governor"
+THP_FILES = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+
+@deploy("Kernel")
+def apply(ctx: HostContext) -> None:
+    cfg = kernel_settings(ctx)
+    written = {f.path: put_file(f) for f in kernel_files.managed_files(ctx)}
+    # Modules first: br_netfilter provides the net.bridge sysctls set below.
+    modules_loaded(name="Load kernel modules", modules=host_modules(ctx), persisted_in=MODULES_FILE)
+    sysctls_live(
+        name="Apply sysctls",
+        values=cfg.effective_sysctls(),
+        persisted_in=f"persisted in {SYSCTL_FILE}",
+    )
+    swap_off(name="Turn swap off")
+    swap_out_of_fstab(name="Keep swap off after reboot")
+
+    grub = written[GRUB_FILE]
+    grub_updated(name="Update GRUB for the kernel command line", _if=grub.did_change)
+    reboot_required(
+        name="Require a reboot for the kernel command line",
+        reason="gpuinfra-kernel-cmdline",
+        _if=grub.did_change,
+    )
+    kernel_package_held(
+        name="Install and hold the pinned kernel",
+        package=cfg.kernel_package,
+        version=cfg.kernel_version,
+    )
+
+    units = [GOVERNOR_UNIT, THP_UNIT]
+    systemd.daemon_reload(
+        name="Reload systemd for new units",
+        _if=[lambda: any(written[f"/etc/systemd/system/{u}"].did_change() for u in units)],
+    )
+    units_enabled(name="Enable the boot-time CPU governor and THP units", units=units)
+    sysfs_setting(
+        name="Set the CPU governor",
+        pattern=GOVERNOR_FILES,
+        value=cfg.cpu_governor,
+        what="CPU governor",
+        persisted_by=GOVERNOR_UNIT,
+    )
+    sysfs_setting(
+        name="Set transparent huge pages",
+        pattern=THP_FILES,
+        value=cfg.transparent_hugepages,
+        what="transparent huge pages",
+        persisted_by=THP_UNIT,
+    )
+    # New default limits reach services started after the manager re-executes.
+    server.shell(
+        name="Re-execute systemd for new default limits",
+        commands=["systemctl daemon-reexec"],
+        _if=written[SYSTEMD_LIMITS_FILE].did_change,
+    )
+    server.shell(
+        name="Check systemd's default limits",
+        commands=[
+            "systemctl show --property=DefaultLimitNOFILE "
+            f"| grep -qx 'DefaultLimitNOFILE={cfg.nofile}'"
+        ],
+        _if=written[SYSTEMD_LIMITS_FILE].did_change,
+    )

@@ -1,0 +1,107 @@
+"""Rolling reboots of hosts that wait for one (/run/reboot-required): reboot a batch, wait for
+SSH and for systemd to finish booting, clear the flag, then go on to the next batch."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from inventory.model import LoadedCluster
+from roles.operations import REBOOT_FLAG
+from roles.ssh import ssh_argv
+
+# /run is a tmpfs on every systemd host (lab hosts included): a marker there is gone exactly
+# when the host booted again. A boot id would not do: lab hosts share the machine's kernel.
+BOOT_MARKER = "/run/gpuinfra-reboot-pending"
+# `systemctl is-system-running`: booted is "running", or "degraded" (a failed unit, still up).
+BOOTED_STATES = ("running", "degraded")
+
+Runner = Callable[[list[str], float], subprocess.CompletedProcess[str]]
+
+
+@dataclass
+class RebootOutcome:
+    host: str
+    ok: bool
+    seconds: float
+    error: str | None = None
+
+
+def _run(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        )
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(argv, 124, "", "timed out")
+
+
+@dataclass
+class Rebooter:
+    """Reboots hosts of one cluster over SSH (host keys checked, like every other connection)."""
+
+    loaded: LoadedCluster
+    timeout: float = 600.0  # per host: from `systemctl reboot` to booted
+    poll: float = 2.0
+    run: Runner = _run
+    sleep: Callable[[float], None] = time.sleep
+    clock: Callable[[], float] = time.monotonic
+
+    def ssh(self, host: str, command: str, timeout: float = 30) -> subprocess.CompletedProcess:
+        return self.run([*ssh_argv(self.loaded, host), command], timeout)
+
+    def reboot(self, host: str) -> RebootOutcome:
+        started = self.clock()
+        marked = self.ssh(host, f"touch {BOOT_MARKER}")
+        if marked.returncode != 0:
+            return RebootOutcome(host, False, 0.0, f"before reboot: {marked.stderr.strip()}")
+        # The connection drops while the host goes down: its exit status means nothing.
+        self.ssh(host, "systemctl reboot", timeout=30)
+        deadline = started + self.timeout
+        state = "unreachable"
+        while self.clock() < deadline:
+            self.sleep(self.poll)
+            probe = self.ssh(
+                host,
+                f"test -e {BOOT_MARKER} && echo pending || systemctl is-system-running",
+                timeout=15,
+            )
+            if probe.returncode == 255:  # ssh itself failed: still down
+                state = "unreachable"
+                continue
+            state = probe.stdout.strip() or "unknown"
+            if state in BOOTED_STATES:
+                cleared = self.ssh(host, f"rm -f {REBOOT_FLAG} {REBOOT_FLAG}.pkgs")
+                if cleared.returncode != 0:
+                    return RebootOutcome(
+                        host, False, self.clock() - started, cleared.stderr.strip()
+                    )
+                return RebootOutcome(host, True, self.clock() - started)
+        return RebootOutcome(
+            host,
+            False,
+            self.clock() - started,
+            f"not back within {self.timeout:g} s (last state: {state})",
+        )
+
+    def rolling(
+        self,
+        batches: list[list[str]],
+        progress: Callable[[str], None] | None = None,
+    ) -> list[RebootOutcome]:
+        """Reboot batch after batch; a host that does not come back stops the rollout, so a
+        bad kernel or command line never takes down more than one batch."""
+        outcomes: list[RebootOutcome] = []
+        for batch in batches:
+            with ThreadPoolExecutor(max_workers=len(batch)) as pool:
+                done = list(pool.map(self.reboot, batch))
+            outcomes += done
+            if progress:
+                for outcome in done:
+                    progress(f"rebooted {outcome.host}" if outcome.ok else outcome.error or "")
+            if not all(outcome.ok for outcome in done):
+                break
+        return outcomes

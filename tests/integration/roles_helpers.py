@@ -1,0 +1,47 @@
+"""Shared steps of the role integration tests: run the CLI, apply roles, read pending changes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+GPUINFRA = str(Path(sys.executable).parent / "gpuinfra")
+
+
+def gpuinfra(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [GPUINFRA, *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+    )
+
+
+def apply_roles(inventory: Path, roles: str, *extra: str) -> dict:
+    arguments = ["apply", str(inventory), "--roles", roles, "--yes", "--format", "json", *extra]
+    result = gpuinfra(*arguments)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-3000:]
+    return json.loads(result.stdout)
+
+
+def pending(report: dict) -> dict[str, list[str]]:
+    """Host -> names of the operations a plan or drift report says would change something."""
+    return {
+        name: [op["name"] for op in host["operations"] if op["changed"]]
+        for name, host in report["hosts"].items()
+        if any(op["changed"] for op in host["operations"])
+    }
+
+
+def probe_tcp(lab, host: str, address: str, port: int, timeout: float = 3) -> str:
+    """Connect from `host` and say what came back: "open" (a listener answered), "refused" (an
+    RST: the packet reached the kernel, the firewall let it through, nothing listens) or
+    "timeout" (no answer at all: the firewall dropped it)."""
+    script = (
+        "import socket,sys\n"
+        "s=socket.socket(); s.settimeout(float(sys.argv[3]))\n"
+        "try:\n s.connect((sys.argv[1], int(sys.argv[2]))); print('open')\n"
+        "except ConnectionRefusedError: print('refused')\n"
+        "except (TimeoutError, socket.timeout): print('timeout')\n"
+    )
+    command = f'python3 -c "{script}" {address} {port} {timeout}'
+    return lab.ssh(host, command).stdout.strip()

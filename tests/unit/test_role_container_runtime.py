@@ -1,0 +1,153 @@
+"""The container_runtime role offline: which hosts get it, what each source installs, and
+that containerd's TOML and Docker's JSON carry the settings kubelet depends on."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
+from inventory.loader import load
+from roles.container_runtime.files import runtime_packages
+from roles.container_runtime.operations import KeyFingerprints, fetch_key_commands
+from roles.render import host_contexts, host_files
+from tests.unit.conftest import SAMPLE
+
+runner = CliRunner()
+
+
+def files_of(loaded, host: str) -> dict[str, str]:
+    ctx = next(c for c in host_contexts(loaded) if c.name == host)
+    return {f.path: f.content for f in host_files(ctx) if f.role == "container_runtime"}
+
+
+def test_only_kubernetes_nodes_get_a_runtime():
+    loaded = load(SAMPLE)
+    with_runtime = {ctx.name for ctx in host_contexts(loaded) if files_of(loaded, ctx.name)}
+    nodes = {
+        name
+        for name, host in loaded.cluster.hosts.items()
+        if {"control_plane", "gpu_worker", "cpu_worker"} & set(host.groups)
+    }
+    assert with_runtime == nodes
+    assert not files_of(loaded, "etcd-1")
+
+
+def test_containerd_uses_systemd_cgroups_and_the_pinned_pause_image():
+    config = tomllib.loads(files_of(load(SAMPLE), "gpu-1")["/etc/containerd/config.toml"])
+    cri = config["plugins"]["io.containerd.grpc.v1.cri"]
+    assert config["version"] == 2
+    assert cri["sandbox_image"] == "registry.k8s.io/pause:3.10"
+    runc = cri["containerd"]["runtimes"]["runc"]
+    assert runc["options"]["SystemdCgroup"] is True
+
+
+def test_docker_rotates_logs_restores_live_and_uses_systemd_cgroups():
+    daemon = json.loads(files_of(load(SAMPLE), "gpu-1")["/etc/docker/daemon.json"])
+    assert daemon["exec-opts"] == ["native.cgroupdriver=systemd"]
+    assert daemon["live-restore"] is True
+    assert daemon["log-driver"] == "json-file"
+    assert daemon["log-opts"] == {"max-size": "100m", "max-file": "5"}
+    assert daemon["data-root"] == "/var/lib/docker"
+
+
+def test_mirrors_and_data_root_come_from_the_inventory(small_cluster, write_cluster):
+    small_cluster["group_vars"] = {
+        "all": {
+            "container_runtime": {
+                "registry_mirrors": {
+                    "docker.io": ["https://mirror.example:5000"],
+                    "registry.k8s.io": ["https://k8s-mirror.example"],
+                },
+                "data_root": "/data/docker",
+            }
+        }
+    }
+    files = files_of(load(write_cluster(small_cluster)), "cpu-1")
+    config = tomllib.loads(files["/etc/containerd/config.toml"])
+    mirrors = config["plugins"]["io.containerd.grpc.v1.cri"]["registry"]["mirrors"]
+    assert mirrors["docker.io"]["endpoint"] == ["https://mirror.example:5000"]
+    assert mirrors["registry.k8s.io"]["endpoint"] == ["https://k8s-mirror.example"]
+    daemon = json.loads(files["/etc/docker/daemon.json"])
+    assert daemon["registry-mirrors"] == ["https://mirror.example:5000"]
+    assert daemon["data-root"] == "/data/docker"
+
+
+def test_docker_source_on_ubuntu_pins_dockers_packages_and_key():
+    files = files_of(load(SAMPLE), "cpu-1")
+    sources = files["/etc/apt/sources.list.d/docker.sources"]
+    assert "URIs: https://download.docker.com/linux/ubuntu" in sources
+    assert "Suites: jammy" in sources
+    assert "Signed-By: /etc/apt/keyrings/docker.asc" in sources
+    assert "Enabled: yes" in sources
+    pins = files["/etc/apt/preferences.d/gpuinfra-container-runtime"]
+    assert "Package: docker-ce\nPin: version 5:26.1.5*\nPin-Priority: 1001" in pins
+    assert "Package: containerd.io\nPin: version 1.7.24*" in pins
+
+
+def test_distribution_source_on_debian_13_uses_debians_packages(small_cluster, write_cluster):
+    small_cluster["group_vars"] = {"all": {"container_runtime": {"source": "distribution"}}}
+    files = files_of(load(write_cluster(small_cluster)), "cpu-1")
+    assert "Enabled: no" in files["/etc/apt/sources.list.d/docker.sources"]
+    pins = files["/etc/apt/preferences.d/gpuinfra-container-runtime"]
+    for package, version in [
+        ("docker.io", "26.1.5"),
+        ("docker-cli", "26.1.5"),
+        ("containerd", "1.7.24"),
+    ]:
+        assert f"Package: {package}\nPin: version {version}*" in pins
+    assert set(runtime_packages("distribution", "ubuntu-24.04")) == {"docker.io", "containerd"}
+
+
+def test_the_key_is_checked_against_its_fingerprint_before_it_is_moved_in():
+    commands = fetch_key_commands("https://x/gpg", "ABCD", "/etc/apt/keyrings/docker.asc")
+    check = next(i for i, c in enumerate(commands) if "grep -qix ABCD" in c)
+    move = next(i for i, c in enumerate(commands) if c.endswith("/etc/apt/keyrings/docker.asc"))
+    assert check < move
+    assert "rm -f /etc/apt/keyrings/docker.asc.new" in commands[check]
+    assert KeyFingerprints().process(["9dc858229fc7dd38854ae2d88d81803c0ebfcd88"]) == [
+        "9DC858229FC7DD38854AE2D88D81803C0EBFCD88"
+    ]
+
+
+def test_config_files_are_validated_before_they_go_live():
+    ctx = next(c for c in host_contexts(load(SAMPLE)) if c.name == "cpu-1")
+    checks = {f.path: f.check for f in host_files(ctx) if f.role == "container_runtime"}
+    assert checks["/etc/docker/daemon.json"] == "dockerd --validate --config-file {path}"
+    assert "containerd --config {path} config dump" in checks["/etc/containerd/config.toml"]
+
+
+@pytest.mark.parametrize(
+    ("setting", "key"),
+    [
+        ({"source": "snap"}, "group_vars.all.container_runtime.source"),
+        ({"log_max_files": 3}, "group_vars.all.container_runtime.log_max_files: unknown key"),
+    ],
+)
+def test_bad_runtime_settings_name_the_key(small_cluster, write_cluster, setting, key):
+    small_cluster["group_vars"] = {"all": {"container_runtime": setting}}
+    result = runner.invoke(app, ["inventory", "validate", str(write_cluster(small_cluster))])
+    assert result.exit_code == 2
+    assert key in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ({"registry_mirrors": {"docker.io": ["::bad"]}}, "is not an http(s) URL"),
+        ({"log_max_size": "lots"}, "log_max_size"),
+        ({"data_root": "relative/docker"}, "data_root"),
+    ],
+)
+def test_values_dockerd_validate_lets_through_are_refused(
+    small_cluster, write_cluster, setting, message
+):
+    """`dockerd --validate` (Docker 26) checks only the JSON's types; these would pass it and
+    then keep dockerd from starting."""
+    small_cluster["hosts"]["cpu-1"]["vars"] = {"container_runtime": setting}
+    result = runner.invoke(app, ["inventory", "validate", str(write_cluster(small_cluster))])
+    assert result.exit_code == 2
+    assert message in result.stderr

@@ -15,6 +15,8 @@ help:
 	@echo "make lint     ruff check and format check"
 	@echo "make render   render the sample cluster's files into build/render"
 	@echo "make lab-down take the demo lab down (LAB=name for another)"
+	@echo "make bench    benchmarks on lab hosts into docs/benchmarks (BENCH_SIZES, BENCH_REPEATS)"
+	@echo "make bench-quick  the benchmark harness end to end: 10 hosts, one run per engine"
 
 install: $(VENV)/.installed
 
@@ -57,3 +59,18 @@ lab-down: install
 
 clean:
 	rm -rf build .pytest_cache .ruff_cache
+
+# Benchmarks (docs/benchmarks/README.md): one lab at a time, each taken down after its suite.
+# BENCH_SIZES="100" reruns one size; results merge into docs/benchmarks/results.json.
+BENCH_SIZES ?= 10 50 100 200
+BENCH_REPEATS ?= 3
+BENCH_SUITES ?= bootstrap,drift
+BENCH_ARGS ?=
+.PHONY: bench bench-quick
+bench: install
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	$(BIN)/python -m benchmarks --sizes "$(BENCH_SIZES)" --repeats $(BENCH_REPEATS) --suites $(BENCH_SUITES) $(BENCH_ARGS)
+
+bench-quick: install
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	$(BIN)/python -m benchmarks --quick --out build/bench/quick

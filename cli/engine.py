@@ -28,6 +28,13 @@ RolesOpt = Annotated[str | None, typer.Option("--roles", help="Role names, comma
 ParallelOpt = Annotated[
     int | None, typer.Option("--parallel", min=1, help="Hosts worked on at once [default: all].")
 ]
+ShardOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--shard",
+        help="I/N: only shard I (0-based) of N, hosts split by name order; one CI runner each.",
+    ),
+]
 
 
 def plan(
@@ -36,12 +43,13 @@ def plan(
     roles: RolesOpt = None,
     diff: Annotated[bool, typer.Option("--diff", help="Show unified diffs of files.")] = False,
     parallel: ParallelOpt = None,
+    shard: ShardOpt = None,
     output: FormatOpt = OutputFormat.table,
 ) -> None:
     """Show what apply would change, per host and operation; changes nothing."""
     from roles.runner import Mode
 
-    report = _run(cluster, Mode.plan, limit, roles, parallel, output)
+    report = _run(cluster, Mode.plan, limit, roles, parallel, output, shard=shard)
     _emit(report, output, show_diff=diff)
     raise typer.Exit(_exit_code(report))
 
@@ -99,12 +107,13 @@ def drift(
     limit: LimitOpt = None,
     roles: RolesOpt = None,
     parallel: ParallelOpt = None,
+    shard: ShardOpt = None,
     output: FormatOpt = OutputFormat.table,
 ) -> None:
     """The CI check: exit 0 clean, 3 drift, 4 unreachable, 1 error; never changes a host."""
     from roles.runner import Mode
 
-    report = _run(cluster, Mode.drift, limit, roles, parallel, output)
+    report = _run(cluster, Mode.drift, limit, roles, parallel, output, shard=shard)
     if report_path:
         report_path.parent.mkdir(parents=True, exist_ok=True)
         report_path.write_text(json.dumps(asdict(report), indent=2))
@@ -118,7 +127,20 @@ def _split(value: str | None) -> tuple[str, ...]:
     return tuple(v.strip() for v in value.split(",") if v.strip()) if value else ()
 
 
-def _run(cluster, mode, limit, roles, parallel, output, batch=None, fail_percent=None):
+def parse_shard(value: str | None) -> tuple[int, int] | None:
+    """ "I/N" with 0 <= I < N; a clear error otherwise."""
+    if value is None:
+        return None
+    index, _, count = value.partition("/")
+    if not (index.strip().isdigit() and count.strip().isdigit()):
+        raise UserError(f"--shard: expected I/N, e.g. 0/4 (got {value!r})")
+    shard = int(index), int(count)
+    if not 0 <= shard[0] < shard[1]:
+        raise UserError(f"--shard: index must be in 0..N-1 (got {value!r})")
+    return shard
+
+
+def _run(cluster, mode, limit, roles, parallel, output, batch=None, fail_percent=None, shard=None):
     from roles.phases import PHASES
     from roles.runner import RunOptions, run, select_hosts
 
@@ -133,6 +155,7 @@ def _run(cluster, mode, limit, roles, parallel, output, batch=None, fail_percent
             )
         if limit and not select_hosts(loaded, _split(limit)):
             raise UserError(f"--limit: {limit} matches no host or group of {loaded.source}")
+        shard_index = parse_shard(shard)
     options = RunOptions(
         mode=mode,
         limit=_split(limit),
@@ -140,6 +163,7 @@ def _run(cluster, mode, limit, roles, parallel, output, batch=None, fail_percent
         parallel=parallel,
         batch=batch,
         fail_percent=fail_percent,
+        shard=shard_index,
     )
     if output is OutputFormat.json or not console.is_terminal:
         return run(loaded, options)

@@ -10,7 +10,8 @@ from io import StringIO
 from pyinfra import host
 from pyinfra.api import FileUploadCommand, operation
 from pyinfra.api.operation import OperationMeta
-from pyinfra.facts.files import File, Sha1File
+from pyinfra.facts.deb import DebPackages
+from pyinfra.facts.files import Directory, File, Sha1File
 from pyinfra.facts.server import Hostname
 from pyinfra.operations import files
 
@@ -44,6 +45,18 @@ def put_file(managed: ManagedFile) -> OperationMeta:
     )
     _remember(meta, managed)
     return meta
+
+
+def prefetch_requests(managed: list[ManagedFile]) -> list[tuple[type, dict]]:
+    """The facts `put_file` (through pyinfra's `files.put` or `put_checked`), `service_running`
+    and `apt.packages` ask for on a host with these files: the runner fetches them in one
+    command per host (roles/factcache.py). A fact missing here is only fetched on its own."""
+    requests: list[tuple[type, dict]] = [(Container, {}), (DebPackages, {}), (Hostname, {})]
+    for f in managed:
+        requests += [(File, {"path": f.path}), (Sha1File, {"path": f.path})]
+        if f.check is None:  # files.put checks the directory it may create
+            requests.append((Directory, {"path": posixpath.dirname(f.path)}))
+    return requests
 
 
 def _remember(meta: OperationMeta, managed: ManagedFile) -> None:

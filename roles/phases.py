@@ -12,6 +12,7 @@ from roles.container_runtime import deploy as container_runtime_deploy
 from roles.container_runtime import files as container_runtime_files
 from roles.dns import deploy as dns_deploy
 from roles.dns import files as dns_files
+from roles.drift_job import files as drift_job_files
 from roles.etcd import deploy as etcd_deploy
 from roles.etcd import files as etcd_files
 from roles.firewall import deploy as firewall_deploy
@@ -77,4 +78,5 @@ PHASES: list[Phase] = [
 CLUSTER_FILES: list[Callable[[LoadedCluster], dict[str, str]]] = [
     gpu_health_files.cluster_files,
     monitoring_files.cluster_files,
+    drift_job_files.cluster_files,
 ]

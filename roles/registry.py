@@ -7,6 +7,7 @@ from pydantic import BaseModel
 from roles.base.config import BaseConfig
 from roles.container_runtime.config import ContainerRuntimeConfig
 from roles.dns.config import DnsConfig
+from roles.drift_job.config import DriftJobConfig
 from roles.etcd.config import EtcdConfig
 from roles.firewall.config import FirewallConfig
 from roles.gpu_health.config import GpuHealthConfig
@@ -24,4 +25,5 @@ ROLE_CONFIGS: dict[str, type[BaseModel]] = {
     "dns": DnsConfig,
     "loadbalancer": LoadBalancerConfig,
     "monitoring": MonitoringConfig,
+    "drift_job": DriftJobConfig,
 }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import gevent
 from pyinfra.api import BaseStateCallback, Config, Inventory, State
+from pyinfra.api import arguments as _arguments
 from pyinfra.api.connect import connect_all, disconnect_all
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.operation import OperationMeta
@@ -22,7 +24,9 @@ from pyinfra.context import ctx_host, ctx_state
 from pyinfra.facts.files import FileContents
 
 from inventory.model import LoadedCluster
+from roles.factcache import prepare_cache
 from roles.facts import RebootRequired
+from roles.operations import prefetch_requests
 from roles.phases import PHASES, Phase
 from roles.render import HostContext, ManagedFile, host_contexts
 
@@ -92,6 +96,7 @@ class RunOptions:
     batch: str | None = None  # apply in rolling batches: "N" hosts or "P%"
     fail_percent: float | None = None  # stop a batched run past this share of failed hosts
     connect_timeout: int = 10
+    shard: tuple[int, int] | None = None  # (index, count): check only this share of the hosts
 
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
@@ -107,6 +112,17 @@ def select_hosts(loaded: LoadedCluster, limit: Iterable[str]) -> list[str]:
         for name, host in loaded.cluster.hosts.items()
         if name in wanted or wanted.intersection(host.groups)
     ]
+
+
+def shard_hosts(hosts: list[str], index: int, count: int) -> list[str]:
+    """Shard `index` of `count` (0-based, as a Kubernetes Indexed Job numbers its pods): the
+    hosts whose position in name order is `index` modulo `count`. Every host falls in exactly
+    one shard, shards differ in size by one host at most, and the split depends only on the
+    host names, so runners that each take one index check the whole fleet once."""
+    if not 0 <= index < count:
+        raise ValueError(f"shard index {index} is not in 0..{count - 1}")
+    mine = set(sorted(hosts)[index::count])
+    return [name for name in hosts if name in mine]
 
 
 def select_phases(roles: Iterable[str]) -> list[Phase]:
@@ -128,9 +144,16 @@ def run(loaded: LoadedCluster, options: RunOptions, progress: Progress | None = 
     started = time.monotonic()
     report = RunReport(cluster=loaded.cluster.name, mode=options.mode)
     hosts = select_hosts(loaded, options.limit)
+    if options.shard:
+        selected = len(hosts)
+        hosts = shard_hosts(hosts, *options.shard)
+        index, count = options.shard
+        report.notes.append(f"shard {index}/{count}: {len(hosts)} of {selected} hosts")
     phases = select_phases(options.roles)
     contexts = {ctx.name: ctx for ctx in host_contexts(loaded)}
     host_batches = batches(hosts, options.batch if options.mode is Mode.apply else None)
+    if not hosts:  # a shard of more runners than hosts: nothing to check
+        host_batches = []
     for number, batch in enumerate(host_batches, 1):
         _run_batch(loaded, options, [contexts[h] for h in batch], phases, report, progress)
         failed = len(report.with_status(HostStatus.failed, HostStatus.unreachable))
@@ -257,11 +280,15 @@ def _run_batch(
 def _prepare_and_execute(state, options, active, phases, by_name, report, recorder) -> None:
     state.set_stage(StateStage.Prepare)
     op_phase: dict[str, str] = {}
-    for index, phase in enumerate(phases):
+    with prepare_cache(state, active) as caches:
         clock = time.monotonic()
-        targets = [h for h in active if phase.applies_to(by_name[h.name].host.groups)]
-        _prepare_phase(state, phase, index, targets, by_name, op_phase)
-        _add_time(report, f"prepare:{phase.role}", clock)
+        _prefetch(state, caches, phases, by_name)
+        _add_time(report, "prefetch", clock)
+        for index, phase in enumerate(phases):
+            clock = time.monotonic()
+            targets = [h for h in active if phase.applies_to(by_name[h.name].host.groups)]
+            _prepare_phase(state, phase, index, targets, by_name, op_phase)
+            _add_time(report, f"prepare:{phase.role}", clock)
 
     _collect_plan(state, active, op_phase, report)
     if options.mode is not Mode.apply:
@@ -280,6 +307,26 @@ def _prepare_and_execute(state, options, active, phases, by_name, report, record
     _collect_results(state, active, op_phase, recorder, report)
     _read_reboot_required(state, active, report)
     _disconnect(state)
+
+
+def _prefetch(state, caches, phases, by_name) -> None:
+    """One command per host fetching the facts every role's managed files need (see
+    roles/factcache.py): the deploys then find them instead of asking one by one."""
+
+    def prefetch(host, cache) -> None:
+        ctx = by_name[host.name]
+        managed = [
+            f
+            for phase in phases
+            if phase.files is not None and phase.applies_to(ctx.host.groups)
+            for f in phase.files(ctx)
+        ]
+        # Only an optimisation: a host that fails here fails again, and is reported, when its
+        # deploy asks for the same facts one by one.
+        with ctx_host.use(host), contextlib.suppress(Exception):
+            cache.prefetch(prefetch_requests(managed))
+
+    gevent.joinall([state.pool.spawn(prefetch, host, cache) for host, cache in caches.items()])
 
 
 def _prepare_phase(state, phase, index, targets, by_name, op_phase) -> None:
@@ -468,3 +515,7 @@ def _add_time(report: RunReport, key: str, since: float) -> None:
 
 # pyinfra logs each host's errors itself; our report says the same once, so keep it quiet.
 logging.getLogger("pyinfra").setLevel(logging.CRITICAL)
+
+# pyinfra 3.10 calls typing.get_type_hints on its fixed global-arguments TypedDict for every
+# operation and fact request: a third of a no-op drift's CPU time. The answer never changes.
+_arguments.all_global_arguments = functools.cache(_arguments.all_global_arguments)

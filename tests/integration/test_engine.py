@@ -149,3 +149,18 @@ def test_a_config_its_validator_rejects_never_goes_live(converged, tmp_path):
     assert lab.ssh(host, f"sha256sum {dropin}").stdout == before
     assert lab.ssh(host, f"test -e {staged}", check=False).returncode == 1
     assert lab.ssh(host, "sshd -t", check=False).returncode == 0
+
+
+def test_drift_shards_split_the_hosts_and_together_check_all(converged, tmp_path):
+    lab = converged
+    seen: list[str] = []
+    for index in range(3):
+        result = gpuinfra(
+            "drift", str(lab.inventory_path), "--shard", f"{index}/3", "--format", "json"
+        )
+        assert result.returncode == ExitCode.OK, result.stdout[-2000:]
+        report = json.loads(result.stdout)
+        assert {h["status"] for h in report["hosts"].values()} == {"ok"}
+        assert f"shard {index}/3" in " ".join(report["notes"])
+        seen += list(report["hosts"])
+    assert sorted(seen) == sorted(lab.hosts)

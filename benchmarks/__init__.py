@@ -1,0 +1,1 @@
+"""Benchmarks: gpuinfra against raw pyinfra and ansible on lab hosts (`make bench`)."""

@@ -1,0 +1,91 @@
+"""`python -m benchmarks` (what `make bench` runs): run the suites, then write the results.
+
+Results merge into OUT/results.json by suite and size, so one size can be rerun alone; the
+Markdown table and the plots are always rewritten from the whole file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import signal
+import sys
+import time
+from pathlib import Path
+
+from benchmarks import report, suites
+from roles.limits import raise_open_files_limit
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument("--sizes", default="10 50 100 200", help="host counts for drift")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each engine per size")
+    parser.add_argument(
+        "--suites", default="bootstrap,drift", help="comma-separated: bootstrap, drift"
+    )
+    parser.add_argument("--quick", action="store_true", help="10 hosts, one run each, no bootstrap")
+    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
+    parser.add_argument("--work", type=Path, default=Path("build/bench"))
+    parser.add_argument(
+        "--baseline", type=Path, help="another gpuinfra checkout, run as a fourth engine"
+    )
+    parser.add_argument(
+        "--report-only", action="store_true", help="rewrite the table and plots only"
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.sizes, args.repeats, args.suites = "10", 1, "drift"
+    sizes = [int(s) for s in args.sizes.split()]
+    wanted = {s.strip() for s in args.suites.split(",") if s.strip()}
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    results_path = args.out / "results.json"
+    results = json.loads(results_path.read_text()) if results_path.exists() else {}
+    if not args.report_only:
+        if os.geteuid() != 0:
+            print("benchmarks boot lab hosts and need root", file=sys.stderr)
+            return 2
+        raise_open_files_limit()  # inherited by all three engines alike
+        # A stopped run still takes its lab down (the suites' finally blocks).
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+        def log(line: str) -> None:
+            print(f"{time.strftime('%H:%M:%S')} {line}", flush=True)
+
+        results["machine"] = _machine()
+        if "bootstrap" in wanted:
+            results["bootstrap"] = suites.bootstrap(
+                args.repeats, args.work / "bootstrap", log, args.baseline
+            )
+            results_path.write_text(json.dumps(results, indent=2))
+        if "drift" in wanted:
+            drift = results.setdefault("drift", {})
+            for size in sizes:
+                drift[str(size)] = suites.drift_at_scale(
+                    size, args.repeats, args.work / f"drift-{size}", log, args.baseline
+                )
+                results_path.write_text(json.dumps(results, indent=2))
+    report.write(results, args.out)
+    print(f"results: {results_path}, {args.out / 'results.md'}")
+    return 0
+
+
+def _machine() -> dict:
+    import psutil
+
+    return {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpus": os.cpu_count(),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())

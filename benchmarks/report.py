@@ -1,0 +1,300 @@
+"""results.json to results.md (tables, ratios, projection) and PNG plots."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+
+from benchmarks.suites import BASELINE, ENGINES
+
+FLEET = 7500  # the fleet size the projection is for
+HOSTS_PER_SHARD = 200  # the largest lab measured: a shard never goes past measured ground
+TARGET_PYINFRA_RATIO = 1.5
+TARGET_ANSIBLE_SPEEDUP = 10
+TARGET_BOOTSTRAP_SECONDS = 300
+TARGET_NOOP_APPLY_SECONDS = 15
+
+
+def summarize(entry: dict) -> dict:
+    """Per engine: median/min wall time, median CPU and peak memory; ratios paired by round
+    (runs of one round are seconds apart, so the machine's load is most alike)."""
+    runs = entry["runs"]
+    engines: dict[str, dict] = {}
+    for engine in (*ENGINES, BASELINE):
+        mine = [r for r in runs if r["engine"] == engine]
+        if not mine:
+            continue
+        engines[engine] = {
+            "runs": len(mine),
+            "median_seconds": statistics.median(r["seconds"] for r in mine),
+            "min_seconds": min(r["seconds"] for r in mine),
+            "median_cpu_seconds": statistics.median(r["cpu_seconds"] for r in mine),
+            "peak_tree_mib": statistics.median(r["peak_tree_mib"] for r in mine),
+            "max_process_mib": statistics.median(r["max_process_mib"] for r in mine),
+            "all_noop": all(r["returncode"] == 0 and r["changes"] == 0 for r in mine),
+            "median_load": statistics.median(r["load_before"] for r in mine),
+            "median_parallelism": _median_or_none([r.get("parallelism") for r in mine]),
+        }
+    ratios = {}
+    rounds = [runs[i : i + len(engines)] for i in range(0, len(runs), len(engines))]
+
+    def paired(numerator: str, denominator: str) -> float | None:
+        values = []
+        for batch in rounds:
+            by = {r["engine"]: r["seconds"] for r in batch}
+            if numerator in by and denominator in by and by[denominator] > 0:
+                values.append(by[numerator] / by[denominator])
+        return round(statistics.median(values), 2) if values else None
+
+    ratios["gpuinfra_over_pyinfra"] = paired("gpuinfra", "pyinfra")
+    ratios["ansible_over_gpuinfra"] = paired("ansible", "gpuinfra")
+    if BASELINE in engines:
+        ratios["baseline_over_gpuinfra"] = paired(BASELINE, "gpuinfra")
+    return {"engines": engines, "ratios": ratios}
+
+
+def _median_or_none(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def _fit(points: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """Least-squares line y = a + b x."""
+    if len(points) < 2:
+        return None
+    xs, ys = zip(*points, strict=True)
+    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    if spread == 0:
+        return None
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread
+    return mean_y - slope * mean_x, slope
+
+
+def projection(drift: dict[str, dict]) -> dict | None:
+    """gpuinfra drift's per-host marginal cost, fitted over the measured sizes, projected to
+    the fleet: in one process, and split into shards of at most HOSTS_PER_SHARD hosts."""
+    rows = []
+    for entry in drift.values():
+        gpuinfra = summarize(entry)["engines"].get("gpuinfra")
+        if gpuinfra:
+            rows.append((entry["hosts"], gpuinfra))
+    wall = _fit([(n, e["median_seconds"]) for n, e in rows])
+    cpu = _fit([(n, e["median_cpu_seconds"]) for n, e in rows])
+    memory = _fit([(n, e["peak_tree_mib"]) for n, e in rows])
+    if not (wall and cpu and memory):
+        return None
+    shards = math.ceil(FLEET / HOSTS_PER_SHARD)
+    per_shard = math.ceil(FLEET / shards)
+    return {
+        "fleet": FLEET,
+        "sizes": sorted(n for n, _ in rows),
+        "wall_fixed_seconds": round(wall[0], 2),
+        "wall_per_host_seconds": round(wall[1], 4),
+        "cpu_fixed_seconds": round(cpu[0], 2),
+        "cpu_per_host_seconds": round(cpu[1], 4),
+        "memory_fixed_mib": round(memory[0], 1),
+        "memory_per_host_mib": round(memory[1], 3),
+        "one_process_seconds": round(wall[0] + wall[1] * FLEET),
+        "one_process_cpu_seconds": round(cpu[0] + cpu[1] * FLEET),
+        "one_process_mib": round(memory[0] + memory[1] * FLEET),
+        "shards": shards,
+        "hosts_per_shard": per_shard,
+        "shard_seconds": round(wall[0] + wall[1] * per_shard, 1),
+        "shard_mib": round(memory[0] + memory[1] * per_shard),
+        "parallelism": {n: e["median_parallelism"] for n, e in rows if e["median_parallelism"]},
+    }
+
+
+def _fmt(value: float | None, unit: str = "", digits: int = 1) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}{unit}"
+
+
+def _status(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("met" if ok else "not met")
+
+
+def markdown(results: dict) -> str:
+    machine = results.get("machine", {})
+    lines = [
+        "# Benchmark results",
+        "",
+        "Written by `make bench` (`python -m benchmarks`); method and caveats in `README.md`.",
+        f"Machine: {machine.get('cpus', '?')} CPUs, {machine.get('memory_gib', '?')} GiB, "
+        f"kernel {machine.get('kernel', '?')}, run {machine.get('date', '?')}; the lab's hosts "
+        "run on the same machine as the controller.",
+        "",
+    ]
+    drift = results.get("drift", {})
+    bootstrap = results.get("bootstrap")
+    entries = ([("default lab", bootstrap)] if bootstrap else []) + [
+        (f"{entry['hosts']} hosts", entry)
+        for entry in sorted(drift.values(), key=lambda e: e["hosts"])
+    ]
+    targets: list[str] = []
+    if entries:
+        lines += [
+            "## No-op drift check: gpuinfra drift, raw pyinfra --dry, ansible-playbook --check",
+            "",
+            "Median of the runs (wall seconds, CPU seconds of the controller's process tree, "
+            "peak memory of that tree); ratios are medians of the per-round ratios. "
+            "Load: the machine's 1-minute load average when the runs started (2 CPUs).",
+            "",
+            "| lab | engine | runs | wall s (min) | CPU s | peak MiB (largest process) | "
+            "no-op | load |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for label, entry in entries:
+            summary = summarize(entry)
+            for engine, e in summary["engines"].items():
+                lines.append(
+                    f"| {label} | {engine} | {e['runs']} | {e['median_seconds']:.2f} "
+                    f"({e['min_seconds']:.2f}) | {e['median_cpu_seconds']:.2f} | "
+                    f"{e['peak_tree_mib']:.0f} ({e['max_process_mib']:.0f}) | "
+                    f"{'yes' if e['all_noop'] else 'NO'} | {e['median_load']:.1f} |"
+                )
+        lines += [
+            "",
+            "| lab | hosts | operations per host (same state) | gpuinfra / pyinfra | "
+            f"ansible / gpuinfra | {BASELINE} / gpuinfra |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        for label, entry in entries:
+            ratios = summarize(entry)["ratios"]
+            lines.append(
+                f"| {label} | {entry['hosts']} | {entry['operations_per_host']['same_state']} | "
+                f"{_fmt(ratios['gpuinfra_over_pyinfra'], 'x', 2)} | "
+                f"{_fmt(ratios['ansible_over_gpuinfra'], 'x', 1)} | "
+                f"{_fmt(ratios.get('baseline_over_gpuinfra'), 'x', 2)} |"
+            )
+        lines.append("")
+        at_100 = drift.get("100")
+        largest = max(drift.values(), key=lambda e: e["hosts"]) if drift else None
+        ref = at_100 or largest
+        if ref:
+            ratios = summarize(ref)["ratios"]
+            py, an = ratios["gpuinfra_over_pyinfra"], ratios["ansible_over_gpuinfra"]
+            targets += [
+                f"| gpuinfra drift within {TARGET_PYINFRA_RATIO}x of raw pyinfra "
+                f"({ref['hosts']} hosts) | {_fmt(py, 'x', 2)} | "
+                f"{_status(None if py is None else py <= TARGET_PYINFRA_RATIO)} |",
+                f"| at least {TARGET_ANSIBLE_SPEEDUP}x faster than ansible-playbook --check "
+                f"({ref['hosts']} hosts) | {_fmt(an, 'x', 1)} | "
+                f"{_status(None if an is None else an >= TARGET_ANSIBLE_SPEEDUP)} |",
+            ]
+    if bootstrap:
+        phases = bootstrap["apply_phase_seconds"]
+        lines += [
+            "## Bootstrap of the default lab from bare hosts",
+            "",
+            f"`lab up` {bootstrap['lab_up_seconds']:.1f} s; first `gpuinfra apply` "
+            f"{bootstrap['apply_seconds']:.1f} s (the command; its report says "
+            f"{bootstrap['apply_report_seconds']:.1f} s); a second, no-op apply "
+            f"{bootstrap['noop_apply_seconds']:.1f} s (report "
+            f"{bootstrap['noop_apply_report_seconds']:.1f} s; hosts not ok: "
+            f"{bootstrap['noop_apply_hosts_not_ok'] or 'none'}).",
+            "",
+            "| phase | first apply s | no-op apply s |",
+            "| --- | --- | --- |",
+        ]
+        for key, seconds in phases.items():
+            noop = bootstrap["noop_apply_phase_seconds"].get(key)
+            lines.append(f"| {key} | {seconds:.1f} | {_fmt(noop)} |")
+        lines.append("")
+        targets += [
+            f"| default lab bootstrap under {TARGET_BOOTSTRAP_SECONDS} s | "
+            f"{bootstrap['apply_seconds']:.1f} s | "
+            f"{_status(bootstrap['apply_seconds'] < TARGET_BOOTSTRAP_SECONDS)} |",
+            f"| no-op apply under {TARGET_NOOP_APPLY_SECONDS} s | "
+            f"{bootstrap['noop_apply_seconds']:.1f} s | "
+            f"{_status(bootstrap['noop_apply_seconds'] < TARGET_NOOP_APPLY_SECONDS)} |",
+        ]
+    projected = projection(drift)
+    if projected:
+        p = projected
+        lines += [
+            f"## Projection to {p['fleet']} hosts",
+            "",
+            f"Linear fits of gpuinfra drift's median figures over {p['sizes']} hosts: wall "
+            f"{p['wall_fixed_seconds']} s + {p['wall_per_host_seconds']} s per host, CPU "
+            f"{p['cpu_fixed_seconds']} s + {p['cpu_per_host_seconds']} s per host, memory "
+            f"{p['memory_fixed_mib']} MiB + {p['memory_per_host_mib']} MiB per host. "
+            "Parallelism measured (hosts being prepared at once, on average, by size): "
+            f"{p['parallelism'] or 'not recorded in these runs'}. The lab's hosts share the "
+            "controller's CPUs, so the wall-time line is an upper bound for real hosts; the CPU "
+            "line is the controller's own cost.",
+            "",
+            "| how | hosts per process | projected wall s | CPU s per process | MiB |",
+            "| --- | --- | --- | --- | --- |",
+            f"| one process | {p['fleet']} | {p['one_process_seconds']} | "
+            f"{p['one_process_cpu_seconds']} | {p['one_process_mib']} |",
+            f"| `--shard I/{p['shards']}`, {p['shards']} runners in parallel | "
+            f"{p['hosts_per_shard']} | {p['shard_seconds']} | "
+            f"{round(p['cpu_fixed_seconds'] + p['cpu_per_host_seconds'] * p['hosts_per_shard'])}"
+            f" | {p['shard_mib']} |",
+            "",
+        ]
+    if targets:
+        lines += ["## Targets", "", "| target | measured | status |", "| --- | --- | --- |"]
+        lines += targets + [""]
+    return "\n".join(lines)
+
+
+def plots(results: dict, out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written: list[Path] = []
+    drift = sorted(results.get("drift", {}).values(), key=lambda e: e["hosts"])
+    if drift:
+        for metric, label, name in (
+            ("median_seconds", "wall seconds (median)", "drift-wall.png"),
+            ("peak_tree_mib", "controller peak memory, MiB", "drift-memory.png"),
+        ):
+            fig, ax = plt.subplots(figsize=(6, 4))
+            for engine in (*ENGINES, BASELINE):
+                points = [
+                    (e["hosts"], summarize(e)["engines"][engine][metric])
+                    for e in drift
+                    if engine in summarize(e)["engines"]
+                ]
+                if points:
+                    ax.plot(*zip(*points, strict=True), marker="o", label=engine)
+            ax.set_xlabel("hosts")
+            ax.set_ylabel(label)
+            ax.set_title("No-op drift check, same declared state")
+            ax.grid(alpha=0.3)
+            ax.legend()
+            fig.tight_layout()
+            path = out / name
+            fig.savefig(path, dpi=110)
+            plt.close(fig)
+            written.append(path)
+    bootstrap = results.get("bootstrap")
+    if bootstrap:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        phases = bootstrap["apply_phase_seconds"]
+        ax.barh(list(phases), list(phases.values()), label="first apply")
+        noop = [bootstrap["noop_apply_phase_seconds"].get(k, 0) for k in phases]
+        ax.barh(list(phases), noop, label="no-op apply", alpha=0.8)
+        ax.set_xlabel("seconds")
+        ax.set_title(f"Bootstrap of the default lab ({bootstrap['hosts']} hosts)")
+        ax.invert_yaxis()
+        ax.legend()
+        fig.tight_layout()
+        path = out / "bootstrap-phases.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def write(results: dict, out: Path) -> None:
+    import json
+
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / "results.md").write_text(markdown(results))
+    plots(results, out)

@@ -106,3 +106,31 @@ def test_cli_refuses_an_unknown_suite_before_connecting():
     result = CliRunner().invoke(app, ["verify", str(SAMPLE), "--roles", "nosuchrole"])
     assert result.exit_code == ExitCode.BAD_INPUT
     assert "nosuchrole" in result.output
+
+
+def test_suites_with_no_target_in_a_shard_are_deselected_not_skipped():
+    """A process given only etcd-1 runs no load balancer checks: nothing placeholder-skipped."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(SUITES),
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-o",
+            "addopts=",
+            f"--rootdir={REPO}",
+            f"--gpuinfra-inventory={SAMPLE}",
+            "--gpuinfra-hosts=etcd-1",
+        ],  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    collected = [line for line in done.stdout.splitlines() if "::" in line]
+    assert collected and all("[etcd-1" in line for line in collected)
+    assert "deselected" in done.stdout

@@ -122,7 +122,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item
         for item in items
         if "target" in getattr(item, "fixturenames", ())
-        and "target" not in getattr(getattr(item, "callspec", None), "params", {})
+        # An empty parameter set leaves a placeholder, not a host name, in the item's params.
+        and not isinstance(
+            getattr(getattr(item, "callspec", None), "params", {}).get("target"), str
+        )
     ]
     if idle:
         config.hook.pytest_deselected(items=idle)

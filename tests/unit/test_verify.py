@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 from typer.testing import CliRunner
 
@@ -41,29 +42,18 @@ def test_targets_follow_the_phase_groups_and_the_limit():
     ]
 
 
+def collect(suites: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    """Collect (never run) verification suites against the sample inventory."""
+    argv = [sys.executable, "-m", "pytest", str(suites), "--collect-only", "-q",
+            "-p", "no:cacheprovider", "-o", "addopts=", f"--rootdir={REPO}",
+            f"--gpuinfra-inventory={SAMPLE}", *options]  # fmt: skip
+    return subprocess.run(argv, capture_output=True, text=True, cwd=REPO)
+
+
 def test_the_suites_collect_once_per_targeted_host():
     """Collection alone, against the sample inventory: no host is contacted."""
     loaded = load(SAMPLE)
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            str(SUITES / "base"),
-            "--collect-only",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-o",
-            "addopts=",
-            f"--rootdir={REPO}",
-            f"--gpuinfra-inventory={SAMPLE}",
-            "--gpuinfra-limit=etcd",
-        ],  # fmt: skip
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-    )
+    done = collect(SUITES / "base", "--gpuinfra-limit=etcd")
     assert done.returncode == 0, done.stdout + done.stderr
     collected = [line for line in done.stdout.splitlines() if "::" in line]
     hosts = loaded.cluster.in_group("etcd")
@@ -110,26 +100,7 @@ def test_cli_refuses_an_unknown_suite_before_connecting():
 
 def test_suites_with_no_target_in_a_shard_are_deselected_not_skipped():
     """A process given only etcd-1 runs no load balancer checks: nothing placeholder-skipped."""
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            str(SUITES),
-            "--collect-only",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-o",
-            "addopts=",
-            f"--rootdir={REPO}",
-            f"--gpuinfra-inventory={SAMPLE}",
-            "--gpuinfra-hosts=etcd-1",
-        ],  # fmt: skip
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-    )
+    done = collect(SUITES, "--gpuinfra-hosts=etcd-1")
     assert done.returncode == 0, done.stdout + done.stderr
     collected = [line for line in done.stdout.splitlines() if "::" in line]
     assert collected and all("[etcd-1" in line for line in collected)

@@ -11,7 +11,7 @@ from pydantic import BaseModel
 
 from inventory.model import Cluster, Host, LoadedCluster
 from inventory.topology import Topology, build_topology
-from roles.config import role_settings
+from roles.config import Config, role_config, role_settings
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
 CLUSTER_DIR = "_cluster"  # cluster-wide files (Kubernetes manifests) under OUT/_cluster/
@@ -55,6 +55,10 @@ class HostContext:
 
     def settings(self, role: str) -> BaseModel:
         return role_settings(self.cluster, self.name, role)
+
+    def config(self, model: type[Config]) -> Config:
+        """The host's settings of the role whose config model is `model`, typed."""
+        return role_config(self.cluster, self.name, model)
 
 
 @cache

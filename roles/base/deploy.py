@@ -19,8 +19,7 @@ DISTRIBUTION_SOURCES = ("/etc/apt/sources.list.d/debian.sources",
 
 @deploy("Base")
 def apply(ctx: HostContext) -> None:
-    cfg = ctx.settings("base")
-    assert isinstance(cfg, BaseConfig)
+    cfg = ctx.config(BaseConfig)
     written = {f.path: put_file(f) for f in managed_files(ctx)}
     sources_list = files.put(
         name="Point sources.list at the managed sources",

@@ -15,8 +15,7 @@ DISTRIBUTIONS = {
 
 
 def managed_files(ctx: HostContext) -> list[ManagedFile]:
-    cfg = ctx.settings("base")
-    assert isinstance(cfg, BaseConfig)
+    cfg = ctx.config(BaseConfig)
     family, codename, default_mirror = DISTRIBUTIONS[ctx.cluster.os]
     hosts = [
         (str(host.address), ctx.cluster.fqdn(name), name)

@@ -14,9 +14,7 @@ DOCKER_KEY = "/etc/apt/keyrings/docker.asc"
 
 
 def runtime_settings(ctx: HostContext) -> ContainerRuntimeConfig:
-    cfg = ctx.settings("container_runtime")
-    assert isinstance(cfg, ContainerRuntimeConfig)
-    return cfg
+    return ctx.config(ContainerRuntimeConfig)
 
 
 def docker_repository(ctx: HostContext) -> str:

@@ -61,8 +61,7 @@ class RenderedZone:
 
 def render_zone(ctx: HostContext, zone: Zone, today: datetime.date | None = None) -> RenderedZone:
     """The zone file; its serial comes from the digest of everything else in it."""
-    cfg = ctx.settings("dns")
-    assert isinstance(cfg, DnsConfig)
+    cfg = ctx.config(DnsConfig)
     servers = [ctx.topology.dns_primary, *ctx.topology.dns_secondaries]
 
     def text(serial: int) -> str:
@@ -93,8 +92,7 @@ def zone_file(ctx: HostContext, zone: Zone) -> ManagedFile:
 
 def config_files(ctx: HostContext) -> list[ManagedFile]:
     """Transfer key and options, the same shape on every DNS server."""
-    cfg = ctx.settings("dns")
-    assert isinstance(cfg, DnsConfig)
+    cfg = ctx.config(DnsConfig)
     networks = ctx.cluster.networks
     key = render_template(
         "dns/transfer.key.j2",

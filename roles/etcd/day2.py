@@ -21,7 +21,7 @@ from pathlib import Path
 
 from inventory.model import LoadedCluster
 from inventory.topology import ETCD_CLIENT_PORT, ETCD_METRICS_PORT, ETCD_PEER_PORT, build_topology
-from roles.config import role_settings
+from roles.config import role_config
 from roles.etcd.config import EtcdConfig
 from roles.etcd.files import INITIAL_STATE_ENV, WAIT_HEALTHY
 from roles.etcd.gate import GateResult, fio_command, judge
@@ -76,9 +76,7 @@ def members(loaded: LoadedCluster) -> list[str]:
 
 
 def settings(loaded: LoadedCluster, host: str) -> EtcdConfig:
-    cfg = role_settings(loaded.cluster, host, "etcd")
-    assert isinstance(cfg, EtcdConfig)
-    return cfg
+    return role_config(loaded.cluster, host, EtcdConfig)
 
 
 def each(hosts: Iterable[str], work: Callable[[str], object]) -> dict[str, object]:

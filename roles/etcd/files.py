@@ -24,19 +24,15 @@ APISERVER_PKI = "/etc/kubernetes/pki"
 
 
 def settings(ctx: HostContext) -> EtcdConfig:
-    cfg = ctx.settings("etcd")
-    assert isinstance(cfg, EtcdConfig)
-    return cfg
+    return ctx.config(EtcdConfig)
 
 
 def cluster_settings(loaded: LoadedCluster) -> EtcdConfig:
     """The settings of the first member: PKI lifetimes are one value for the whole cluster."""
-    from roles.config import role_settings
+    from roles.config import role_config
 
     members = loaded.cluster.in_group("etcd")
-    cfg = role_settings(loaded.cluster, members[0], "etcd") if members else EtcdConfig()
-    assert isinstance(cfg, EtcdConfig)
-    return cfg
+    return role_config(loaded.cluster, members[0], EtcdConfig) if members else EtcdConfig()
 
 
 def pki_pairs(loaded: LoadedCluster) -> dict[str, KeyPair]:

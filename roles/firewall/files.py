@@ -24,8 +24,7 @@ class RenderedRule:
 
 def host_rules(ctx: HostContext) -> list[FirewallRule]:
     """The topology's rules for the host's groups, then the inventory's extra rules."""
-    cfg = ctx.settings("firewall")
-    assert isinstance(cfg, FirewallConfig)
+    cfg = ctx.config(FirewallConfig)
     rules = ctx.topology.rules_for(list(ctx.host.groups))
     rules += [
         FirewallRule(

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from inventory.model import LoadedCluster
-from roles.config import role_settings
+from roles.config import role_config
 from roles.gpu_health.checks import Expectations
 from roles.gpu_health.config import GpuHealthConfig
 
@@ -34,8 +34,7 @@ def from_cluster(loaded: LoadedCluster, host: str) -> tuple[Expectations, GpuHea
         model=gpu.model if gpu else None,
         driver=cluster.versions.nvidia_driver,
     )
-    cfg = role_settings(cluster, name, "gpu_health")
-    assert isinstance(cfg, GpuHealthConfig)
+    cfg = role_config(cluster, name, GpuHealthConfig)
     return expect, cfg
 
 

@@ -15,9 +15,7 @@ THP_UNIT = "gpuinfra-thp.service"
 
 
 def kernel_settings(ctx: HostContext) -> KernelConfig:
-    cfg = ctx.settings("kernel")
-    assert isinstance(cfg, KernelConfig)
-    return cfg
+    return ctx.config(KernelConfig)
 
 
 def host_modules(ctx: HostContext) -> list[str]:

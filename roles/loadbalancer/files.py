@@ -44,8 +44,7 @@ def vrrp_password(cluster: Cluster, cfg: LoadBalancerConfig) -> str:
 
 
 def managed_files(ctx: HostContext) -> list[ManagedFile]:
-    cfg = ctx.settings("loadbalancer")
-    assert isinstance(cfg, LoadBalancerConfig)
+    cfg = ctx.config(LoadBalancerConfig)
     cluster = ctx.cluster
     haproxy = render_template(
         "loadbalancer/haproxy.cfg.j2",

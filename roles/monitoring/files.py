@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from inventory.model import Cluster, LoadedCluster
-from roles.config import role_settings
+from roles.config import role_config
 from roles.gpu_health.config import GpuHealthConfig
 from roles.monitoring.config import MonitoringConfig
 from roles.monitoring.dashboards import DASHBOARDS
@@ -26,14 +26,12 @@ GPU_HEALTH_STALE_RUNS = 3
 
 def textfile_dir(ctx: HostContext) -> str:
     """Where gpu_health writes its .prom file on this host: node exporter reads the same place."""
-    cfg = ctx.settings("gpu_health")
-    assert isinstance(cfg, GpuHealthConfig)
+    cfg = ctx.config(GpuHealthConfig)
     return cfg.textfile_dir
 
 
 def node_exporter_files(ctx: HostContext) -> list[ManagedFile]:
-    cfg = ctx.settings("monitoring")
-    assert isinstance(cfg, MonitoringConfig)
+    cfg = ctx.config(MonitoringConfig)
     content = render_template(
         "monitoring/prometheus-node-exporter.default.j2",
         cfg=cfg,
@@ -46,15 +44,14 @@ def node_exporter_files(ctx: HostContext) -> list[ManagedFile]:
 def gpu_health_stale_seconds(cluster: Cluster) -> int:
     """Age past which GPU health metrics are stale: a few runs of the slowest configured node."""
     intervals = [
-        role_settings(cluster, name, "gpu_health").passive_interval_s  # type: ignore[attr-defined]
+        role_config(cluster, name, GpuHealthConfig).passive_interval_s
         for name in cluster.in_group("gpu_worker")
     ]
     return GPU_HEALTH_STALE_RUNS * max(intervals or [GpuHealthConfig().passive_interval_s])
 
 
 def prometheus_files(ctx: HostContext) -> list[ManagedFile]:
-    cfg = ctx.settings("monitoring")
-    assert isinstance(cfg, MonitoringConfig)
+    cfg = ctx.config(MonitoringConfig)
     defaults = render_template(
         "monitoring/prometheus.default.j2",
         cfg=cfg,

@@ -37,8 +37,7 @@ def test_sshd_refuses_password_logins(host, setting: str) -> None:
 
 
 def test_sshd_root_login_as_configured(host, ctx) -> None:
-    cfg = ctx.settings("base")
-    assert isinstance(cfg, BaseConfig)
+    cfg = ctx.config(BaseConfig)
     effective = host.check_output("sshd -T | grep -i '^permitrootlogin '").split()[1]
     # sshd -T prints prohibit-password under its older name.
     aliases = {"prohibit-password": {"prohibit-password", "without-password"}}
@@ -46,8 +45,7 @@ def test_sshd_root_login_as_configured(host, ctx) -> None:
 
 
 def test_baseline_packages_are_installed(host, ctx) -> None:
-    cfg = ctx.settings("base")
-    assert isinstance(cfg, BaseConfig)
+    cfg = ctx.config(BaseConfig)
     missing = [name for name in cfg.packages if not host.package(name).is_installed]
     assert not missing, f"not installed: {missing}"
 
@@ -71,7 +69,6 @@ def test_time_sync_runs_where_the_clock_can_be_set(host) -> None:
 
 
 def test_journal_is_capped(host, ctx) -> None:
-    cfg = ctx.settings("base")
-    assert isinstance(cfg, BaseConfig)
+    cfg = ctx.config(BaseConfig)
     dropin = host.file("/etc/systemd/journald.conf.d/50-gpuinfra.conf")
     assert f"SystemMaxUse={cfg.journald_max_use}" in dropin.content_string

@@ -11,9 +11,7 @@ from roles.container_runtime.config import ContainerRuntimeConfig
 
 
 def settings(ctx) -> ContainerRuntimeConfig:
-    cfg = ctx.settings("container_runtime")
-    assert isinstance(cfg, ContainerRuntimeConfig)
-    return cfg
+    return ctx.config(ContainerRuntimeConfig)
 
 
 def docker_info(host) -> dict:

@@ -15,9 +15,7 @@ ETCDCTL = "set -a; . /etc/etcd/etcdctl.env; set +a; etcdctl --endpoints=https://
 
 
 def settings(ctx) -> EtcdConfig:
-    cfg = ctx.settings("etcd")
-    assert isinstance(cfg, EtcdConfig)
-    return cfg
+    return ctx.config(EtcdConfig)
 
 
 def test_etcd_runs_and_starts_at_boot(host) -> None:

@@ -12,8 +12,7 @@ def live_table(host) -> str:
 
 
 def test_table_is_loaded_with_the_configured_policy(host, ctx) -> None:
-    cfg = ctx.settings("firewall")
-    assert isinstance(cfg, FirewallConfig)
+    cfg = ctx.config(FirewallConfig)
     policy = "drop" if cfg.enabled else "accept"
     assert f"type filter hook input priority filter; policy {policy};" in live_table(host)
 

@@ -20,9 +20,7 @@ from roles.kernel.files import (
 
 
 def settings(ctx) -> KernelConfig:
-    cfg = ctx.settings("kernel")
-    assert isinstance(cfg, KernelConfig)
-    return cfg
+    return ctx.config(KernelConfig)
 
 
 def in_container(host) -> bool:

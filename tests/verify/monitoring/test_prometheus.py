@@ -32,8 +32,7 @@ def test_live_config_passes_promtool(host):
 
 
 def test_every_configured_target_is_scraped(host, ctx):
-    cfg = ctx.settings("monitoring")
-    assert isinstance(cfg, MonitoringConfig)
+    cfg = ctx.config(MonitoringConfig)
     body = json.loads(
         host.check_output(f"curl -fsS http://127.0.0.1:{PROMETHEUS_PORT}/api/v1/targets")
     )

@@ -276,7 +276,10 @@ def test_a_config_change_rolls_through_members_while_a_writer_writes(lab, conver
             for m in MEMBERS
         )
         gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
-        assert min(gaps) > 1_000_000, gaps  # microseconds
+        # Microseconds. Started together (one parallel operation) the members' starts fall
+        # within tens of milliseconds; one at a time, each waits for a restart and a healthy
+        # cluster: 0.5 s was the shortest gap seen on a quiet machine, so 1 s was too tight.
+        assert min(gaps) > 250_000, gaps
         assert counts["writes_ok"] > 20
         # The target is zero and is reported (RESULTS); a write landing on a leader just as it
         # restarts can still time out (1 of 580 in one CI run, 0 in five others). Restarting

@@ -180,9 +180,23 @@ class _Recorder(BaseStateCallback):
         self.progress = progress
         self.total = total
         self.done = 0
+        # Execution time per role: pyinfra runs one operation on every host before the next.
+        self.op_phase: dict[str, str] = {}
+        self.role_seconds: dict[str, float] = {}
+        self._op_started: dict[str, float] = {}
 
     def host_connect_error(self, state, host, error) -> None:
         self.connect_errors[host.name] = _explain_connect_error(error)
+
+    def operation_start(self, state, op_hash) -> None:
+        self._op_started[op_hash] = time.monotonic()
+
+    def operation_end(self, state, op_hash) -> None:
+        started = self._op_started.pop(op_hash, None)
+        role = self.op_phase.get(op_hash)
+        if started is not None and role is not None:
+            seconds = time.monotonic() - started
+            self.role_seconds[role] = self.role_seconds.get(role, 0.0) + seconds
 
     def operation_host_success(self, state, host, op_hash, retry_count: int = 0) -> None:
         self._step()
@@ -297,6 +311,7 @@ def _prepare_and_execute(state, options, active, phases, by_name, report, record
         return
 
     recorder.total = sum(len(state.ops[h]) for h in active)
+    recorder.op_phase = op_phase
     clock = time.monotonic()
     state.set_stage(StateStage.Execute)
     try:
@@ -304,6 +319,10 @@ def _prepare_and_execute(state, options, active, phases, by_name, report, record
     except PyinfraError as exc:
         report.notes.append(str(exc))
     _add_time(report, "execute", clock)
+    for role, seconds in recorder.role_seconds.items():
+        report.phase_seconds[f"execute:{role}"] = (
+            report.phase_seconds.get(f"execute:{role}", 0.0) + seconds
+        )
     _collect_results(state, active, op_phase, recorder, report)
     _read_reboot_required(state, active, report)
     _disconnect(state)

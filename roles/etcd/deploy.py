@@ -2,8 +2,9 @@
 
 A new cluster bootstraps all members together (they start in the same operation). Afterwards a
 change that needs a restart rolls through the members one at a time (`_serial`), and each
-restart returns only when the member and the whole cluster are healthy again, so a bad change
-stops on the first member with the others still serving.
+restart (`etcd-restart-member`: leadership moved off first, steps logged to the journal) returns
+only when the member and the whole cluster are healthy again, so a bad change stops on the
+first member with the others still serving.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from roles.etcd.files import (
     BACKUP_TIMER,
     BACKUP_UNIT,
     DATA_UNIT,
+    NO_RESTART,
+    RESTART_MEMBER,
     UNIT,
     WAIT_HEALTHY,
     client_files,
@@ -67,7 +70,7 @@ def apply(ctx: HostContext) -> None:
     )
 
     written = {f.path: put_file(f) for f in managed_files(ctx)}
-    restart_on = [meta for path, meta in written.items() if path not in (BACKUP_UNIT, BACKUP_TIMER)]
+    restart_on = [meta for path, meta in written.items() if path not in NO_RESTART]
     units = [written[UNIT], written[DATA_UNIT], written[BACKUP_UNIT], written[BACKUP_TIMER]]
     systemd.daemon_reload(
         name="Reload systemd for changed units", _if=lambda: any(u.did_change() for u in units)
@@ -87,7 +90,7 @@ def apply(ctx: HostContext) -> None:
     )
     server.shell(
         name="Restart etcd, one member at a time, each waiting for a healthy cluster",
-        commands=[f"systemctl restart etcd && {WAIT_HEALTHY} {cfg.health_timeout_s}"],
+        commands=[f"{RESTART_MEMBER} {cfg.health_timeout_s}"],
         _serial=True,
         _if=lambda: (
             was_running

@@ -16,9 +16,23 @@ DATA_UNIT = "/etc/systemd/system/etcd-data.service"
 # Written by `gpuinfra etcd replace` (and removed after): joins an existing cluster.
 INITIAL_STATE_ENV = "/etc/etcd/initial-cluster-state.env"
 WAIT_HEALTHY = "/usr/local/sbin/etcd-wait-healthy"
+RESTART_MEMBER = "/usr/local/sbin/etcd-restart-member"
 BACKUP = "/usr/local/sbin/etcd-backup"
 BACKUP_UNIT = "/etc/systemd/system/etcd-backup.service"
 BACKUP_TIMER = "/etc/systemd/system/etcd-backup.timer"
+# Files etcd itself never reads: a change to one of them restarts no member.
+NO_RESTART = frozenset(
+    {
+        ETCDCTL_ENV,
+        f"{PKI}/operator.crt",
+        f"{PKI}/operator.key",
+        WAIT_HEALTHY,
+        RESTART_MEMBER,
+        BACKUP,
+        BACKUP_UNIT,
+        BACKUP_TIMER,
+    }
+)
 # Where the API servers find etcd's CA and their client certificate (kubeadm's layout).
 APISERVER_PKI = "/etc/kubernetes/pki"
 
@@ -116,6 +130,7 @@ def managed_files(ctx: HostContext) -> list[ManagedFile]:
         render(DATA_UNIT, "etcd-data.service.j2", disk=disk),
         render(UNIT, "etcd.service.j2", flags=etcd_flags(ctx)),
         render(WAIT_HEALTHY, "etcd-wait-healthy.sh.j2", mode="0755"),
+        render(RESTART_MEMBER, "etcd-restart-member.sh.j2", mode="0755", wait_healthy=WAIT_HEALTHY),
         render(BACKUP, "etcd-backup.sh.j2", mode="0755", member=ctx.cluster.etcd_member(ctx.name)),
         render(BACKUP_UNIT, "etcd-backup.service.j2"),
         render(BACKUP_TIMER, "etcd-backup.timer.j2"),

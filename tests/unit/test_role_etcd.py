@@ -14,7 +14,15 @@ from inventory.loader import load
 from inventory.topology import build_topology
 from roles.etcd import pki
 from roles.etcd.config import EtcdConfig
-from roles.etcd.files import client_files, etcd_flags, managed_files
+from roles.etcd.files import (
+    NO_RESTART,
+    PKI,
+    RESTART_MEMBER,
+    UNIT,
+    client_files,
+    etcd_flags,
+    managed_files,
+)
 from roles.etcd.gate import judge, parse_p99_ms
 from roles.etcd.operations import refusal
 from roles.etcd.release import CHECKSUMS, ReleaseUnknown, binary_dir, release
@@ -127,6 +135,29 @@ def test_settings_reach_the_unit_and_the_disk_is_checked_before_start(small_clus
     keys = [f for f in files.values() if f.path.endswith(".key")]
     assert keys and all(k.secret and k.mode == "0600" for k in keys)
     assert files["/etc/etcd/pki/server.key"].user == "etcd"
+
+
+def test_only_files_etcd_reads_restart_a_member(loaded):
+    """The rolling restart follows the unit and the member's certificates; the operator's
+    tools (etcdctl settings, scripts, backup units, operator certificate) restart nothing."""
+    paths = {f.path for f in managed_files(context(loaded, "etcd-1"))}
+    assert paths >= NO_RESTART
+    restarting = paths - NO_RESTART
+    assert {UNIT, f"{PKI}/ca.crt", f"{PKI}/server.key", f"{PKI}/peer.crt"} <= restarting
+    assert not any(p.startswith("/usr/local/sbin/") for p in restarting)
+
+
+def test_restart_script_moves_leadership_then_waits_for_health(loaded):
+    script = next(f for f in managed_files(context(loaded, "etcd-1")) if f.path == RESTART_MEMBER)
+    body = script.content
+    assert script.mode == "0755"
+    moved, restarted, waited = (
+        body.index("move-leader"),
+        body.index("systemctl restart etcd"),
+        body.index("/usr/local/sbin/etcd-wait-healthy"),
+    )
+    assert moved < restarted < waited
+    assert "logger -t gpuinfra-etcd" in body
 
 
 def test_api_servers_get_the_ca_and_their_client_certificate(loaded):

@@ -79,6 +79,10 @@ def up(
     parallel: Annotated[
         int, typer.Option(min=1, help="Hosts booting at the same time.")
     ] = lifecycle.DEFAULT_PARALLEL,
+    layer: Annotated[
+        Path | None,
+        typer.Option(help="A folder from `lab save-layer`: every host starts from that state."),
+    ] = None,
     output: FormatOpt = OutputFormat.table,
 ) -> None:
     """Boot the lab's hosts (or resume a partial lab) and write its cluster inventory."""
@@ -97,7 +101,12 @@ def up(
         total = len(chosen.hosts) if chosen else None
         with _boot_progress(total, enabled=output is OutputFormat.table) as on_host:
             result = lifecycle.up(
-                name, chosen, inventory_path=inventory, parallel=parallel, progress=on_host
+                name,
+                chosen,
+                inventory_path=inventory,
+                parallel=parallel,
+                progress=on_host,
+                layer=layer,
             )
     if output is OutputFormat.json:
         typer.echo(json.dumps(asdict(result), default=str, indent=2))
@@ -202,6 +211,19 @@ def start(host: HostArg, name: NameOpt = DEFAULT_NAME) -> None:
     with lab_errors():
         already = lifecycle.start_host(name, host)
     console.print(f"{host}: {'already running' if already else 'up'}", markup=False)
+
+
+@app.command("save-layer")
+def save_layer(
+    host: HostArg,
+    out: Annotated[Path, typer.Option("--out", help="New folder to write the layer to.")],
+    name: NameOpt = DEFAULT_NAME,
+) -> None:
+    """Power HOST off and save its changes as a layer for `lab up --layer` (scale benchmarks:
+    hosts that start converged). SSH host keys, machine id and host name are left out."""
+    with lab_errors():
+        saved = lifecycle.save_layer(name, host, out)
+    console.print(f"saved {host} as a layer in {saved}", markup=False)
 
 
 @app.command()

@@ -67,13 +67,15 @@ def mounted_paths() -> set[str]:
         return {line.split()[4] for line in mountinfo}
 
 
-def ensure_root_mounted(paths: HostPaths, lower: Path) -> None:
-    """The host's root: the shared Debian root below, the host's own changes in upper."""
+def ensure_root_mounted(paths: HostPaths, lower: Path, layer: Path | None = None) -> None:
+    """The host's root: the shared Debian root below, a saved layer (if any) on it, the host's
+    own changes in upper."""
     for folder in (paths.upper, paths.work, paths.merged):
         folder.mkdir(parents=True, exist_ok=True)
     if str(paths.merged) in mounted_paths():
         return
-    options = f"lowerdir={lower},upperdir={paths.upper},workdir={paths.work}"
+    lowers = f"{layer}:{lower}" if layer else str(lower)
+    options = f"lowerdir={lowers},upperdir={paths.upper},workdir={paths.work}"
     run(["mount", "-t", "overlay", "overlay", "-o", options, str(paths.merged)])
 
 
@@ -110,6 +112,40 @@ def write_identity(
         # Made here, not by the host, so its public half is known before the first connection.
         run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{host}", "-f", str(key)])
     (paths / PREPARED).write_text("")
+
+
+# Left out of a saved layer: what makes a host itself (every host made from the layer writes its
+# own in write_identity; a shared SSH host key or machine id would make the hosts one), and the
+# firewall, whose rules name the lab the layer came from: a host booting on them would refuse
+# SSH from its own lab's controller. Hosts start with Debian's open ruleset until an apply.
+LEFT_OUT = (
+    "etc/hostname",
+    "etc/machine-id",
+    "etc/hosts",
+    "etc/resolv.conf",
+    "etc/ssh/ssh_host_*",
+    "root/.ssh",
+    "var/lib/dbus/machine-id",
+    "var/lib/systemd/random-seed",
+    "var/lib/systemd/credential.secret",
+    "var/log/journal",
+    "var/cache/apt/archives/*.deb",
+    "tmp/*",
+    "etc/nftables.conf",
+    "etc/nftables.d",
+)
+
+
+def save_layer(paths: HostPaths, out: Path) -> None:
+    """Copy a stopped host's own changes (its upper folder, overlay whiteouts and extended
+    attributes kept) to `out`, without the files that make it that host."""
+    partial = out.with_name(out.name + ".partial")
+    run(["rm", "-rf", str(partial)])
+    run(["cp", "-a", str(paths.upper), str(partial)])
+    for pattern in LEFT_OUT:
+        for path in partial.glob(pattern):
+            run(["rm", "-rf", str(path)])
+    partial.replace(out)
 
 
 def host_public_key(paths: HostPaths) -> str:

@@ -92,6 +92,7 @@ def up(
     parallel: int = DEFAULT_PARALLEL,
     boot_timeout_s: float = BOOT_TIMEOUT_S,
     progress: Progress | None = None,
+    layer: Path | None = None,
 ) -> UpResult:
     """Boot every host of the lab that is not running, wait for SSH, write the inventory.
 
@@ -104,7 +105,7 @@ def up(
     with locked(name):
         mirror = mirror or rootfs.machine_mirror()
         lower, build_seconds = rootfs.ensure_root(mirror)
-        state = _resolve_state(name, topology, inventory_path)
+        state = _resolve_state(name, topology, inventory_path, layer)
         _ensure_lab_key(state)
         network.tune_machine()
         network.ensure_bridge(state.names, state.gateway, state.subnet.prefixlen)
@@ -116,7 +117,7 @@ def up(
         def prepare(index: int) -> str:
             _, spec, address = state.host_at(index)
             paths = _paths(state, spec.name)
-            host.ensure_root_mounted(paths, lower)
+            host.ensure_root_mounted(paths, lower, state.layer)
             host.write_identity(
                 paths, spec.name, state.domain, address, mirror_hosts, sources, public_key
             )
@@ -160,9 +161,20 @@ def up(
         )
 
 
-def _resolve_state(name: str, topology: Topology | None, inventory_path: Path | None) -> LabState:
+def _resolve_state(
+    name: str, topology: Topology | None, inventory_path: Path | None, layer: Path | None = None
+) -> LabState:
+    if layer is not None and not layer.is_dir():
+        raise LabInvalid(
+            f"--layer {layer}: no such folder (make one with `gpuinfra lab save-layer`)"
+        )
     existing = read_state(name)
     if existing is not None:
+        if layer is not None and layer.absolute() != existing.layer:
+            raise LabInvalid(
+                f"lab {name} is already up without the layer {layer}: run "
+                f"`gpuinfra lab down --name {name}` first, or use another --name"
+            )
         if topology is not None and topology != existing.topology:
             raise LabInvalid(
                 f"lab {name} is already up with other hosts ({existing.topology.kind}, "
@@ -172,7 +184,7 @@ def _resolve_state(name: str, topology: Topology | None, inventory_path: Path | 
         state = existing
         if inventory_path is not None or state.inventory_path is None:
             path = (inventory_path or default_inventory_path(name)).absolute()
-            state = LabState(state.name, state.slot, state.topology, path)
+            state = LabState(state.name, state.slot, state.topology, path, state.layer)
         write_state(state)
         return state
     topology = topology or default_topology()
@@ -181,7 +193,7 @@ def _resolve_state(name: str, topology: Topology | None, inventory_path: Path | 
     path = (inventory_path or default_inventory_path(name)).absolute()
     with locked(None):
         slot = addressing.free_slot(_used_slots())
-        state = LabState(name, slot, topology, path)
+        state = LabState(name, slot, topology, path, layer.absolute() if layer else None)
         write_state(state)  # recorded at once: a second lab now sees this slot as taken
     return state
 
@@ -440,6 +452,20 @@ def stop_host(name: str, host_name: str, *, deadline_s: float = STOP_DEADLINE_S)
         return pid is not None
 
 
+def save_layer(name: str, host_name: str, out: Path) -> Path:
+    """Power a host off and save its changes as a layer for `up --layer`: hosts booted on it
+    start where this one stands (its packages, files and enabled services), each with its own
+    identity. The host stays off."""
+    out = out.absolute()
+    if out.exists():
+        raise LabInvalid(f"{out} exists: give a new folder for the layer")
+    stop_host(name, host_name)
+    state = _state(name)
+    with locked(name):
+        host.save_layer(_paths(state, host_name), out)
+    return out
+
+
 def start_host(name: str, host_name: str, *, boot_timeout_s: float = BOOT_TIMEOUT_S) -> bool:
     """Boot a stopped host and wait for SSH; returns whether it was already running."""
     require_root_and_tools()
@@ -447,7 +473,7 @@ def start_host(name: str, host_name: str, *, boot_timeout_s: float = BOOT_TIMEOU
     index, _, address = state.host(host_name)
     with locked(name):
         lower = rootfs.cached_root()
-        host.ensure_root_mounted(_paths(state, host_name), lower)
+        host.ensure_root_mounted(_paths(state, host_name), lower, state.layer)
         already = _boot(state, index)
     if not _wait_for_ssh(address, time.monotonic() + boot_timeout_s):
         raise LabError(f"{host_name} did not answer SSH within {boot_timeout_s:.0f} s")

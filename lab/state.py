@@ -27,6 +27,9 @@ class LabState:
     slot: int
     topology: Topology
     inventory_path: Path | None = None
+    # A saved host root (`lab save-layer`) laid between the shared Debian root and each host's
+    # own changes: hosts start from an already converged state (scale benchmarks).
+    layer: Path | None = None
 
     @property
     def names(self) -> LabNames:
@@ -80,6 +83,7 @@ class LabState:
             "subnet": str(self.subnet),
             "inventory_path": str(self.inventory_path) if self.inventory_path else None,
             "topology": self.topology.to_json(),
+            "layer": str(self.layer) if self.layer else None,
         }
 
     @classmethod
@@ -90,6 +94,7 @@ class LabState:
             slot=data["slot"],
             topology=Topology.from_json(data["topology"]),
             inventory_path=Path(inventory) if inventory else None,
+            layer=Path(data["layer"]) if data.get("layer") else None,
         )
 
 

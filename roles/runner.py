@@ -312,6 +312,7 @@ def _prepare_and_execute(state, options, active, phases, by_name, report, record
 
     recorder.total = sum(len(state.ops[h]) for h in active)
     recorder.op_phase = op_phase
+    _skip_unchanged_while_clean(state, active)
     clock = time.monotonic()
     state.set_stage(StateStage.Execute)
     try:
@@ -326,6 +327,33 @@ def _prepare_and_execute(state, options, active, phases, by_name, report, record
     _collect_results(state, active, op_phase, recorder, report)
     _read_reboot_required(state, active, report)
     _disconnect(state)
+
+
+def _skip_unchanged_while_clean(state, hosts) -> None:
+    """Execute what prepare found to change, and not the rest again while nothing has run.
+
+    pyinfra 3.10 runs every operation's body a second time while executing, asking each fact
+    again over SSH: about 110 round trips per host for a no-op apply of every role, which the
+    prepare stage has already answered. As long as no command has run on a host, the host is
+    exactly as prepare saw it, so an operation prepare found nothing to do for is skipped.
+    From a host's first command on, its remaining operations are evaluated again as pyinfra
+    always does (an earlier change may have changed what they see)."""
+    touched: set[str] = set()
+
+    def guarded(name: str, generate, skip_while_clean: bool):
+        def commands():
+            if skip_while_clean and name not in touched:
+                return
+            for command in generate():
+                touched.add(name)
+                yield command
+
+        return commands
+
+    for host in hosts:
+        for op_data in state.ops[host].values():
+            unchanged = op_data.operation_meta._maybe_is_change is False
+            op_data.command_generator = guarded(host.name, op_data.command_generator, unchanged)
 
 
 def _prefetch(state, caches, phases, by_name) -> None:

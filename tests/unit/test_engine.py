@@ -114,3 +114,48 @@ def test_bad_batch_is_refused_before_connecting():
     result = runner.invoke(app, ["apply", str(SAMPLE), "--batch", "ten", "--yes"])
     assert result.exit_code == ExitCode.BAD_INPUT
     assert "--batch" in result.stderr
+
+
+def test_execution_skips_what_prepare_found_unchanged_until_a_command_runs():
+    """pyinfra re-runs every operation's body while executing (each fact asked again over SSH).
+    A host nothing has run on is as prepare saw it: its unchanged operations are skipped, and
+    after its first command every later operation is evaluated again."""
+    from types import SimpleNamespace
+
+    from roles.runner import _skip_unchanged_while_clean
+
+    evaluated: list[str] = []
+
+    def op(name: str, will_change: bool | None, commands: list[str]):
+        def generate():
+            evaluated.append(name)
+            yield from commands
+
+        meta = SimpleNamespace(_maybe_is_change=will_change)
+        return SimpleNamespace(operation_meta=meta, command_generator=generate)
+
+    class Host(SimpleNamespace):
+        __hash__ = object.__hash__
+
+    clean, dirty = Host(name="clean"), Host(name="dirty")
+    state = SimpleNamespace(
+        ops={
+            clean: {"a": op("clean.a", False, []), "b": op("clean.b", False, [])},
+            dirty: {
+                "a": op("dirty.a", False, []),
+                "b": op("dirty.b", True, ["write"]),
+                # prepare saw nothing to do here, but `b` has run: ask again, and do it
+                "c": op("dirty.c", False, ["fix"]),
+                "d": op("dirty.d", None, []),
+            },
+        }
+    )
+    _skip_unchanged_while_clean(state, [clean, dirty])
+    ran = {
+        (host.name, key): list(data.command_generator())
+        for host in (clean, dirty)
+        for key, data in state.ops[host].items()
+    }
+    assert evaluated == ["dirty.b", "dirty.c", "dirty.d"]
+    assert ran[("dirty", "b")] == ["write"] and ran[("dirty", "c")] == ["fix"]
+    assert ran[("clean", "a")] == ran[("clean", "b")] == ran[("dirty", "a")] == []

@@ -34,6 +34,11 @@ def main(argv: list[str] | None = None) -> int:
         "--baseline", type=Path, help="another gpuinfra checkout, run as a fourth engine"
     )
     parser.add_argument(
+        "--bare",
+        action="store_true",
+        help="drift hosts converge from bare Debian, not from a converged layer (slow)",
+    )
+    parser.add_argument(
         "--report-only", action="store_true", help="rewrite the table and plots only"
     )
     args = parser.parse_args(argv)
@@ -64,9 +69,12 @@ def main(argv: list[str] | None = None) -> int:
             results_path.write_text(json.dumps(results, indent=2))
         if "drift" in wanted:
             drift = results.setdefault("drift", {})
+            layer = None
+            if not args.bare:
+                layer, results["converged_layer"] = suites.converged_layer(args.work / "layer", log)
             for size in sizes:
                 drift[str(size)] = suites.drift_at_scale(
-                    size, args.repeats, args.work / f"drift-{size}", log, args.baseline
+                    size, args.repeats, args.work / f"drift-{size}", log, args.baseline, layer
                 )
                 results_path.write_text(json.dumps(results, indent=2))
     report.write(results, args.out)

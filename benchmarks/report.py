@@ -169,6 +169,25 @@ def markdown(results: dict) -> str:
                 f"{_fmt(ratios.get('baseline_over_gpuinfra'), 'x', 2)} |"
             )
         lines.append("")
+        layer = results.get("converged_layer")
+        converge = [
+            f"{e['hosts']} hosts {e['first_apply_seconds']:.1f} s"
+            for e in sorted(drift.values(), key=lambda e: e["hosts"])
+            if e.get("on_converged_layer")
+        ]
+        if layer and converge:
+            lines += [
+                "How the drift labs were converged: one host from bare Debian by `gpuinfra apply` "
+                f"({layer['apply_seconds']:.1f} s), saved with `gpuinfra lab save-layer`; the N "
+                "hosts boot on that layer (each with its own identity, and Debian's open "
+                "firewall) and one `gpuinfra apply` converges them: "
+                + ", ".join(converge)
+                + ". Every engine then checked hosts with nothing to change.",
+                "",
+            ]
+        for entry in sorted(drift.values(), key=lambda e: e["hosts"]):
+            for engine, why in entry.get("engines_not_run", {}).items():
+                lines += [f"{entry['hosts']} hosts, {engine}: {why}.", ""]
         at_100 = drift.get("100")
         largest = max(drift.values(), key=lambda e: e["hosts"]) if drift else None
         ref = at_100 or largest

@@ -69,16 +69,19 @@ class LabCluster:
         return result
 
 
-def boot_lab(name: str, topology: Topology, inventory_path: Path) -> LabCluster:
+def boot_lab(
+    name: str, topology: Topology, inventory_path: Path, layer: Path | None = None
+) -> LabCluster:
     """Bring a lab up (replacing a leftover one with other hosts) and load its inventory."""
     if os.geteuid() != 0:
         pytest.fail(
             "integration tests boot lab hosts and need root (deselect: -m 'not integration')"
         )
     existing = read_state(name)
-    if existing is not None and existing.topology != topology:
+    wanted_layer = layer.absolute() if layer else None
+    if existing is not None and (existing.topology, existing.layer) != (topology, wanted_layer):
         lifecycle.down(name)
-    result = lifecycle.up(name, topology, inventory_path=inventory_path)
+    result = lifecycle.up(name, topology, inventory_path=inventory_path, layer=layer)
     return LabCluster(name, result.inventory_path, load(result.inventory_path), result)
 
 

@@ -186,3 +186,46 @@ def test_second_lab_with_a_disk_then_down_leaves_no_trace(lab: LabCluster, tmp_p
     assert not (tmp_path / "cluster.yml").exists()
     # The shared lab did not notice.
     assert lab.ssh("etcd-1", "true").returncode == 0
+
+
+def test_a_saved_layer_starts_new_hosts_where_the_saved_one_stood(
+    lab: LabCluster, tmp_path: Path
+) -> None:
+    """save-layer keeps a host's changes (a package, a file, a removed file) and leaves out what
+    makes it that host and its firewall; hosts booted on it have their own keys and names."""
+    seed_name, layered_name = f"{lab.name}-seed", f"{lab.name}-layered"
+    layer = tmp_path / "layer"
+    seed = boot_lab(seed_name, generic_topology(1), tmp_path / "seed.yml")
+    try:
+        seed.ssh(
+            "host-001",
+            "apt-get update -q && apt-get install -yq --no-install-recommends jq"
+            " && echo seeded > /etc/gpuinfra-seed && rm /etc/issue.net"
+            " && printf 'flush ruleset\\n' > /etc/nftables.conf",
+            timeout=300,
+        )
+        seed_key = seed.ssh("host-001", "cat /etc/ssh/ssh_host_ed25519_key.pub").stdout
+        lifecycle.save_layer(seed_name, "host-001", layer)
+    finally:
+        lifecycle.down(seed_name)
+    assert (layer / "etc/gpuinfra-seed").exists()
+    assert not (layer / "etc/nftables.conf").exists() and not (layer / "etc/hostname").exists()
+    assert not list(layer.glob("etc/ssh/ssh_host_*"))
+    layered = boot_lab(layered_name, generic_topology(2), tmp_path / "layered.yml", layer)
+    try:
+        lifecycle.up(layered_name, generic_topology(2), layer=layer)  # the same layer: no-op
+        with pytest.raises(lifecycle.LabInvalid):
+            lifecycle.up(layered_name, generic_topology(2), layer=tmp_path)
+        seen = {}
+        for name in ("host-001", "host-002"):
+            seen[name] = layered.ssh(
+                name,
+                "cat /etc/gpuinfra-seed; jq --version; test -e /etc/issue.net || echo removed;"
+                " hostname; cat /etc/machine-id /etc/ssh/ssh_host_ed25519_key.pub",
+            ).stdout.splitlines()
+        for name, lines in seen.items():
+            assert lines[0] == "seeded" and lines[1].startswith("jq-") and lines[2] == "removed"
+            assert lines[3] == name and lines[5] != seed_key.strip()
+        assert seen["host-001"][4:] != seen["host-002"][4:]  # machine id and host key differ
+    finally:
+        lifecycle.down(layered_name)

@@ -168,6 +168,9 @@ def _resolve_state(
         raise LabInvalid(
             f"--layer {layer}: no such folder (make one with `gpuinfra lab save-layer`)"
         )
+    if layer is not None and re.search(r"[:,\s]", str(layer.absolute())):
+        # The path goes into the overlay mount's options, where these characters separate.
+        raise LabInvalid(f"--layer {layer}: the path must not hold ':', ',' or spaces")
     existing = read_state(name)
     if existing is not None:
         if layer is not None and layer.absolute() != existing.layer:

@@ -337,7 +337,9 @@ def _skip_unchanged_while_clean(state, hosts) -> None:
     prepare stage has already answered. As long as no command has run on a host, the host is
     exactly as prepare saw it, so an operation prepare found nothing to do for is skipped.
     From a host's first command on, its remaining operations are evaluated again as pyinfra
-    always does (an earlier change may have changed what they see)."""
+    always does (an earlier change may have changed what they see). The roles' operations
+    decide from facts of their own host; one that decided from another host's state while
+    preparing would keep that decision until its host's first command."""
     touched: set[str] = set()
 
     def guarded(name: str, generate, skip_while_clean: bool):

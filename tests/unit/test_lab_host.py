@@ -142,3 +142,26 @@ def test_reserved_name_is_refused() -> None:
     result = runner.invoke(app, ["lab", "down", "--name", "sample"])
     assert result.exit_code == 2
     assert "reserved" in result.output
+
+
+def test_a_layer_must_be_a_folder_whose_path_fits_overlay_options(tmp_path: Path) -> None:
+    from lab.errors import LabInvalid
+
+    with pytest.raises(LabInvalid, match="no such folder"):
+        lifecycle._resolve_state("layers", None, None, tmp_path / "missing")
+    separated = tmp_path / "a:b"
+    separated.mkdir()
+    with pytest.raises(LabInvalid, match="must not hold"):
+        lifecycle._resolve_state("layers", None, None, separated)
+
+
+def test_overlay_lays_the_layer_between_debian_and_the_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mounts: list[list[str]] = []
+    monkeypatch.setattr(host, "run", lambda argv, **_: mounts.append(argv))
+    monkeypatch.setattr(host, "mounted_paths", lambda: set())
+    paths = HostPaths(tmp_path / "h")
+    host.ensure_root_mounted(paths, Path("/debian"), Path("/layer"))
+    options = mounts[0][mounts[0].index("-o") + 1]
+    assert options.startswith("lowerdir=/layer:/debian,upperdir=")

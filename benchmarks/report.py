@@ -103,7 +103,11 @@ def projection(drift: dict[str, dict]) -> dict | None:
         "hosts_per_shard": per_shard,
         "shard_seconds": round(wall[0] + wall[1] * per_shard, 1),
         "shard_mib": round(memory[0] + memory[1] * per_shard),
-        "parallelism": {n: e["median_parallelism"] for n, e in rows if e["median_parallelism"]},
+        "parallelism": {
+            n: e["median_parallelism"]
+            for n, e in sorted(rows, key=lambda r: r[0])
+            if e["median_parallelism"]
+        },
     }
 
 

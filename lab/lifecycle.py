@@ -13,7 +13,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from inventory.model import LoadedCluster
@@ -187,7 +187,7 @@ def _resolve_state(
         state = existing
         if inventory_path is not None or state.inventory_path is None:
             path = (inventory_path or default_inventory_path(name)).absolute()
-            state = LabState(state.name, state.slot, state.topology, path, state.layer)
+            state = replace(state, inventory_path=path)
         write_state(state)
         return state
     topology = topology or default_topology()
@@ -502,7 +502,7 @@ def attach_disk(name: str, host_name: str, size_bytes: int) -> str:
     state.host(host_name)
     topology = state.topology.with_disks({host_name: size_bytes})
     with locked(name):
-        state = LabState(state.name, state.slot, topology, state.inventory_path)
+        state = replace(state, topology=topology)  # keeps the layer and the rest
         write_state(state)
         if state.inventory_path is not None:
             write_inventory(state, state.inventory_path)

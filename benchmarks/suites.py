@@ -239,6 +239,15 @@ def compare_engines(engines: Engines, repeats: int) -> list[Measurement]:
     return results
 
 
+def check_with_engines(
+    inventory: Path, work: Path, log: Log, baseline: Path | None, repeats: int
+) -> tuple[Engines, list[Measurement]]:
+    """Every engine's no-op check of a converged lab, `repeats` rounds."""
+    engines = Engines(inventory, work, log, baseline)
+    engines.prepare_ansible()
+    return engines, compare_engines(engines, repeats)
+
+
 def drift_at_scale(
     size: int,
     repeats: int,
@@ -254,9 +263,7 @@ def drift_at_scale(
     try:
         inventory, boot = lab_up(work, log, hosts=size, layer=layer)
         apply_seconds, _ = apply(inventory, work / "apply.json", log)
-        engines = Engines(inventory, work, log, baseline)
-        engines.prepare_ansible()
-        runs = compare_engines(engines, repeats)
+        engines, runs = check_with_engines(inventory, work, log, baseline, repeats)
     finally:
         lab_down(log)
     return {
@@ -288,9 +295,7 @@ def bootstrap(repeats: int, work: Path, log: Log, baseline: Path | None = None) 
         changed = [
             n for n, h in second_report["hosts"].items() if h["status"] != "ok"
         ]  # fmt: skip
-        engines = Engines(inventory, work, log, baseline)
-        engines.prepare_ansible()
-        runs = compare_engines(engines, repeats)
+        engines, runs = check_with_engines(inventory, work, log, baseline, repeats)
     finally:
         lab_down(log)
     return {

@@ -40,6 +40,12 @@ def _size(value: int | None) -> str:
     return "-" if value is None else f"{value / 2**20:.1f} MiB"
 
 
+def _confirm(yes: bool, question: str) -> None:
+    """Ask before a destructive day-2 command (unless --yes); a "no" ends it with exit 0."""
+    if not yes and not typer.confirm(question, default=False, err=True):
+        raise typer.Exit(ExitCode.OK)
+
+
 @app.command()
 def status(cluster: ClusterArg, output: FormatOpt = OutputFormat.table) -> None:
     """Members, leader, health, DB size against the quota, alarms, WAL fsync p99, cert expiry.
@@ -168,10 +174,7 @@ def restore(
 
     with reporting():
         loaded = load(cluster)
-    if not yes and not typer.confirm(
-        f"Replace the data of every etcd member of {loaded.cluster.name}?", default=False, err=True
-    ):
-        raise typer.Exit(ExitCode.OK)
+    _confirm(yes, f"Replace the data of every etcd member of {loaded.cluster.name}?")
     result = _call(lambda: rebuild(loaded, snapshot_file))
     if output is OutputFormat.json:
         _json(asdict(result))
@@ -199,10 +202,7 @@ def replace_member(
 
     with reporting():
         loaded = load(cluster)
-    if not yes and not typer.confirm(
-        f"Remove {member} from etcd and clear its data directory?", default=False, err=True
-    ):
-        raise typer.Exit(ExitCode.OK)
+    _confirm(yes, f"Remove {member} from etcd and clear its data directory?")
     result = _call(lambda: replace(loaded, member, override_gate=override_gate))
     if output is OutputFormat.json:
         _json(asdict(result))
@@ -226,8 +226,7 @@ def rotate_certs(
 
     with reporting():
         loaded = load(cluster)
-    if not yes and not typer.confirm("Rotate every etcd certificate?", default=False, err=True):
-        raise typer.Exit(ExitCode.OK)
+    _confirm(yes, "Rotate every etcd certificate?")
     result = _call(lambda: rotate(loaded))
     if output is OutputFormat.json:
         _json(asdict(result))

@@ -58,7 +58,7 @@ def declared_state(loaded: LoadedCluster, render_dir: Path) -> DeclaredState:
                         "group": managed.group,
                     }
                 )
-            role_packages = getattr(ctx.settings(phase.role), "packages", None)
+            role_packages = getattr(ctx.settings[phase.role], "packages", None)
             if role_packages and phase.role not in roles_seen:
                 packages[ctx.name].append(list(role_packages))
             roles_seen.add(phase.role)

@@ -7,58 +7,15 @@ from functools import cache
 from pathlib import Path
 
 import jinja2
-from pydantic import BaseModel
 
-from inventory.model import Cluster, Host, LoadedCluster
+from inventory.model import LoadedCluster
 from inventory.topology import Topology, build_topology
-from roles.config import Config, role_config, role_settings
+from roles.config import role_settings
+from roles.registry import ROLE_CONFIGS
+from roles.spec import HostContext, ManagedFile
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
 CLUSTER_DIR = "_cluster"  # cluster-wide files (Kubernetes manifests) under OUT/_cluster/
-
-
-@dataclass(frozen=True)
-class ManagedFile:
-    """One file a role owns on a host: the same content is rendered offline and uploaded."""
-
-    role: str
-    path: str  # absolute path on the host
-    content: str
-    mode: str = "0644"
-    user: str = "root"
-    group: str = "root"
-    secret: bool = False  # never shown in diffs, plans or logs
-    # A command that validates a candidate file ("nft -c -f {path}"): when set, the new content
-    # is staged beside the live file, checked, and only then moved into place.
-    check: str | None = None
-
-
-@dataclass(frozen=True)
-class HostContext:
-    """What a role's files and deploy see of one host."""
-
-    loaded: LoadedCluster
-    topology: Topology
-    name: str
-
-    @property
-    def cluster(self) -> Cluster:
-        return self.loaded.cluster
-
-    @property
-    def host(self) -> Host:
-        return self.cluster.hosts[self.name]
-
-    @property
-    def address(self) -> str:
-        return str(self.host.address)
-
-    def settings(self, role: str) -> BaseModel:
-        return role_settings(self.cluster, self.name, role)
-
-    def config(self, model: type[Config]) -> Config:
-        """The host's settings of the role whose config model is `model`, typed."""
-        return role_config(self.cluster, self.name, model)
 
 
 @cache
@@ -80,7 +37,12 @@ def render_template(name: str, **context: object) -> str:
 
 def host_contexts(loaded: LoadedCluster) -> list[HostContext]:
     topology = build_topology(loaded.cluster)
-    return [HostContext(loaded, topology, name) for name in loaded.cluster.hosts]
+    return [host_context(loaded, name, topology) for name in loaded.cluster.hosts]
+
+
+def host_context(loaded: LoadedCluster, name: str, topology: Topology | None = None) -> HostContext:
+    settings = {role: role_settings(loaded.cluster, name, role) for role in ROLE_CONFIGS}
+    return HostContext(loaded, topology or build_topology(loaded.cluster), name, settings)
 
 
 def host_files(ctx: HostContext) -> list[ManagedFile]:

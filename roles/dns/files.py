@@ -149,7 +149,7 @@ def client_files(ctx: HostContext) -> list[ManagedFile]:
     topology = ctx.topology
     if topology.dns_primary is None:
         return []
-    cfg = ctx.settings("dns")
+    cfg = ctx.settings["dns"]
     servers = [topology.dns_primary, *topology.dns_secondaries][:MAX_NAMESERVERS]
     content = render_template(
         "dns/resolv.conf.j2",

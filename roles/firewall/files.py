@@ -50,7 +50,7 @@ def nft_match(rule: FirewallRule) -> str:
 
 
 def render_table(ctx: HostContext) -> str:
-    cfg = ctx.settings("firewall")
+    cfg = ctx.settings["firewall"]
     rules = [
         # A double quote would end the nftables comment string early.
         RenderedRule(nft_match(rule), rule.description.replace('"', "'"))

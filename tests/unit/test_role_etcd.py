@@ -11,7 +11,6 @@ from cryptography import x509
 from pydantic import ValidationError
 
 from inventory.loader import load
-from inventory.topology import build_topology
 from roles.etcd import pki
 from roles.etcd.config import EtcdConfig
 from roles.etcd.files import (
@@ -26,7 +25,8 @@ from roles.etcd.files import (
 from roles.etcd.gate import judge, parse_p99_ms
 from roles.etcd.operations import refusal
 from roles.etcd.release import CHECKSUMS, ReleaseUnknown, binary_dir, release
-from roles.render import HostContext
+from roles.render import host_context
+from roles.spec import HostContext
 
 
 @pytest.fixture
@@ -36,7 +36,7 @@ def loaded(small_cluster, write_cluster):
 
 
 def context(loaded, name: str) -> HostContext:
-    return HostContext(loaded, build_topology(loaded.cluster), name)
+    return host_context(loaded, name)
 
 
 def sans(cert_pem: str) -> tuple[set[str], set[str]]:

@@ -30,7 +30,8 @@ from inventory.loader import load
 from inventory.model import LoadedCluster
 from inventory.topology import Topology, build_topology
 from roles.phases import PHASES
-from roles.render import HostContext
+from roles.render import host_context
+from roles.spec import HostContext
 
 SUITES = Path(__file__).resolve().parent
 
@@ -159,7 +160,7 @@ def topology(cluster: LoadedCluster) -> Topology:
 
 @pytest.fixture
 def ctx(target: str, cluster: LoadedCluster, topology: Topology) -> HostContext:
-    return HostContext(cluster, topology, target)
+    return host_context(cluster, target, topology)
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,144 @@
+"""The shared types of every role: one host's context, a managed file, and the role record.
+
+A leaf module: it imports only the inventory layer, so every role package can import it and the
+engine (registry, render, runner) builds on it. Data flows one way: inventory -> model ->
+per-host typed role config (here, in `HostContext`) -> operations -> hosts -> report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TypeVar
+
+from pydantic import BaseModel
+
+from inventory.model import Cluster, Host, LoadedCluster
+from inventory.topology import FirewallRule, Topology
+
+Config = TypeVar("Config", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class ManagedFile:
+    """One file a role owns on a host: the same content is rendered offline and uploaded."""
+
+    role: str
+    path: str  # absolute path on the host
+    content: str
+    mode: str = "0644"
+    user: str = "root"
+    group: str = "root"
+    secret: bool = False  # never shown in diffs, plans or logs
+    # A command that validates a candidate file ("nft -c -f {path}"): when set, the new content
+    # is staged beside the live file, checked, and only then moved into place.
+    check: str | None = None
+
+
+@dataclass(frozen=True)
+class HostContext:
+    """What a role's files and deploy see of one host: the cluster, its topology, the host's
+    firewall rules (every role's ports, gathered by the registry) and its typed settings of
+    every role (merged once at load: defaults < group_vars in group order < host vars)."""
+
+    loaded: LoadedCluster
+    topology: Topology
+    name: str
+    settings: Mapping[str, BaseModel] = field(default_factory=dict)  # role name -> config
+    firewall_rules: tuple[FirewallRule, ...] = ()
+
+    @property
+    def cluster(self) -> Cluster:
+        return self.loaded.cluster
+
+    @property
+    def host(self) -> Host:
+        return self.cluster.hosts[self.name]
+
+    @property
+    def address(self) -> str:
+        return str(self.host.address)
+
+    def config(self, model: type[Config]) -> Config:
+        """The host's settings of the role whose config model is `model`, typed."""
+        for value in self.settings.values():
+            if type(value) is model:
+                return value
+        raise KeyError(f"{self.name}: no settings of {model.__name__} (role not registered?)")
+
+
+class Rolling(StrEnum):
+    """How a phase may roll over its hosts, in `apply --batch` steps and in reboots."""
+
+    # A quorum group (etcd): applied in one step so a new cluster bootstraps with every member
+    # starting together; its restarts (inside the deploy) and its reboots go one member at a time.
+    together = "together"
+    # Members that each keep a service up (API servers, load balancers, DNS servers): never two
+    # of them in one step, so the others keep serving while one changes or reboots.
+    one_at_a_time = "one_at_a_time"
+    # Interchangeable hosts (workers): `--batch` sizes the steps and `--rate` spaces them.
+    batches = "batches"
+
+
+HostFiles = Callable[[HostContext], list[ManagedFile]]
+HostDeploy = Callable[[HostContext], None]
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One deploy of a role on some groups (None: every host), with the files it manages."""
+
+    groups: tuple[str, ...] | None
+    files: HostFiles | None = None
+    deploy: HostDeploy | None = None
+    rolling: Rolling = Rolling.batches
+    role: str = ""  # filled in by the Role that holds the phase
+
+    def applies_to(self, host_groups: Iterable[str]) -> bool:
+        return self.groups is None or any(g in self.groups for g in host_groups)
+
+
+# The inventory rules a role adds (nvidia: pins that must fit each other): (key path, message).
+HostSettings = Mapping[str, Mapping[str, BaseModel]]  # host -> role -> typed config
+ClusterCheck = Callable[[LoadedCluster, HostSettings], Iterable[tuple[str, str]]]
+# Inbound rules a role's hosts need, by group ("all" for every host).
+PortRules = Callable[[LoadedCluster], Mapping[str, Iterable[FirewallRule]]]
+# Cluster-wide files (Kubernetes manifests) under _cluster/: relative path -> content.
+ClusterFiles = Callable[[LoadedCluster], Mapping[str, str]]
+
+
+@dataclass(frozen=True)
+class Role:
+    """Everything the engine knows of a role, declared once in the role's own package.
+
+    `tests/verify/<name>/` holds its testinfra suites and `templates/<name>/` its templates:
+    both are found by the role's name, so adding a role is its folder plus one registry line.
+    """
+
+    name: str
+    config: type[BaseModel]
+    phases: tuple[Phase, ...] = ()
+    ports: PortRules | None = None
+    cluster_files: ClusterFiles | None = None
+    checks: ClusterCheck | None = None
+    summary: str = ""  # one line for `gpuinfra render --help` and the docs
+
+    def __post_init__(self) -> None:
+        # Each phase knows its role's name, so a report groups operations by role.
+        filled = tuple(
+            phase if phase.role == self.name else _with_role(phase, self.name)
+            for phase in self.phases
+        )
+        object.__setattr__(self, "phases", filled)
+
+    @property
+    def groups(self) -> tuple[str, ...] | None:
+        """The groups its phases target (None: every host); verify runs its suites there."""
+        if any(phase.groups is None for phase in self.phases):
+            return None
+        return tuple(dict.fromkeys(g for phase in self.phases for g in phase.groups or ()))
+
+
+def _with_role(phase: Phase, role: str) -> Phase:
+    return Phase(phase.groups, phase.files, phase.deploy, phase.rolling, role)

@@ -25,6 +25,7 @@ def check_cluster(loaded: LoadedCluster) -> list[tuple[str, str]]:
         _host_sections_match_groups,
         _ssh_key,
         _role_vars,
+        _nvidia_pins,
         _firewall_admin_networks,
     ):
         problems.extend(rule(loaded))
@@ -150,6 +151,23 @@ def _role_vars(loaded: LoadedCluster) -> Iterator[tuple[str, str]]:
                     key = ".".join(str(part) for part in err["loc"])
                     message = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
                     yield f"{prefix}.{role}.{key}", message
+
+
+def _nvidia_pins(loaded: LoadedCluster) -> Iterator[tuple[str, str]]:
+    """The nvidia role's `checks` (driver, CUDA, cuDNN, NCCL fit each other), until the role
+    records' checks are wired into validation (issue 14)."""
+    from roles.config import role_settings
+    from roles.nvidia import ROLE
+
+    try:
+        settings = {
+            name: {"nvidia": role_settings(loaded.cluster, name, "nvidia")}
+            for name in loaded.cluster.in_group("gpu_worker")
+        }
+    except ValidationError:
+        return  # the role's settings are invalid: _role_vars reports that
+    assert ROLE.checks is not None
+    yield from ROLE.checks(loaded, settings)
 
 
 def _firewall_admin_networks(loaded: LoadedCluster) -> Iterator[tuple[str, str]]:

@@ -24,6 +24,8 @@ from roles.loadbalancer import deploy as loadbalancer_deploy
 from roles.loadbalancer import files as loadbalancer_files
 from roles.monitoring import deploy as monitoring_deploy
 from roles.monitoring import files as monitoring_files
+from roles.nvidia import deploy as nvidia_deploy
+from roles.nvidia import files as nvidia_files
 from roles.render import HostContext, ManagedFile
 
 
@@ -47,6 +49,8 @@ PHASES: list[Phase] = [
         container_runtime_files.managed_files,
         container_runtime_deploy.apply,
     ),
+    # The runtime's containerd drop-in and daemon.json entry need containerd and Docker first.
+    Phase("nvidia", ("gpu_worker",), nvidia_files.managed_files, nvidia_deploy.apply),
     Phase("firewall", None, firewall_files.managed_files, firewall_deploy.apply),
     Phase("dns", ("dns",), dns_files.server_files, dns_deploy.apply_server),
     # Every host then resolves through the cluster's DNS servers (same role: --roles dns).

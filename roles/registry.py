@@ -14,6 +14,7 @@ from roles.gpu_health.config import GpuHealthConfig
 from roles.kernel.config import KernelConfig
 from roles.loadbalancer.config import LoadBalancerConfig
 from roles.monitoring.config import MonitoringConfig
+from roles.nvidia.config import NvidiaConfig
 
 ROLE_CONFIGS: dict[str, type[BaseModel]] = {
     "base": BaseConfig,
@@ -21,6 +22,7 @@ ROLE_CONFIGS: dict[str, type[BaseModel]] = {
     "gpu_health": GpuHealthConfig,
     "kernel": KernelConfig,
     "container_runtime": ContainerRuntimeConfig,
+    "nvidia": NvidiaConfig,
     "firewall": FirewallConfig,
     "dns": DnsConfig,
     "loadbalancer": LoadBalancerConfig,

@@ -46,12 +46,13 @@ class HeldPackages(FactBase):
         return sorted(line.strip() for line in output if line.strip())
 
 
-class DriverDevice(FactBase):
-    """Whether the driver's control device exists (/dev/nvidiactl): the kernel module is loaded
-    and services that talk to the GPUs (nvidia-persistenced, fabric manager) can start."""
+class DriverLoaded(FactBase):
+    """Whether the NVIDIA kernel module is loaded (/proc/driver/nvidia/version), so services
+    that talk to the GPUs (nvidia-persistenced, fabric manager) can start. Not /dev/nvidiactl:
+    NVML creates that node itself when it can, driver or not (seen in a lab host)."""
 
     def command(self) -> str:
-        return "test -e /dev/nvidiactl && echo yes || echo no"
+        return "test -e /proc/driver/nvidia/version && echo yes || echo no"
 
     def process(self, output: list[str]) -> bool:
         return bool(output) and output[0].strip() == "yes"

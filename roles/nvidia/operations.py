@@ -12,7 +12,7 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.server import Which
 
 from roles.facts import Container, UnitState
-from roles.nvidia.facts import DriverDevice, HeldPackages, NvswitchDevices
+from roles.nvidia.facts import DriverLoaded, HeldPackages, NvswitchDevices
 from roles.nvidia.packages import Missing, Package
 from roles.operations import reboot_flag_commands, report_note
 
@@ -105,15 +105,17 @@ def initramfs_updated():
 @operation()
 def driver_service_running(unit: str):
     """Enable a service that talks to the GPUs (nvidia-persistenced) and start it where the
-    driver is loaded; without /dev/nvidiactl it is enabled and starts with the driver at boot."""
+    driver is loaded; without the driver it is enabled and starts with it at boot."""
     state = host.get_fact(UnitState, unit=unit) or {}
+    commands = []
     if state.get("UnitFileState") not in ("enabled", "static", "alias"):
-        yield f"systemctl enable {shlex.quote(unit)}"
-    if not host.get_fact(DriverDevice):
-        report_note(f"{unit}: enabled; not started, no NVIDIA driver is loaded (/dev/nvidiactl)")
-        return
-    if state.get("ActiveState") != "active":
-        yield f"systemctl restart {shlex.quote(unit)}"
+        commands.append(f"systemctl enable {shlex.quote(unit)}")
+    # Notes before commands: a plan stops reading an operation at its first command.
+    if not host.get_fact(DriverLoaded):
+        report_note(f"{unit}: enabled; not started, no NVIDIA driver is loaded")
+    elif state.get("ActiveState") != "active":
+        commands.append(f"systemctl restart {shlex.quote(unit)}")
+    yield from commands
 
 
 @operation()
@@ -125,13 +127,14 @@ def fabricmanager_running(expected: bool, why: str):
     unit = "nvidia-fabricmanager"
     devices = host.get_fact(NvswitchDevices) or []
     state = host.get_fact(UnitState, unit=f"{unit}.service") or {}
+    commands = []
     if state.get("UnitFileState") not in ("enabled", "static"):
-        yield f"systemctl enable {unit}"
+        commands.append(f"systemctl enable {unit}")
     if not devices:
         report_note(
             f"{unit}: expected ({why}) but /proc/driver/nvidia-nvswitch/devices lists no "
             "NVSwitch (driver not loaded, or not an NVSwitch board): enabled, not started"
         )
-        return
-    if state.get("ActiveState") != "active":
-        yield f"systemctl restart {unit}"
+    elif state.get("ActiveState") != "active":
+        commands.append(f"systemctl restart {unit}")
+    yield from commands

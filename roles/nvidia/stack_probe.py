@@ -10,6 +10,7 @@ import subprocess
 
 LIBRARY_DIRS = (
     "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/x86_64-linux-gnu/nvidia/current",  # Debian's NVIDIA libraries
     "/usr/lib/aarch64-linux-gnu",
     "/usr/lib64",
     "/usr/local/cuda/lib64",

@@ -458,3 +458,28 @@ def test_persistenced_waits_for_a_loaded_driver(fake_host):
     assert run(nvidia_ops.driver_service_running, unit="nvidia-persistenced.service") == [
         "systemctl restart nvidia-persistenced.service"
     ]
+
+
+def test_an_unknown_nvidia_setting_is_named_and_the_pins_check_does_not_crash(
+    gpu_cluster, write_cluster
+):
+    nvidia_vars(gpu_cluster, soruce="mirror")
+    code, err = validate(write_cluster(gpu_cluster))
+    assert code == 2
+    assert "group_vars.gpu_worker.nvidia.soruce: unknown key" in err
+    assert "Traceback" not in err
+
+
+def test_the_stack_probe_runs_with_a_plain_python_and_no_nvidia_stack():
+    """The probe itself, run here (this machine has no NVIDIA libraries or nvidia-smi)."""
+    import subprocess
+    import sys
+
+    from roles.nvidia.facts import STACK_PROBE
+
+    done = subprocess.run([sys.executable, "-c", STACK_PROBE], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    facts = NvidiaStack().process(done.stdout.splitlines())
+    assert facts["driver_loaded"] == "no"
+    assert facts["nvml_error"] == "nvidia-smi not installed"
+    assert "nccl" not in facts and facts["nvswitch_devices"] == "0"

@@ -16,7 +16,7 @@ from rich.table import Table
 from cli.errors import UserError, reporting
 from cli.exitcodes import ExitCode
 from cli.options import ClusterArg, FormatOpt, OutputFormat
-from inventory.loader import load
+from roles.context import load
 from roles.junit import write_junit
 
 console = Console(highlight=False)
@@ -141,7 +141,7 @@ def parse_shard(value: str | None) -> tuple[int, int] | None:
 
 
 def _run(cluster, mode, limit, roles, parallel, output, batch=None, fail_percent=None, shard=None):
-    from roles.phases import PHASES
+    from roles.registry import PHASES
     from roles.runner import RunOptions, run, select_hosts
 
     with reporting():

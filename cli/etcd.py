@@ -14,7 +14,7 @@ from rich.table import Table
 from cli.errors import UserError, reporting
 from cli.exitcodes import ExitCode
 from cli.options import ClusterArg, FormatOpt, OutputFormat
-from inventory.loader import load
+from roles.context import load
 
 app = typer.Typer(help="Day-2 operations on the external etcd cluster.", no_args_is_help=True)
 console = Console(highlight=False)

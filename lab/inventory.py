@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from inventory.loader import build
+from inventory.building import build
 from inventory.model import LoadedCluster
 from lab import rootfs
 from lab.state import LabState

@@ -24,11 +24,12 @@ from pyinfra.context import ctx_host, ctx_state
 from pyinfra.facts.files import FileContents
 
 from inventory.model import LoadedCluster
+from roles.context import host_contexts
 from roles.factcache import prepare_cache
 from roles.facts import RebootRequired
 from roles.operations import prefetch_requests
-from roles.phases import PHASES, Phase
-from roles.render import HostContext, ManagedFile, host_contexts
+from roles.registry import PHASES
+from roles.spec import HostContext, ManagedFile, Phase
 
 REDACTED = "(secret: content differs, not shown)"
 

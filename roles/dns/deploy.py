@@ -18,7 +18,7 @@ from roles.dns.files import (
 )
 from roles.dns.operations import put_zone, regular_file, zone_served
 from roles.operations import put_file, service_running
-from roles.render import HostContext
+from roles.spec import HostContext
 
 SERVER_PACKAGES = ["bind9", "bind9-dnsutils"]
 # dig, for checks and for operators on every host.

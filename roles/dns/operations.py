@@ -12,7 +12,7 @@ from pyinfra.facts.files import Link
 
 from roles.dns.facts import ServedSerial
 from roles.operations import _remember, put_checked
-from roles.render import ManagedFile
+from roles.spec import ManagedFile
 
 # A secondary picks a change up on the primary's NOTIFY, normally within a second or two.
 SERVE_TIMEOUT_S = 60

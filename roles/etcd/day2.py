@@ -21,11 +21,11 @@ from pathlib import Path
 
 from inventory.model import LoadedCluster
 from inventory.topology import ETCD_CLIENT_PORT, ETCD_METRICS_PORT, ETCD_PEER_PORT, build_topology
-from roles.config import role_config
 from roles.etcd.config import EtcdConfig
 from roles.etcd.files import INITIAL_STATE_ENV, WAIT_HEALTHY
 from roles.etcd.gate import GateResult, fio_command, judge
 from roles.etcd.pki import CertExpiry, expiry_report
+from roles.spec import host_config
 from roles.ssh import ssh_argv
 
 ENV = "set -a; . /etc/etcd/etcdctl.env; set +a;"
@@ -76,7 +76,7 @@ def members(loaded: LoadedCluster) -> list[str]:
 
 
 def settings(loaded: LoadedCluster, host: str) -> EtcdConfig:
-    return role_config(loaded.cluster, host, EtcdConfig)
+    return host_config(loaded, host, "etcd", EtcdConfig)
 
 
 def each(hosts: Iterable[str], work: Callable[[str], object]) -> dict[str, object]:

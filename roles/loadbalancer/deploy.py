@@ -15,7 +15,7 @@ from roles.loadbalancer.files import (
 )
 from roles.loadbalancer.operations import haproxy_serving
 from roles.operations import put_file, service_running, wait_for
-from roles.render import HostContext
+from roles.spec import HostContext
 
 # socat: the way to talk to HAProxy's runtime API socket (show stat, disable server...).
 PACKAGES = ["haproxy", "socat"]

@@ -12,9 +12,8 @@ from typer.testing import CliRunner
 from cli.engine import _exit_code
 from cli.exitcodes import ExitCode
 from cli.main import app
-from inventory.loader import load
+from roles.context import load
 from roles.junit import write_junit
-from roles.render import ManagedFile
 from roles.runner import (
     REDACTED,
     HostReport,
@@ -26,6 +25,7 @@ from roles.runner import (
     batches,
     select_hosts,
 )
+from roles.spec import ManagedFile
 from tests.unit.conftest import SAMPLE
 
 runner = CliRunner()

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from cli.exitcodes import ExitCode
 from cli.main import app
-from inventory.loader import load
+from roles.context import load
 from roles.etcd import day2
 from roles.etcd.day2 import Remote, wal_fsync_p99_ms
 

@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from inventory.loader import load
+from roles.context import host_contexts, host_files, load
 from roles.facts import Container, RebootReasons
 from roles.kernel import operations as kernel_ops
 from roles.kernel.config import DEFAULT_SYSCTLS, KernelConfig
@@ -21,7 +21,6 @@ from roles.kernel.facts import (
     chosen_value,
     is_swap_entry,
 )
-from roles.render import host_contexts, host_files
 from tests.unit.conftest import SAMPLE
 
 runner = CliRunner()

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from inventory.errors import InventoryInvalid
-from inventory.loader import load
+from roles.context import load
 from tests.unit.conftest import SAMPLE
 
 runner = CliRunner()

@@ -4,7 +4,7 @@ zone), and every host's resolver pointed at them."""
 from __future__ import annotations
 
 from pyinfra.api import deploy
-from pyinfra.operations import apt, server, systemd
+from pyinfra.operations import apt, server
 
 from roles.dns.files import (
     RESOLV_CONF,
@@ -45,7 +45,13 @@ def apply_server(ctx: HostContext) -> None:
         commands=["named-checkconf -z /etc/bind/named.conf"],
         _if=changed,
     )
-    systemd.service(name="Reload Bind9", service="named", reloaded=True, _if=changed)
+    # One server at a time (`_serial`): the others keep answering while one reloads.
+    server.shell(
+        name="Reload Bind9, one server at a time",
+        commands=["systemctl reload named"],
+        _serial=True,
+        _if=changed,
+    )
     for zone in zones(ctx):
         zone_served(
             name=f"Check {zone.name} is served",

@@ -1,0 +1,297 @@
+"""What the in-cluster GPU health pods do with a verdict: lift or keep the preflight taint,
+set the node's GPUHealthy condition, record an Event, and cordon within a budget.
+
+The decisions are pure functions of the node object and the verdict (unit tested); `main` wires
+them to kubectl for the pods of templates/gpu_health/gpu-health.yaml.j2:
+
+    python3 -m roles.gpu_health.gate preflight --node NODE --verdict ok --report REPORT.json
+    python3 -m roles.gpu_health.gate passive --node NODE --verdict ok --report REPORT.json
+    python3 -m roles.gpu_health.gate periodic --node NODE --verdict failed --budget 10%
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from roles.gpu_health import (
+    GPU_WORKER_LABEL_KEY,
+    GPU_WORKER_LABEL_VALUE,
+    HEALTH_CONDITION,
+    PREFLIGHT_TAINT_KEY,
+)
+from roles.gpu_health.commands import CommandRunner, run_command
+from roles.gpu_health.fleet import parse_budget
+
+# Verdicts that let a node take work: degraded keeps computing correctly, only slower.
+PASSING = frozenset({"ok", "degraded"})
+# Node events live in `default`, as kubelet's own do (a Node has no namespace).
+EVENT_NAMESPACE = "default"
+EVENT_SOURCE = "gpuinfra-gpu-health"
+
+
+@dataclass(frozen=True)
+class NodeActions:
+    """What to write on one node; None/empty where nothing changes."""
+
+    taint_patch: list[dict[str, Any]] | None  # a JSON patch of spec.taints, guarded by `test`
+    condition: dict[str, Any]
+    event: dict[str, Any] | None
+    cordon: bool = False
+    alerts: list[str] = field(default_factory=list)  # for the pod log and the textfile metric
+
+
+def taints_without_preflight(taints: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every taint but the preflight one: team taints and anything an operator set stay."""
+    return [taint for taint in taints if taint.get("key") != PREFLIGHT_TAINT_KEY]
+
+
+def _taint_patch(node: dict[str, Any]) -> list[dict[str, Any]] | None:
+    taints = node.get("spec", {}).get("taints") or []
+    kept = taints_without_preflight(taints)
+    if kept == taints:
+        return None
+    # `test` first: if anything else changed the taints since we read them, the API server
+    # refuses the patch instead of our stale list overwriting it.
+    return [
+        {"op": "test", "path": "/spec/taints", "value": taints},
+        {"op": "replace", "path": "/spec/taints", "value": kept},
+    ]
+
+
+def condition(verdict: str, summary: str, now: datetime) -> dict[str, Any]:
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "type": HEALTH_CONDITION,
+        "status": "True" if verdict in PASSING else "False",
+        "reason": f"GPUHealth{verdict.capitalize()}",
+        "message": summary[:1024],
+        "lastHeartbeatTime": stamp,
+        "lastTransitionTime": stamp,
+    }
+
+
+def node_event(
+    node: dict[str, Any], reason: str, message: str, now: datetime, kind: str = "Warning"
+) -> dict[str, Any]:
+    name = node["metadata"]["name"]
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{name}.gpu-health.", "namespace": EVENT_NAMESPACE},
+        "involvedObject": {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "name": name,
+            "uid": node["metadata"].get("uid", ""),
+        },
+        "reason": reason,
+        "message": message[:1024],
+        "type": kind,
+        "source": {"component": EVENT_SOURCE, "host": name},
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }
+
+
+def decide_preflight(
+    node: dict[str, Any], verdict: str, summary: str, now: datetime
+) -> NodeActions:
+    """A pass lifts the preflight taint and nothing else; a failure keeps it and says why."""
+    if verdict in PASSING:
+        return NodeActions(_taint_patch(node), condition(verdict, summary, now), None)
+    message = f"preflight {verdict}: {summary}; keeping the {PREFLIGHT_TAINT_KEY} taint"
+    event = node_event(node, "GPUPreflightFailed", message, now)
+    return NodeActions(None, condition(verdict, summary, now), event)
+
+
+def is_gpu_worker(node: dict[str, Any]) -> bool:
+    labels = node.get("metadata", {}).get("labels") or {}
+    return labels.get(GPU_WORKER_LABEL_KEY) == GPU_WORKER_LABEL_VALUE
+
+
+def cordoned_count(nodes: list[dict[str, Any]]) -> int:
+    """GPU workers already cordoned for any reason: they all spend the same budget."""
+    return sum(bool(node.get("spec", {}).get("unschedulable")) for node in nodes)
+
+
+def decide_periodic(
+    node: dict[str, Any],
+    gpu_workers: list[dict[str, Any]],
+    verdict: str,
+    summary: str,
+    budget: str,
+    now: datetime,
+) -> NodeActions:
+    """A failed node is cordoned only while fewer than the budget are cordoned; past it the
+    node stays schedulable and an alert says so: many failures at once are more often a bad
+    check or a shared cause (a driver push, a switch) than many broken GPUs, and cordoning
+    them all would empty the fleet."""
+    actions = NodeActions(None, condition(verdict, summary, now), None)
+    if verdict != "failed":
+        return actions
+    if node.get("spec", {}).get("unschedulable"):
+        return actions  # already out of service: nothing to spend
+    allowed = parse_budget(budget, len(gpu_workers))
+    cordoned = cordoned_count(gpu_workers)
+    if cordoned >= allowed:
+        message = (
+            f"periodic check failed ({summary}) but {cordoned} of {len(gpu_workers)} GPU "
+            f"workers are already cordoned (budget {allowed}): NOT cordoning; look at the fleet"
+        )
+        event = node_event(node, "GPUHealthCordonBudgetSpent", message, now)
+        return NodeActions(None, actions.condition, event, cordon=False, alerts=[message])
+    message = f"periodic check failed: {summary}; cordoned ({cordoned + 1} of {allowed} budget)"
+    event = node_event(node, "GPUHealthCordoned", message, now)
+    return NodeActions(None, actions.condition, event, cordon=True)
+
+
+def plan_cordons(
+    failed: list[str], nodes: list[dict[str, Any]], budget: str
+) -> tuple[list[str], list[str]]:
+    """The fleet view of `decide_periodic` (failed hosts taken in order): (cordon, spared)."""
+    allowed = parse_budget(budget, len(nodes))
+    room = max(0, allowed - cordoned_count(nodes))
+    return failed[:room], failed[room:]
+
+
+# --- wiring to the API server (kubectl in the pod, with its service account) ---
+
+
+class NodeApi(Protocol):
+    """The few calls the gate makes; `Kubectl` in the pods, a stand-in in unit tests."""
+
+    def get_node(self, name: str) -> dict[str, Any]: ...
+    def gpu_workers(self) -> list[dict[str, Any]]: ...
+    def patch_taints(self, name: str, patch: list[dict[str, Any]]) -> None: ...
+    def set_condition(self, name: str, condition: dict[str, Any]) -> None: ...
+    def cordon(self, name: str) -> None: ...
+    def create_event(self, event: dict[str, Any]) -> None: ...
+
+
+class KubectlFailed(RuntimeError):
+    pass
+
+
+@dataclass
+class Kubectl:
+    run: CommandRunner = run_command
+
+    def _call(self, *args: str) -> str:
+        result = self.run(["kubectl", *args], 60)
+        if result.rc != 0:
+            said = (result.stderr.strip().splitlines() or [f"exit {result.rc}"])[-1]
+            raise KubectlFailed(f"kubectl {args[0]} {args[1] if len(args) > 1 else ''}: {said}")
+        return result.stdout
+
+    def get_node(self, name: str) -> dict[str, Any]:
+        return json.loads(self._call("get", "node", name, "-o", "json"))
+
+    def gpu_workers(self) -> list[dict[str, Any]]:
+        selector = f"{GPU_WORKER_LABEL_KEY}={GPU_WORKER_LABEL_VALUE}"
+        return json.loads(self._call("get", "nodes", "-l", selector, "-o", "json"))["items"]
+
+    def patch_taints(self, name: str, patch: list[dict[str, Any]]) -> None:
+        self._call("patch", "node", name, "--type=json", "-p", json.dumps(patch))
+
+    def set_condition(self, name: str, condition: dict[str, Any]) -> None:
+        body = json.dumps({"status": {"conditions": [condition]}})
+        self._call("patch", "node", name, "--subresource=status", "--type=strategic", "-p", body)
+
+    def cordon(self, name: str) -> None:
+        self._call("cordon", name)
+
+    def create_event(self, event: dict[str, Any]) -> None:
+        # `kubectl create --raw` posts the object as is: no file, no shell quoting.
+        path = f"/api/v1/namespaces/{event['metadata']['namespace']}/events"
+        self.run_raw(path, event)
+
+    def run_raw(self, path: str, body: dict[str, Any]) -> None:
+        with tempfile.NamedTemporaryFile("w", suffix=".json") as handle:
+            json.dump(body, handle)
+            handle.flush()
+            self._call("create", "--raw", path, "-f", handle.name)
+
+
+def apply(api: NodeApi, name: str, actions: NodeActions) -> None:
+    """Condition first (controllers read it), then the taint or cordon, then the Event."""
+    api.set_condition(name, actions.condition)
+    if actions.taint_patch:
+        api.patch_taints(name, actions.taint_patch)
+    if actions.cordon:
+        api.cordon(name)
+    if actions.event:
+        api.create_event(actions.event)
+
+
+def run_preflight(
+    api: NodeApi, name: str, verdict: str, summary: str, now: datetime
+) -> NodeActions:
+    actions = decide_preflight(api.get_node(name), verdict, summary, now)
+    apply(api, name, actions)
+    return actions
+
+
+def run_periodic(
+    api: NodeApi, name: str, verdict: str, summary: str, budget: str, now: datetime
+) -> NodeActions:
+    actions = decide_periodic(api.get_node(name), api.gpu_workers(), verdict, summary, budget, now)
+    apply(api, name, actions)
+    return actions
+
+
+def summarize(report_path: str | None) -> str:
+    """The failed and degraded checks of a `gpuinfra health run --format json` report."""
+    if not report_path:
+        return "no report"
+    try:
+        with open(report_path) as handle:
+            checks = json.load(handle)["checks"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "no readable report"
+    bad = sorted({c["check"] for c in checks if c.get("verdict") in ("degraded", "failed")})
+    return ", ".join(bad) or "all checks passed"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m roles.gpu_health.gate")
+    parser.add_argument("mode", choices=["preflight", "passive", "periodic"])
+    parser.add_argument("--node", required=True)
+    parser.add_argument("--verdict", required=True, choices=["ok", "degraded", "failed", "error"])
+    parser.add_argument("--report", help="the JSON report of gpuinfra health run")
+    parser.add_argument("--budget", default="10%", help="cordon budget: 10%% or a node count")
+    parser.add_argument("--alert-file", help="textfile-collector file for the budget alert")
+    args = parser.parse_args(argv)
+    api, now, summary = Kubectl(), datetime.now(UTC), summarize(args.report)
+    try:
+        if args.mode == "preflight":
+            actions = run_preflight(api, args.node, args.verdict, summary, now)
+        elif args.mode == "passive":
+            # The node's lifetime loop: the condition follows the verdict; taints stay as they
+            # are (a node that fails later is the periodic check's, within its budget).
+            actions = NodeActions(None, condition(args.verdict, summary, now), None)
+            apply(api, args.node, actions)
+        else:
+            actions = run_periodic(api, args.node, args.verdict, summary, args.budget, now)
+    except KubectlFailed as exc:
+        print(f"gate: {exc}", file=sys.stderr)
+        return 1
+    for alert in actions.alerts:
+        print(f"ALERT: {alert}", file=sys.stderr)
+    if args.alert_file:
+        gauge = "gpuinfra_gpu_health_cordon_budget_spent"
+        with open(args.alert_file, "w") as handle:
+            handle.write(f"# HELP {gauge} 1 when a failed node was left uncordoned: budget spent\n")
+            handle.write(f"# TYPE {gauge} gauge\n{gauge} {int(bool(actions.alerts))}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

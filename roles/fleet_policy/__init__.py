@@ -45,9 +45,16 @@ def cluster_files(loaded: LoadedCluster) -> Mapping[str, str]:
     return files.cluster_files(loaded)
 
 
+def cluster_checks(loaded: LoadedCluster, settings: object) -> list[tuple[str, str]]:
+    from roles.fleet_policy.checks import problems
+
+    return list(problems(loaded))
+
+
 ROLE = Role(
     name="fleet_policy",
     config=FleetPolicyConfig,
     cluster_files=cluster_files,
+    checks=cluster_checks,
     summary="team isolation, balloons, gang scheduling and GPU metrics on the cluster",
 )

@@ -129,7 +129,7 @@ def test_cronjob_takes_whole_idle_nodes_on_a_schedule():
 def test_node_script_lifts_the_taint_only_after_passing(tmp_path):
     script = documents(load(SAMPLE))["ConfigMap"]["data"]["health-node.sh"]
     # The decision is Python's (roles/gpu_health/gate.py, tests/unit/test_gpu_health_gate.py).
-    assert "python3 -m roles.gpu_health.gate \"$1\"" in script
+    assert 'python3 -m roles.gpu_health.gate "$1"' in script
     assert "check --require-active" in script
     assert "--budget '10%'" in script
     path = tmp_path / "health-node.sh"

@@ -1,5 +1,6 @@
 """What the in-cluster GPU health pods do with a verdict: lift or keep the preflight taint,
-set the node's GPUHealthy condition, record an Event, and cordon within a budget.
+set the node's GPUHealthy condition, record an Event, and cordon within a budget; and which
+random GPU workers the periodic CronJob checks.
 
 The decisions are pure functions of the node object and the verdict (unit tested); `main` wires
 them to kubectl for the pods of templates/gpu_health/gpu-health.yaml.j2:
@@ -7,17 +8,22 @@ them to kubectl for the pods of templates/gpu_health/gpu-health.yaml.j2:
     python3 -m roles.gpu_health.gate preflight --node NODE --verdict ok --report REPORT.json
     python3 -m roles.gpu_health.gate passive --node NODE --verdict ok --report REPORT.json
     python3 -m roles.gpu_health.gate periodic --node NODE --verdict failed --budget 10%
+    python3 -m roles.gpu_health.gate sample --count 2 --job /etc/gpu-health/periodic-job.yaml
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
+import random
 import sys
 import tempfile
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
+
+import yaml
 
 from roles.gpu_health import (
     GPU_WORKER_LABEL_KEY,
@@ -162,6 +168,65 @@ def plan_cordons(
     return failed[:room], failed[room:]
 
 
+def _ready(node: dict[str, Any]) -> bool:
+    conditions = node.get("status", {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def _gpus(node: dict[str, Any], gpu_resource: str) -> int:
+    allocatable = node.get("status", {}).get("allocatable") or {}
+    try:
+        return int(allocatable.get(gpu_resource, 0))
+    except (TypeError, ValueError):
+        return 0
+
+
+def eligible(nodes: list[dict[str, Any]], gpu_resource: str) -> list[dict[str, Any]]:
+    """GPU workers worth a periodic check: Ready, schedulable, past preflight (the DaemonSet
+    owns those), and advertising GPUs (a node whose device plugin is down is not idle)."""
+    return [
+        node
+        for node in nodes
+        if is_gpu_worker(node)
+        and _ready(node)
+        and not node.get("spec", {}).get("unschedulable")
+        and not any(
+            t.get("key") == PREFLIGHT_TAINT_KEY for t in node.get("spec", {}).get("taints") or []
+        )
+        and _gpus(node, gpu_resource) > 0
+    ]
+
+
+def choose_nodes(
+    nodes: list[dict[str, Any]], count: int, gpu_resource: str, rng: random.Random
+) -> list[dict[str, Any]]:
+    """`count` eligible nodes drawn uniformly without replacement (all of them if fewer)."""
+    pool = eligible(nodes, gpu_resource)
+    return rng.sample(pool, min(count, len(pool)))
+
+
+def pinned_job(template: dict[str, Any], node: dict[str, Any], gpu_resource: str) -> dict[str, Any]:
+    """The periodic check Job for one node: pinned to it by name, asking for all its GPUs."""
+    job = copy.deepcopy(template)
+    name = node["metadata"]["name"]
+    job["metadata"].setdefault("labels", {})["gpuinfra.io/node"] = name
+    pod = job["spec"]["template"]["spec"]
+    pod["affinity"] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [name]}]}
+                ]
+            }
+        }
+    }
+    for container in pod["containers"]:
+        container.setdefault("resources", {}).setdefault("limits", {})[gpu_resource] = _gpus(
+            node, gpu_resource
+        )
+    return job
+
+
 # --- wiring to the API server (kubectl in the pod, with its service account) ---
 
 
@@ -174,6 +239,7 @@ class NodeApi(Protocol):
     def set_condition(self, name: str, condition: dict[str, Any]) -> None: ...
     def cordon(self, name: str) -> None: ...
     def create_event(self, event: dict[str, Any]) -> None: ...
+    def create_job(self, job: dict[str, Any]) -> str: ...
 
 
 class KubectlFailed(RuntimeError):
@@ -213,6 +279,12 @@ class Kubectl:
         path = f"/api/v1/namespaces/{event['metadata']['namespace']}/events"
         self.run_raw(path, event)
 
+    def create_job(self, job: dict[str, Any]) -> str:
+        with tempfile.NamedTemporaryFile("w", suffix=".json") as handle:
+            json.dump(job, handle)
+            handle.flush()
+            return self._call("create", "-f", handle.name, "-o", "name").strip()
+
     def run_raw(self, path: str, body: dict[str, Any]) -> None:
         with tempfile.NamedTemporaryFile("w", suffix=".json") as handle:
             json.dump(body, handle)
@@ -247,6 +319,14 @@ def run_periodic(
     return actions
 
 
+def run_sample(
+    api: NodeApi, count: int, template: dict[str, Any], gpu_resource: str, rng: random.Random
+) -> list[str]:
+    """Draw the nodes and create one pinned check Job each; the created Jobs' names."""
+    chosen = choose_nodes(api.gpu_workers(), count, gpu_resource, rng)
+    return [api.create_job(pinned_job(template, node, gpu_resource)) for node in chosen]
+
+
 def summarize(report_path: str | None) -> str:
     """The failed and degraded checks of a `gpuinfra health run --format json` report."""
     if not report_path:
@@ -262,14 +342,33 @@ def summarize(report_path: str | None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m roles.gpu_health.gate")
-    parser.add_argument("mode", choices=["preflight", "passive", "periodic"])
-    parser.add_argument("--node", required=True)
-    parser.add_argument("--verdict", required=True, choices=["ok", "degraded", "failed", "error"])
+    parser.add_argument("mode", choices=["preflight", "passive", "periodic", "sample"])
+    parser.add_argument("--node")
+    parser.add_argument("--verdict", choices=["ok", "degraded", "failed", "error"])
     parser.add_argument("--report", help="the JSON report of gpuinfra health run")
     parser.add_argument("--budget", default="10%", help="cordon budget: 10%% or a node count")
     parser.add_argument("--alert-file", help="textfile-collector file for the budget alert")
+    parser.add_argument("--count", type=int, default=2, help="sample: nodes to draw")
+    parser.add_argument("--job", help="sample: the check Job template (YAML)")
+    parser.add_argument("--gpu-resource", default="nvidia.com/gpu")
     args = parser.parse_args(argv)
     api, now, summary = Kubectl(), datetime.now(UTC), summarize(args.report)
+    if args.mode == "sample":
+        if not args.job:
+            parser.error("sample needs --job")
+        with open(args.job) as handle:
+            template = yaml.safe_load(handle)
+        try:
+            created = run_sample(
+                api, args.count, template, args.gpu_resource, random.SystemRandom()
+            )
+        except KubectlFailed as exc:
+            print(f"gate: {exc}", file=sys.stderr)
+            return 1
+        print(f"sampled {len(created)} GPU workers: {' '.join(created) or 'none eligible'}")
+        return 0
+    if not args.node or not args.verdict:
+        parser.error(f"{args.mode} needs --node and --verdict")
     try:
         if args.mode == "preflight":
             actions = run_preflight(api, args.node, args.verdict, summary, now)

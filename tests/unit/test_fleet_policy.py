@@ -92,7 +92,10 @@ def test_render_writes_every_fleet_object(rendered):
 
 def test_every_rendered_object_is_valid_for_the_pinned_kubernetes(rendered):
     objects = objects_in(rendered / "kubernetes")
-    assert len(objects) == 31  # drift job (1), gpu-health (16), fleet policy (14)
+    # The periodic check's Job template, which the sampler creates per node, is checked too.
+    config = find(rendered, "kubernetes/gpu-health.yaml", "ConfigMap")
+    objects.append(("periodic-job.yaml", yaml.safe_load(config["data"]["periodic-job.yaml"])))
+    assert len(objects) == 37  # drift job (1), gpu-health (21 + the Job), fleet policy (14)
     crds = crd_schemas(obj for _, obj in objects)
     version = load(SAMPLE).cluster.versions.kubernetes
     problems = [

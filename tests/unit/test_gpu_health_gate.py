@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import random
 from datetime import UTC, datetime
 
 import pytest
@@ -202,3 +203,92 @@ def test_main_writes_the_budget_alert_for_the_textfile_collector(tmp_path, monke
     assert "gpuinfra_gpu_health_cordon_budget_spent 1" in alert.read_text()
     rc = gate.main(["periodic", "--node", "gpu-3", "--verdict", "ok", "--alert-file", str(alert)])
     assert "gpuinfra_gpu_health_cordon_budget_spent 0" in alert.read_text()
+
+
+# --- the periodic CronJob's random draw ---
+
+JOB_TEMPLATE = {
+    "apiVersion": "batch/v1",
+    "kind": "Job",
+    "metadata": {"generateName": "gpu-health-periodic-", "namespace": "gpu-health"},
+    "spec": {
+        "template": {
+            "spec": {
+                "containers": [
+                    {"name": "gpu-health", "resources": {"limits": {"nvidia.com/gpu": 8}}}
+                ]
+            }
+        }
+    },
+}
+
+
+def ready_gpu_node(name: str, gpus: int = 8, **kwargs) -> dict:
+    n = node(name, **kwargs)
+    n["status"]["allocatable"] = {"nvidia.com/gpu": str(gpus)}
+    return n
+
+
+class RecordingJobs(FakeNodes):
+    def __init__(self, nodes: list[dict]) -> None:
+        super().__init__(nodes)
+        self.jobs: list[dict] = []
+
+    def create_job(self, job: dict) -> str:
+        self.jobs.append(job)
+        return f"job.batch/gpu-health-periodic-{len(self.jobs)}"
+
+
+def pinned_to(job: dict) -> str:
+    terms = job["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    return terms[0]["matchFields"][0]["values"][0]
+
+
+def test_the_sample_skips_nodes_in_preflight_cordoned_not_ready_or_without_gpus():
+    nodes = [
+        ready_gpu_node("gpu-1"),
+        ready_gpu_node("gpu-2", taints=[PREFLIGHT]),
+        ready_gpu_node("gpu-3", cordoned=True),
+        ready_gpu_node("gpu-4", gpus=0),
+        ready_gpu_node("gpu-5", taints=[TEAM]),  # a team's node is checked like any other
+    ]
+    nodes.append(node("gpu-6"))  # no allocatable GPUs reported at all
+    not_ready = ready_gpu_node("gpu-7")
+    not_ready["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+    nodes.append(not_ready)
+    names = [n["metadata"]["name"] for n in gate.eligible(nodes, "nvidia.com/gpu")]
+    assert names == ["gpu-1", "gpu-5"]
+
+
+def test_each_drawn_node_gets_one_job_pinned_to_it_with_all_its_gpus():
+    nodes = [ready_gpu_node(f"gpu-{i}", gpus=4 if i == 3 else 8) for i in range(1, 11)]
+    api = RecordingJobs(nodes)
+    created = gate.run_sample(api, 3, JOB_TEMPLATE, "nvidia.com/gpu", random.Random(7))
+    assert len(created) == 3 and len(api.jobs) == 3
+    pinned = [pinned_to(job) for job in api.jobs]
+    assert len(set(pinned)) == 3
+    for job, name in zip(api.jobs, pinned, strict=True):
+        limits = job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+        assert limits["nvidia.com/gpu"] == (4 if name == "gpu-3" else 8)
+        assert job["metadata"]["labels"]["gpuinfra.io/node"] == name
+    # The template itself is left as it was for the next draw.
+    assert "affinity" not in JOB_TEMPLATE["spec"]["template"]["spec"]
+
+
+def test_the_draw_is_uniform_over_the_eligible_nodes():
+    nodes = [ready_gpu_node(f"gpu-{i}") for i in range(1, 11)]
+    rng = random.Random(2026)
+    counts = dict.fromkeys((f"gpu-{i}" for i in range(1, 11)), 0)
+    for _ in range(2000):
+        for chosen in gate.choose_nodes(nodes, 2, "nvidia.com/gpu", rng):
+            counts[chosen["metadata"]["name"]] += 1
+    # 4000 draws over 10 nodes: 400 each expected; a fixed seed makes this exact, not flaky.
+    assert all(300 < count < 500 for count in counts.values()), counts
+
+
+def test_a_sample_larger_than_the_fleet_takes_every_eligible_node():
+    nodes = [ready_gpu_node("gpu-1"), ready_gpu_node("gpu-2", cordoned=True)]
+    chosen = gate.choose_nodes(nodes, 5, "nvidia.com/gpu", random.Random(1))
+    assert [n["metadata"]["name"] for n in chosen] == ["gpu-1"]

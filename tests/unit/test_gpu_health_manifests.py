@@ -95,6 +95,16 @@ def test_daemonset_tolerates_the_preflight_taint_and_exports_metrics():
     assert mounts["textfile"] == "/textfile"
 
 
+def test_the_sampler_may_list_nodes_and_create_jobs_only():
+    loaded = load(SAMPLE)
+    assert named(loaded, "ClusterRole", "gpu-health-sampler")["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}
+    ]
+    role = named(loaded, "Role", "gpu-health-sampler")
+    assert role["metadata"]["namespace"] == GpuHealthConfig().namespace
+    assert role["rules"] == [{"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create"]}]
+
+
 @pytest.mark.parametrize("account", ["gpu-health-preflight", "gpu-health-periodic"])
 def test_rbac_lets_each_pod_patch_nodes_their_status_and_create_events_only(account):
     loaded = load(SAMPLE)
@@ -112,18 +122,28 @@ def test_rbac_lets_each_pod_patch_nodes_their_status_and_create_events_only(acco
     assert events["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
 
 
-def test_cronjob_takes_whole_idle_nodes_on_a_schedule():
+def test_cronjob_draws_nodes_and_each_check_job_takes_a_whole_node():
     docs = documents(load(SAMPLE))
     cron = docs["CronJob"]["spec"]
     cfg = GpuHealthConfig()
     assert cron["schedule"] == cfg.cronjob_schedule
     assert cron["concurrencyPolicy"] == "Forbid"
-    job = cron["jobTemplate"]["spec"]
-    assert job["parallelism"] == cfg.cronjob_parallelism and job["backoffLimit"] == 0
-    pod = job["template"]["spec"]
+    sampler = cron["jobTemplate"]["spec"]["template"]["spec"]
+    assert sampler["serviceAccountName"] == "gpu-health-sampler"
+    assert sampler["containers"][0]["command"][:4] == [
+        "python3",
+        "-m",
+        "roles.gpu_health.gate",
+        "sample",
+    ]
+    assert f"--count={cfg.cronjob_parallelism}" in sampler["containers"][0]["command"]
+    assert "limits" not in sampler["containers"][0]["resources"]  # the sampler holds no GPU
+    job = yaml.safe_load(docs["ConfigMap"]["data"]["periodic-job.yaml"])
+    assert job["kind"] == "Job" and job["spec"]["backoffLimit"] == 0
+    pod = job["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "gpu-health-periodic"
     assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 8}
     assert pod["containers"][0]["command"][-1] == "periodic"
-    assert pod["affinity"]["podAntiAffinity"]
 
 
 def test_node_script_lifts_the_taint_only_after_passing(tmp_path):

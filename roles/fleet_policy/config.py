@@ -3,9 +3,16 @@ them (one set of Kubernetes objects serves the whole cluster)."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Annotated
 
-Quantity = str  # a Kubernetes resource quantity ("500m", "1Gi"); the schema check refuses junk
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from inventory.model import HostName
+
+# A Kubernetes resource quantity ("500m", "1", "1Gi"): refused at load, not by the API server.
+Quantity = Annotated[
+    str, StringConstraints(pattern=r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+]
 
 
 class BalloonPool(BaseModel):
@@ -31,13 +38,14 @@ class FleetPolicyConfig(BaseModel):
 
     # Add-ons of the whole fleet (device plugin, DCGM exporter, balloons) live together here,
     # away from team namespaces, so the team admission policy never applies to them.
-    namespace: str = "gpuinfra-system"
+    namespace: HostName = "gpuinfra-system"
 
     # Below zero so any real pod (priority 0 by default) preempts a balloon; above -10, the
     # cluster autoscaler's --expendable-pods-priority-cutoff, so a pending balloon still asks
     # for a node (below the cutoff the autoscaler ignores it and capacity is never kept warm).
     balloon_priority: int = Field(-5, gt=-10, lt=0)
-    balloons: dict[str, BalloonPool] = Field(default_factory=dict)
+    # Pool name -> pool; the name becomes the Deployment's (balloon-<name>): a DNS label.
+    balloons: dict[HostName, BalloonPool] = Field(default_factory=dict)
     # The pause image kubeadm 1.31 itself pulls for pod sandboxes: already on every node.
     pause_image: str = "registry.k8s.io/pause:3.10"
 

@@ -406,6 +406,15 @@ def test_a_balloon_pool_of_an_unknown_team_is_refused_with_its_line(tmp_path):
     )
 
 
+def test_a_bad_balloon_quantity_is_refused_at_load_with_its_line(tmp_path):
+    text = (SAMPLE / "cluster.yml").read_text().replace("memory: 1Gi", "memory: lots")
+    path = tmp_path / "cluster.yml"
+    path.write_text(text)
+    (error,) = errors_of(path)
+    line = text.splitlines().index("          memory: lots") + 1
+    assert error.startswith(f":{line}: group_vars.all.fleet_policy.balloons.research-gpu.memory:")
+
+
 # --- teams in the inventory ---
 
 

@@ -599,3 +599,13 @@ def test_the_role_record_has_no_host_phases_and_renders_the_same_files():
     assert role.cluster_files(loaded) == files.cluster_files(loaded)
     assert fleet_policy.cluster_files in CLUSTER_FILES
     assert role.checks(loaded, {}) == []
+
+
+def test_validate_reports_a_host_in_two_teams_on_one_line_with_exit_2(tmp_path):
+    teams = "teams:\n  a:\n    hosts: [gpu-1]\n  b:\n    hosts: [gpu-1]\n"
+    path = sample_with_teams(tmp_path, teams)
+    result = CliRunner().invoke(app, ["inventory", "validate", str(path)])
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "teams.b.hosts.0: gpu-1 is already in team a" in lines[0]
+    assert "Traceback" not in result.output

@@ -23,7 +23,6 @@ def check_cluster(loaded: LoadedCluster) -> list[tuple[str, str]]:
         _host_sections_match_groups,
         _ssh_key,
         _teams,
-        _fleet_policy,
     ):
         problems.extend(rule(loaded))
     return problems
@@ -162,8 +161,3 @@ def _teams(loaded: LoadedCluster) -> Iterator[tuple[str, str]]:
                 )
             namespace_owner.setdefault(namespace, team)
 
-
-def _fleet_policy(loaded: LoadedCluster) -> Iterator[tuple[str, str]]:
-    from roles.fleet_policy.checks import problems
-
-    yield from problems(loaded)

@@ -53,8 +53,6 @@ class FleetPolicyConfig(BaseModel):
     device_plugin_image: str = "nvcr.io/nvidia/k8s-device-plugin:v0.17.0"
     # DCGM 3.3.9 embedded (no host engine needed) on the CUDA 12 / Ubuntu 22.04 base.
     dcgm_exporter_image: str = "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.9-3.6.1-ubuntu22.04"
-    # dcgm-exporter's default port; the monitoring role's Prometheus dials each GPU node there.
-    dcgm_exporter_port: int = Field(9400, ge=1, le=65535)
     # The DCGM series kept at scrape time; everything else the default counter set exports
     # (encoder/decoder use, vGPU licences, clocks of memory, energy counters, PCIe bytes)
     # is dropped. Utilisation alone says little, so tensor and DRAM activity stay, as do the

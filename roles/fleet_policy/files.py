@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from inventory.model import Cluster, LoadedCluster
-from inventory.topology import ETCD_METRICS_PORT
+from inventory.topology import DCGM_EXPORTER_PORT, ETCD_METRICS_PORT
 from roles import gpu_health
 from roles.fleet_policy import gang
 from roles.fleet_policy.config import FleetPolicyConfig
@@ -27,6 +27,7 @@ from roles.fleet_policy.teams import (
     team_namespaces,
 )
 from roles.gpu_health.expect import cluster_config as gpu_health_config
+from roles.templates import render_template
 
 KUBERNETES_DIR = "kubernetes/fleet-policy"
 NAMESPACE = f"{KUBERNETES_DIR}/namespace.yaml"
@@ -72,14 +73,6 @@ def fleet_config(loaded: LoadedCluster) -> FleetPolicyConfig:
     return FleetPolicyConfig.model_validate(merged)
 
 
-def _render(name: str, **context: Any) -> str:
-    # Engine import, deferred: roles.render imports the registry, which imports this package.
-    # The lead moves render_template to the leaf module roles/templates.py.
-    from roles.render import render_template
-
-    return render_template(name, **context)
-
-
 def balloon_pools(cluster: Cluster, cfg: FleetPolicyConfig) -> list[tuple[str, dict[str, Any]]]:
     """Each pool with the node selector it lands on: its team's nodes, GPU workers for GPUs."""
     pools = []
@@ -120,7 +113,7 @@ def scrape_jobs(cluster: Cluster, cfg: FleetPolicyConfig) -> list[dict[str, Any]
         {
             "name": "dcgm-exporter",
             "https": False,
-            "targets": targets("gpu_worker", cfg.dcgm_exporter_port),
+            "targets": targets("gpu_worker", DCGM_EXPORTER_PORT),
             # Keep only what is used: every other DCGM field of the counter set is dropped.
             "relabel": [{"regex": "|".join(cfg.dcgm_keep_metrics), "action": "keep"}],
         },
@@ -159,35 +152,37 @@ def cluster_files(loaded: LoadedCluster) -> dict[str, str]:
         "minor": gang.kubernetes_minor(cluster.versions.kubernetes),
         "image": gang.SCHEDULER_PLUGINS_IMAGE,
         "pod_group_label": gang.POD_GROUP_LABEL,
+        # The port the firewall opens to the monitoring hosts (gpu_health's record).
+        "dcgm_port": DCGM_EXPORTER_PORT,
     }
     namespaces = [
         (namespace, team) for team in cluster.teams for namespace in team_namespaces(cluster, team)
     ]
     exempt = [*SYSTEM_NAMESPACES, cfg.namespace, health.namespace]
     manifests = {
-        NAMESPACE: _render("fleet_policy/namespace.yaml.j2", **common),
-        TEAMS: _render(
+        NAMESPACE: render_template("fleet_policy/namespace.yaml.j2", **common),
+        TEAMS: render_template(
             "fleet_policy/teams.yaml.j2",
             **{**common, "label_key": TEAM_LABEL_KEY},
             namespaces=namespaces,
             exempt=exempt,
         ),
-        BALLOONS: _render(
+        BALLOONS: render_template(
             "fleet_policy/balloons.yaml.j2", **common, pools=balloon_pools(cluster, cfg)
         ),
-        GPU_METRICS: _render("fleet_policy/gpu-metrics.yaml.j2", **common),
-        COSCHEDULING: _render("fleet_policy/coscheduling.yaml.j2", **common),
+        GPU_METRICS: render_template("fleet_policy/gpu-metrics.yaml.j2", **common),
+        COSCHEDULING: render_template("fleet_policy/coscheduling.yaml.j2", **common),
     }
     check_manifests(manifests, cluster.versions.kubernetes)
     return {
         **manifests,
-        SCHEDULER_CONFIG: _render("fleet_policy/kube-scheduler-config.yaml.j2", **common),
-        KUBEADM_SCHEDULER: _render("fleet_policy/kubeadm-scheduler.yaml.j2", **common),
-        KUBEADM_PATCH: _render("fleet_policy/kube-scheduler+strategic.yaml.j2", **common),
+        SCHEDULER_CONFIG: render_template("fleet_policy/kube-scheduler-config.yaml.j2", **common),
+        KUBEADM_SCHEDULER: render_template("fleet_policy/kubeadm-scheduler.yaml.j2", **common),
+        KUBEADM_PATCH: render_template("fleet_policy/kube-scheduler+strategic.yaml.j2", **common),
         NODES: "# Rendered by gpuinfra (roles/fleet_policy): labels and taints per node, applied "
         "by the kubernetes role at join.\n"
         + yaml.safe_dump(node_placement(cluster), sort_keys=False),
-        SCRAPE: _render(
+        SCRAPE: render_template(
             "fleet_policy/fleet-scrape.yml.j2", **common, jobs=scrape_jobs(cluster, cfg)
         ),
     }

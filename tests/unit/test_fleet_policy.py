@@ -21,14 +21,15 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from inventory.errors import InventoryInvalid
-from inventory.loader import load
 from roles import fleet_policy
+from roles.context import cluster_files as every_cluster_file
+from roles.context import load
 from roles.fleet_policy import files, gang
 from roles.fleet_policy.config import FleetPolicyConfig
+from roles.fleet_policy.role import ROLE
 from roles.fleet_policy.schemas import crd_schemas, documents, validate_objects
 from roles.fleet_policy.teams import team_of
-from roles.phases import CLUSTER_FILES
-from roles.registry import ROLE_CONFIGS
+from roles.registry import ROLE_CONFIGS, ROLES_BY_NAME
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "inventory" / "sample"
@@ -591,14 +592,14 @@ def test_gpu_daemonsets_are_pinned_and_land_on_every_gpu_worker(rendered):
 # --- the role record ---
 
 
-def test_the_role_record_has_no_host_phases_and_renders_the_same_files():
-    role = fleet_policy.ROLE
-    assert role.name == "fleet_policy" and role.phases == () and role.groups == ()
-    assert role.config is FleetPolicyConfig is ROLE_CONFIGS["fleet_policy"]
+def test_the_role_record_has_no_host_phases_and_is_registered():
+    assert ROLE.name == "fleet_policy" and ROLE.phases == () and ROLE.groups == ()
+    assert ROLE.config is FleetPolicyConfig is ROLE_CONFIGS["fleet_policy"]
+    assert ROLES_BY_NAME["fleet_policy"] is ROLE
     loaded = load(SAMPLE)
-    assert role.cluster_files(loaded) == files.cluster_files(loaded)
-    assert fleet_policy.cluster_files in CLUSTER_FILES
-    assert role.checks(loaded, {}) == []
+    rendered = every_cluster_file(loaded)
+    assert all(rendered[path] == text for path, text in ROLE.cluster_files(loaded).items())
+    assert list(ROLE.checks(loaded, loaded.settings)) == []
 
 
 def test_validate_reports_a_host_in_two_teams_on_one_line_with_exit_2(tmp_path):

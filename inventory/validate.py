@@ -160,4 +160,3 @@ def _teams(loaded: LoadedCluster) -> Iterator[tuple[str, str]]:
                     f"namespace {namespace} already belongs to team {namespace_owner[namespace]}",
                 )
             namespace_owner.setdefault(namespace, team)
-

@@ -70,15 +70,23 @@ def _taint_patch(node: dict[str, Any]) -> list[dict[str, Any]] | None:
     ]
 
 
-def condition(verdict: str, summary: str, now: datetime) -> dict[str, Any]:
+def condition(
+    verdict: str, summary: str, now: datetime, node: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The GPUHealthy condition; its transition time moves only when its status changes, as
+    Kubernetes conditions' do (the heartbeat moves on every check)."""
     stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    status = "True" if verdict in PASSING else "False"
+    conditions = (node or {}).get("status", {}).get("conditions") or []
+    previous = next((c for c in conditions if c.get("type") == HEALTH_CONDITION), {})
+    same = previous.get("status") == status and previous.get("lastTransitionTime")
     return {
         "type": HEALTH_CONDITION,
-        "status": "True" if verdict in PASSING else "False",
+        "status": status,
         "reason": f"GPUHealth{verdict.capitalize()}",
         "message": summary[:1024],
         "lastHeartbeatTime": stamp,
-        "lastTransitionTime": stamp,
+        "lastTransitionTime": previous["lastTransitionTime"] if same else stamp,
     }
 
 
@@ -112,10 +120,10 @@ def decide_preflight(
 ) -> NodeActions:
     """A pass lifts the preflight taint and nothing else; a failure keeps it and says why."""
     if verdict in PASSING:
-        return NodeActions(_taint_patch(node), condition(verdict, summary, now), None)
+        return NodeActions(_taint_patch(node), condition(verdict, summary, now, node), None)
     message = f"preflight {verdict}: {summary}; keeping the {PREFLIGHT_TAINT_KEY} taint"
     event = node_event(node, "GPUPreflightFailed", message, now)
-    return NodeActions(None, condition(verdict, summary, now), event)
+    return NodeActions(None, condition(verdict, summary, now, node), event)
 
 
 def is_gpu_worker(node: dict[str, Any]) -> bool:
@@ -140,7 +148,7 @@ def decide_periodic(
     node stays schedulable and an alert says so: many failures at once are more often a bad
     check or a shared cause (a driver push, a switch) than many broken GPUs, and cordoning
     them all would empty the fleet."""
-    actions = NodeActions(None, condition(verdict, summary, now), None)
+    actions = NodeActions(None, condition(verdict, summary, now, node), None)
     if verdict != "failed":
         return actions
     if node.get("spec", {}).get("unschedulable"):
@@ -311,6 +319,14 @@ def run_preflight(
     return actions
 
 
+def run_passive(api: NodeApi, name: str, verdict: str, summary: str, now: datetime) -> NodeActions:
+    """The node's lifetime loop: the condition follows the verdict; taints stay as they are (a
+    node that fails later is the periodic check's, within its budget)."""
+    actions = NodeActions(None, condition(verdict, summary, now, api.get_node(name)), None)
+    apply(api, name, actions)
+    return actions
+
+
 def run_periodic(
     api: NodeApi, name: str, verdict: str, summary: str, budget: str, now: datetime
 ) -> NodeActions:
@@ -373,10 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.mode == "preflight":
             actions = run_preflight(api, args.node, args.verdict, summary, now)
         elif args.mode == "passive":
-            # The node's lifetime loop: the condition follows the verdict; taints stay as they
-            # are (a node that fails later is the periodic check's, within its budget).
-            actions = NodeActions(None, condition(args.verdict, summary, now), None)
-            apply(api, args.node, actions)
+            actions = run_passive(api, args.node, args.verdict, summary, now)
         else:
             actions = run_periodic(api, args.node, args.verdict, summary, args.budget, now)
     except KubectlFailed as exc:

@@ -292,3 +292,19 @@ def test_a_sample_larger_than_the_fleet_takes_every_eligible_node():
     nodes = [ready_gpu_node("gpu-1"), ready_gpu_node("gpu-2", cordoned=True)]
     chosen = gate.choose_nodes(nodes, 5, "nvidia.com/gpu", random.Random(1))
     assert [n["metadata"]["name"] for n in chosen] == ["gpu-1"]
+
+
+def test_the_condition_transition_time_moves_only_when_its_status_changes():
+    later = datetime(2026, 1, 2, 4, 0, 0, tzinfo=UTC)
+    api = FakeNodes([node("gpu-1", [TEAM])])
+    gate.run_passive(api, "gpu-1", "ok", "all checks passed", NOW)
+    first = condition_of(api, "gpu-1")
+    gate.run_passive(api, "gpu-1", "degraded", "pcie", later)
+    again = condition_of(api, "gpu-1")
+    assert again["lastTransitionTime"] == first["lastTransitionTime"] == "2026-01-02T03:04:05Z"
+    assert again["lastHeartbeatTime"] == "2026-01-02T04:00:00Z"
+    gate.run_passive(api, "gpu-1", "failed", "ecc", later)
+    failed = condition_of(api, "gpu-1")
+    assert failed["status"] == "False" and failed["lastTransitionTime"] == "2026-01-02T04:00:00Z"
+    # Passive checks never touch taints, and never cordon.
+    assert api.nodes["gpu-1"]["spec"] == {"taints": [TEAM]} and api.events == []

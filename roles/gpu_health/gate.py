@@ -283,21 +283,19 @@ class Kubectl:
         self._call("cordon", name)
 
     def create_event(self, event: dict[str, Any]) -> None:
-        # `kubectl create --raw` posts the object as is: no file, no shell quoting.
+        # POSTed as is (`create --raw`): kubectl has no command that records a custom Event.
         path = f"/api/v1/namespaces/{event['metadata']['namespace']}/events"
-        self.run_raw(path, event)
+        self._create(event, "--raw", path)
 
     def create_job(self, job: dict[str, Any]) -> str:
-        with tempfile.NamedTemporaryFile("w", suffix=".json") as handle:
-            json.dump(job, handle)
-            handle.flush()
-            return self._call("create", "-f", handle.name, "-o", "name").strip()
+        return self._create(job, "-o", "name").strip()
 
-    def run_raw(self, path: str, body: dict[str, Any]) -> None:
+    def _create(self, body: dict[str, Any], *args: str) -> str:
+        # From a file, not argv: the object can be long, and no shell is involved either way.
         with tempfile.NamedTemporaryFile("w", suffix=".json") as handle:
             json.dump(body, handle)
             handle.flush()
-            self._call("create", "--raw", path, "-f", handle.name)
+            return self._call("create", "-f", handle.name, *args)
 
 
 def apply(api: NodeApi, name: str, actions: NodeActions) -> None:

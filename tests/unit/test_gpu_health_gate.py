@@ -308,3 +308,22 @@ def test_the_condition_transition_time_moves_only_when_its_status_changes():
     assert failed["status"] == "False" and failed["lastTransitionTime"] == "2026-01-02T04:00:00Z"
     # Passive checks never touch taints, and never cordon.
     assert api.nodes["gpu-1"]["spec"] == {"taints": [TEAM]} and api.events == []
+
+
+def test_kubectl_records_the_event_and_creates_jobs_from_a_file():
+    calls: list[tuple[list[str], dict]] = []
+
+    def run(argv: list[str], timeout: float) -> CommandResult:
+        with open(argv[argv.index("-f") + 1]) as handle:
+            calls.append((argv, json.load(handle)))
+        return CommandResult(0, "job.batch/gpu-health-periodic-x7k2\n")
+
+    api = gate.Kubectl(run)
+    event = gate.node_event(node("gpu-1"), "GPUPreflightFailed", "ecc", NOW)
+    api.create_event(event)
+    assert api.create_job(JOB_TEMPLATE) == "job.batch/gpu-health-periodic-x7k2"
+    (event_argv, posted), (job_argv, created) = calls
+    assert event_argv[:2] == ["kubectl", "create"]
+    assert event_argv[-2:] == ["--raw", "/api/v1/namespaces/default/events"]
+    assert posted == event and created == JOB_TEMPLATE
+    assert job_argv[-2:] == ["-o", "name"]

@@ -24,6 +24,7 @@ ROLE_PACKAGES: tuple[str, ...] = (
     "monitoring",
     "gpu_health",
     "drift_job",
+    "fleet_policy",
 )
 
 

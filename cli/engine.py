@@ -16,7 +16,7 @@ from rich.table import Table
 from cli.errors import UserError, reporting
 from cli.exitcodes import ExitCode
 from cli.options import ClusterArg, FormatOpt, OutputFormat
-from inventory.loader import load
+from roles.context import load
 from roles.junit import write_junit
 
 console = Console(highlight=False)
@@ -59,7 +59,16 @@ def apply(
     limit: LimitOpt = None,
     roles: RolesOpt = None,
     batch: Annotated[
-        str | None, typer.Option("--batch", help="Rolling batches: N hosts or P% at a time.")
+        str | None,
+        typer.Option(
+            "--batch",
+            help="Roll in steps of N hosts or P%, by each group's policy (etcd together, API "
+            "servers, load balancers and DNS servers one at a time).",
+        ),
+    ] = None,
+    rate: Annotated[
+        str | None,
+        typer.Option("--rate", help="N/INTERVAL: at most N workers start per interval (5/30s)."),
     ] = None,
     fail_percent: Annotated[
         float | None,
@@ -79,14 +88,21 @@ def apply(
     ] = False,
 ) -> None:
     """Converge hosts to the inventory, with per-phase and per-host timings."""
+    from roles.orchestrate import BatchInvalid, batch_size
+    from roles.pacing import Rate, RateInvalid
     from roles.runner import Mode
 
     with reporting():
-        if batch is not None and not (batch.rstrip("%").replace(".", "", 1).isdigit()):
-            raise UserError(f"--batch: expected N or P% (got {batch!r})")
+        try:
+            if batch is not None:
+                batch_size(batch, 1)
+            paced = Rate.parse(rate) if rate is not None else None
+        except (BatchInvalid, RateInvalid) as exc:
+            option = "batch" if isinstance(exc, BatchInvalid) else "rate"
+            raise UserError(f"--{option}: {exc}") from None
     if not yes and not typer.confirm("Apply changes to the hosts?", default=False, err=True):
         raise typer.Exit(ExitCode.OK)
-    report = _run(cluster, Mode.apply, limit, roles, parallel, output, batch, fail_percent)
+    report = _run(cluster, Mode.apply, limit, roles, parallel, output, batch, fail_percent, paced)
     if reboot:
         _reboot(cluster, report, batch)
     if report_path:
@@ -140,8 +156,19 @@ def parse_shard(value: str | None) -> tuple[int, int] | None:
     return shard
 
 
-def _run(cluster, mode, limit, roles, parallel, output, batch=None, fail_percent=None, shard=None):
-    from roles.phases import PHASES
+def _run(
+    cluster,
+    mode,
+    limit,
+    roles,
+    parallel,
+    output,
+    batch=None,
+    fail_percent=None,
+    rate=None,
+    shard=None,
+):
+    from roles.registry import PHASES
     from roles.runner import RunOptions, run, select_hosts
 
     with reporting():
@@ -162,6 +189,7 @@ def _run(cluster, mode, limit, roles, parallel, output, batch=None, fail_percent
         roles=_split(roles),
         parallel=parallel,
         batch=batch,
+        rate=rate,
         fail_percent=fail_percent,
         shard=shard_index,
     )
@@ -178,10 +206,13 @@ def _run(cluster, mode, limit, roles, parallel, output, batch=None, fail_percent
 
 
 def _reboot(cluster, report, batch: str | None) -> None:
-    """Reboot the hosts the run left "reboot required", in rolling batches; the report says
-    which came back (flag cleared) and which did not (failed)."""
+    """Reboot the hosts the run left "reboot required", in rolling steps by each group's policy
+    (quorum and serving groups one member at a time, workers --batch at a time, one by
+    default); the report says which came back (flag cleared) and which did not (failed)."""
+    from roles.orchestrate import batch_size, group_policies, plan_steps
     from roles.reboot import Rebooter
-    from roles.runner import HostStatus, batches
+    from roles.registry import PHASES
+    from roles.runner import HostStatus
 
     waiting = [
         host.name
@@ -192,7 +223,10 @@ def _reboot(cluster, report, batch: str | None) -> None:
         return
     with reporting():
         loaded = load(cluster)
-    for outcome in Rebooter(loaded).rolling(batches(waiting, batch or "1")):
+    groups_of = {name: loaded.cluster.hosts[name].groups for name in waiting}
+    size = batch_size(batch or "1", len(waiting))
+    steps = plan_steps(waiting, groups_of, group_policies(PHASES), size, rebooting=True)
+    for outcome in Rebooter(loaded).rolling(steps):
         entry = report.hosts[outcome.host]
         if outcome.ok:
             entry.reboot_required = False

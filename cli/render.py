@@ -10,7 +10,7 @@ from rich.console import Console
 
 from cli.errors import reporting
 from cli.options import ClusterArg
-from inventory.loader import load
+from roles.context import load
 from roles.render import render_cluster
 
 

@@ -94,6 +94,15 @@ class Host(Strict):
     vars: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
 
+class Team(Strict):
+    """Nodes one team owns: they carry its label and taint, and only its pods tolerate them."""
+
+    hosts: list[HostName] = Field(default_factory=list)
+    groups: list[Group] = Field(default_factory=list)
+    # Namespaces whose pods run as this team (an admission policy holds them to its nodes).
+    namespaces: list[HostName] = Field(default_factory=list)
+
+
 class Cluster(Strict):
     name: HostName
     domain: str
@@ -108,6 +117,8 @@ class Cluster(Strict):
     group_vars: dict[Literal["all"] | Group, dict[str, dict[str, Any]]] = Field(
         default_factory=dict
     )
+    # Team -> its hosts or groups; see roles/fleet_policy (labels, taints, admission policy).
+    teams: dict[HostName, Team] = Field(default_factory=dict)
 
     def in_group(self, group: str) -> list[str]:
         """Host names in a group, in inventory order."""
@@ -129,6 +140,11 @@ class LoadedCluster(BaseModel):
     cluster: Cluster
     source: Path  # the file that was read (cluster.yml or the Ansible inventory)
     base_dir: Path  # relative paths in the file are taken from here
+    # Line of each key path in the source (for errors found after load); empty for imports.
+    lines: dict[tuple[str, ...], int] = Field(default_factory=dict, repr=False)
+    # host -> role -> the role's typed settings, merged and validated as a whole at load by the
+    # roles' layer (roles/context.py); empty when only the inventory layer loaded the cluster.
+    settings: dict[str, dict[str, Any]] = Field(default_factory=dict, repr=False)
 
     def resolve(self, path: Path) -> Path:
         path = path.expanduser()

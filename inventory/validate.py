@@ -7,8 +7,6 @@ import stat
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from pydantic import ValidationError
-
 if TYPE_CHECKING:
     from inventory.model import LoadedCluster
 
@@ -24,9 +22,7 @@ def check_cluster(loaded: LoadedCluster) -> list[tuple[str, str]]:
         _gpu_specs,
         _host_sections_match_groups,
         _ssh_key,
-        _role_vars,
-        _nvidia_pins,
-        _firewall_admin_networks,
+        _teams,
     ):
         problems.extend(rule(loaded))
     return problems
@@ -131,63 +127,36 @@ def _ssh_key(loaded: LoadedCluster) -> Iterator[tuple[str, str]]:
         yield "ssh.key", f"cannot read {path}: permission denied"
 
 
-def _role_vars(loaded: LoadedCluster) -> Iterator[tuple[str, str]]:
-    from roles.registry import ROLE_CONFIGS
-
+def _teams(loaded: LoadedCluster) -> Iterator[tuple[str, str]]:
+    """A team names known hosts and groups, and no host belongs to two teams."""
     cluster = loaded.cluster
-    sections = [(f"group_vars.{group}", roles) for group, roles in cluster.group_vars.items()]
-    sections += [(f"hosts.{name}.vars", host.vars) for name, host in cluster.hosts.items()]
-    for prefix, roles in sections:
-        for role, settings in roles.items():
-            config = ROLE_CONFIGS.get(role)
-            if config is None:
-                known = ", ".join(sorted(ROLE_CONFIGS))
-                yield f"{prefix}.{role}", f"unknown role (known: {known})"
-                continue
-            try:
-                config.model_validate(settings)
-            except ValidationError as exc:
-                for err in exc.errors():
-                    key = ".".join(str(part) for part in err["loc"])
-                    message = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-                    yield f"{prefix}.{role}.{key}", message
-
-
-def _nvidia_pins(loaded: LoadedCluster) -> Iterator[tuple[str, str]]:
-    """The nvidia role's `checks` (driver, CUDA, cuDNN, NCCL fit each other), until the role
-    records' checks are wired into validation (issue 14)."""
-    from roles.config import role_settings
-    from roles.nvidia import ROLE
-
-    try:
-        settings = {
-            name: {"nvidia": role_settings(loaded.cluster, name, "nvidia")}
-            for name in loaded.cluster.in_group("gpu_worker")
-        }
-    except ValidationError:
-        return  # the role's settings are invalid: _role_vars reports that
-    assert ROLE.checks is not None
-    yield from ROLE.checks(loaded, settings)
-
-
-def _firewall_admin_networks(loaded: LoadedCluster) -> Iterator[tuple[str, str]]:
-    """A filtering firewall admits SSH only from admin networks (and the node network): without
-    any, a controller outside the node network locks itself out on the first apply."""
-    from roles.config import role_settings
-
-    cluster = loaded.cluster
-    if cluster.networks.admin:
-        return
-    try:
-        enabled = [
-            name for name in cluster.hosts if role_settings(cluster, name, "firewall").enabled
+    owner: dict[str, str] = {}
+    namespace_owner: dict[str, str] = {}
+    for team, spec in cluster.teams.items():
+        for i, host in enumerate(spec.hosts):
+            if host not in cluster.hosts:
+                yield f"teams.{team}.hosts.{i}", f"unknown host {host}"
+        for i, group in enumerate(spec.groups):
+            if not cluster.in_group(group):
+                yield f"teams.{team}.groups.{i}", f"no host is in the group {group}"
+        # Each member with the entry that brought it in, so an error points at that line.
+        members = [(h, f"teams.{team}.hosts.{i}") for i, h in enumerate(spec.hosts)]
+        members += [
+            (h, f"teams.{team}.groups.{i}")
+            for i, g in enumerate(spec.groups)
+            for h in cluster.in_group(g)
         ]
-    except ValidationError:
-        return  # the role's settings are invalid: _role_vars reports that
-    if enabled:
-        yield (
-            "networks.admin",
-            "the firewall role is enabled (firewall.enabled) but no admin network is listed: "
-            "add the networks the controller and operators connect from, or set "
-            "group_vars.all.firewall.enabled: false",
-        )
+        for host, key in members:
+            if host not in cluster.hosts:
+                continue
+            if not {"gpu_worker", "cpu_worker"} & set(cluster.hosts[host].groups):
+                yield key, f"{host} is not a worker: team taints only make sense on workers"
+            if owner.setdefault(host, team) != team:
+                yield key, f"{host} is already in team {owner[host]}: a host has one team"
+        for i, namespace in enumerate(spec.namespaces or [team]):
+            if namespace in namespace_owner:
+                yield (
+                    f"teams.{team}.namespaces.{i}" if spec.namespaces else f"teams.{team}",
+                    f"namespace {namespace} already belongs to team {namespace_owner[namespace]}",
+                )
+            namespace_owner.setdefault(namespace, team)

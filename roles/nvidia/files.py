@@ -9,6 +9,7 @@ from roles.nvidia.config import NvidiaConfig
 from roles.nvidia.packages import PackagePlan, package_plan
 from roles.nvidia.runtime import containerd_runtime
 from roles.spec import HostContext, ManagedFile
+from roles.templates import render_template
 
 SOURCES = "/etc/apt/sources.list.d/nvidia-cuda.sources"
 KEY = "/etc/apt/keyrings/nvidia-cuda.asc"
@@ -67,7 +68,7 @@ def managed_files(ctx: HostContext) -> list[ManagedFile]:
     driver = ctx.cluster.versions.nvidia_driver
 
     def file(path: str, template: str, check: str | None = None, **extra: object) -> ManagedFile:
-        content = _render(f"nvidia/{template}", cfg=cfg, ctx=ctx, **extra)
+        content = render_template(f"nvidia/{template}", cfg=cfg, ctx=ctx, **extra)
         return ManagedFile("nvidia", path, content, check=check)
 
     return [
@@ -102,11 +103,3 @@ def managed_files(ctx: HostContext) -> list[ManagedFile]:
         ),
         file(f"/etc/systemd/system/{CDI_UNIT}", "nvidia-cdi.service.j2", spec=CDI_SPEC),
     ]
-
-
-def _render(name: str, **context: object) -> str:
-    # roles.render is the engine, and it imports the registry that imports this package:
-    # imported here until the Jinja environment moves to the leaf roles.templates (issue 14).
-    from roles.render import render_template
-
-    return render_template(name, **context)

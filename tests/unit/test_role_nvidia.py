@@ -17,15 +17,15 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from inventory.loader import load
+from roles.context import host_context, load
 from roles.facts import Container, UnitState
-from roles.nvidia import ROLE
 from roles.nvidia import operations as nvidia_ops
 from roles.nvidia.compat import CUDA_MINIMUM_DRIVER, gpu_family, has_nvswitch
 from roles.nvidia.config import NvidiaConfig
 from roles.nvidia.facts import DriverLoaded, HeldPackages, NvidiaStack, NvswitchDevices
 from roles.nvidia.packages import package_plan
-from roles.render import host_context, render_cluster
+from roles.nvidia.role import ROLE
+from roles.render import render_cluster
 from tests.unit.conftest import SAMPLE
 
 runner = CliRunner()
@@ -328,6 +328,8 @@ def test_stack_fact_reads_the_recorded_probe(name):
 
 class FakeHost:
     """Facts keyed by their arguments: a lookup with the wrong arguments finds nothing."""
+
+    name = "fake-host"
 
     def __init__(self, facts: dict[tuple, object]):
         self.facts = facts

@@ -12,6 +12,7 @@ from fnmatch import fnmatchcase
 
 import pytest
 
+from roles.context import host_context
 from roles.nvidia.compat import version_key
 from roles.nvidia.facts import STACK_PROBE
 from roles.nvidia.files import MODULES, NOUVEAU, UNATTENDED_BLACKLIST, host_packages, kernel_modules
@@ -136,8 +137,6 @@ _STACKS: dict[str, dict[str, str]] = {}
 
 def _stack_of(cluster, name: str) -> dict[str, str]:
     """A GPU worker's stack versions and package versions, read once per verify process."""
-    from roles.render import host_context
-
     if name in _STACKS:
         return _STACKS[name]
     other = connect(cluster, name)

@@ -13,7 +13,6 @@ ETCD_PEER_PORT = 2380
 ETCD_METRICS_PORT = 2381  # plain-HTTP /metrics listener, so Prometheus needs no client cert
 KUBELET_PORT = 10250
 NODE_EXPORTER_PORT = 9100
-SSH_PORT = 22
 DNS_PORT = 53
 HAPROXY_STATS_PORT = 8404
 PROMETHEUS_PORT = 9090
@@ -150,6 +149,20 @@ def collapse_sources(sources: Iterable[str]) -> tuple[str, ...]:
     )
 
 
+def _bastion_address(cluster: Cluster) -> list[str]:
+    """The bastion's address when the inventory gives one (an address, or a cluster host's
+    name); a DNS name is not resolved offline: its network belongs in `networks.admin`."""
+    if not cluster.ssh.bastion:
+        return []
+    host = cluster.ssh.bastion.rpartition("@")[2].partition(":")[0]
+    if host in cluster.hosts:
+        return [str(cluster.hosts[host].address)]
+    try:
+        return [str(ipaddress.IPv4Address(host))]
+    except ValueError:
+        return []
+
+
 def _firewall(
     cluster: Cluster,
     etcd: list[str],
@@ -164,6 +177,9 @@ def _firewall(
     node_net, pod_net = str(networks.node), str(networks.pod)
     admin_nets = [str(net) for net in networks.admin]
     admin = collapse_sources([node_net, *admin_nets])
+    # SSH on the port the controller connects to, from the bastion too: a drop policy that
+    # missed either would lock the controller out in the middle of its own run.
+    ssh_clients = collapse_sources([node_net, *admin_nets, *_bastion_address(cluster)])
     # Pods reach the API through the kubernetes Service, DNAT'd to an API server with the pod's
     # own address as the source; CoreDNS forwards from pod addresses to the cluster DNS servers.
     api_clients = collapse_sources([node_net, pod_net, *admin_nets])
@@ -172,7 +188,7 @@ def _firewall(
                        api_clients)  # fmt: skip
     scrapers = addresses(monitoring)
     rules: dict[str, list[FirewallRule]] = {
-        "all": [FirewallRule("SSH from admin networks", SSH_PORT, "tcp", admin)],
+        "all": [FirewallRule("SSH from admin networks", cluster.ssh.port, "tcp", ssh_clients)],
         "etcd": [
             FirewallRule(
                 "etcd clients: control plane and members",

@@ -10,11 +10,12 @@ import jinja2
 
 from inventory.model import LoadedCluster
 from inventory.topology import Topology, build_topology
+from roles import assets
 from roles.config import role_settings
 from roles.registry import ROLE_CONFIGS
 from roles.spec import HostContext, ManagedFile
 
-TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
+TEMPLATES = assets.TEMPLATES
 CLUSTER_DIR = "_cluster"  # cluster-wide files (Kubernetes manifests) under OUT/_cluster/
 
 

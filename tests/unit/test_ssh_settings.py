@@ -121,7 +121,7 @@ def test_ssh_argv_checks_the_bastion_key_too(bastion_cluster) -> None:
     assert resolved["userknownhostsfile"] == str(settings.known_hosts)
     hop = shlex.split(resolved["proxycommand"])
     assert hop[0] == "ssh" and hop[-3:] == ["-W", "%h:%p", "10.0.0.11"]
-    assert ["-o", "StrictHostKeyChecking=yes"] == hop[1:3]
+    assert hop[1:3] == ["-o", "StrictHostKeyChecking=yes"]
     assert f"UserKnownHostsFile={settings.known_hosts}" in hop
     assert hop[hop.index("-p") + 1] == "2200" and hop[hop.index("-l") + 1] == "jump"
     assert hop[hop.index("-i") + 1] == str(settings.key)

@@ -20,7 +20,7 @@ from lab.state import LabState, locked, read_state, write_state
 from lab.topology import HostSpec, Topology
 
 NAME = "locktest"
-GUARD_S = 60.0  # only against a hang: every wait below ends on an event, not on a clock
+GUARD_S = 300.0  # only against a hang: every wait below ends on an event, not on a clock
 # Contenders are separate processes, as two `gpuinfra lab` commands are (the CLI patches
 # threads into greenlets, which a blocking flock would stall together).
 SPAWN = multiprocessing.get_context("spawn")

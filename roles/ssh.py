@@ -151,7 +151,9 @@ class SSHSettings:
             *common,
             "",
             f"Host {' '.join(addresses)}",
-            f"    ProxyJump {BASTION_ALIAS}",
+            # The port in the jump spec too: pyinfra 3.10 passes a port read from ssh_config
+            # on as a string, and paramiko then looks the hop's key up as "[host]:22".
+            f"    ProxyJump {BASTION_ALIAS}:{self.bastion.port}",
             f"    Port {self.port}",
             f"    User {self.user}",
             *common,

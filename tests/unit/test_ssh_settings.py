@@ -95,7 +95,7 @@ def test_bastion_has_its_own_entry_and_never_jumps_through_itself(bastion_cluste
     assert hop["userknownhostsfile"] == known_hosts
     for address in ("10.0.0.11", "10.0.0.71"):
         node = ssh_g("-F", str(config), address)
-        assert node["proxyjump"] == BASTION_ALIAS
+        assert node["proxyjump"] == f"{BASTION_ALIAS}:2200"
         assert (node["port"], node["user"]) == ("2222", "admin")
         assert node["userknownhostsfile"] == known_hosts
     # Written 0600 from creation, in a private folder: a read-only command writes no state.

@@ -250,6 +250,11 @@ def _run_batch(
     names = [ctx.name for ctx in contexts]
     for name in names:
         report.hosts[name] = HostReport(name)
+    bastion_problem = SSHSettings.from_cluster(loaded, options.connect_timeout).bastion_problem()
+    if bastion_problem is not None:  # every host is behind it: none is tried
+        for entry in report.hosts.values():
+            entry.status, entry.error = HostStatus.unreachable, bastion_problem
+        return
     config = Config(
         PARALLEL=options.parallel or len(names),
         CONNECT_TIMEOUT=options.connect_timeout,

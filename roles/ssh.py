@@ -184,6 +184,40 @@ class SSHSettings:
         key = str(self.key) if self.key is not None else None
         return {"key_filename": key, "look_for_keys": key is None, "allow_agent": key is None}
 
+    def bastion_problem(self) -> str | None:
+        """Why the bastion cannot be used (its host key refused, unreachable), or None.
+
+        Checked once before the nodes are tried, so that a refused bastion key is reported as
+        such for every host behind it (pyinfra 3.10 fails with an AttributeError when a
+        ProxyJump hop's key is refused). Nothing but the key exchange and login happens."""
+        if self.bastion is None:
+            return None
+        where = f"bastion {self.bastion.host}:{self.bastion.port}"
+        client = paramiko.SSHClient()
+        client.load_host_keys(str(self.known_hosts))
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        try:
+            client.connect(
+                hostname=self.bastion.host,
+                port=self.bastion.port,
+                username=self.bastion.user,
+                timeout=self.connect_timeout,
+                banner_timeout=self.connect_timeout,
+                **self._key_kwargs(),
+            )
+        except paramiko.BadHostKeyException:
+            return (
+                f"{where}: host key refused: it differs from the one in {self.known_hosts} "
+                "(another machine, or someone in between); no host behind it was tried"
+            )
+        except paramiko.SSHException as exc:
+            return f"{where}: {exc} (host key checked against {self.known_hosts})"
+        except OSError as exc:
+            return f"{where}: could not connect: {exc}"
+        finally:
+            client.close()
+        return None
+
     def connect(self, address: str) -> paramiko.SSHClient:
         """A connected paramiko client to one host that refuses unknown and changed host keys,
         through the bastion (its own key checked the same way) over a direct-tcpip channel."""

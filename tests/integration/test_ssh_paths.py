@@ -153,9 +153,15 @@ def test_a_forged_bastion_key_is_refused_on_every_path(lab: LabCluster, tmp_path
         drift = gpuinfra("drift", str(forged), "--roles", "base", "--format", "json")
         assert drift.returncode == ExitCode.UNREACHABLE, drift.stdout[-3000:]
         hosts = json.loads(drift.stdout)["hosts"]
-        for name in (BEHIND, PORT_HOST):
+        for name in (BASTION, BEHIND, PORT_HOST):
             assert hosts[name]["status"] == "unreachable"
-            assert "host key" in hosts[name]["error"].lower(), hosts[name]["error"]
+            assert "host key refused" in hosts[name]["error"], hosts[name]["error"]
+
+        applied = gpuinfra("apply", str(forged), "--roles", "base", "--yes", "--format", "json")
+        assert applied.returncode == ExitCode.UNREACHABLE, applied.stdout[-3000:]
+        assert {h["status"] for h in json.loads(applied.stdout)["hosts"].values()} == {
+            "unreachable"
+        }
 
 
 def test_a_non_default_ssh_port_converges_behind_the_firewall(

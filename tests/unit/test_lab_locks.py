@@ -7,9 +7,9 @@ what is under test is the order of lock, read, write and unlink, not the machine
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-import time
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,12 +18,11 @@ import pytest
 from lab import host, lifecycle, naming, network, processes
 from lab.state import LabState, locked, read_state, write_state
 from lab.topology import HostSpec, Topology
+from tests.unit.lab_lock_contenders import NAME, lock_path, wait_for, waiters_on
 
-NAME = "locktest"
-GUARD_S = 300.0  # only against a hang: every wait below ends on an event, not on a clock
+REPO = Path(__file__).resolve().parents[2]
 # Contenders are separate processes, as two `gpuinfra lab` commands are (the CLI patches
 # threads into greenlets, which a blocking flock would stall together).
-SPAWN = multiprocessing.get_context("spawn")
 
 
 @pytest.fixture
@@ -43,79 +42,15 @@ def labs_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return folder
 
 
-def lock_path(name: str) -> Path:
-    return naming.LABS_DIR / f".{name}.lock"
+def start(function: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.unit.lab_lock_contenders", function, *args], cwd=REPO
+    )
 
 
-def waiters_on(path: Path) -> int:
-    """How many flock requests wait on the file `path` names now (the `->` lines of
-    /proc/locks for its device and inode)."""
-    try:
-        found = os.stat(path)
-    except FileNotFoundError:
-        return 0
-    device = f"{os.major(found.st_dev):02x}:{os.minor(found.st_dev):02x}:{found.st_ino} "
-    lines = Path("/proc/locks").read_text().splitlines()
-    return sum(1 for line in lines if "->" in line and device in line)
-
-
-def wait_for(condition, what: str) -> None:
-    deadline = time.monotonic() + GUARD_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never saw: {what}")
-        time.sleep(0.01)
-
-
-def start(target, *args):
-    process = SPAWN.Process(target=target, args=args)
-    process.start()
-    return process
-
-
-def finish(process) -> None:
-    # Polled, not process.join(): under the CLI's gevent patch (other unit tests import cli)
-    # join can return before the process has ended.
-    wait_for(lambda: process.exitcode is not None, f"{process.name} to end")
-    assert process.exitcode == 0, f"a contender failed or hung (exit code {process.exitcode})"
-
-
-def inside(signals: Path, label: str) -> bool:
-    return (signals / f"{label}.in").exists() and not (signals / f"{label}.out").exists()
-
-
-def contend(labs: str, signals: str, label: str, other: str) -> None:
-    """One command taking the lab's lock (in its own process): it notes when it holds it, and
-    holds it until the other is blocked behind it, done, or (the defect) inside at once."""
-    naming.LABS_DIR = Path(labs)
-    marks = Path(signals)
-    lock = lock_path(NAME)
-    with locked(NAME):
-        (marks / f"{label}.in").touch()
-        wait_for(
-            lambda: (
-                inside(marks, other) or (marks / f"{other}.out").exists() or waiters_on(lock) >= 1
-            ),
-            f"{other} blocked, done or inside",
-        )
-        if inside(marks, other):
-            (marks / f"overlap-{label}").write_text(f"{label} got the lock while {other} held it")
-        (marks / f"{label}.out").touch()
-
-
-def hold_and_note_inode(labs: str, signals: str) -> None:
-    naming.LABS_DIR = Path(labs)
-    with locked(NAME):
-        (Path(signals) / "inode").write_text(str(os.stat(lock_path(NAME)).st_ino))
-
-
-def attach(labs: str) -> None:
-    """`lab attach-disk` in its own process, the machine's side answering "nothing there"."""
-    naming.LABS_DIR = Path(labs)
-    lifecycle.require_root_and_tools = lambda *args: None
-    host.ensure_disk = lambda paths, size: "/dev/loop-test"
-    host.is_running = lambda paths: False
-    lifecycle.attach_disk(NAME, "etcd-1", 1 << 30)
+def finish(process: subprocess.Popen) -> None:
+    wait_for(lambda: process.poll() is not None, f"contender {process.args[3]} to end")
+    assert process.returncode == 0, f"contender {process.args[3]} failed: {process.returncode}"
 
 
 def test_down_never_lets_two_holders_in(labs_dir: Path, tmp_path: Path, monkeypatch) -> None:
@@ -130,13 +65,13 @@ def test_down_never_lets_two_holders_in(labs_dir: Path, tmp_path: Path, monkeypa
 
     def read_state_while_a_waiter_queues(name: str):
         # Runs inside down's lock: hold it until the waiter is blocked on it.
-        waiter.append(start(contend, str(labs_dir), str(marks), "waiter", "third"))
+        waiter.append(start("contend", str(labs_dir), str(marks), "waiter", "third"))
         wait_for(lambda: waiters_on(lock) >= 1, "the waiter blocked on down's lock")
         return None
 
     monkeypatch.setattr(lifecycle, "read_state", read_state_while_a_waiter_queues)
     lifecycle.down(NAME)
-    third = start(contend, str(labs_dir), str(marks), "third", "waiter")
+    third = start("contend", str(labs_dir), str(marks), "third", "waiter")
     finish(waiter[0])
     finish(third)
     assert (marks / "waiter.out").exists() and (marks / "third.out").exists()
@@ -147,7 +82,7 @@ def test_locked_starts_again_on_a_removed_file(labs_dir: Path, tmp_path: Path) -
     """The waiter of a removed lock file ends up holding the file the path names now."""
     lock = lock_path(NAME)
     with locked(NAME, remove=True):
-        waiter = start(hold_and_note_inode, str(labs_dir), str(tmp_path))
+        waiter = start("hold_and_note_inode", str(labs_dir), str(tmp_path))
         wait_for(lambda: waiters_on(lock) >= 1, "the waiter blocked")
     finish(waiter)
     assert lock.exists() and os.stat(lock).st_ino == int((tmp_path / "inode").read_text())
@@ -159,7 +94,7 @@ def test_attach_disk_keeps_a_change_made_while_it_waited(labs_dir: Path) -> None
     topology = Topology((HostSpec("etcd-1", ("etcd",)), HostSpec("cpu-1", ("cpu_worker",))))
     write_state(LabState(NAME, 3, topology))
     with locked(NAME):
-        attaching = start(attach, str(labs_dir))
+        attaching = start("attach", str(labs_dir))
         wait_for(lambda: waiters_on(lock_path(NAME)) >= 1, "attach-disk blocked on the lock")
         state = read_state(NAME)
         write_state(replace(state, layer=Path("/var/tmp/layer-from-other-command")))

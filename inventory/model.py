@@ -28,6 +28,9 @@ HostName = Annotated[
     StringConstraints(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"),
 ]
 
+# [user@]host[:port], as `ssh -J` takes it.
+JumpHost = Annotated[str, StringConstraints(pattern=r"^([^@\s:]+@)?[^@\s:]+(:\d{1,5})?$")]
+
 
 class Strict(BaseModel):
     """Every model forbids unknown keys: a typo in the inventory must never pass silently."""
@@ -63,8 +66,9 @@ class SSH(Strict):
     # known_hosts used for strict host-key checking; never turned off.
     known_hosts: Path = Path("~/.ssh/known_hosts")
     port: int = Field(22, ge=1, le=65535)
-    # Jump host as user@host[:port], when the nodes are not directly reachable.
-    bastion: str | None = None
+    # Jump host as [user@]host[:port] (the user defaults to `user`), when the nodes are not
+    # directly reachable. Its host key is checked against `known_hosts` like the nodes'.
+    bastion: JumpHost | None = None
 
 
 class API(Strict):

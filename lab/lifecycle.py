@@ -313,7 +313,8 @@ def down(name: str, *, deadline_s: float = STOP_DEADLINE_S) -> DownResult:
     require_root_and_tools(("ip", "nft", "losetup"))
     removed: list[str] = []
     state_dir = naming.LABS_DIR / name
-    with locked(name):
+    # The lock file goes with the lab, removed while still held (see lab.state.locked).
+    with locked(name, remove=True):
         try:
             state = read_state(name)
         except LabError:
@@ -371,7 +372,6 @@ def down(name: str, *, deadline_s: float = STOP_DEADLINE_S) -> DownResult:
         if state_dir.exists():
             shutil.rmtree(state_dir)
             removed.append(f"state {state_dir}")
-    (naming.LABS_DIR / f".{name}.lock").unlink(missing_ok=True)
     return DownResult(name, removed, killed)
 
 
@@ -428,9 +428,9 @@ def status(name: str) -> LabStatus:
 def stop_host(name: str, host_name: str, *, deadline_s: float = STOP_DEADLINE_S) -> bool:
     """Power a host off (it stays off until `lab start`); returns whether it was running."""
     require_root_and_tools(("ip",))
-    state = _state(name)
-    state.host(host_name)
     with locked(name):
+        state = _state(name)
+        state.host(host_name)
         paths = _paths(state, host_name)
         pid = host.request_stop(paths)
         if pid is not None:
@@ -447,8 +447,8 @@ def save_layer(name: str, host_name: str, out: Path) -> Path:
     if out.exists():
         raise LabInvalid(f"{out} exists: give a new folder for the layer")
     stop_host(name, host_name)
-    state = _state(name)
     with locked(name):
+        state = _state(name)
         host.save_layer(_paths(state, host_name), out)
     return out
 
@@ -456,9 +456,9 @@ def save_layer(name: str, host_name: str, out: Path) -> Path:
 def start_host(name: str, host_name: str, *, boot_timeout_s: float = BOOT_TIMEOUT_S) -> bool:
     """Boot a stopped host and wait for SSH; returns whether it was already running."""
     require_root_and_tools()
-    state = _state(name)
-    index, _, address = state.host(host_name)
     with locked(name):
+        state = _state(name)
+        index, _, address = state.host(host_name)
         lower = rootfs.cached_root()
         host.ensure_root_mounted(_paths(state, host_name), lower, state.layer)
         already = _boot(state, index)
@@ -482,10 +482,12 @@ def attach_disk(name: str, host_name: str, size_bytes: int) -> str:
     Returns the loop device on the machine.
     """
     require_root_and_tools()
-    state = _state(name)
-    state.host(host_name)
-    topology = state.topology.with_disks({host_name: size_bytes})
+    # Read, change and write the state under one lock: read outside it, a change another
+    # command made in between (a host started, a disk attached) would be written over.
     with locked(name):
+        state = _state(name)
+        state.host(host_name)
+        topology = state.topology.with_disks({host_name: size_bytes})
         state = replace(state, topology=topology)  # keeps the layer and the rest
         write_state(state)
         if state.inventory_path is not None:

@@ -132,11 +132,36 @@ def recorded_labs() -> list[LabState]:
     return labs
 
 
+def lock_path(name: str | None) -> Path:
+    return naming.LABS_DIR / (f".{name}.lock" if name else ".slots.lock")
+
+
 @contextmanager
-def locked(name: str | None) -> Iterator[None]:
-    """Serialise changes: one lab's up/down/stop at a time; None locks the address plan."""
+def locked(name: str | None, *, remove: bool = False) -> Iterator[None]:
+    """Serialise changes: one lab's up/down/stop at a time; None locks the address plan.
+
+    `remove=True` (lab down) deletes the lock file while still holding it. A process that was
+    waiting on that file then holds a lock on an unlinked inode that nobody else can see, so
+    every holder checks, once it has the lock, that the path still names the file it locked,
+    and starts again on the new file otherwise: two holders at once are impossible."""
     naming.LABS_DIR.mkdir(parents=True, exist_ok=True)
-    lock_path = naming.LABS_DIR / (f".{name}.lock" if name else ".slots.lock")
-    with open(lock_path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
+    path = lock_path(name)
+    while True:
+        lock = open(path, "a")  # noqa: SIM115 (closed below, after the lock is released)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                current = os.stat(path)
+            except FileNotFoundError:
+                current = None
+            held = os.fstat(lock.fileno())
+            if current is None or (current.st_dev, current.st_ino) != (held.st_dev, held.st_ino):
+                continue  # locked a file another holder removed: lock the one the path names
+            try:
+                yield
+            finally:
+                if remove:
+                    path.unlink(missing_ok=True)
+            return
+        finally:
+            lock.close()

@@ -40,6 +40,7 @@ from roles.pyinfra_api import (
 from roles.record import RunRecord
 from roles.registry import PHASES
 from roles.spec import HostContext, ManagedFile, Phase
+from roles.ssh import SSHSettings
 
 REDACTED = "(secret: content differs, not shown)"
 
@@ -250,33 +251,20 @@ def _explain_connect_error(error: Exception) -> str:
     return text
 
 
-def _pyinfra_inventory(loaded: LoadedCluster, names: list[str], timeout: int) -> Inventory:
-    cluster = loaded.cluster
-    ssh = cluster.ssh
-    data: dict[str, object] = {
-        "ssh_user": ssh.user,
-        "ssh_port": ssh.port,
-        "ssh_known_hosts_file": str(loaded.resolve(ssh.known_hosts)),
-        # Never trust an unknown host key: a changed key means a different machine.
-        "ssh_strict_host_key_checking": "yes",
-        "ssh_connect_retries": 0,
-        "ssh_paramiko_connect_kwargs": {"timeout": timeout, "banner_timeout": timeout},
-    }
-    if ssh.key is not None:
-        data.update(
-            ssh_key=str(loaded.resolve(ssh.key)), ssh_allow_agent=False, ssh_look_for_keys=False
-        )
-    if ssh.bastion:
-        data["ssh_config_file"] = str(_bastion_config(loaded))
-    hosts = [(name, {"ssh_hostname": str(cluster.hosts[name].address)}) for name in names]
-    return Inventory((hosts, data))
+def _pyinfra_inventory(
+    loaded: LoadedCluster, names: list[str], timeout: int, persist: bool = False
+) -> Inventory:
+    settings = SSHSettings.from_cluster(loaded, timeout)
+    addresses = {name: str(loaded.cluster.hosts[name].address) for name in names}
+    config_file = _bastion_config(loaded, settings, list(addresses.values()), persist)
+    hosts = [(name, {"ssh_hostname": address}) for name, address in addresses.items()]
+    return Inventory((hosts, settings.pyinfra_data(config_file)))
 
 
-def _bastion_config(loaded: LoadedCluster) -> Path:
-    path = loaded.state_dir / "ssh_config"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"Host *\n    ProxyJump {loaded.cluster.ssh.bastion}\n")
-    return path
+def _bastion_config(loaded, settings: SSHSettings, addresses, persist: bool) -> Path | None:
+    """The bastion's ssh_config: under .state/ for apply, in a temporary folder otherwise
+    (plan and drift write no state)."""
+    return settings.write_ssh_config(addresses, loaded.state_dir if persist else None)
 
 
 def _run_batch(
@@ -290,12 +278,19 @@ def _run_batch(
     names = [ctx.name for ctx in contexts]
     for name in names:
         report.hosts[name] = HostReport(name)
+    bastion_problem = SSHSettings.from_cluster(loaded, options.connect_timeout).bastion_problem()
+    if bastion_problem is not None:  # every host is behind it: none is tried
+        for entry in report.hosts.values():
+            entry.status, entry.error = HostStatus.unreachable, bastion_problem
+        return
     config = Config(
         PARALLEL=options.parallel or len(names),
         CONNECT_TIMEOUT=options.connect_timeout,
         FAIL_PERCENT=None,
     )
-    inventory = _pyinfra_inventory(loaded, names, options.connect_timeout)
+    inventory = _pyinfra_inventory(
+        loaded, names, options.connect_timeout, persist=options.mode is Mode.apply
+    )
     state = State(inventory, config, check_for_changes=True)
     recorder = _Recorder(progress, 0)
     state.add_callback_handler(recorder)

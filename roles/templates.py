@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from functools import cache
-from pathlib import Path
 
 import jinja2
 
-TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
+from roles import assets
+
+TEMPLATES = assets.TEMPLATES  # the checkout's templates/, or the wheel's copy
 
 
 @cache

@@ -12,7 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SUITES = Path(__file__).resolve().parents[1] / "tests" / "verify"
+from roles import assets
+
+SUITES = assets.VERIFY_SUITES
 # Each pytest process checks its share of the hosts one test at a time; SSH round trips, not
 # the controller's CPU, are what a run waits on, so a few processes in parallel cut the wall time.
 DEFAULT_PROCESSES = 6

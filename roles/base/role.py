@@ -2,19 +2,38 @@
 
 from __future__ import annotations
 
-from inventory.model import LoadedCluster
+import ipaddress
+
+from inventory.model import Cluster, LoadedCluster
 from inventory.topology import FirewallRule, collapse_sources
 from roles.base import deploy, files
 from roles.base.config import BaseConfig
 from roles.spec import Phase, Role
 
 
+def bastion_address(cluster: Cluster) -> list[str]:
+    """The bastion's address when the inventory gives one (an address, or a cluster host's
+    name); a DNS name is not resolved offline: its network belongs in `networks.admin`."""
+    if not cluster.ssh.bastion:
+        return []
+    host = cluster.ssh.bastion.rpartition("@")[2].partition(":")[0]
+    if host in cluster.hosts:
+        return [str(cluster.hosts[host].address)]
+    try:
+        return [str(ipaddress.IPv4Address(host))]
+    except ValueError:
+        return []
+
+
 def ports(loaded: LoadedCluster) -> dict[str, list[FirewallRule]]:
     """SSH on the port the controller connects to (ssh.port), from the node and admin
-    networks: a rule on another port would lock the controller out mid-run."""
+    networks and the bastion: a drop policy that missed either would lock the controller out
+    in the middle of its own run."""
     cluster = loaded.cluster
-    admin = collapse_sources([str(cluster.networks.node), *map(str, cluster.networks.admin)])
-    return {"all": [FirewallRule("SSH from admin networks", cluster.ssh.port, "tcp", admin)]}
+    clients = collapse_sources(
+        [str(cluster.networks.node), *map(str, cluster.networks.admin), *bastion_address(cluster)]
+    )
+    return {"all": [FirewallRule("SSH from admin networks", cluster.ssh.port, "tcp", clients)]}
 
 
 ROLE = Role(

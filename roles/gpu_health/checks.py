@@ -245,15 +245,18 @@ def check_pcie(index: int, gpus: GpuQueries, cfg: GpuHealthConfig) -> CheckResul
     threshold = f"gen{link.max_gen} x{link.max_width}"
     busy = gpus.performance_state(index) == 0
     problems = []
+    # Width is judged against the maximum whatever the generation: lanes do not come back at
+    # idle, so a lost lane shows at gen1 as plainly as at full speed.
     if link.width < link.max_width:
         problems.append(f"width x{link.width} of x{link.max_width}: reseat or replace the riser")
-    if link.gen < link.max_gen:
-        if busy:
-            problems.append(f"gen{link.gen} of gen{link.max_gen} while busy (P0)")
-        else:
-            # GPUs train the link down at idle to save power; the generation only tells under load.
+    if link.gen < link.max_gen and busy:
+        problems.append(f"gen{link.gen} of gen{link.max_gen} while busy (P0)")
+    if link.gen < link.max_gen and not busy:
+        # GPUs train the link generation down at idle to save power; it only tells under load.
+        measured += " (idle)"
+        if not problems:
             return CheckResult(
-                "pcie", OK, measured + " (idle)", threshold, gpu=index, value=link.width,
+                "pcie", OK, measured, threshold, gpu=index, value=link.width,
                 unit="lanes", detail="link generation drops at idle; width checked",
             )  # fmt: skip
     verdict = Verdict(cfg.pcie_downgrade_verdict) if problems else OK

@@ -40,8 +40,12 @@ def test_table_is_live_with_a_drop_policy_and_enabled_for_boot(converged, host):
 
 
 def test_etcd_ports_are_dropped_from_a_worker(converged):
+    """Each negative probe follows a positive control: the same target answers SSH from the
+    same source, so a "timeout" cannot come from a host that is down."""
     etcd = converged.address("etcd-1")
+    ssh_port = converged.loaded.cluster.ssh.port
     for port in (2379, 2380):
+        assert probe_tcp(converged, "cpu-1", etcd, ssh_port) == "open"
         assert probe_tcp(converged, "cpu-1", etcd, port) == "timeout"
 
 
@@ -49,6 +53,8 @@ def test_etcd_client_port_reaches_etcd_from_the_control_plane(converged):
     """Nothing may listen yet (etcd is another role): "refused" proves the packet got through,
     as an RST only comes from the etcd host's kernel; "open" once etcd runs."""
     assert probe_tcp(converged, "cp-1", converged.address("etcd-1"), 2379) in ("open", "refused")
+    ssh_port = converged.loaded.cluster.ssh.port
+    assert probe_tcp(converged, "cp-1", converged.address("etcd-1"), ssh_port) == "open"
     assert probe_tcp(converged, "cp-1", converged.address("etcd-1"), 2380) == "timeout"
     assert probe_tcp(converged, "etcd-2", converged.address("etcd-1"), 2380) in ("open", "refused")
 

@@ -127,6 +127,32 @@ def test_pcie_downgrade_can_be_made_a_failure():
     assert by_key(report)[("pcie", 6)].verdict is Verdict.failed
 
 
+def test_lost_lanes_show_at_idle_when_the_generation_is_down_clocked():
+    """Recording (hand-written, NVML's answer format): idle node (P8), every link at gen1 as idle
+    GPUs train it, GPU 3 at x8 of x16. The idle generation must not hide the lost lanes."""
+    report = judge("h100-idle-gen1-x8.json")
+    pcie = by_key(report)[("pcie", 3)]
+    assert pcie.verdict is Verdict.degraded
+    assert report.verdict is Verdict.degraded
+    assert (pcie.measured, pcie.threshold) == ("gen1 x8 (idle)", "gen5 x16")
+    assert "x8 of x16" in pcie.detail
+    recording = json.loads((RECORDINGS / "h100-idle-gen1-x8.json").read_text())
+    failing = run_checks(
+        "gpu-1", RecordedGpus(recording), KernelLog("test", []), H100_NODE,
+        GpuHealthConfig(pcie_downgrade_verdict="failed"), ActiveSetup(run=False), no_dcgm,
+    )  # fmt: skip
+    assert by_key(failing)[("pcie", 3)].verdict is Verdict.failed
+
+
+def test_full_width_at_idle_gen1_passes():
+    """Recording (hand-written, NVML's answer format): the same idle node at gen1, every link
+    at its full x16: the down-clocked generation alone is no fault (positive control)."""
+    report = judge("h100-idle-gen1-x16.json")
+    pcie = by_key(report)[("pcie", 3)]
+    assert pcie.verdict is Verdict.ok
+    assert report.verdict is Verdict.ok
+
+
 def test_gen_downgrade_counts_only_under_load():
     """Recording (hand-written): a healthy node's GPU 0 at gen4 of gen5, idle then busy."""
     recording = json.loads((RECORDINGS / "h100-healthy.json").read_text())

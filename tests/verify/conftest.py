@@ -21,7 +21,6 @@ import os
 from functools import cache
 from pathlib import Path
 
-import paramiko
 import pytest
 from testinfra.backend.paramiko import ParamikoBackend
 from testinfra.host import Host
@@ -31,6 +30,7 @@ from inventory.topology import Topology
 from roles.context import host_context, load, topology_of
 from roles.registry import PHASES
 from roles.spec import HostContext
+from roles.ssh import SSHSettings
 
 SUITES = Path(__file__).resolve().parent
 
@@ -208,28 +208,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def connect(loaded: LoadedCluster, name: str) -> Host:
-    """A testinfra Host over paramiko that refuses unknown and changed host keys: testinfra's
-    own paramiko backend only warns about them."""
-    settings = loaded.cluster.ssh
+    """A testinfra Host over paramiko that refuses unknown and changed host keys (the bastion's
+    too): testinfra's own paramiko backend only warns about them. roles/ssh.py builds the
+    client, with the same settings pyinfra and the ssh command lines get."""
+    settings = SSHSettings.from_cluster(loaded)
     address = str(loaded.cluster.hosts[name].address)
-    client = paramiko.SSHClient()
-    client.load_host_keys(str(loaded.resolve(settings.known_hosts)))
-    client.set_missing_host_key_policy(paramiko.RejectPolicy())
-    key = str(loaded.resolve(settings.key)) if settings.key is not None else None
-    sock = None
-    if settings.bastion:
-        sock = paramiko.ProxyCommand(
-            f"ssh -o StrictHostKeyChecking=yes -W {address}:{settings.port} {settings.bastion}"
-        )
-    client.connect(
-        hostname=address,
-        port=settings.port,
-        username=settings.user,
-        key_filename=key,
-        look_for_keys=key is None,
-        timeout=10,
-        sock=sock,
-    )
+    client = settings.connect(address)
     backend = ParamikoBackend(f"paramiko://{settings.user}@{address}:{settings.port}")
     backend.__dict__["client"] = client  # replaces testinfra's cached, warn-only client
     return Host(backend)

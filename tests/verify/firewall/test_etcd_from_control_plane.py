@@ -8,7 +8,7 @@ it never passes on a dropped port, and needs no listener to prove the firewall's
 from __future__ import annotations
 
 from inventory.topology import ETCD_CLIENT_PORT, ETCD_PEER_PORT
-from tests.verify.probes import tcp_state
+from tests.verify.probes import dropped_port_state, tcp_state
 
 TARGET_GROUPS = ("control_plane",)
 
@@ -27,6 +27,13 @@ def test_etcd_client_port_is_not_filtered(host, cluster) -> None:
 
 
 def test_etcd_peer_port_is_filtered(host, cluster) -> None:
-    states = etcd_states(host, cluster, ETCD_PEER_PORT)
+    """Each member first answers on SSH from this node (the positive control), then its peer
+    port must not answer at all."""
+    states = {
+        name: dropped_port_state(
+            host, str(cluster.cluster.hosts[name].address), ETCD_PEER_PORT, cluster.cluster.ssh.port
+        )
+        for name in cluster.cluster.in_group("etcd")
+    }
     reached = {name: state for name, state in states.items() if state != "filtered"}
     assert not reached, f"etcd peer port answered a control-plane node: {reached}"

@@ -45,6 +45,7 @@ class HostStatus(StrEnum):
     drift = "drift"  # plan/drift: would change
     failed = "failed"  # an operation failed
     unreachable = "unreachable"  # no SSH connection (refused key, changed host key, down)
+    skipped = "skipped"  # apply: not tried, a batched run stopped before its batch
 
 
 @dataclass
@@ -167,6 +168,10 @@ def run(loaded: LoadedCluster, options: RunOptions, progress: Progress | None = 
                 f"{len(report.hosts)} hosts failed, over --fail-percent {options.fail_percent:g}"
             )
             break
+    for name in hosts:  # untried hosts of a stopped run: every host is in the report
+        if name not in report.hosts:
+            reason = f"not tried: {report.stopped}"
+            report.hosts[name] = HostReport(name, status=HostStatus.skipped, error=reason)
     report.seconds = time.monotonic() - started
     return report
 

@@ -27,7 +27,7 @@ from testinfra.backend.paramiko import ParamikoBackend
 from testinfra.host import Host
 
 from inventory.loader import load
-from inventory.model import LoadedCluster
+from inventory.model import LoadedCluster, StateAccess
 from inventory.topology import Topology, build_topology
 from roles.phases import PHASES
 from roles.render import host_context
@@ -51,7 +51,8 @@ def _split(value: str) -> set[str]:
 
 @cache
 def _load(path: str) -> LoadedCluster:
-    return load(Path(path))
+    # Checks read the cluster's state and never create it (a missing secret is an error).
+    return load(Path(path)).with_state_access(StateAccess.existing)
 
 
 def _cluster(config: pytest.Config) -> LoadedCluster:

@@ -11,8 +11,8 @@ import contextlib
 from collections.abc import Iterator
 
 from inventory.model import LoadedCluster, StateAccess
-from roles.applylock import HeldLock, apply_lock
-from roles.etcd.trust import check_live_ca
+from roles.applylock import LOCK_FILE, HeldLock, apply_lock
+from roles.etcd.trust import TrustRefused, check_live_ca
 from roles.render import host_contexts, host_files
 from roles.statefiles import StateMissing
 
@@ -44,6 +44,14 @@ def applying(
     """Hold the cluster's apply lock (LockHeld when another apply has it), then refuse
     (TrustRefused) when the etcd members trust another CA than the state's; yields the cluster
     allowed to create missing state."""
-    with apply_lock(loaded.state_dir, command, break_lock=break_lock) as held:
-        check_live_ca(loaded)
-        yield loaded.with_state_access(StateAccess.create), held
+    fresh = not loaded.state_dir.exists()
+    try:
+        with apply_lock(loaded.state_dir, command, break_lock=break_lock) as held:
+            check_live_ca(loaded)
+            yield loaded.with_state_access(StateAccess.create), held
+    except TrustRefused:
+        if fresh:  # refused before anything was made: leave no state folder behind
+            (loaded.state_dir / LOCK_FILE).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                loaded.state_dir.rmdir()
+        raise

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from cli.exitcodes import ExitCode
 from cli.main import app
 from roles.applylock import LOCK_FILE, LockHeld, apply_lock, current_holder
-from tests.unit.test_state import loopback_cluster
+from tests.unit.loopback import loopback_cluster
 
 REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()

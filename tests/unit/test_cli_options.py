@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from cli.exitcodes import ExitCode
 from cli.main import app
-from tests.unit.test_state import loopback_cluster
+from tests.unit.loopback import loopback_cluster
 
 REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -83,7 +83,9 @@ BAD_VALUES = [
 ]
 
 
-@pytest.mark.parametrize(("argv", "named"), BAD_VALUES, ids=lambda v: " ".join(v)[:60])
+@pytest.mark.parametrize(
+    ("argv", "named"), BAD_VALUES, ids=[" ".join(argv[:1] + argv[2:]) for argv, _ in BAD_VALUES]
+)
 def test_bad_value_is_one_line_and_exit_2(argv, named, tmp_path):
     cluster = loopback_cluster(tmp_path / "loop")
     args = [str(cluster) if a == CLUSTER else a for a in argv]

@@ -17,7 +17,7 @@ from inventory.model import StateAccess
 from roles.etcd import trust
 from roles.etcd.pki import ensure_pki, local_ca_fingerprint
 from roles.runner import Mode, RunReport
-from tests.unit.test_state import loopback_cluster
+from tests.unit.loopback import loopback_cluster
 
 runner = CliRunner()
 

@@ -12,45 +12,21 @@ import stat
 from pathlib import Path
 
 import pytest
-import yaml
 from typer.testing import CliRunner
 
 from cli.exitcodes import ExitCode
 from cli.main import app
 from inventory.loader import load
-from inventory.model import StateAccess
 from roles.dns.secrets import tsig_secret
 from roles.etcd.pki import ensure_pki
 from roles.loadbalancer.config import LoadBalancerConfig
-from roles.loadbalancer.files import vrrp_password
 from roles.render import render_cluster
-from roles.statefiles import PLACEHOLDER, StateMissing, write_secret_atomically
+from tests.unit.loopback import loopback_cluster
+
+# What render writes in place of a secret apply has not made (roles.statefiles.PLACEHOLDER).
+PLACEHOLDER = "PLACEHOLDER-run-gpuinfra-apply"
 
 runner = CliRunner()
-
-LOOPBACK_CLUSTER = {
-    "name": "loop",
-    "domain": "loop.test",
-    "os": "debian-13",
-    "networks": {"node": "127.0.0.0/24", "admin": ["127.0.0.0/8"]},
-    "ssh": {"known_hosts": "known_hosts"},
-    "api": {"vip": "127.0.0.30"},
-    "hosts": {
-        "etcd-1": {"address": "127.0.0.11", "groups": ["etcd"]},
-        "lb-1": {"address": "127.0.0.31", "groups": ["loadbalancer"]},
-        "lb-2": {"address": "127.0.0.32", "groups": ["loadbalancer"]},
-        "dns-1": {"address": "127.0.0.41", "groups": ["dns"]},
-        "cpu-1": {"address": "127.0.0.71", "groups": ["cpu_worker"]},
-    },
-}
-
-
-def loopback_cluster(folder: Path, **changes) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "known_hosts").touch()
-    data = {**LOOPBACK_CLUSTER, **changes}
-    (folder / "cluster.yml").write_text(yaml.safe_dump(data, sort_keys=False))
-    return folder
 
 
 @pytest.fixture
@@ -79,6 +55,9 @@ def test_read_only_commands_name_the_missing_secret_in_partial_state(cluster_dir
 
 
 def test_existing_access_raises_instead_of_minting_a_ca(cluster_dir):
+    from inventory.model import StateAccess
+    from roles.statefiles import StateMissing
+
     loaded = load(cluster_dir).with_state_access(StateAccess.existing)
     with pytest.raises(StateMissing):
         ensure_pki(loaded)
@@ -99,6 +78,8 @@ def test_render_without_state_writes_placeholders_and_no_state(cluster_dir, tmp_
 
 def test_render_with_state_uses_it_and_says_nothing(cluster_dir, tmp_path):
     """Positive control of the test above: after state exists, render shows real secrets."""
+    from roles.loadbalancer.files import vrrp_password
+
     ensure_pki(load(cluster_dir))  # what apply makes (StateAccess.create)
     tsig_secret(cluster_dir / ".state")
     vrrp_password(load(cluster_dir), LoadBalancerConfig())
@@ -114,11 +95,15 @@ def test_render_creates_secret_files_private(cluster_dir, tmp_path, monkeypatch)
     """Every rendered secret is 0600 from its creation: with chmod disabled, whatever mode a
     file was created with is what stays (main wrote 0644, then chmod-ed)."""
     ensure_pki(load(cluster_dir))
+    loaded = load(cluster_dir)
+    if hasattr(loaded, "with_state_access"):
+        from inventory.model import StateAccess
+
+        loaded = loaded.with_state_access(StateAccess.placeholder)
     monkeypatch.setattr(os, "chmod", lambda *args, **kwargs: None)
     monkeypatch.setattr(Path, "chmod", lambda *args, **kwargs: None)
     old_umask = os.umask(0o022)
     try:
-        loaded = load(cluster_dir).with_state_access(StateAccess.placeholder)
         render_cluster(loaded, tmp_path / "out")
     finally:
         os.umask(old_umask)
@@ -129,6 +114,8 @@ def test_render_creates_secret_files_private(cluster_dir, tmp_path, monkeypatch)
 
 
 def test_state_secrets_are_0600_and_the_folder_0700(cluster_dir):
+    from roles.loadbalancer.files import vrrp_password
+
     old_umask = os.umask(0)  # the widest umask: the modes must come from the code
     try:
         ensure_pki(load(cluster_dir))
@@ -145,6 +132,8 @@ def test_state_secrets_are_0600_and_the_folder_0700(cluster_dir):
 
 
 def test_write_secret_atomically_keeps_the_old_file_when_interrupted(tmp_path, monkeypatch):
+    from roles.statefiles import write_secret_atomically
+
     target = tmp_path / "secret"
     write_secret_atomically(target, b"old")
 
@@ -159,6 +148,8 @@ def test_write_secret_atomically_keeps_the_old_file_when_interrupted(tmp_path, m
 
 
 def test_vrrp_password_is_random_kept_and_not_derived(tmp_path):
+    from roles.loadbalancer.files import vrrp_password
+
     first = load(loopback_cluster(tmp_path / "a"))
     again = vrrp_password(first, LoadBalancerConfig())
     assert vrrp_password(first, LoadBalancerConfig()) == again  # kept in state
@@ -173,6 +164,10 @@ def test_vrrp_password_is_random_kept_and_not_derived(tmp_path):
 
 
 def test_vrrp_password_placeholder_and_missing(tmp_path):
+    from inventory.model import StateAccess
+    from roles.loadbalancer.files import vrrp_password
+    from roles.statefiles import StateMissing
+
     loaded = load(loopback_cluster(tmp_path / "a"))
     placeholder = loaded.with_state_access(StateAccess.placeholder)
     assert vrrp_password(placeholder, LoadBalancerConfig()) == PLACEHOLDER

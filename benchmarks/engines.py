@@ -19,8 +19,8 @@ from pathlib import Path
 import yaml
 
 from inventory.model import LoadedCluster
-from roles.phases import PHASES
-from roles.render import host_contexts
+from roles.context import host_contexts
+from roles.registry import PHASES
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from benchmarks.engines import declared_state, write_engines
 from benchmarks.measure import Measurement, run_measured
-from inventory.loader import load
+from roles.context import load
 
 BIN = Path(sys.executable).parent
 GPUINFRA = str(BIN / "gpuinfra")

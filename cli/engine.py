@@ -25,11 +25,12 @@ from cli.options import (
     LimitOpt,
     OutputFormat,
     ParallelOpt,
+    RateOpt,
     RolesOpt,
     ShardOpt,
     parse_shard,
 )
-from inventory.loader import load
+from roles.context import load
 from roles.junit import write_junit
 from roles.statefiles import write_atomically
 
@@ -65,6 +66,7 @@ def apply(
     limit: LimitOpt = None,
     roles: RolesOpt = None,
     batch: BatchOpt = None,
+    rate: RateOpt = None,
     fail_percent: FailPercentOpt = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Apply without asking.")] = False,
     parallel: ParallelOpt = None,
@@ -97,12 +99,21 @@ def apply(
     (exit 2) when the etcd members trust another CA than the controller's .state/."""
     from roles.clusterstate import applying
     from roles.etcd.trust import TrustRefused
+    from roles.pacing import Rate
     from roles.runner import Mode
 
     with reporting():
         loaded = load(cluster)
         options = _options(
-            loaded, Mode.apply, limit, roles, parallel, connect_timeout, batch, fail_percent
+            loaded,
+            Mode.apply,
+            limit,
+            roles,
+            parallel,
+            connect_timeout,
+            batch,
+            fail_percent,
+            rate=Rate.parse(rate) if rate is not None else None,
         )
     if not yes and not typer.confirm("Apply changes to the hosts?", default=False, err=True):
         raise typer.Exit(ExitCode.OK)
@@ -119,7 +130,7 @@ def apply(
             )
         report = _run(loaded, options, output)
         if reboot:
-            _reboot(loaded, report, batch)
+            _reboot(cluster, report, batch)
     if report_path:
         report_path.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(report_path, json.dumps(asdict(report), indent=2).encode())
@@ -189,9 +200,10 @@ def _options(
     batch=None,
     fail_percent=None,
     shard=None,
+    rate=None,
 ):
     """RunOptions from the command line, with the checks that need the inventory (exit 2)."""
-    from roles.phases import PHASES
+    from roles.registry import PHASES
     from roles.runner import RunOptions
 
     with reporting():
@@ -213,6 +225,7 @@ def _options(
         roles=_split(roles),
         parallel=parallel,
         batch=batch,
+        rate=rate,
         fail_percent=fail_percent,
         connect_timeout=connect_timeout,
         shard=parse_shard(shard),
@@ -239,11 +252,14 @@ def _run(loaded, options, output):
         return run(loaded, options, progress)
 
 
-def _reboot(loaded, report, batch: str | None) -> None:
-    """Reboot the hosts the run left "reboot required", in rolling batches; the report says
-    which came back (flag cleared) and which did not (failed)."""
+def _reboot(cluster, report, batch: str | None) -> None:
+    """Reboot the hosts the run left "reboot required", in rolling steps by each group's policy
+    (quorum and serving groups one member at a time, workers --batch at a time, one by
+    default); the report says which came back (flag cleared) and which did not (failed)."""
+    from roles.orchestrate import batch_size, group_policies, plan_steps
     from roles.reboot import Rebooter
-    from roles.runner import HostStatus, batches
+    from roles.registry import PHASES
+    from roles.runner import HostStatus
 
     waiting = [
         host.name
@@ -252,7 +268,12 @@ def _reboot(loaded, report, batch: str | None) -> None:
     ]
     if not waiting:
         return
-    for outcome in Rebooter(loaded).rolling(batches(waiting, batch or "1")):
+    with reporting():
+        loaded = load(cluster)
+    groups_of = {name: loaded.cluster.hosts[name].groups for name in waiting}
+    size = batch_size(batch or "1", len(waiting))
+    steps = plan_steps(waiting, groups_of, group_policies(PHASES), size, rebooting=True)
+    for outcome in Rebooter(loaded).rolling(steps):
         entry = report.hosts[outcome.host]
         if outcome.ok:
             entry.reboot_required = False

@@ -14,7 +14,7 @@ from rich.table import Table
 from cli.errors import UserError, reporting
 from cli.exitcodes import ExitCode
 from cli.options import ClusterArg, FormatOpt, OutputFormat
-from inventory.loader import load
+from roles.context import load
 
 app = typer.Typer(help="Day-2 operations on the external etcd cluster.", no_args_is_help=True)
 console = Console(highlight=False)
@@ -23,7 +23,7 @@ HEALTH_EXIT = {"healthy": ExitCode.OK, "degraded": ExitCode.DEGRADED, "lost": Ex
 
 
 def _call(work):
-    from roles.etcd.day2 import EtcdOperationError
+    from day2.etcd import EtcdOperationError
 
     with reporting():
         try:
@@ -50,7 +50,7 @@ def _confirm(yes: bool, question: str) -> None:
 def status(cluster: ClusterArg, output: FormatOpt = OutputFormat.table) -> None:
     """Members, leader, health, DB size against the quota, alarms, WAL fsync p99, cert expiry.
     Exit 0 healthy, 5 a member down (quorum kept), 6 quorum lost."""
-    from roles.etcd.day2 import status as cluster_status
+    from day2.etcd import status as cluster_status
 
     with reporting():
         loaded = load(cluster)
@@ -122,7 +122,7 @@ def check_disk(
     output: FormatOpt = OutputFormat.table,
 ) -> None:
     """etcd's fio fdatasync test on every member's data directory. Exit 6 if one fails."""
-    from roles.etcd.day2 import check_disk as run_check
+    from day2.etcd import check_disk as run_check
 
     with reporting():
         loaded = load(cluster)
@@ -150,7 +150,7 @@ def snapshot(
     """Take a snapshot on a healthy member and copy it to this machine (mode 0600)."""
     import time
 
-    from roles.etcd.day2 import snapshot as take
+    from day2.etcd import snapshot as take
 
     with reporting():
         loaded = load(cluster)
@@ -175,7 +175,7 @@ def restore(
     output: FormatOpt = OutputFormat.table,
 ) -> None:
     """Rebuild the whole cluster from a snapshot: every member's data is replaced."""
-    from roles.etcd.day2 import restore as rebuild
+    from day2.etcd import restore as rebuild
 
     with reporting():
         loaded = load(cluster)
@@ -203,7 +203,7 @@ def replace_member(
     output: FormatOpt = OutputFormat.table,
 ) -> None:
     """Remove a failed member, clear its data and add it back as a new member."""
-    from roles.etcd.day2 import replace
+    from day2.etcd import replace
 
     with reporting():
         loaded = load(cluster)
@@ -227,7 +227,7 @@ def rotate_certs(
     output: FormatOpt = OutputFormat.table,
 ) -> None:
     """New member and client certificates (same CA), rolled out one member at a time."""
-    from roles.etcd.day2 import rotate_certs as rotate
+    from day2.etcd import rotate_certs as rotate
 
     with reporting():
         loaded = load(cluster)

@@ -162,7 +162,7 @@ def fleet(
     output: FormatOpt = OutputFormat.table,
 ) -> None:
     """Run the checks over SSH on sampled GPU workers; with --cordon, cordon failed ones."""
-    from inventory.loader import load
+    from roles.context import load
     from roles.gpu_health.expect import cluster_config
     from roles.gpu_health.fleet import run_fleet
 

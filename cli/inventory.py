@@ -14,8 +14,8 @@ from rich.table import Table
 from cli.errors import UserError, reporting
 from cli.options import ClusterArg, FormatOpt, OutputFormat
 from inventory.ansible_import import import_ansible
-from inventory.loader import load
 from inventory.topology import build_topology
+from roles.context import load
 
 app = typer.Typer(help="Validate, show and import cluster inventories.", no_args_is_help=True)
 console = Console(highlight=False)

@@ -57,6 +57,17 @@ def _batch(value: str | None) -> str | None:
     return parse_count_or_percent(value, "--batch")
 
 
+def _rate(value: str | None) -> str | None:
+    from roles.pacing import Rate, RateInvalid
+
+    if value is not None:
+        try:
+            Rate.parse(value)
+        except RateInvalid as exc:
+            raise typer.BadParameter(str(exc), param_hint="--rate") from None
+    return value
+
+
 def _shard(value: str | None) -> str | None:
     parse_shard(value)
     return value
@@ -89,7 +100,20 @@ ShardOpt = Annotated[
 ]
 BatchOpt = Annotated[
     str | None,
-    typer.Option("--batch", callback=_batch, help="Rolling batches: N hosts or P% at a time."),
+    typer.Option(
+        "--batch",
+        callback=_batch,
+        help="Roll in steps of N hosts or P%, by each group's policy (etcd together, API "
+        "servers, load balancers and DNS servers one at a time).",
+    ),
+]
+RateOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--rate",
+        callback=_rate,
+        help="N/INTERVAL: at most N workers start per interval (5/30s).",
+    ),
 ]
 FailPercentOpt = Annotated[
     float | None,

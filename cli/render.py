@@ -10,8 +10,8 @@ from rich.console import Console
 
 from cli.errors import reporting, stderr
 from cli.options import ClusterArg
-from inventory.loader import load
 from inventory.model import StateAccess
+from roles.context import load
 from roles.render import render_cluster
 
 

@@ -15,7 +15,7 @@ from rich.table import Table
 from cli.errors import UserError, reporting
 from cli.exitcodes import ExitCode
 from cli.options import ClusterArg, FormatOpt, OutputFormat
-from inventory.loader import load
+from roles.context import load
 from roles.runner import select_hosts
 from roles.verify import DEFAULT_PROCESSES, available_suites, verify
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from inventory.building import RoleChecks, build
 from inventory.errors import InventoryError, InventoryInvalid
-from inventory.loader import build
 from inventory.model import LoadedCluster
 
 # Kubespray and DeepOps group names (both spellings: `-` was renamed to `_` in Kubespray 2.16).
@@ -89,7 +89,11 @@ class ImportResult:
 
 
 def import_ansible(
-    path: Path, *, name: str | None = None, node_network: str | None = None
+    path: Path,
+    *,
+    name: str | None = None,
+    node_network: str | None = None,
+    role_checks: RoleChecks | None = None,
 ) -> ImportResult:
     """Map an Ansible inventory (INI or YAML, with group_vars/host_vars) to a validated cluster."""
     hosts, groups_of, unmapped = _read_with_ansible(path)
@@ -171,7 +175,8 @@ def import_ansible(
         data["versions"] = versions
     if api:
         data["api"] = api
-    loaded = build(data, source=path, base_dir=path.parent if path.is_file() else path)
+    base_dir = path.parent if path.is_file() else path
+    loaded = build(data, source=path, base_dir=base_dir, role_checks=role_checks)
     return ImportResult(data=data, loaded=loaded, unmapped=sorted(set(unmapped)))
 
 

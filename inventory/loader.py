@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import yaml
-from pydantic import ValidationError
 
+from inventory.ansible_import import import_ansible
+from inventory.building import RoleChecks, load_cluster_file
 from inventory.errors import InventoryError, InventoryInvalid
-from inventory.model import Cluster, LoadedCluster
-from inventory.validate import check_cluster
+from inventory.model import LoadedCluster
 
 CLUSTER_FILE_NAMES = ("cluster.yml", "cluster.yaml")
 ANSIBLE_FILE_NAMES = (
@@ -23,15 +22,15 @@ ANSIBLE_FILE_NAMES = (
 )
 
 
-def load(path: str | Path) -> LoadedCluster:
-    """Load a cluster file, a folder holding one, or an Ansible inventory (InventoryInvalid)."""
+def load(path: str | Path, role_checks: RoleChecks | None = None) -> LoadedCluster:
+    """Load a cluster file, a folder holding one, or an Ansible inventory (InventoryInvalid).
+    With `role_checks`, the roles' settings are merged and checked in the same pass, so every
+    problem of the inventory is reported at once."""
     path = Path(path)
     target = _locate(path)
     if _is_ansible(target):
-        from inventory.ansible_import import import_ansible
-
-        return import_ansible(target).loaded
-    return load_cluster_file(target)
+        return import_ansible(target, role_checks=role_checks).loaded
+    return load_cluster_file(target, role_checks)
 
 
 def _locate(path: Path) -> Path:
@@ -57,112 +56,3 @@ def _is_ansible(path: Path) -> bool:
     except (yaml.YAMLError, OSError):
         return False  # let the cluster loader report it with a line number
     return isinstance(data, dict) and "all" in data and "hosts" not in data
-
-
-def load_cluster_file(path: Path) -> LoadedCluster:
-    text = _read(path)
-    data, lines = parse_yaml(path, text)
-    return build(data, source=path, base_dir=path.parent, lines=lines)
-
-
-def build(
-    data: Any, *, source: Path, base_dir: Path, lines: dict[tuple[str, ...], int] | None = None
-) -> LoadedCluster:
-    """Validate raw cluster data (from YAML or an import) into a LoadedCluster."""
-    lines = lines or {}
-    if not isinstance(data, dict):
-        raise InventoryInvalid([InventoryError(source, "", "expected a mapping at the top level")])
-    try:
-        cluster = Cluster.model_validate(data)
-    except ValidationError as exc:
-        raise InventoryInvalid(_pydantic_errors(exc, source, lines)) from None
-    loaded = LoadedCluster(cluster=cluster, source=source, base_dir=base_dir)
-    errors = [
-        InventoryError(source, key, message, _line_of(lines, key))
-        for key, message in check_cluster(loaded)
-    ]
-    if errors:
-        raise InventoryInvalid(errors)
-    return loaded
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError as exc:
-        raise InventoryInvalid([InventoryError(path, "", f"cannot read: {exc.strerror}")]) from None
-
-
-def parse_yaml(path: Path, text: str) -> tuple[Any, dict[tuple[str, ...], int]]:
-    """Parse YAML, refusing duplicate keys, and index the line of every key path."""
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark else None
-        problem = exc.problem or str(exc)
-        raise InventoryInvalid(
-            [InventoryError(path, "", f"malformed YAML: {problem}", line)]
-        ) from None
-    lines: dict[tuple[str, ...], int] = {}
-    errors: list[InventoryError] = []
-    if node is not None:
-        _index(node, (), lines, errors, path)
-    if errors:
-        raise InventoryInvalid(errors)
-    return data, lines
-
-
-def _index(node, prefix, lines, errors, path) -> None:
-    if isinstance(node, yaml.MappingNode):
-        seen: dict[str, int] = {}
-        for key_node, value_node in node.value:
-            key = str(key_node.value)
-            line = key_node.start_mark.line + 1
-            keypath = prefix + (key,)
-            if key in seen:
-                errors.append(
-                    InventoryError(
-                        path, ".".join(keypath), f"duplicate key (first at line {seen[key]})", line
-                    )
-                )
-                continue
-            seen[key] = line
-            lines[keypath] = line
-            _index(value_node, keypath, lines, errors, path)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            keypath = prefix + (str(i),)
-            lines[keypath] = item.start_mark.line + 1
-            _index(item, keypath, lines, errors, path)
-
-
-def _line_of(lines: dict[tuple[str, ...], int], key: str) -> int | None:
-    parts = tuple(key.split(".")) if key else ()
-    while parts:
-        if parts in lines:
-            return lines[parts]
-        parts = parts[:-1]
-    return None
-
-
-def _pydantic_errors(exc: ValidationError, source: Path, lines) -> list[InventoryError]:
-    errors = []
-    for err in exc.errors():
-        loc = [str(part) for part in err["loc"]]
-        # pydantic reports dict keys as "[key]" and unions with type tags; keep the data path only.
-        loc = [part for part in loc if not part.startswith(("function-", "lax-", "json-"))]
-        key = ".".join(loc)
-        if err["type"] == "extra_forbidden":
-            message = "unknown key"
-        elif err["type"] == "missing":
-            message = "required key is missing"
-        elif err["type"] == "literal_error":
-            message = f"must be one of {err['ctx']['expected']} (got {err['input']!r})"
-        else:
-            message = err["msg"]
-            if "input" in err and not isinstance(err["input"], dict | list):
-                message += f" (got {err['input']!r})"
-        errors.append(InventoryError(source, key, message, _line_of(lines, key)))
-    return errors

@@ -13,7 +13,6 @@ ETCD_PEER_PORT = 2380
 ETCD_METRICS_PORT = 2381  # plain-HTTP /metrics listener, so Prometheus needs no client cert
 KUBELET_PORT = 10250
 NODE_EXPORTER_PORT = 9100
-SSH_PORT = 22
 DNS_PORT = 53
 HAPROXY_STATS_PORT = 8404
 PROMETHEUS_PORT = 9090
@@ -56,7 +55,8 @@ class Topology:
     forward_zone: str
     reverse_zones: dict[str, tuple[DNSRecord, ...]]
     forward_records: tuple[DNSRecord, ...]
-    # group -> rules; a host gets the union of its groups' rules plus the "all" rules
+    # group -> rules; a host gets the union of its groups' rules plus the "all" rules. Filled
+    # from every role's ports by the roles' layer (roles/context.py `topology_of`).
     firewall: dict[str, tuple[FirewallRule, ...]] = field(default_factory=dict)
 
     def rules_for(self, groups: list[str]) -> list[FirewallRule]:
@@ -75,7 +75,6 @@ def build_topology(cluster: Cluster) -> Topology:
     control_plane = cluster.in_group("control_plane")
     balancers = cluster.in_group("loadbalancer")
     dns = cluster.in_group("dns")
-    monitoring = cluster.in_group("monitoring")
 
     if cluster.api.vip is not None:
         api_address = str(cluster.api.vip)
@@ -101,7 +100,6 @@ def build_topology(cluster: Cluster) -> Topology:
         forward_zone=cluster.domain,
         forward_records=_forward_records(cluster, api_address),
         reverse_zones=_reverse_zones(cluster),
-        firewall=_firewall(cluster, etcd, control_plane, balancers, monitoring),
     )
 
 
@@ -148,81 +146,3 @@ def collapse_sources(sources: Iterable[str]) -> tuple[str, ...]:
     return tuple(
         str(net.network_address) if net.prefixlen == 32 else str(net) for net in sorted(kept)
     )
-
-
-def _firewall(
-    cluster: Cluster,
-    etcd: list[str],
-    control_plane: list[str],
-    balancers: list[str],
-    monitoring: list[str],
-) -> dict[str, tuple[FirewallRule, ...]]:
-    def addresses(names: Iterable[str]) -> tuple[str, ...]:
-        return collapse_sources(str(cluster.hosts[n].address) for n in names)
-
-    networks = cluster.networks
-    node_net, pod_net = str(networks.node), str(networks.pod)
-    admin_nets = [str(net) for net in networks.admin]
-    admin = collapse_sources([node_net, *admin_nets])
-    # Pods reach the API through the kubernetes Service, DNAT'd to an API server with the pod's
-    # own address as the source; CoreDNS forwards from pod addresses to the cluster DNS servers.
-    api_clients = collapse_sources([node_net, pod_net, *admin_nets])
-    dns_clients = collapse_sources([node_net, pod_net, *admin_nets])
-    api = FirewallRule("Kubernetes API from nodes, pods and admins", cluster.api.port, "tcp",
-                       api_clients)  # fmt: skip
-    scrapers = addresses(monitoring)
-    rules: dict[str, list[FirewallRule]] = {
-        "all": [FirewallRule("SSH from admin networks", SSH_PORT, "tcp", admin)],
-        "etcd": [
-            FirewallRule(
-                "etcd clients: control plane and members",
-                ETCD_CLIENT_PORT,
-                "tcp",
-                addresses(set(control_plane) | set(etcd)),
-            ),
-            FirewallRule("etcd peers: members only", ETCD_PEER_PORT, "tcp", addresses(etcd)),
-        ],
-        "control_plane": [api],
-        "loadbalancer": [api],
-        "dns": [
-            FirewallRule("DNS from the cluster and admins", DNS_PORT, "udp", dns_clients),
-            FirewallRule("DNS from the cluster and admins", DNS_PORT, "tcp", dns_clients),
-        ],
-        "monitoring": [
-            FirewallRule("Prometheus from admin networks", PROMETHEUS_PORT, "tcp", admin),
-        ],
-    }
-    if len(balancers) > 1:
-        # keepalived's VRRP adverts (IP protocol 112): dropped, both balancers claim the VIP.
-        rules["loadbalancer"].append(
-            FirewallRule("VRRP between load balancers", None, "vrrp", addresses(balancers))
-        )
-    # The API server calls kubelets (logs, exec); Prometheus scrapes their cAdvisor metrics.
-    kubelet_clients = addresses(set(control_plane) | set(monitoring))
-    for group in ("control_plane", "gpu_worker", "cpu_worker"):
-        rules.setdefault(group, []).append(
-            FirewallRule(
-                "kubelet from the control plane and monitoring",
-                KUBELET_PORT,
-                "tcp",
-                kubelet_clients if control_plane else (),
-            )
-        )
-    if scrapers:
-        rules["all"].append(
-            FirewallRule("node exporter from monitoring", NODE_EXPORTER_PORT, "tcp", scrapers)
-        )
-        rules["etcd"].append(
-            FirewallRule("etcd metrics from monitoring", ETCD_METRICS_PORT, "tcp", scrapers)
-        )
-        rules["loadbalancer"].append(
-            FirewallRule("HAProxy stats from monitoring", HAPROXY_STATS_PORT, "tcp", scrapers)
-        )
-        rules.setdefault("gpu_worker", []).append(
-            FirewallRule("DCGM exporter from monitoring", DCGM_EXPORTER_PORT, "tcp", scrapers)
-        )
-    # A rule with no sources (no control plane yet, say) would be an empty set: leave it out.
-    return {
-        group: tuple(rule for rule in group_rules if rule.sources)
-        for group, group_rules in rules.items()
-    }

@@ -7,8 +7,6 @@ import stat
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from pydantic import ValidationError
-
 if TYPE_CHECKING:
     from inventory.model import LoadedCluster
 
@@ -24,8 +22,6 @@ def check_cluster(loaded: LoadedCluster) -> list[tuple[str, str]]:
         _gpu_specs,
         _host_sections_match_groups,
         _ssh_key,
-        _role_vars,
-        _firewall_admin_networks,
     ):
         problems.extend(rule(loaded))
     return problems
@@ -128,48 +124,3 @@ def _ssh_key(loaded: LoadedCluster) -> Iterator[tuple[str, str]]:
         yield "ssh.key", f"{path} is mode {oct(mode & 0o777)}; a private key must be 0600"
     elif not os.access(path, os.R_OK):
         yield "ssh.key", f"cannot read {path}: permission denied"
-
-
-def _role_vars(loaded: LoadedCluster) -> Iterator[tuple[str, str]]:
-    from roles.registry import ROLE_CONFIGS
-
-    cluster = loaded.cluster
-    sections = [(f"group_vars.{group}", roles) for group, roles in cluster.group_vars.items()]
-    sections += [(f"hosts.{name}.vars", host.vars) for name, host in cluster.hosts.items()]
-    for prefix, roles in sections:
-        for role, settings in roles.items():
-            config = ROLE_CONFIGS.get(role)
-            if config is None:
-                known = ", ".join(sorted(ROLE_CONFIGS))
-                yield f"{prefix}.{role}", f"unknown role (known: {known})"
-                continue
-            try:
-                config.model_validate(settings)
-            except ValidationError as exc:
-                for err in exc.errors():
-                    key = ".".join(str(part) for part in err["loc"])
-                    message = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-                    yield f"{prefix}.{role}.{key}", message
-
-
-def _firewall_admin_networks(loaded: LoadedCluster) -> Iterator[tuple[str, str]]:
-    """A filtering firewall admits SSH only from admin networks (and the node network): without
-    any, a controller outside the node network locks itself out on the first apply."""
-    from roles.config import role_settings
-
-    cluster = loaded.cluster
-    if cluster.networks.admin:
-        return
-    try:
-        enabled = [
-            name for name in cluster.hosts if role_settings(cluster, name, "firewall").enabled
-        ]
-    except ValidationError:
-        return  # the role's settings are invalid: _role_vars reports that
-    if enabled:
-        yield (
-            "networks.admin",
-            "the firewall role is enabled (firewall.enabled) but no admin network is listed: "
-            "add the networks the controller and operators connect from, or set "
-            "group_vars.all.firewall.enabled: false",
-        )

@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from inventory.loader import build
+from inventory.building import build
 from inventory.model import LoadedCluster
 from lab import rootfs
 from lab.state import LabState
@@ -66,12 +66,10 @@ def inventory_data(state: LabState) -> dict[str, Any]:
 def _base_settings() -> dict[str, Any]:
     """The base role manages /etc/hosts and apt sources: keep the lab's mirror in both, or the
     hosts (which have no DNS) lose their packages on the first apply."""
-    from lab.lifecycle import _resolve_mirror
-
     mirror = rootfs.machine_mirror()
     settings: dict[str, Any] = {
         "apt_mirror": mirror.archive,
-        "extra_hosts": {name: address for address, name in _resolve_mirror(mirror)},
+        "extra_hosts": {name: address for address, name in rootfs.resolve_mirror(mirror)},
     }
     if mirror.security:
         settings["apt_security_mirror"] = mirror.security

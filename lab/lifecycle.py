@@ -111,7 +111,7 @@ def up(
         network.tune_machine()
         network.ensure_bridge(state.names, state.gateway, state.subnet.prefixlen)
         network.ensure_nat(state.names, state.subnet)
-        mirror_hosts = _resolve_mirror(mirror)
+        mirror_hosts = rootfs.resolve_mirror(mirror)
         sources = _apt_sources(mirror)
         public_key = Path(f"{state.private_key}.pub").read_text()
 
@@ -231,22 +231,6 @@ def _ensure_lab_key(state: LabState) -> None:
 
 def _write_private(path: Path, text: str) -> None:
     write_secret_atomically(path, text.encode())
-
-
-def _resolve_mirror(mirror: rootfs.Mirror) -> list[tuple[str, str]]:
-    """(address, name) of the mirror as the machine resolves it, for the hosts' /etc/hosts."""
-    entries = []
-    for hostname in mirror.hostnames:
-        try:
-            ipaddress.ip_address(hostname)
-            continue  # a literal address needs no entry
-        except ValueError:
-            pass
-        output = run(["getent", "hosts", hostname], check=False).split()
-        if not output:
-            raise LabError(f"the machine cannot resolve the Debian mirror {hostname}")
-        entries.append((output[0], hostname))
-    return entries
 
 
 def _apt_sources(mirror: rootfs.Mirror) -> str:

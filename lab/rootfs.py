@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import ipaddress
 import shutil
 import subprocess
 import tempfile
@@ -12,6 +13,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from lab.errors import LabError
+from lab.system import run
 
 SUITE = "trixie"
 # Outside the repository: the root is 319 MB and shared by every lab on the machine.
@@ -127,3 +129,19 @@ def _generalise(root: Path) -> None:
     (root / "etc/apt/sources.list").unlink(missing_ok=True)
     for package in (root / "var/cache/apt/archives").glob("*.deb"):
         package.unlink()
+
+
+def resolve_mirror(mirror: Mirror) -> list[tuple[str, str]]:
+    """(address, name) of the mirror as the machine resolves it, for the hosts' /etc/hosts."""
+    entries = []
+    for hostname in mirror.hostnames:
+        try:
+            ipaddress.ip_address(hostname)
+            continue  # a literal address needs no entry
+        except ValueError:
+            pass
+        output = run(["getent", "hosts", hostname], check=False).split()
+        if not output:
+            raise LabError(f"the machine cannot resolve the Debian mirror {hostname}")
+        entries.append((output[0], hostname))
+    return entries

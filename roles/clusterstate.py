@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 from inventory.model import LoadedCluster, StateAccess
 from roles.applylock import LOCK_FILE, HeldLock, apply_lock
+from roles.context import host_contexts, host_files
 from roles.etcd.trust import TrustRefused, check_live_ca
-from roles.render import host_contexts, host_files
 from roles.statefiles import StateMissing
 
 

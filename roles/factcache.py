@@ -28,6 +28,8 @@ from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
 from pyinfra.api.state import StateStage
 from pyinfra.connectors.util import CommandOutput, OutputLine
 
+from roles.pyinfra_api import MISSING_COMMAND_MARKER, commands_routed
+
 FactRequest = tuple[type[FactBase], dict[str, Any]]
 
 
@@ -122,11 +124,9 @@ def _fact_command(cls: type[FactBase], kwargs: dict[str, Any]) -> Any:
     required = required(**fact_kwargs) if callable(required) else required
     if required:
         # The same guard pyinfra wraps around a fact whose binary may be missing.
-        from pyinfra.api.facts import _MISSING_COMMAND_MARKER
-
         command = StringCommand(
             "if", "command", "-v", required, ">/dev/null", "2>&1;", "then", "(", command, ");",
-            "else", "echo", f"'{_MISSING_COMMAND_MARKER}';", "fi",
+            "else", "echo", f"'{MISSING_COMMAND_MARKER}';", "fi",
         )  # fmt: skip
     return command
 
@@ -134,13 +134,8 @@ def _fact_command(cls: type[FactBase], kwargs: dict[str, Any]) -> Any:
 @contextlib.contextmanager
 def prepare_cache(state, hosts: Iterable) -> Iterator[dict[Any, PrepareCache]]:
     """Route the hosts' commands through a PrepareCache while the block runs."""
-    caches = {}
-    for host in hosts:
-        cache = PrepareCache(state, host)
-        host.run_shell_command = cache.run_shell_command
-        caches[host] = cache
-    try:
+    caches = {host: PrepareCache(state, host) for host in hosts}
+    with contextlib.ExitStack() as routes:
+        for host, cache in caches.items():
+            routes.enter_context(commands_routed(host, cache.run_shell_command))
         yield caches
-    finally:
-        for host in caches:
-            del host.run_shell_command  # the class's method again

@@ -17,7 +17,9 @@ class Container(FactBase):
 
 
 class UnitState(FactBase):
-    """Whether a systemd unit is enabled and active; None when the unit does not exist."""
+    """Whether a systemd unit is enabled and active; None when the unit does not exist.
+    (pyinfra's SystemdStatus and SystemdEnabled answer active and enabled in two round trips
+    and cannot tell a missing unit from a stopped one, which `service_running` must.)"""
 
     def command(self, unit: str) -> str:
         return (
@@ -30,16 +32,6 @@ class UnitState(FactBase):
         if state.get("LoadState") in (None, "not-found"):
             return None
         return state
-
-
-class RebootRequired(FactBase):
-    """Whether something on the host asked for a reboot (Debian's /run/reboot-required)."""
-
-    def command(self) -> str:
-        return "test -e /run/reboot-required && echo yes || echo no"
-
-    def process(self, output: list[str]) -> bool:
-        return bool(output) and output[0].strip() == "yes"
 
 
 class RebootReasons(FactBase):

@@ -15,8 +15,10 @@ from pyinfra.facts.files import Directory, File, Sha1File
 from pyinfra.facts.server import Hostname
 from pyinfra.operations import files
 
+from roles import record
 from roles.facts import Container, RebootReasons, UnitState
-from roles.render import ManagedFile
+from roles.pyinfra_api import op_hash
+from roles.spec import ManagedFile
 
 
 def put_file(managed: ManagedFile) -> OperationMeta:
@@ -32,7 +34,7 @@ def put_file(managed: ManagedFile) -> OperationMeta:
             user=managed.user,
             group=managed.group,
         )
-        _remember(meta, managed)
+        remember_file(meta, managed)
         return meta
     meta = files.put(
         name=f"Write {managed.path}",
@@ -43,7 +45,7 @@ def put_file(managed: ManagedFile) -> OperationMeta:
         mode=managed.mode,
         create_remote_dir=True,
     )
-    _remember(meta, managed)
+    remember_file(meta, managed)
     return meta
 
 
@@ -59,11 +61,9 @@ def prefetch_requests(managed: list[ManagedFile]) -> list[tuple[type, dict]]:
     return requests
 
 
-def _remember(meta: OperationMeta, managed: ManagedFile) -> None:
+def remember_file(meta: OperationMeta, managed: ManagedFile) -> None:
     # Remembered by operation hash so the runner can diff exactly this file on this host.
-    if not hasattr(host, "_gpuinfra_files"):
-        host._gpuinfra_files = {}
-    host._gpuinfra_files[meta._hash] = managed
+    record.host(host.name).files[op_hash(meta)] = managed
 
 
 def staged_path(dest: str) -> str:
@@ -137,9 +137,8 @@ def report_note(message: str) -> None:
     """Say why an operation did nothing on this host (a container forbids it, a module is not
     installed yet): logged like pyinfra's noop and collected into the run report's host notes."""
     host.noop(message)
-    if not hasattr(host, "_gpuinfra_notes"):
-        host._gpuinfra_notes = {}
-    host._gpuinfra_notes[message] = None  # a dict keeps order and drops the execute-time repeat
+    # An ordered dict: the note once, though the body runs again while executing.
+    record.host(host.name).notes[message] = None
 
 
 REBOOT_FLAG = "/run/reboot-required"

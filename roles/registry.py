@@ -1,29 +1,41 @@
-"""Every role's configuration model, by the name used under group_vars and host vars."""
+"""Every role, listed once, in the order they converge a cluster.
+
+A role is a package `roles/<name>/` whose `role.py` declares `ROLE = Role(...)` (roles/spec.py):
+its config model, phases and target groups, files, deploy, ports, checks and rolling policy.
+Adding a role is that folder plus its name in `ROLE_PACKAGES` below.
+"""
 
 from __future__ import annotations
 
+import importlib
+
 from pydantic import BaseModel
 
-from roles.base.config import BaseConfig
-from roles.container_runtime.config import ContainerRuntimeConfig
-from roles.dns.config import DnsConfig
-from roles.drift_job.config import DriftJobConfig
-from roles.etcd.config import EtcdConfig
-from roles.firewall.config import FirewallConfig
-from roles.gpu_health.config import GpuHealthConfig
-from roles.kernel.config import KernelConfig
-from roles.loadbalancer.config import LoadBalancerConfig
-from roles.monitoring.config import MonitoringConfig
+from roles.spec import Phase, Role
 
-ROLE_CONFIGS: dict[str, type[BaseModel]] = {
-    "base": BaseConfig,
-    "etcd": EtcdConfig,
-    "gpu_health": GpuHealthConfig,
-    "kernel": KernelConfig,
-    "container_runtime": ContainerRuntimeConfig,
-    "firewall": FirewallConfig,
-    "dns": DnsConfig,
-    "loadbalancer": LoadBalancerConfig,
-    "monitoring": MonitoringConfig,
-    "drift_job": DriftJobConfig,
-}
+ROLE_PACKAGES: tuple[str, ...] = (
+    "base",
+    "kernel",
+    "container_runtime",
+    "firewall",
+    "dns",
+    "loadbalancer",
+    "etcd",
+    "monitoring",
+    "gpu_health",
+    "drift_job",
+)
+
+
+def _load(name: str) -> Role:
+    role = importlib.import_module(f"roles.{name}.role").ROLE
+    if role.name != name:
+        raise RuntimeError(f"roles/{name}/role.py declares the role {role.name!r}")
+    return role
+
+
+ROLES: tuple[Role, ...] = tuple(_load(name) for name in ROLE_PACKAGES)
+ROLES_BY_NAME: dict[str, Role] = {role.name: role for role in ROLES}
+# Every host phase of every role, in converge order.
+PHASES: tuple[Phase, ...] = tuple(phase for role in ROLES for phase in role.phases)
+ROLE_CONFIGS: dict[str, type[BaseModel]] = {role.name: role.config for role in ROLES}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import functools
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -14,21 +13,33 @@ from pathlib import Path
 
 import gevent
 from pyinfra.api import BaseStateCallback, Config, Inventory, State
-from pyinfra.api import arguments as _arguments
 from pyinfra.api.connect import connect_all, disconnect_all
 from pyinfra.api.exceptions import PyinfraError
-from pyinfra.api.operation import OperationMeta
 from pyinfra.api.operations import run_ops
 from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra.facts.files import FileContents
+from pyinfra.facts.server import RebootRequired
 
 from inventory.model import LoadedCluster
+from roles import record
+from roles.context import host_contexts
 from roles.factcache import prepare_cache
-from roles.facts import RebootRequired
 from roles.operations import prefetch_requests
-from roles.phases import PHASES, Phase
-from roles.render import HostContext, ManagedFile, host_contexts
+from roles.orchestrate import batch_size, group_policies, paced_hosts, plan_steps
+from roles.pacing import Pacer, Rate, reset_shared
+from roles.pyinfra_api import (
+    conditions_hold,
+    found_unchanged,
+    guard_commands,
+    memoise_global_arguments,
+    phase_position,
+    stderr_tail,
+    will_change,
+)
+from roles.record import RunRecord
+from roles.registry import PHASES
+from roles.spec import HostContext, ManagedFile, Phase
 
 REDACTED = "(secret: content differs, not shown)"
 
@@ -41,11 +52,11 @@ class Mode(StrEnum):
 
 class HostStatus(StrEnum):
     ok = "ok"  # matches the inventory (plan/drift) or converged without change (apply)
+    skipped = "skipped"  # not tried: a batched run stopped before its step
     changed = "changed"  # apply changed it
     drift = "drift"  # plan/drift: would change
     failed = "failed"  # an operation failed
     unreachable = "unreachable"  # no SSH connection (refused key, changed host key, down)
-    skipped = "skipped"  # apply: not tried, a batched run stopped before its batch
 
 
 @dataclass
@@ -94,7 +105,8 @@ class RunOptions:
     limit: tuple[str, ...] = ()  # host or group names; empty: every host
     roles: tuple[str, ...] = ()  # role names; empty: every role
     parallel: int | None = None  # concurrent hosts; None: every host (within the nofile cap)
-    batch: str | None = None  # apply in rolling batches: "N" hosts or "P%"
+    batch: str | None = None  # apply in rolling steps: "N" hosts or "P%" (roles/orchestrate.py)
+    rate: Rate | None = None  # at most N batch-policy hosts start per interval
     fail_percent: float | None = None  # stop a batched run past this share of failed hosts
     connect_timeout: int = 10
     shard: tuple[int, int] | None = None  # (index, count): check only this share of the hosts
@@ -131,18 +143,23 @@ def select_phases(roles: Iterable[str]) -> list[Phase]:
     return [phase for phase in PHASES if not wanted or phase.role in wanted]
 
 
-def batches(hosts: list[str], batch: str | None) -> list[list[str]]:
-    if not batch:
-        return [hosts]
-    if batch.endswith("%"):
-        size = max(1, round(len(hosts) * float(batch[:-1]) / 100))
-    else:
-        size = max(1, int(batch))
-    return [hosts[i : i + size] for i in range(0, len(hosts), size)]
+def apply_steps(loaded: LoadedCluster, hosts: list[str], options: RunOptions) -> list[list[str]]:
+    """The hosts in the steps an apply takes. One step unless --batch or --rate asks for
+    rolling; then by each group's policy (roles/orchestrate.py): etcd's members together,
+    never two of a one-at-a-time group at once, workers by --batch and --rate."""
+    if options.mode is not Mode.apply or not (options.batch or options.rate):
+        return [hosts] if hosts else []
+    size = batch_size(options.batch, len(hosts)) if options.batch else None
+    cluster = loaded.cluster
+    groups_of = {name: cluster.hosts[name].groups for name in hosts}
+    paced = options.rate.hosts if options.rate else None
+    return plan_steps(hosts, groups_of, group_policies(PHASES), size, paced_per_step=paced)
 
 
 def run(loaded: LoadedCluster, options: RunOptions, progress: Progress | None = None) -> RunReport:
     started = time.monotonic()
+    memoise_global_arguments()
+    reset_shared()
     report = RunReport(cluster=loaded.cluster.name, mode=options.mode)
     hosts = select_hosts(loaded, options.limit)
     if options.shard:
@@ -152,26 +169,32 @@ def run(loaded: LoadedCluster, options: RunOptions, progress: Progress | None = 
         report.notes.append(f"shard {index}/{count}: {len(hosts)} of {selected} hosts")
     phases = select_phases(options.roles)
     contexts = {ctx.name: ctx for ctx in host_contexts(loaded)}
-    host_batches = batches(hosts, options.batch if options.mode is Mode.apply else None)
-    if not hosts:  # a shard of more runners than hosts: nothing to check
-        host_batches = []
-    for number, batch in enumerate(host_batches, 1):
-        _run_batch(loaded, options, [contexts[h] for h in batch], phases, report, progress)
+    steps = apply_steps(loaded, hosts, options)
+    pacer = Pacer(options.rate) if options.rate else None
+    policies = group_policies(PHASES)
+    for number, step in enumerate(steps, 1):
+        if pacer is not None:
+            groups_of = {name: loaded.cluster.hosts[name].groups for name in step}
+            for _ in range(paced_hosts(step, groups_of, policies)):
+                pacer.acquire()
+        _run_batch(loaded, options, [contexts[h] for h in step], phases, report, progress)
         failed = len(report.with_status(HostStatus.failed, HostStatus.unreachable))
         if (
             options.fail_percent is not None
-            and number < len(host_batches)
+            and number < len(steps)
             and failed * 100 / len(report.hosts) > options.fail_percent
         ):
             report.stopped = (
-                f"stopped after batch {number} of {len(host_batches)}: {failed} of "
+                f"stopped after step {number} of {len(steps)}: {failed} of "
                 f"{len(report.hosts)} hosts failed, over --fail-percent {options.fail_percent:g}"
             )
+            for name in (h for later in steps[number:] for h in later):
+                report.hosts[name] = HostReport(
+                    name, HostStatus.skipped, error="not tried: the run stopped before its step"
+                )
             break
-    for name in hosts:  # untried hosts of a stopped run: every host is in the report
-        if name not in report.hosts:
-            reason = f"not tried: {report.stopped}"
-            report.hosts[name] = HostReport(name, status=HostStatus.skipped, error=reason)
+    if len(steps) > 1:
+        report.notes.append(f"{len(steps)} steps: " + " | ".join(",".join(s) for s in steps))
     report.seconds = time.monotonic() - started
     return report
 
@@ -292,11 +315,13 @@ def _run_batch(
         return
 
     # pyinfra keeps the state in a process-wide context and the host in a greenlet-local one.
-    with ctx_state.use(state):
-        _prepare_and_execute(state, options, active, phases, by_name, report, recorder)
+    with ctx_state.use(state), record.recording() as run_record:
+        _prepare_and_execute(state, options, active, phases, by_name, report, recorder, run_record)
 
 
-def _prepare_and_execute(state, options, active, phases, by_name, report, recorder) -> None:
+def _prepare_and_execute(
+    state, options, active, phases, by_name, report, recorder, run_record: RunRecord
+) -> None:
     state.set_stage(StateStage.Prepare)
     op_phase: dict[str, str] = {}
     with prepare_cache(state, active) as caches:
@@ -306,10 +331,10 @@ def _prepare_and_execute(state, options, active, phases, by_name, report, record
         for index, phase in enumerate(phases):
             clock = time.monotonic()
             targets = [h for h in active if phase.applies_to(by_name[h.name].host.groups)]
-            _prepare_phase(state, phase, index, targets, by_name, op_phase)
+            _prepare_phase(state, phase, index, targets, by_name, op_phase, run_record)
             _add_time(report, f"prepare:{phase.role}", clock)
 
-    _collect_plan(state, active, op_phase, report)
+    _collect_plan(state, active, op_phase, report, run_record)
     if options.mode is not Mode.apply:
         _read_reboot_required(state, active, report)
         _disconnect(state)
@@ -329,7 +354,7 @@ def _prepare_and_execute(state, options, active, phases, by_name, report, record
         report.phase_seconds[f"execute:{role}"] = (
             report.phase_seconds.get(f"execute:{role}", 0.0) + seconds
         )
-    _collect_results(state, active, op_phase, recorder, report)
+    _collect_results(state, active, op_phase, recorder, report, run_record)
     _read_reboot_required(state, active, report)
     _disconnect(state)
 
@@ -347,20 +372,15 @@ def _skip_unchanged_while_clean(state, hosts) -> None:
     preparing would keep that decision until its host's first command."""
     touched: set[str] = set()
 
-    def guarded(name: str, generate, skip_while_clean: bool):
-        def commands():
-            if skip_while_clean and name not in touched:
-                return
-            for command in generate():
-                touched.add(name)
-                yield command
+    def skip(host, meta) -> bool:
+        if host.name in touched:
+            return False
+        if found_unchanged(meta):
+            return True
+        touched.add(host.name)  # its commands run now: later operations see a changed host
+        return False
 
-        return commands
-
-    for host in hosts:
-        for op_data in state.ops[host].values():
-            unchanged = op_data.operation_meta._maybe_is_change is False
-            op_data.command_generator = guarded(host.name, op_data.command_generator, unchanged)
+    guard_commands(state, hosts, skip)
 
 
 def _prefetch(state, caches, phases, by_name) -> None:
@@ -383,27 +403,21 @@ def _prefetch(state, caches, phases, by_name) -> None:
     gevent.joinall([state.pool.spawn(prefetch, host, cache) for host, cache in caches.items()])
 
 
-def _prepare_phase(state, phase, index, targets, by_name, op_phase) -> None:
+def _prepare_phase(state, phase, index, targets, by_name, op_phase, run_record) -> None:
     """Run one role's deploy on its hosts, concurrently, recording which ops belong to it."""
 
     def prepare(host) -> Exception | None:
         before = set(state.ops[host])
         started = time.monotonic()
-        # pyinfra 3.10 hashes API-mode operations by their position on the host; adding the
-        # phase index keeps two roles' operations at the same position from being merged.
-        host.loop_position = [index]
         try:
-            with ctx_host.use(host):
+            with ctx_host.use(host), phase_position(host, index):
                 phase.deploy(by_name[host.name])
         except Exception as exc:  # noqa: BLE001 (reported per host; the others go on)
             return exc
         finally:
-            host.loop_position = []
-            host._gpuinfra_prepare_seconds = (  # type: ignore[attr-defined]
-                getattr(host, "_gpuinfra_prepare_seconds", 0.0) + time.monotonic() - started
-            )
-        for op_hash in set(state.ops[host]) - before:
-            op_phase[op_hash] = phase.role
+            run_record.host(host.name).prepare_seconds += time.monotonic() - started
+        for new_hash in set(state.ops[host]) - before:
+            op_phase[new_hash] = phase.role
         return None
 
     greenlets = {state.pool.spawn(prepare, host): host for host in targets}
@@ -414,25 +428,26 @@ def _prepare_phase(state, phase, index, targets, by_name, op_phase) -> None:
             # The host's own operations are dropped; the other hosts go on.
             state.failed_hosts.add(host)
             state.active_hosts.discard(host)
-            host._gpuinfra_error = f"{phase.role}: {error}"  # type: ignore[attr-defined]
+            run_record.host(host.name).error = f"{phase.role}: {error}"
 
 
-def _collect_plan(state, active, op_phase, report: RunReport) -> None:
+def _collect_plan(state, active, op_phase, report: RunReport, run_record: RunRecord) -> None:
     for host in active:
         entry = report.hosts[host.name]
-        entry.seconds = getattr(host, "_gpuinfra_prepare_seconds", 0.0)
-        if getattr(host, "_gpuinfra_error", None):
+        host_record = run_record.host(host.name)
+        entry.seconds = host_record.prepare_seconds
+        if host_record.error:
             entry.status = HostStatus.failed
-            entry.error = host._gpuinfra_error
+            entry.error = host_record.error
             continue
-        entry.notes = list(getattr(host, "_gpuinfra_notes", {}))
-        files_by_op = getattr(host, "_gpuinfra_files", {})
+        entry.notes = list(host_record.notes)
+        files_by_op = host_record.files
         for op_hash in state.get_op_order():
             op_data = state.ops[host].get(op_hash)
             if op_data is None:
                 continue
             name = _op_name(state, op_hash)
-            changed = bool(op_data.operation_meta._maybe_is_change) and _conditions_hold(
+            changed = will_change(op_data.operation_meta) and conditions_hold(
                 op_data.global_arguments.get("_if")
             )
             result = OperationResult(op_phase.get(op_hash, "?"), name, changed)
@@ -443,36 +458,14 @@ def _collect_plan(state, active, op_phase, report: RunReport) -> None:
             entry.status = HostStatus.drift
 
 
-def _conditions_hold(conditions) -> bool:
-    """Evaluate an operation's `_if` conditions before execution: pyinfra only checks them while
-    executing, so a plan would count every handler ("restart if the file changed") as a change.
-    Each `did_change()` a condition asks about is answered with what that operation will do."""
-    if not conditions:
-        return True
-    conditions = conditions if isinstance(conditions, list) else [conditions]
-    original = OperationMeta.did_change
-
-    def will_change(meta: OperationMeta) -> bool:
-        return original(meta) if meta.is_complete() else bool(meta._maybe_is_change)
-
-    def holds(condition) -> bool:
-        # `_if=meta.did_change` is a method bound before this patch: answer it directly.
-        if getattr(condition, "__func__", None) is original:
-            return will_change(condition.__self__)
-        return bool(condition())
-
-    OperationMeta.did_change = will_change  # type: ignore[method-assign]
-    try:
-        return all(holds(condition) for condition in conditions)
-    finally:
-        OperationMeta.did_change = original  # type: ignore[method-assign]
-
-
-def _collect_results(state, active, op_phase, recorder: _Recorder, report: RunReport) -> None:
+def _collect_results(
+    state, active, op_phase, recorder: _Recorder, report: RunReport, run_record: RunRecord
+) -> None:
     for host in active:
         entry = report.hosts[host.name]
         if entry.status is HostStatus.failed:
             continue
+        host_record = run_record.host(host.name)
         planned = {op.name: op for op in entry.operations}
         entry.operations = []
         for op_hash in state.get_op_order():
@@ -483,9 +476,7 @@ def _collect_results(state, active, op_phase, recorder: _Recorder, report: RunRe
             meta = op_data.operation_meta
             error = recorder.op_errors.get((host.name, op_hash))
             if error is not None:
-                error = _error_detail(
-                    name, error, meta, getattr(host, "_gpuinfra_files", {}), op_hash
-                )
+                error = _error_detail(name, error, meta, host_record.files.get(op_hash))
             changed = meta.is_complete() and meta.did_change()
             previous = planned.get(name)
             entry.operations.append(
@@ -497,7 +488,7 @@ def _collect_results(state, active, op_phase, recorder: _Recorder, report: RunRe
                     error=error,
                 )
             )
-        entry.checks = list(getattr(host, "_gpuinfra_checks", []))
+        entry.checks = list(host_record.checks)
         if any(op.error for op in entry.operations) or host in state.failed_hosts:
             entry.status = HostStatus.failed
             failed_checks = [
@@ -528,15 +519,13 @@ def _read_reboot_required(state, active, report: RunReport) -> None:
         report.hosts[host.name].reboot_required = bool(greenlet.successful() and greenlet.value)
 
 
-def _error_detail(name: str, error: str, meta: OperationMeta, files_by_op, op_hash: str) -> str:
+def _error_detail(name: str, error: str, meta, managed: ManagedFile | None) -> str:
     """The operation's name and the last lines its failing command wrote to stderr (what an
     operator needs: "sshd: Bad yes/without-password argument"), never for secret files."""
-    managed = files_by_op.get(op_hash)
-    output = getattr(meta, "_combined_output", None)
-    if output is None or (managed is not None and managed.secret):
+    tail = stderr_tail(meta)
+    if tail is None or (managed is not None and managed.secret):
         return f"{name}: {error}"
-    detail = " | ".join(line.strip() for line in output.stderr_lines[-3:] if line.strip())
-    return f"{name}: {detail or error}"
+    return f"{name}: {' | '.join(tail) or error}"
 
 
 def _op_name(state, op_hash: str) -> str:
@@ -569,7 +558,3 @@ def _add_time(report: RunReport, key: str, since: float) -> None:
 
 # pyinfra logs each host's errors itself; our report says the same once, so keep it quiet.
 logging.getLogger("pyinfra").setLevel(logging.CRITICAL)
-
-# pyinfra 3.10 calls typing.get_type_hints on its fixed global-arguments TypedDict for every
-# operation and fact request: a third of a no-op drift's CPU time. The answer never changes.
-_arguments.all_global_arguments = functools.cache(_arguments.all_global_arguments)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
@@ -38,15 +38,14 @@ class ManagedFile:
 
 @dataclass(frozen=True)
 class HostContext:
-    """What a role's files and deploy see of one host: the cluster, its topology, the host's
-    firewall rules (every role's ports, gathered by the registry) and its typed settings of
-    every role (merged once at load: defaults < group_vars in group order < host vars)."""
+    """What a role's files and deploy see of one host: the cluster, its topology (with every
+    role's firewall rules, gathered by the registry) and the host's typed settings of every role
+    (merged once at load: defaults < group_vars in group order < host vars)."""
 
     loaded: LoadedCluster
     topology: Topology
     name: str
     settings: Mapping[str, BaseModel] = field(default_factory=dict)  # role name -> config
-    firewall_rules: tuple[FirewallRule, ...] = ()
 
     @property
     def cluster(self) -> Cluster:
@@ -66,6 +65,26 @@ class HostContext:
             if type(value) is model:
                 return value
         raise KeyError(f"{self.name}: no settings of {model.__name__} (role not registered?)")
+
+
+def merged_settings(cluster: Cluster, host: str, role: str) -> dict[str, Any]:
+    """A role's raw settings for a host: group_vars of "all", then of each of the host's groups
+    in the order it lists them, then the host's own vars; a later key replaces an earlier one."""
+    merged: dict[str, Any] = {}
+    entry = cluster.hosts[host]
+    for group in ["all", *entry.groups]:
+        merged.update(cluster.group_vars.get(group, {}).get(role, {}))
+    merged.update(entry.vars.get(role, {}))
+    return merged
+
+
+def host_config(loaded: LoadedCluster, host: str, role: str, model: type[Config]) -> Config:
+    """One host's settings of one role, typed: as computed at load, or merged now for a cluster
+    loaded without the roles (the inventory layer alone)."""
+    value = loaded.settings.get(host, {}).get(role)
+    if isinstance(value, model):
+        return value
+    return model.model_validate(merged_settings(loaded.cluster, host, role))
 
 
 class Rolling(StrEnum):

@@ -10,7 +10,7 @@ from pyinfra.operations import apt, files, server, systemd
 from roles.base.config import BaseConfig
 from roles.base.files import managed_files
 from roles.operations import live_hostname, put_file, service_running
-from roles.render import HostContext
+from roles.spec import HostContext
 
 # The distribution's own source lists duplicate ours; apt warns about every duplicate entry.
 DISTRIBUTION_SOURCES = ("/etc/apt/sources.list.d/debian.sources",

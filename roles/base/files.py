@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from roles.base.config import BaseConfig
-from roles.render import HostContext, ManagedFile, render_template
+from roles.spec import HostContext, ManagedFile
+from roles.templates import render_template
 
 # Release code names and archive layout per target OS.
 DISTRIBUTIONS = {

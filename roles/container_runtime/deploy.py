@@ -19,7 +19,7 @@ from roles.container_runtime.files import (
 )
 from roles.container_runtime.operations import repository_key
 from roles.operations import put_file, service_running
-from roles.render import HostContext
+from roles.spec import HostContext
 
 
 def wait_for(command: str, seconds: int = 60) -> str:

@@ -4,7 +4,7 @@ zone), and every host's resolver pointed at them."""
 from __future__ import annotations
 
 from pyinfra.api import deploy
-from pyinfra.operations import apt, server, systemd
+from pyinfra.operations import apt, server
 
 from roles.dns.files import (
     RESOLV_CONF,
@@ -18,7 +18,7 @@ from roles.dns.files import (
 )
 from roles.dns.operations import put_zone, regular_file, zone_served
 from roles.operations import put_file, service_running
-from roles.render import HostContext
+from roles.spec import HostContext
 
 SERVER_PACKAGES = ["bind9", "bind9-dnsutils"]
 # dig, for checks and for operators on every host.
@@ -45,7 +45,13 @@ def apply_server(ctx: HostContext) -> None:
         commands=["named-checkconf -z /etc/bind/named.conf"],
         _if=changed,
     )
-    systemd.service(name="Reload Bind9", service="named", reloaded=True, _if=changed)
+    # One server at a time (`_serial`): the others keep answering while one reloads.
+    server.shell(
+        name="Reload Bind9, one server at a time",
+        commands=["systemctl reload named"],
+        _serial=True,
+        _if=changed,
+    )
     for zone in zones(ctx):
         zone_served(
             name=f"Check {zone.name} is served",

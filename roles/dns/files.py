@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from inventory.topology import DNSRecord
 from roles.dns.config import DnsConfig
 from roles.dns.secrets import TSIG_ALGORITHM, TSIG_KEY_NAME, tsig_secret, zone_serial
-from roles.render import HostContext, ManagedFile, render_template
+from roles.spec import HostContext, ManagedFile
+from roles.templates import render_template
 
 BIND_DIR = "/etc/bind"
 KEY_FILE = f"{BIND_DIR}/{TSIG_KEY_NAME}.key"

@@ -11,8 +11,9 @@ from pyinfra.api.operation import OperationMeta
 from pyinfra.facts.files import Link
 
 from roles.dns.facts import ServedSerial
-from roles.operations import _remember, put_checked
-from roles.render import ManagedFile
+from roles.operations import put_checked, remember_file
+from roles.pyinfra_api import inner
+from roles.spec import ManagedFile
 
 # A secondary picks a change up on the primary's NOTIFY, normally within a second or two.
 SERVE_TIMEOUT_S = 60
@@ -30,7 +31,7 @@ def put_zone(zone: str, managed: ManagedFile | None) -> OperationMeta:
         group=managed.group if managed else "root",
     )
     if managed is not None:
-        _remember(meta, managed)  # the runner diffs it like any managed file
+        remember_file(meta, managed)  # the runner diffs it like any managed file
     return meta
 
 
@@ -40,7 +41,7 @@ def primary_zone(zone: str, content: str | None, dest: str, check: str, group: s
     if content is None:
         host.noop(f"{zone}: this secondary receives the zone by transfer")
         return
-    yield from put_checked._inner(content=content, dest=dest, check=check, group=group)
+    yield from inner(put_checked)(content=content, dest=dest, check=check, group=group)
 
 
 @operation()

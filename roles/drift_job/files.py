@@ -7,7 +7,7 @@ from typing import Any
 
 from inventory.model import LoadedCluster
 from roles.drift_job.config import DriftJobConfig
-from roles.render import render_template
+from roles.templates import render_template
 
 MANIFEST = "kubernetes/drift-job.yaml"
 

@@ -28,7 +28,7 @@ from roles.etcd.files import (
 )
 from roles.facts import UnitState
 from roles.operations import put_file
-from roles.render import HostContext
+from roles.spec import HostContext
 
 
 @deploy("Etcd")

@@ -20,20 +20,6 @@ class BlockDevice(FactBase):
         return dict(line.split("=", 1) for line in output[1:] if "=" in line)
 
 
-class MountedAt(FactBase):
-    """The device and options mounted at a path, or None."""
-
-    def command(self, path: str) -> str:
-        return f"findmnt -rn -o SOURCE,OPTIONS --mountpoint {shlex.quote(path)} || true"
-
-    def process(self, output: list[str]) -> dict[str, str] | None:
-        line = next((line for line in output if line.strip()), None)
-        if line is None:
-            return None
-        source, _, options = line.partition(" ")
-        return {"source": source, "options": options}
-
-
 class FstabEntry(FactBase):
     """The /etc/fstab line that mounts something at a path, or None."""
 

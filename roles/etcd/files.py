@@ -7,7 +7,8 @@ from inventory.topology import ETCD_CLIENT_PORT, ETCD_METRICS_PORT, ETCD_PEER_PO
 from roles.etcd.config import EtcdConfig
 from roles.etcd.pki import KeyPair, ensure_pki
 from roles.etcd.release import binary_dir
-from roles.render import HostContext, ManagedFile, render_template
+from roles.spec import HostContext, ManagedFile, host_config
+from roles.templates import render_template
 
 PKI = "/etc/etcd/pki"
 ETCDCTL_ENV = "/etc/etcd/etcdctl.env"
@@ -43,10 +44,8 @@ def settings(ctx: HostContext) -> EtcdConfig:
 
 def cluster_settings(loaded: LoadedCluster) -> EtcdConfig:
     """The settings of the first member: PKI lifetimes are one value for the whole cluster."""
-    from roles.config import role_config
-
     members = loaded.cluster.in_group("etcd")
-    return role_config(loaded.cluster, members[0], EtcdConfig) if members else EtcdConfig()
+    return host_config(loaded, members[0], "etcd", EtcdConfig) if members else EtcdConfig()
 
 
 def pki_pairs(loaded: LoadedCluster) -> dict[str, KeyPair]:

@@ -10,9 +10,11 @@ import shlex
 
 from pyinfra import host
 from pyinfra.api import FunctionCommand, OperationError, StringCommand, operation
+from pyinfra.facts.server import Mounts
 
+from roles import record
 from roles.etcd.config import EtcdConfig
-from roles.etcd.facts import BlockDevice, EtcdInstalled, FstabEntry, Machine, MemberData, MountedAt
+from roles.etcd.facts import BlockDevice, EtcdInstalled, FstabEntry, Machine, MemberData
 from roles.etcd.gate import fio_command, judge
 from roles.etcd.release import binary_dir, release
 from roles.facts import UnitState
@@ -58,25 +60,22 @@ def data_disk(device: str | None, mountpoint: str, filesystem: str = "ext4"):
             f'echo "UUID=$uuid {mountpoint} {filesystem} noatime,nofail 0 2" '
             ">> /etc/fstab.gpuinfra && mv /etc/fstab.gpuinfra /etc/fstab"
         )
-    mounted = host.get_fact(MountedAt, path=mountpoint)
+    mounted = host.get_fact(Mounts).get(mountpoint)
     if mounted is None:
         # blkid fills its cache so the fstab UUID resolves even without udev; "nofail" makes
         # mount(8) succeed silently on a missing disk, hence the check after it.
         yield f"mkdir -p {mnt} && blkid {dev} >/dev/null && mount {mnt} && mountpoint -q {mnt}"
-    elif "noatime" not in mounted["options"].split(","):
+    elif "noatime" not in mounted["options"]:
         yield f"mount -o remount,noatime {mnt}"
 
 
 def _gate_results(state) -> dict[str, object]:
-    if not hasattr(state, "_gpuinfra_etcd_gate"):
-        state._gpuinfra_etcd_gate = {}
-    return state._gpuinfra_etcd_gate
+    """Every member's disk gate result of this run, shared by the members' barrier."""
+    return record.current().shared.setdefault("etcd_gate", {})
 
 
 def _record_check(target, check: dict) -> None:
-    if not hasattr(target, "_gpuinfra_checks"):
-        target._gpuinfra_checks = []
-    target._gpuinfra_checks.append(check)
+    record.host(target.name).checks.append(check)
 
 
 @operation()

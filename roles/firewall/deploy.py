@@ -8,7 +8,7 @@ from pyinfra.operations import apt, systemd
 from roles.firewall.files import SERVICE_DROPIN, TABLE_FILE, managed_files
 from roles.firewall.operations import table_loaded
 from roles.operations import put_file, service_running
-from roles.render import HostContext
+from roles.spec import HostContext
 
 
 @deploy("Firewall")

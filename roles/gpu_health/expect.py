@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from inventory.model import LoadedCluster
-from roles.config import role_config
 from roles.gpu_health.checks import Expectations
 from roles.gpu_health.config import GpuHealthConfig
+from roles.spec import host_config
 
 
 class UnknownHost(LookupError):
@@ -34,7 +34,7 @@ def from_cluster(loaded: LoadedCluster, host: str) -> tuple[Expectations, GpuHea
         model=gpu.model if gpu else None,
         driver=cluster.versions.nvidia_driver,
     )
-    cfg = role_config(cluster, name, GpuHealthConfig)
+    cfg = host_config(loaded, name, "gpu_health", GpuHealthConfig)
     return expect, cfg
 
 

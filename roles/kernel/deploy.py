@@ -28,7 +28,7 @@ from roles.kernel.operations import (
     units_enabled,
 )
 from roles.operations import put_file, reboot_required
-from roles.render import HostContext
+from roles.spec import HostContext
 
 GOVERNOR_FILES = "/sys/devices/system/cpu/cpu*/cpufreq/scaling_governor"
 THP_FILES = "/sys/kernel/mm/transparent_hugepage/enabled"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pyinfra.api import deploy
-from pyinfra.operations import apt, server, systemd
+from pyinfra.operations import apt, server
 
 from inventory.topology import HAPROXY_STATS_PORT
 from roles.loadbalancer.files import (
@@ -15,7 +15,7 @@ from roles.loadbalancer.files import (
 )
 from roles.loadbalancer.operations import haproxy_serving
 from roles.operations import put_file, service_running, wait_for
-from roles.render import HostContext
+from roles.spec import HostContext
 
 # socat: the way to talk to HAProxy's runtime API socket (show stat, disable server...).
 PACKAGES = ["haproxy", "socat"]
@@ -34,11 +34,16 @@ def apply(ctx: HostContext) -> None:
     written = {f.path: put_file(f) for f in managed_files(ctx)}
     haproxy_changed = written[HAPROXY_CONFIG].did_change
     service_running(name="Run HAProxy", unit="haproxy")
-    # A reload hands listening sockets to a new worker: open API connections are not cut.
-    systemd.service(name="Reload HAProxy", service="haproxy", reloaded=True, _if=haproxy_changed)
+    # A reload hands listening sockets to a new worker: open API connections are not cut. One
+    # balancer at a time (`_serial`), each serving again before the next reloads: the role's
+    # rolling policy, kept within a single apply step too.
     server.shell(
-        name="Wait for HAProxy to serve its stats",
-        commands=[wait_for(f"curl -fsS -o /dev/null http://127.0.0.1:{HAPROXY_STATS_PORT}/stats")],
+        name="Reload HAProxy, one balancer at a time, and wait for it to serve",
+        commands=[
+            "systemctl reload haproxy",
+            wait_for(f"curl -fsS -o /dev/null http://127.0.0.1:{HAPROXY_STATS_PORT}/stats"),
+        ],
+        _serial=True,
         _if=haproxy_changed,
     )
     haproxy_serving(name="Restart HAProxy if it does not serve", stats_port=HAPROXY_STATS_PORT)
@@ -51,14 +56,12 @@ def apply(ctx: HostContext) -> None:
         return any(meta.did_change() for meta in vrrp_files)
 
     service_running(name="Run keepalived", unit="keepalived")
-    systemd.service(
-        name="Reload keepalived",
-        service="keepalived",
-        reloaded=True,
-        _if=vrrp_changed,
-    )
     server.shell(
-        name="Wait for keepalived to run",
-        commands=[wait_for("systemctl is-active --quiet keepalived")],
+        name="Reload keepalived, one balancer at a time, and wait for it to run",
+        commands=[
+            "systemctl reload keepalived",
+            wait_for("systemctl is-active --quiet keepalived"),
+        ],
+        _serial=True,
         _if=vrrp_changed,
     )

@@ -17,7 +17,7 @@ from roles.monitoring.files import (
 )
 from roles.monitoring.targets import PROMETHEUS_PORT
 from roles.operations import put_file, service_running, wait_for
-from roles.render import HostContext
+from roles.spec import HostContext
 
 
 @deploy("Node exporter")

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 
-from inventory.model import Cluster, LoadedCluster
-from roles.config import role_config
+from inventory.model import LoadedCluster
 from roles.gpu_health.config import GpuHealthConfig
 from roles.monitoring.config import MonitoringConfig
 from roles.monitoring.dashboards import DASHBOARDS
 from roles.monitoring.targets import PROMETHEUS_PORT, scrape_jobs
-from roles.render import HostContext, ManagedFile, render_template
+from roles.spec import HostContext, ManagedFile, host_config
+from roles.templates import render_template
 
 NODE_EXPORTER_DEFAULTS = "/etc/default/prometheus-node-exporter"
 PROMETHEUS_DEFAULTS = "/etc/default/prometheus"
@@ -41,11 +41,11 @@ def node_exporter_files(ctx: HostContext) -> list[ManagedFile]:
     return [ManagedFile("monitoring", NODE_EXPORTER_DEFAULTS, content)]
 
 
-def gpu_health_stale_seconds(cluster: Cluster) -> int:
+def gpu_health_stale_seconds(loaded: LoadedCluster) -> int:
     """Age past which GPU health metrics are stale: a few runs of the slowest configured node."""
     intervals = [
-        role_config(cluster, name, GpuHealthConfig).passive_interval_s
-        for name in cluster.in_group("gpu_worker")
+        host_config(loaded, name, "gpu_health", GpuHealthConfig).passive_interval_s
+        for name in loaded.cluster.in_group("gpu_worker")
     ]
     return GPU_HEALTH_STALE_RUNS * max(intervals or [GpuHealthConfig().passive_interval_s])
 
@@ -62,7 +62,7 @@ def prometheus_files(ctx: HostContext) -> list[ManagedFile]:
     rules = render_template(
         "monitoring/gpuinfra-alerts.yml.j2",
         cfg=cfg,
-        gpu_health_stale_s=gpu_health_stale_seconds(ctx.cluster),
+        gpu_health_stale_s=gpu_health_stale_seconds(ctx.loaded),
     )
     config = render_template(
         "monitoring/prometheus.yml.j2",

@@ -10,7 +10,8 @@ from pyinfra.context import ctx_host
 
 
 class FakeHost:
-    def __init__(self, facts: dict[type, Any]):
+    def __init__(self, facts: dict[type, Any], name: str = "fake-host"):
+        self.name = name
         self.facts = facts
         self.noops: list[str] = []
 

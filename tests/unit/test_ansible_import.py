@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from inventory.ansible_import import import_ansible
-from inventory.loader import load
+from roles.context import load
 
 KUBESPRAY = Path(__file__).parent / "data" / "kubespray"
 runner = CliRunner()

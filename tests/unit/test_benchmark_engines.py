@@ -11,8 +11,8 @@ import yaml
 
 from benchmarks.engines import declared_state, write_engines
 from benchmarks.report import markdown, projection
-from inventory.loader import load
-from roles.render import host_contexts, host_files, render_cluster
+from roles.context import host_contexts, host_files, load
+from roles.render import render_cluster
 from tests.unit.conftest import SAMPLE
 
 

@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from cli.exitcodes import ExitCode
 from cli.main import app
-from inventory.loader import load
+from roles.context import load
 from roles.drift_job.files import MANIFEST, cluster_files
 from roles.render import render_cluster
 from roles.runner import shard_hosts

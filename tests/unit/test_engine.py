@@ -12,9 +12,8 @@ from typer.testing import CliRunner
 from cli.engine import _exit_code
 from cli.exitcodes import ExitCode
 from cli.main import app
-from inventory.loader import load
+from roles.context import load
 from roles.junit import write_junit
-from roles.render import ManagedFile
 from roles.runner import (
     REDACTED,
     HostReport,
@@ -23,9 +22,9 @@ from roles.runner import (
     OperationResult,
     RunReport,
     _diff,
-    batches,
     select_hosts,
 )
+from roles.spec import ManagedFile
 from tests.unit.conftest import SAMPLE
 
 runner = CliRunner()
@@ -36,16 +35,6 @@ def test_limit_takes_hosts_and_groups():
     assert select_hosts(loaded, ["etcd-2"]) == ["etcd-2"]
     assert select_hosts(loaded, ["loadbalancer", "dns-1"]) == ["lb-1", "lb-2", "dns-1"]
     assert len(select_hosts(loaded, [])) == 25
-
-
-@pytest.mark.parametrize(
-    ("batch", "sizes"), [(None, [10]), ("3", [3, 3, 3, 1]), ("50%", [5, 5]), ("1%", [1] * 10)]
-)
-def test_batches(batch, sizes):
-    hosts = [f"h{i}" for i in range(10)]
-    split = batches(hosts, batch)
-    assert [len(b) for b in split] == sizes
-    assert [h for b in split for h in b] == hosts
 
 
 def report_with(*statuses: HostStatus) -> RunReport:

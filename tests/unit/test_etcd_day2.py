@@ -9,9 +9,9 @@ from typer.testing import CliRunner
 
 from cli.exitcodes import ExitCode
 from cli.main import app
-from inventory.loader import load
-from roles.etcd import day2
-from roles.etcd.day2 import Remote, wal_fsync_p99_ms
+from day2 import etcd as day2
+from day2.etcd import Remote, wal_fsync_p99_ms
+from roles.context import load
 
 METRICS = "\n".join(
     [

@@ -12,12 +12,12 @@ import pytest
 import yaml
 
 from inventory.errors import InventoryInvalid
-from inventory.loader import load
 from roles import gpu_health
+from roles.context import load
 from roles.gpu_health.config import GpuHealthConfig
 from roles.gpu_health.files import MANIFEST, cluster_files
 from roles.registry import ROLE_CONFIGS
-from roles.render import render_template
+from roles.templates import render_template
 
 SAMPLE = Path(__file__).resolve().parents[2] / "inventory" / "sample"
 

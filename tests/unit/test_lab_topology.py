@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from inventory.loader import load
 from lab import lifecycle, naming
 from lab.errors import LabInvalid
 from lab.inventory import GPU_COMMENT, inventory_data, render_inventory, write_inventory
@@ -22,6 +21,7 @@ from lab.topology import (
     parse_size,
     scale_topology,
 )
+from roles.context import load
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 
-from inventory.loader import load
+from roles.context import load
 from roles.reboot import BOOT_MARKER, Rebooter
 
 

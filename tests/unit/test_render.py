@@ -9,9 +9,10 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from inventory.loader import load
 from roles import render as render_module
-from roles.render import TEMPLATES, environment, host_contexts, host_files, render_cluster
+from roles.context import host_contexts, host_files, load
+from roles.render import render_cluster
+from roles.templates import TEMPLATES, environment
 from tests.unit.conftest import SAMPLE
 
 runner = CliRunner()

@@ -9,7 +9,7 @@ import stat
 
 import pytest
 
-from inventory.loader import load
+from roles.context import host_contexts, host_files, load
 from roles.dns.facts import ServedSerial
 from roles.dns.files import (
     KEY_FILE,
@@ -23,7 +23,6 @@ from roles.dns.files import (
 )
 from roles.dns.operations import primary_zone, zone_served
 from roles.dns.secrets import next_serial, tsig_secret, zone_serial
-from roles.render import host_contexts, host_files
 from tests.unit.conftest import SAMPLE
 from tests.unit.fake_host import commands
 

@@ -10,7 +10,7 @@ import pytest
 from cryptography import x509
 from pydantic import ValidationError
 
-from inventory.loader import load
+from roles.context import host_context, load
 from roles.etcd import pki
 from roles.etcd.config import EtcdConfig
 from roles.etcd.files import (
@@ -25,7 +25,6 @@ from roles.etcd.files import (
 from roles.etcd.gate import judge, parse_p99_ms
 from roles.etcd.operations import refusal
 from roles.etcd.release import CHECKSUMS, ReleaseUnknown, binary_dir, release
-from roles.render import host_context
 from roles.spec import HostContext
 
 

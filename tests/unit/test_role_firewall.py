@@ -10,12 +10,11 @@ import subprocess
 import pytest
 
 from inventory.errors import InventoryInvalid
-from inventory.loader import load
-from inventory.topology import build_topology, collapse_sources
+from inventory.topology import collapse_sources
+from roles.context import host_contexts, load, topology_of
 from roles.firewall.facts import LoadedTable
 from roles.firewall.files import NFTABLES_CONF, TABLE_FILE, host_rules, managed_files
 from roles.firewall.operations import content_digest, table_loaded
-from roles.render import host_contexts
 from tests.unit.conftest import SAMPLE
 from tests.unit.fake_host import commands
 
@@ -37,7 +36,7 @@ def test_collapse_sources_drops_covered_entries_and_keeps_neighbours():
 
 
 def test_dns_and_api_admit_pods_and_admins():
-    topology = build_topology(load(SAMPLE).cluster)
+    topology = topology_of(load(SAMPLE))
     dns = [r for r in topology.rules_for(["dns"]) if r.port == 53]
     assert {r.protocol for r in dns} == {"tcp", "udp"}
     assert all(r.sources == ("10.10.0.0/24", "10.40.0.0/16", "10.128.0.0/12") for r in dns)
@@ -46,16 +45,16 @@ def test_dns_and_api_admit_pods_and_admins():
 
 
 def test_vrrp_only_between_two_balancers(small_cluster, write_cluster):
-    sample = build_topology(load(SAMPLE).cluster)
+    sample = topology_of(load(SAMPLE))
     vrrp = [r for r in sample.rules_for(["loadbalancer"]) if r.protocol == "vrrp"]
     assert len(vrrp) == 1 and vrrp[0].port is None
     assert vrrp[0].sources == ("10.40.3.11", "10.40.3.12")
-    single = build_topology(load(write_cluster(small_cluster)).cluster)
+    single = topology_of(load(write_cluster(small_cluster)))
     assert not [r for r in single.rules_for(["loadbalancer"]) if r.protocol == "vrrp"]
 
 
 def test_exporters_and_kubelet_from_monitoring():
-    topology = build_topology(load(SAMPLE).cluster)
+    topology = topology_of(load(SAMPLE))
     gpu = {r.port: r.sources for r in topology.rules_for(["gpu_worker"])}
     assert gpu[9400] == ("10.40.3.31",)  # DCGM exporter
     assert gpu[9100] == ("10.40.3.31",)

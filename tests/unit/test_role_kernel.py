@@ -7,7 +7,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from inventory.loader import load
+from roles import record
+from roles.context import host_contexts, host_files, load
 from roles.facts import Container, RebootReasons
 from roles.kernel import operations as kernel_ops
 from roles.kernel.config import DEFAULT_SYSCTLS, KernelConfig
@@ -21,7 +22,6 @@ from roles.kernel.facts import (
     chosen_value,
     is_swap_entry,
 )
-from roles.render import host_contexts, host_files
 from tests.unit.conftest import SAMPLE
 
 runner = CliRunner()
@@ -161,6 +161,8 @@ def test_package_version_and_hold():
 
 
 class FakeHost:
+    name = "fake-host"
+
     def __init__(self, facts: dict[type, object]):
         self.facts = facts
         self.noops: list[str] = []
@@ -208,7 +210,7 @@ def test_sysctls_set_what_is_writable_and_report_the_rest(fake_host):
     assert commands == ["sysctl -q -w net.core.somaxconn=32768"]
     assert any(n.startswith("vm.swappiness: read-only here (is 60, wants 0)") for n in host.noops)
     assert any(n.startswith("net.bridge.bridge-nf-call-iptables: not here") for n in host.noops)
-    assert list(host._gpuinfra_notes) == host.noops
+    assert list(record.host(host.name).notes) == host.noops
 
 
 def test_modules_load_outside_containers_and_are_reported_inside(fake_host):

@@ -5,14 +5,13 @@ from __future__ import annotations
 import pytest
 
 from inventory.errors import InventoryInvalid
-from inventory.loader import load
+from roles.context import host_contexts, host_files, load
 from roles.loadbalancer.files import (
     HAPROXY_CONFIG,
     KEEPALIVED_CHECK,
     KEEPALIVED_CONFIG,
     uses_keepalived,
 )
-from roles.render import host_contexts, host_files
 from tests.unit.conftest import SAMPLE
 
 

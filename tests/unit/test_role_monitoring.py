@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from inventory.errors import InventoryInvalid
-from inventory.loader import load
+from roles.context import cluster_files, host_contexts, host_files, load
 from roles.monitoring.files import (
     ALERT_RULES,
     NODE_EXPORTER_DEFAULTS,
@@ -19,7 +19,6 @@ from roles.monitoring.files import (
     prometheus_files,
 )
 from roles.monitoring.targets import scrape_jobs
-from roles.render import cluster_files, host_contexts, host_files
 from tests.unit.conftest import SAMPLE
 
 

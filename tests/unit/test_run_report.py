@@ -38,7 +38,7 @@ def test_untried_hosts_are_reported_skipped(tmp_path, monkeypatch):
         "dns-1": HostStatus.skipped,
         "cpu-1": HostStatus.skipped,
     }
-    assert report.hosts["cpu-1"].error == f"not tried: {report.stopped}"
+    assert report.hosts["cpu-1"].error.startswith("not tried")
 
     document = json.loads(json.dumps(asdict(report)))
     assert document["hosts"]["dns-1"]["status"] == "skipped"

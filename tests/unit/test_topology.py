@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from inventory.loader import load
-from inventory.topology import build_topology
+from roles.context import load, topology_of
 from tests.unit.conftest import SAMPLE
 
 
 def sample_topology():
-    return build_topology(load(SAMPLE).cluster)
+    return topology_of(load(SAMPLE))
 
 
 def test_etcd_initial_cluster_and_endpoints():
@@ -26,13 +25,13 @@ def test_api_goes_through_the_vip_to_every_control_plane_node():
 
 
 def test_single_balancer_without_vip_serves_the_api(small_cluster, write_cluster):
-    topology = build_topology(load(write_cluster(small_cluster)).cluster)
+    topology = topology_of(load(write_cluster(small_cluster)))
     assert topology.api_address == "10.0.0.31"
 
 
 def test_dns_records_cover_every_host_the_api_and_etcd_srv():
     loaded = load(SAMPLE)
-    topology = build_topology(loaded.cluster)
+    topology = topology_of(loaded)
     a_records = {r.name: r.value for r in topology.forward_records if r.type == "A"}
     assert set(loaded.cluster.hosts) <= set(a_records)
     assert a_records["api"] == "10.40.0.10"
@@ -65,5 +64,5 @@ def test_ssh_from_admin_and_node_networks_everywhere():
 
 def test_etcd_member_name_override(small_cluster, write_cluster):
     small_cluster["hosts"]["etcd-1"]["etcd"] = {"member_name": "etcd1"}
-    topology = build_topology(load(write_cluster(small_cluster)).cluster)
+    topology = topology_of(load(write_cluster(small_cluster)))
     assert topology.etcd_initial_cluster.startswith("etcd1=https://10.0.0.11:2380,")

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from inventory.errors import InventoryInvalid
-from inventory.loader import load
+from roles.context import load
 from tests.unit.conftest import SAMPLE
 
 runner = CliRunner()
@@ -202,3 +202,48 @@ def test_loader_raises_with_every_error(small_cluster, write_cluster):
     with pytest.raises(InventoryInvalid) as excinfo:
         load(write_cluster(small_cluster))
     assert [e.key for e in excinfo.value.errors] == ["hosts.etcd-4"]
+
+
+def test_group_and_host_settings_invalid_together_are_caught_at_validate(
+    small_cluster, write_cluster
+):
+    """Each section alone is valid; merged for etcd-2 they break etcd's 5x election rule.
+    Validated section by section this passed `inventory validate` and failed during prepare."""
+    small_cluster["group_vars"] = {"etcd": {"etcd": {"heartbeat_interval_ms": 300}}}
+    small_cluster["hosts"]["etcd-2"]["vars"] = {"etcd": {"election_timeout_ms": 1200}}
+    path = write_cluster(small_cluster)
+    code, err = validate(path)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    line = path.read_text().splitlines().index("      etcd:") + 1
+    assert lines[0].startswith(f"{path.name}:{line}: hosts.etcd-2.vars.etcd: ") or (
+        f":{line}: hosts.etcd-2.vars.etcd: " in lines[0]
+    ), err
+    assert "election_timeout_ms must be at least 5x heartbeat_interval_ms" in lines[0]
+    assert "group_vars.etcd.etcd + hosts.etcd-2.vars.etcd together" in lines[0]
+    assert "Traceback" not in err
+
+
+def test_a_merged_key_error_names_the_section_that_set_it(small_cluster, write_cluster):
+    small_cluster["group_vars"] = {"all": {"etcd": {"health_timeout_s": 60}}}
+    small_cluster["hosts"]["etcd-3"]["vars"] = {"etcd": {"health_timeout_s": 1}}
+    code, err = validate(write_cluster(small_cluster))
+    assert code == 2
+    assert "hosts.etcd-3.vars.etcd.health_timeout_s: Input should be greater than or equal" in err
+    assert "group_vars.all" not in err
+
+
+def test_loaded_settings_are_typed_and_merged_in_order(small_cluster, write_cluster):
+    from roles.etcd.config import EtcdConfig
+
+    small_cluster["group_vars"] = {
+        "all": {"etcd": {"health_timeout_s": 30, "backup_keep": 5}},
+        "etcd": {"etcd": {"health_timeout_s": 40}},
+    }
+    small_cluster["hosts"]["etcd-1"]["vars"] = {"etcd": {"health_timeout_s": 50}}
+    loaded = load(write_cluster(small_cluster))
+    first, second = loaded.settings["etcd-1"]["etcd"], loaded.settings["etcd-2"]["etcd"]
+    assert isinstance(first, EtcdConfig)
+    assert (first.health_timeout_s, first.backup_keep) == (50, 5)
+    assert (second.health_timeout_s, second.backup_keep) == (40, 5)

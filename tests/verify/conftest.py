@@ -1,8 +1,8 @@
 """Run the verification suites against a cluster's hosts over SSH (`gpuinfra verify`).
 
 Each folder under tests/verify/ is named after a role; its tests run once per host the role
-targets (the groups of that role's phase in roles/phases.py), or per host of the groups a module
-names in `TARGET_GROUPS`. Fixtures a suite can use:
+targets (the groups of that role's phases in its record, roles/<role>/role.py), or per host
+of the groups a module names in `TARGET_GROUPS`. Fixtures a suite can use:
 
 - `host`: the testinfra Host of the target, over SSH with the cluster's key and host keys
   checked against its known_hosts file (an unknown or changed key is refused);
@@ -26,11 +26,10 @@ import pytest
 from testinfra.backend.paramiko import ParamikoBackend
 from testinfra.host import Host
 
-from inventory.loader import load
 from inventory.model import LoadedCluster, StateAccess
-from inventory.topology import Topology, build_topology
-from roles.phases import PHASES
-from roles.render import host_context
+from inventory.topology import Topology
+from roles.context import host_context, load, topology_of
+from roles.registry import PHASES
 from roles.spec import HostContext
 
 SUITES = Path(__file__).resolve().parent
@@ -156,7 +155,7 @@ def host(target: str, cluster: LoadedCluster, _connections: dict[str, Host]) -> 
 
 @pytest.fixture(scope="session")
 def topology(cluster: LoadedCluster) -> Topology:
-    return build_topology(cluster.cluster)
+    return topology_of(cluster)
 
 
 @pytest.fixture

@@ -21,11 +21,12 @@ from pathlib import Path
 
 from inventory.model import LoadedCluster
 from inventory.topology import ETCD_CLIENT_PORT, ETCD_METRICS_PORT, ETCD_PEER_PORT, build_topology
-from roles.config import role_config
 from roles.etcd.config import EtcdConfig
-from roles.etcd.files import INITIAL_STATE_ENV, WAIT_HEALTHY
+from roles.etcd.files import INITIAL_STATE_ENV, WAIT_HEALTHY, cluster_settings
 from roles.etcd.gate import GateResult, fio_command, judge
-from roles.etcd.pki import CertExpiry, expiry_report
+from roles.etcd.pki import CertExpiry, ensure_pki, expiry_report
+from roles.runner import Mode, RunOptions, run
+from roles.spec import host_config
 from roles.ssh import ssh_argv
 
 ENV = "set -a; . /etc/etcd/etcdctl.env; set +a;"
@@ -76,7 +77,7 @@ def members(loaded: LoadedCluster) -> list[str]:
 
 
 def settings(loaded: LoadedCluster, host: str) -> EtcdConfig:
-    return role_config(loaded.cluster, host, EtcdConfig)
+    return host_config(loaded, host, "etcd", EtcdConfig)
 
 
 def each(hosts: Iterable[str], work: Callable[[str], object]) -> dict[str, object]:
@@ -508,10 +509,6 @@ class RotateResult:
 def rotate_certs(loaded: LoadedCluster) -> RotateResult:
     """New leaf certificates and keys for every member and client (same CA), rolled out with
     the etcd role: members restart one at a time, each waiting until the cluster is healthy."""
-    from roles.etcd.files import cluster_settings
-    from roles.etcd.pki import ensure_pki
-    from roles.runner import Mode, RunOptions, run
-
     started = time.monotonic()
     before = expiry_report(loaded)
     cfg = cluster_settings(loaded)

@@ -1,0 +1,16 @@
+"""The container runtime role's record: containerd and Docker on Kubernetes nodes."""
+
+from __future__ import annotations
+
+from roles.container_runtime import deploy, files
+from roles.container_runtime.config import ContainerRuntimeConfig
+from roles.spec import Phase, Role
+
+KUBERNETES_NODES = ("control_plane", "gpu_worker", "cpu_worker")
+
+ROLE = Role(
+    name="container_runtime",
+    config=ContainerRuntimeConfig,
+    phases=(Phase(KUBERNETES_NODES, files.managed_files, deploy.apply),),
+    summary="containerd and Docker, configured for GPUs",
+)

@@ -1,0 +1,14 @@
+"""The drift job's record: one Kubernetes Indexed Job, a cluster file only."""
+
+from __future__ import annotations
+
+from roles.drift_job import files
+from roles.drift_job.config import DriftJobConfig
+from roles.spec import Role
+
+ROLE = Role(
+    name="drift_job",
+    config=DriftJobConfig,
+    cluster_files=files.cluster_files,
+    summary="the fleet drift check as an Indexed Job, one pod per shard",
+)

@@ -1,0 +1,57 @@
+"""The etcd role's record: members bootstrap together, then change and reboot one at a time."""
+
+from __future__ import annotations
+
+from inventory.model import LoadedCluster
+from inventory.topology import (
+    ETCD_CLIENT_PORT,
+    ETCD_METRICS_PORT,
+    ETCD_PEER_PORT,
+    FirewallRule,
+    collapse_sources,
+)
+from roles.etcd import deploy, files
+from roles.etcd.config import EtcdConfig
+from roles.spec import Phase, Role, Rolling
+
+
+def ports(loaded: LoadedCluster) -> dict[str, list[FirewallRule]]:
+    cluster = loaded.cluster
+
+    def addresses(names) -> tuple[str, ...]:
+        return collapse_sources(str(cluster.hosts[name].address) for name in names)
+
+    members = cluster.in_group("etcd")
+    clients = set(cluster.in_group("control_plane")) | set(members)
+    return {
+        "etcd": [
+            FirewallRule(
+                "etcd clients: control plane and members",
+                ETCD_CLIENT_PORT,
+                "tcp",
+                addresses(clients),
+            ),
+            FirewallRule("etcd peers: members only", ETCD_PEER_PORT, "tcp", addresses(members)),
+            FirewallRule(
+                "etcd metrics from monitoring",
+                ETCD_METRICS_PORT,
+                "tcp",
+                addresses(cluster.in_group("monitoring")),
+            ),
+        ]
+    }
+
+
+ROLE = Role(
+    name="etcd",
+    config=EtcdConfig,
+    phases=(
+        # Together: a new cluster's members must start in the same step. Restarts inside the
+        # deploy and reboots still go one member at a time (quorum).
+        Phase(("etcd",), files.managed_files, deploy.apply, Rolling.together),
+        # The API servers' client certificates: one control-plane node at a time.
+        Phase(("control_plane",), files.client_files, deploy.apply_clients, Rolling.one_at_a_time),
+    ),
+    ports=ports,
+    summary="five dedicated members on local disk, mutual TLS, disk gate, day-2 commands",
+)

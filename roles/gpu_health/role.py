@@ -1,0 +1,27 @@
+"""The gpu_health role's record: cluster manifests, and the DCGM exporter's port on GPU nodes."""
+
+from __future__ import annotations
+
+from inventory.model import LoadedCluster
+from inventory.topology import DCGM_EXPORTER_PORT, FirewallRule, collapse_sources
+from roles.gpu_health import files
+from roles.gpu_health.config import GpuHealthConfig
+from roles.spec import Role
+
+
+def ports(loaded: LoadedCluster) -> dict[str, list[FirewallRule]]:
+    cluster = loaded.cluster
+    scrapers = collapse_sources(
+        str(cluster.hosts[name].address) for name in cluster.in_group("monitoring")
+    )
+    rule = FirewallRule("DCGM exporter from monitoring", DCGM_EXPORTER_PORT, "tcp", scrapers)
+    return {"gpu_worker": [rule]}
+
+
+ROLE = Role(
+    name="gpu_health",
+    config=GpuHealthConfig,
+    ports=ports,
+    cluster_files=files.cluster_files,
+    summary="passive and active GPU checks, preflight taint, budgeted cordoning (in-cluster)",
+)

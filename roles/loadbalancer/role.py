@@ -1,0 +1,42 @@
+"""The loadbalancer role's record: HAProxy and keepalived, one balancer at a time."""
+
+from __future__ import annotations
+
+from inventory.model import LoadedCluster
+from inventory.topology import HAPROXY_STATS_PORT, FirewallRule, collapse_sources
+from roles.firewall.role import api_clients
+from roles.loadbalancer import deploy, files
+from roles.loadbalancer.config import LoadBalancerConfig
+from roles.spec import Phase, Role, Rolling
+
+
+def ports(loaded: LoadedCluster) -> dict[str, list[FirewallRule]]:
+    cluster = loaded.cluster
+    balancers = cluster.in_group("loadbalancer")
+    rules = [
+        FirewallRule(
+            "Kubernetes API from nodes, pods and admins",
+            cluster.api.port,
+            "tcp",
+            api_clients(loaded),
+        )
+    ]
+    if len(balancers) > 1:
+        # keepalived's VRRP adverts (IP protocol 112): dropped, both balancers claim the VIP.
+        peers = collapse_sources(str(cluster.hosts[name].address) for name in balancers)
+        rules.append(FirewallRule("VRRP between load balancers", None, "vrrp", peers))
+    scrapers = collapse_sources(
+        str(cluster.hosts[name].address) for name in cluster.in_group("monitoring")
+    )
+    rules.append(FirewallRule("HAProxy stats from monitoring", HAPROXY_STATS_PORT, "tcp", scrapers))
+    return {"loadbalancer": rules}
+
+
+ROLE = Role(
+    name="loadbalancer",
+    config=LoadBalancerConfig,
+    # One balancer at a time: the other keeps (or takes over) the VIP meanwhile.
+    phases=(Phase(("loadbalancer",), files.managed_files, deploy.apply, Rolling.one_at_a_time),),
+    ports=ports,
+    summary="HAProxy in front of the API servers, keepalived for a shared address",
+)

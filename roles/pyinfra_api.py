@@ -1,0 +1,136 @@
+"""The one seam to pyinfra's private API: everything gpuinfra relies on beyond pyinfra's public
+operations, facts and State calls is here, pinned to the version it was written against.
+
+tests/unit/test_pyinfra_contract.py checks each of these against the installed pyinfra and
+fails loudly, naming the function, when an upgrade changes what it relies on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterable, Iterator
+from importlib.metadata import version
+from typing import Any
+
+from pyinfra.api import arguments as _arguments
+from pyinfra.api import facts as _facts
+from pyinfra.api.operation import OperationMeta
+
+PYINFRA_VERSION = "3.10.0"  # pyproject.toml pins the same; the contract tests check both
+
+# The marker pyinfra prints when a fact's required binary is missing (pyinfra/api/facts.py):
+# a batched fact command must print the same for pyinfra's own parsing to apply.
+MISSING_COMMAND_MARKER: str = _facts._MISSING_COMMAND_MARKER
+
+
+def installed_version() -> str:
+    return version("pyinfra")
+
+
+def op_hash(meta: OperationMeta) -> str:
+    """The hash that keys an operation in `state.ops[host]` (OperationMeta has no public one)."""
+    return meta._hash
+
+
+def will_change(meta: OperationMeta) -> bool:
+    """What prepare decided: the operation has commands to run. Read without re-running its
+    body (OperationMeta.will_change would generate the commands when it is unset)."""
+    return bool(meta._maybe_is_change)
+
+
+def found_unchanged(meta: OperationMeta) -> bool:
+    """Prepare decided the operation has nothing to do (False, not merely unknown)."""
+    return meta._maybe_is_change is False
+
+
+def stderr_tail(meta: OperationMeta, lines: int = 3) -> list[str] | None:
+    """The last stderr lines of an executed operation's commands; None when it has none."""
+    output = meta._combined_output
+    if output is None:
+        return None
+    return [line.strip() for line in output.stderr_lines[-lines:] if line.strip()]
+
+
+def conditions_hold(conditions: Any) -> bool:
+    """Evaluate an operation's `_if` conditions before execution: pyinfra only checks them while
+    executing, so a plan would count every handler ("restart if the file changed") as a change.
+    Each `did_change()` a condition asks about is answered with what that operation will do."""
+    if not conditions:
+        return True
+    conditions = conditions if isinstance(conditions, list) else [conditions]
+    original = OperationMeta.did_change
+
+    def planned(meta: OperationMeta) -> bool:
+        return original(meta) if meta.is_complete() else will_change(meta)
+
+    def holds(condition: Callable[[], bool]) -> bool:
+        # `_if=meta.did_change` is a method bound before the patch below: answer it directly.
+        if getattr(condition, "__func__", None) is original:
+            return planned(condition.__self__)
+        return bool(condition())
+
+    OperationMeta.did_change = planned  # type: ignore[method-assign]
+    try:
+        return all(holds(condition) for condition in conditions)
+    finally:
+        OperationMeta.did_change = original  # type: ignore[method-assign]
+
+
+def guard_commands(state, hosts: Iterable, skip: Callable[[Any, OperationMeta], bool]) -> None:
+    """Wrap each operation's command generator: while `skip(host, meta)` is true when it runs,
+    the operation yields nothing. (pyinfra 3.10 runs every operation's body again while
+    executing; the generator is the only place to intercept that.)"""
+
+    def guarded(host, meta, generate):
+        def commands():
+            if skip(host, meta):
+                return
+            yield from generate()
+
+        return commands
+
+    for host in hosts:
+        for op_data in state.ops[host].values():
+            op_data.command_generator = guarded(
+                host, op_data.operation_meta, op_data.command_generator
+            )
+
+
+@contextlib.contextmanager
+def phase_position(host, index: int) -> Iterator[None]:
+    """pyinfra 3.10 hashes API-mode operations by their position on the host plus the host's
+    loop position; a phase index there keeps two roles' operations at the same position apart."""
+    host.loop_position = [index]
+    try:
+        yield
+    finally:
+        host.loop_position = []
+
+
+@contextlib.contextmanager
+def commands_routed(host, run_shell_command: Callable) -> Iterator[None]:
+    """Send the host's shell commands through `run_shell_command` while the block runs (an
+    instance attribute shadows Host.run_shell_command, which facts and operations call)."""
+    host.run_shell_command = run_shell_command
+    try:
+        yield
+    finally:
+        del host.run_shell_command
+
+
+def inner(operation: Callable) -> Callable:
+    """The undecorated body of an @operation, to yield its commands from another operation."""
+    return operation._inner
+
+
+_memoised = False
+
+
+def memoise_global_arguments() -> None:
+    """pyinfra 3.10 calls typing.get_type_hints on its fixed global-arguments TypedDict for every
+    operation and fact request: a third of a no-op drift's CPU time. The answer never changes."""
+    global _memoised
+    if not _memoised:
+        _arguments.all_global_arguments = functools.cache(_arguments.all_global_arguments)
+        _memoised = True

@@ -1,0 +1,164 @@
+"""The layering of the code base: data flows one way, inventory -> model -> per-host typed role
+config -> operations -> hosts -> report, and no module imports from a layer above its own or
+takes part in an import cycle. Every import counts, including those inside functions and under
+TYPE_CHECKING: an import hidden in a function is still a dependency."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from roles.registry import ROLE_PACKAGES
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGES = ("inventory", "roles", "lab", "cli", "day2", "benchmarks")
+
+# Lowest first; the first pattern a module matches gives its layer.
+LAYERS: list[tuple[str, list[str]]] = [
+    ("model", [r"inventory\.(errors|model)"]),
+    ("inventory", [r"inventory(\..*)?"]),
+    (
+        "role toolkit",
+        [
+            r"roles",
+            r"roles\.(spec|templates|pacing|facts|operations|record|pyinfra_api|ssh|limits|statefiles)",
+        ],
+    ),
+    ("roles", [rf"roles\.{name}(\..*)?" for name in ROLE_PACKAGES]),
+    ("registry", [r"roles\.(registry|context)"]),
+    ("engine", [r"roles\..*"]),
+    ("day-2 flows and the lab", [r"day2(\..*)?", r"lab(\..*)?"]),
+    ("command line", [r"cli(\..*)?"]),
+    ("benchmarks", [r"benchmarks(\..*)?"]),
+]
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def layer_of(module: str) -> int:
+    for index, (_, patterns) in enumerate(LAYERS):
+        if any(re.fullmatch(pattern, module) for pattern in patterns):
+            return index
+    raise AssertionError(f"{module} is in no layer: add it to LAYERS")
+
+
+def first_party_modules() -> dict[str, Path]:
+    modules = {}
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")) if (REPO / package).is_dir() else []:
+            modules[module_name(path)] = path
+    return modules
+
+
+MODULES = first_party_modules()
+
+
+def imports_of(module: str, path: Path) -> set[str]:
+    """First-party modules imported anywhere in the file (resolved to the longest known name)."""
+    found: set[str] = set()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
+                base = f"{base}.{node.module}" if node.module else base
+            names = [f"{base}.{alias.name}" for alias in node.names] + [base]
+        for name in names:
+            while name and name not in MODULES:
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                found.add(name)
+    if module == "roles.registry":  # roles are imported by name (ROLE_PACKAGES)
+        found |= {f"roles.{name}.role" for name in ROLE_PACKAGES}
+    return found
+
+
+GRAPH = {module: imports_of(module, path) for module, path in MODULES.items()}
+
+
+def test_every_module_has_a_layer():
+    for module in MODULES:
+        layer_of(module)
+
+
+def test_no_module_imports_from_a_layer_above_its_own():
+    upward = [
+        f"{module} ({LAYERS[layer_of(module)][0]}) imports {target} ({LAYERS[layer_of(target)][0]})"
+        for module, targets in GRAPH.items()
+        for target in sorted(targets)
+        if layer_of(target) > layer_of(module)
+    ]
+    assert not upward, "\n".join(upward)
+
+
+def test_no_import_cycles():
+    """Tarjan's strongly connected components: any component of more than one module is a
+    cycle (a package importing its own submodules is not: Python loads the package first)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def edges(module: str) -> list[str]:
+        # A package's __init__ importing its submodules is how packages work, not a cycle.
+        return [t for t in GRAPH[module] if not t.startswith(f"{module}.")]
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for target in edges(module):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in on_stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == module:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for module in sorted(GRAPH):
+        if module not in index:
+            visit(module)
+    assert not cycles, "\n".join(" <-> ".join(cycle) for cycle in cycles)
+
+
+@pytest.mark.parametrize("role", ROLE_PACKAGES)
+def test_a_role_is_its_folder_and_one_registry_line(role):
+    """Each role's record lives in its own package; nothing outside the registry names it."""
+    assert (REPO / "roles" / role / "role.py").is_file()
+    engine = [m for m in MODULES if layer_of(m) >= layer_of("roles.registry")]
+    naming = sorted(
+        m
+        for m in engine
+        if m.startswith("roles.") and m not in ("roles.registry",) and f"roles.{role}" in GRAPH[m]
+    )
+    assert naming == [], f"engine modules import the {role} role directly: {naming}"
+
+
+def test_the_layering_check_catches_an_upward_import(tmp_path):
+    """The checker itself: a role module importing the runner is reported."""
+    fake = tmp_path / "bad.py"
+    fake.write_text("from roles.runner import run\n")
+    assert "roles.runner" in imports_of("roles.base.bad", fake)
+    assert layer_of("roles.runner") > layer_of("roles.base.bad")

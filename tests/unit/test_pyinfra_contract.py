@@ -1,0 +1,151 @@
+"""Contract tests for roles/pyinfra_api.py, the one seam to pyinfra's private API.
+
+Each test exercises one thing gpuinfra relies on against the installed pyinfra, offline (a
+State with one host that is never connected). A pyinfra upgrade that changes any of them fails
+here, naming the function, before it can fail a run on real hosts.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+
+import pyinfra.api.facts
+import pytest
+from pyinfra.api import Config, Inventory, State
+from pyinfra.api import arguments as pyinfra_arguments
+from pyinfra.api.operation import OperationMeta
+from pyinfra.api.state import StateStage
+from pyinfra.connectors.util import CommandOutput, OutputLine
+from pyinfra.context import ctx_host, ctx_state
+from pyinfra.operations import server
+
+from roles import pyinfra_api
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def offline():
+    """A State in its prepare stage with one host, never connected."""
+    inventory = Inventory((["node-1"], {}))
+    state = State(inventory, Config())
+    state.set_stage(StateStage.Prepare)
+    host = inventory.get_host("node-1")
+    with ctx_state.use(state), ctx_host.use(host):
+        yield state, host
+
+
+def test_the_installed_pyinfra_is_the_one_the_seam_was_written_for():
+    assert pyinfra_api.installed_version() == pyinfra_api.PYINFRA_VERSION
+    pin = re.search(r'"pyinfra==([^"]+)"', (REPO / "pyproject.toml").read_text())
+    assert pin and pin[1] == pyinfra_api.PYINFRA_VERSION
+
+
+def test_missing_command_marker_is_what_pyinfra_guards_facts_with():
+    source = inspect.getsource(pyinfra.api.facts)
+    assert pyinfra_api.MISSING_COMMAND_MARKER
+    assert "stdout_lines == [_MISSING_COMMAND_MARKER]" in source  # how pyinfra parses it
+    assert '"command",' in source and '"-v",' in source  # the guard factcache copies
+
+
+def test_an_operation_is_keyed_by_its_hash_and_knows_its_planned_change(offline):
+    state, host = offline
+    changes = server.shell(name="Change", commands=["true"])
+    assert list(state.ops[host]) == [pyinfra_api.op_hash(changes)]
+    assert pyinfra_api.will_change(changes) is True
+    assert pyinfra_api.found_unchanged(changes) is False
+    quiet = OperationMeta("h", False)
+    assert pyinfra_api.found_unchanged(quiet) and not pyinfra_api.will_change(quiet)
+    assert not pyinfra_api.found_unchanged(OperationMeta("h", None))  # unknown is not unchanged
+
+
+def test_stderr_tail_reads_an_executed_operation_output():
+    meta = OperationMeta("h", True)
+    assert pyinfra_api.stderr_tail(meta) is None
+    output = CommandOutput(
+        [OutputLine("stdout", "fine"), OutputLine("stderr", "sshd: Bad argument")]
+    )
+    meta.set_complete(False, ["cmd"], output)
+    assert pyinfra_api.stderr_tail(meta) == ["sshd: Bad argument"]
+
+
+def test_conditions_are_answered_with_the_planned_change_and_the_patch_is_undone():
+    original = OperationMeta.did_change
+    changing, unchanged = OperationMeta("a", True), OperationMeta("b", False)
+    assert pyinfra_api.conditions_hold(changing.did_change)
+    assert not pyinfra_api.conditions_hold(unchanged.did_change)
+    assert not pyinfra_api.conditions_hold([changing.did_change, lambda: unchanged.did_change()])
+    assert pyinfra_api.conditions_hold(lambda: changing.did_change() or unchanged.did_change())
+    assert OperationMeta.did_change is original
+    with pytest.raises(RuntimeError):  # pyinfra's own answer before execution
+        changing.did_change()
+
+
+def test_guarded_commands_yield_nothing_while_skipped(offline):
+    state, host = offline
+    meta = server.shell(name="Change", commands=["echo one"])
+    skipping = {"on": True}
+    pyinfra_api.guard_commands(state, [host], lambda h, m: skipping["on"])
+    generate = state.ops[host][pyinfra_api.op_hash(meta)].command_generator
+    assert list(generate()) == []
+    skipping["on"] = False
+    assert [str(c) for c in generate()] == ["echo one"]
+
+
+def test_the_phase_position_keeps_operations_at_the_same_position_apart():
+    """pyinfra 3.10 hashes API-mode operations by position plus the host's loop position."""
+
+    def first_hash(position: int) -> str:
+        inventory = Inventory((["node-1"], {}))
+        state = State(inventory, Config())
+        state.set_stage(StateStage.Prepare)
+        host = inventory.get_host("node-1")
+        with (
+            ctx_state.use(state),
+            ctx_host.use(host),
+            pyinfra_api.phase_position(host, position),
+        ):
+            meta = server.shell(name="Same", commands=["true"])
+        assert host.loop_position == []
+        return pyinfra_api.op_hash(meta)
+
+    assert first_hash(0) != first_hash(1)
+    assert first_hash(3) == first_hash(3)
+
+
+def test_commands_are_routed_and_then_the_class_method_is_back(offline):
+    _, host = offline
+    seen = []
+    with pyinfra_api.commands_routed(host, lambda command, **kw: seen.append(command)):
+        host.run_shell_command("uptime")
+    assert seen == ["uptime"]
+    assert "run_shell_command" not in vars(host)
+
+
+def test_inner_is_the_undecorated_body_of_an_operation(offline):
+    commands = list(pyinfra_api.inner(server.shell)(commands=["a", "b"]))
+    assert [str(c) for c in commands] == ["a", "b"]
+
+
+def test_global_arguments_are_memoised_and_unchanged():
+    before = pyinfra_arguments.all_global_arguments()
+    pyinfra_api.memoise_global_arguments()
+    assert pyinfra_arguments.all_global_arguments() == before
+    assert hasattr(pyinfra_arguments.all_global_arguments, "cache_info")
+
+
+def test_no_other_module_uses_pyinfra_private_names():
+    """Everything private to pyinfra goes through the seam: no `._name` of a pyinfra object and
+    no import of an underscored pyinfra name anywhere else."""
+    private_import = re.compile(r"from pyinfra[.\w]* import .*\b_[a-z]")
+    private_attr = re.compile(r"\._(maybe_is_change|hash|combined_output|inner|MISSING)\b")
+    offenders = []
+    for path in [*REPO.glob("roles/**/*.py"), *REPO.glob("cli/**/*.py"), *REPO.glob("day2/*.py")]:
+        if path.name == "pyinfra_api.py":
+            continue
+        text = path.read_text()
+        if private_import.search(text) or private_attr.search(text) or "loop_position" in text:
+            offenders.append(str(path.relative_to(REPO)))
+    assert offenders == []

@@ -55,7 +55,7 @@ def plan(
     with reporting():
         loaded = load(cluster)
     options = _options(loaded, Mode.plan, limit, roles, parallel, connect_timeout, shard=shard)
-    loaded = _read_only(loaded)
+    loaded = _read_only(loaded, roles)
     report = _run(loaded, options, output)
     _emit(report, output, show_diff=diff)
     raise typer.Exit(_exit_code(report))
@@ -161,7 +161,7 @@ def drift(
     with reporting():
         loaded = load(cluster)
     options = _options(loaded, Mode.drift, limit, roles, parallel, connect_timeout, shard=shard)
-    loaded = _read_only(loaded)
+    loaded = _read_only(loaded, roles)
     report = _run(loaded, options, output)
     if report_path:
         report_path.parent.mkdir(parents=True, exist_ok=True)
@@ -176,18 +176,17 @@ def _split(value: str | None) -> tuple[str, ...]:
     return tuple(v.strip() for v in value.split(",") if v.strip()) if value else ()
 
 
-def _read_only(loaded):
+def _read_only(loaded, roles: str | None):
     """The cluster for plan and drift: its state must be there (never created), and a note
     when an apply is running on it."""
     from roles.applylock import current_holder
     from roles.clusterstate import require_state
 
-    with reporting():
-        loaded = require_state(loaded)
     holder = current_holder(loaded.state_dir)
     if holder is not None:
         stderr.print(f"note: an apply is running on this cluster: {holder.describe()}")
-    return loaded
+    with reporting():
+        return require_state(loaded, _split(roles))
 
 
 def _options(

@@ -8,7 +8,7 @@ create what is missing.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from inventory.model import LoadedCluster, StateAccess
 from roles.applylock import LOCK_FILE, HeldLock, apply_lock
@@ -17,10 +17,11 @@ from roles.etcd.trust import TrustRefused, check_live_ca
 from roles.statefiles import StateMissing
 
 
-def require_state(loaded: LoadedCluster) -> LoadedCluster:
+def require_state(loaded: LoadedCluster, roles: Iterable[str] = ()) -> LoadedCluster:
     """The cluster for a read-only command: StateMissing, naming the missing path, when a
-    secret its files need is not in the state (nothing is created). One host of each distinct
-    set of groups is rendered: the secrets are cluster-wide, so that covers every one."""
+    secret the files of `roles` (all when empty) need is not in the state (nothing is
+    created). One host of each distinct set of groups is rendered: the secrets are
+    cluster-wide, so that covers every one."""
     loaded = loaded.with_state_access(StateAccess.existing)
     seen: set[tuple[str, ...]] = set()
     for ctx in host_contexts(loaded):
@@ -29,7 +30,7 @@ def require_state(loaded: LoadedCluster) -> LoadedCluster:
             continue
         seen.add(groups)
         try:
-            host_files(ctx)
+            host_files(ctx, roles)
         except StateMissing:
             if not loaded.state_dir.exists():
                 raise StateMissing(loaded.state_dir) from None

@@ -115,9 +115,8 @@ def apply(
             fail_percent,
             rate=Rate.parse(rate) if rate is not None else None,
         )
-    if not yes and not typer.confirm("Apply changes to the hosts?", default=False, err=True):
-        raise typer.Exit(ExitCode.OK)
     with contextlib.ExitStack() as held:
+        # Lock and CA check before asking: whoever confirms knows no other apply is running.
         with reporting():
             try:
                 loaded, lock = held.enter_context(applying(loaded, break_lock=break_lock))
@@ -128,6 +127,8 @@ def apply(
                 f"note: took over the cluster lock left by {lock.taken_over.describe()}",
                 markup=False,
             )
+        if not yes and not typer.confirm("Apply changes to the hosts?", default=False, err=True):
+            raise typer.Exit(ExitCode.OK)
         report = _run(loaded, options, output)
         if reboot:
             _reboot(cluster, report, batch)

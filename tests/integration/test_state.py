@@ -100,14 +100,14 @@ def test_the_live_ca_is_read_over_ssh(lab, live_foreign_ca, tmp_path):
 
 
 def test_two_applies_at_once_one_proceeds_the_other_names_it(lab):
-    """The first apply converges the kernel role (minutes of work on bare hosts); the second,
-    started once the first holds the lock, exits 8 at once naming it."""
+    """The first apply takes the lock and waits at its confirmation prompt (so it holds the lock
+    for as long as this test needs, whatever the machine's speed); the second exits 8 naming it,
+    drift says it runs; then the first is confirmed and converges the kernel role."""
     first = subprocess.Popen(
-        [GPUINFRA, "apply", str(lab.inventory_path), "--roles", "kernel", "--yes"]
-        + ["--format", "json"],
+        [GPUINFRA, "apply", str(lab.inventory_path), "--roles", "kernel", "--format", "json"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
+        stdin=subprocess.PIPE,
         text=True,
     )
     lock = lab.loaded.state_dir / "apply.lock"
@@ -125,11 +125,16 @@ def test_two_applies_at_once_one_proceeds_the_other_names_it(lab):
         lines = second.stderr.strip().splitlines()
         assert len(lines) == 1 and f"pid {first.pid}" in lines[0], second.stderr
         drift = gpuinfra("drift", str(lab.inventory_path), "--roles", "kernel")
-        assert "an apply is running on this cluster" in drift.stderr
+        assert "an apply is running on this cluster" in drift.stderr, drift.stderr
         assert f"pid {first.pid}" in drift.stderr
+        assert json.loads(lock.read_text())["pid"] == first.pid  # drift took nothing
+        stdout, stderr = first.communicate("y\n", timeout=900)
     finally:
-        stdout, stderr = first.communicate(timeout=900)
+        if first.poll() is None:
+            first.kill()
+            first.wait()
     assert first.returncode == ExitCode.OK, stdout[-3000:] + stderr[-2000:]
     report = json.loads(stdout)
     assert set(report["hosts"]) == {"etcd-1", "cpu-1"}
+    assert {host["status"] for host in report["hosts"].values()} <= {"ok", "changed"}
     assert lock.read_text() == ""  # released at exit

@@ -30,6 +30,8 @@ BAD_VALUES = [
     (["apply", CLUSTER, "--yes", "--batch", "abc"], "--batch"),
     (["apply", CLUSTER, "--yes", "--batch", "0%"], "--batch"),
     (["apply", CLUSTER, "--yes", "--batch", "150%"], "--batch"),
+    (["apply", CLUSTER, "--yes", "--rate", "fast"], "--rate"),
+    (["apply", CLUSTER, "--yes", "--rate", "0/30s"], "--rate"),
     (["apply", CLUSTER, "--yes", "--fail-percent", "abc"], "--fail-percent"),
     (["apply", CLUSTER, "--yes", "--fail-percent", "-1"], "--fail-percent"),
     (["apply", CLUSTER, "--yes", "--fail-percent", "101"], "--fail-percent"),

@@ -95,6 +95,15 @@ class Host(Strict):
     vars: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
 
+class Team(Strict):
+    """Nodes one team owns: they carry its label and taint, and only its pods tolerate them."""
+
+    hosts: list[HostName] = Field(default_factory=list)
+    groups: list[Group] = Field(default_factory=list)
+    # Namespaces whose pods run as this team (an admission policy holds them to its nodes).
+    namespaces: list[HostName] = Field(default_factory=list)
+
+
 class Cluster(Strict):
     name: HostName
     domain: str
@@ -109,6 +118,8 @@ class Cluster(Strict):
     group_vars: dict[Literal["all"] | Group, dict[str, dict[str, Any]]] = Field(
         default_factory=dict
     )
+    # Team -> its hosts or groups; see roles/fleet_policy (labels, taints, admission policy).
+    teams: dict[HostName, Team] = Field(default_factory=dict)
 
     def in_group(self, group: str) -> list[str]:
         """Host names in a group, in inventory order."""

@@ -22,6 +22,7 @@ def check_cluster(loaded: LoadedCluster) -> list[tuple[str, str]]:
         _gpu_specs,
         _host_sections_match_groups,
         _ssh_key,
+        _teams,
     ):
         problems.extend(rule(loaded))
     return problems
@@ -124,3 +125,38 @@ def _ssh_key(loaded: LoadedCluster) -> Iterator[tuple[str, str]]:
         yield "ssh.key", f"{path} is mode {oct(mode & 0o777)}; a private key must be 0600"
     elif not os.access(path, os.R_OK):
         yield "ssh.key", f"cannot read {path}: permission denied"
+
+
+def _teams(loaded: LoadedCluster) -> Iterator[tuple[str, str]]:
+    """A team names known hosts and groups, and no host belongs to two teams."""
+    cluster = loaded.cluster
+    owner: dict[str, str] = {}
+    namespace_owner: dict[str, str] = {}
+    for team, spec in cluster.teams.items():
+        for i, host in enumerate(spec.hosts):
+            if host not in cluster.hosts:
+                yield f"teams.{team}.hosts.{i}", f"unknown host {host}"
+        for i, group in enumerate(spec.groups):
+            if not cluster.in_group(group):
+                yield f"teams.{team}.groups.{i}", f"no host is in the group {group}"
+        # Each member with the entry that brought it in, so an error points at that line.
+        members = [(h, f"teams.{team}.hosts.{i}") for i, h in enumerate(spec.hosts)]
+        members += [
+            (h, f"teams.{team}.groups.{i}")
+            for i, g in enumerate(spec.groups)
+            for h in cluster.in_group(g)
+        ]
+        for host, key in members:
+            if host not in cluster.hosts:
+                continue
+            if not {"gpu_worker", "cpu_worker"} & set(cluster.hosts[host].groups):
+                yield key, f"{host} is not a worker: team taints only make sense on workers"
+            if owner.setdefault(host, team) != team:
+                yield key, f"{host} is already in team {owner[host]}: a host has one team"
+        for i, namespace in enumerate(spec.namespaces or [team]):
+            if namespace in namespace_owner:
+                yield (
+                    f"teams.{team}.namespaces.{i}" if spec.namespaces else f"teams.{team}",
+                    f"namespace {namespace} already belongs to team {namespace_owner[namespace]}",
+                )
+            namespace_owner.setdefault(namespace, team)

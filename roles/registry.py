@@ -17,6 +17,7 @@ ROLE_PACKAGES: tuple[str, ...] = (
     "base",
     "kernel",
     "container_runtime",
+    "nvidia",
     "firewall",
     "dns",
     "loadbalancer",
@@ -24,6 +25,7 @@ ROLE_PACKAGES: tuple[str, ...] = (
     "monitoring",
     "gpu_health",
     "drift_job",
+    "fleet_policy",
 )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from roles.base.files import DISTRIBUTIONS
 from roles.container_runtime.config import ContainerRuntimeConfig
+from roles.nvidia.runtime import docker_runtime
 from roles.spec import HostContext, ManagedFile
 from roles.templates import render_template
 
@@ -12,6 +13,8 @@ DOCKER_CONFIG = "/etc/docker/daemon.json"
 DOCKER_SOURCES = "/etc/apt/sources.list.d/docker.sources"
 DOCKER_PIN = "/etc/apt/preferences.d/gpuinfra-container-runtime"
 DOCKER_KEY = "/etc/apt/keyrings/docker.asc"
+# Other roles' containerd drop-ins (nvidia's runtime), imported by config.toml.
+CONTAINERD_DROP_INS = "/etc/containerd/conf.d/*.toml"
 
 
 def runtime_settings(ctx: HostContext) -> ContainerRuntimeConfig:
@@ -72,6 +75,13 @@ def managed_files(ctx: HostContext) -> list[ManagedFile]:
             CONTAINERD_CONFIG,
             "config.toml.j2",
             check="containerd --config {path} config dump >/dev/null",
+            drop_ins=CONTAINERD_DROP_INS,
+            nvidia=None,
         ),
-        file(DOCKER_CONFIG, "daemon.json.j2", check="dockerd --validate --config-file {path}"),
+        file(
+            DOCKER_CONFIG,
+            "daemon.json.j2",
+            check="dockerd --validate --config-file {path}",
+            docker_nvidia=docker_runtime(ctx),
+        ),
     ]

@@ -20,6 +20,7 @@ PREFLIGHT_TAINT = f"{PREFLIGHT_TAINT_KEY}={PREFLIGHT_TAINT_VALUE}:{PREFLIGHT_TAI
 GPU_WORKER_LABEL_KEY = "gpuinfra.io/gpu-worker"
 GPU_WORKER_LABEL_VALUE = "true"
 
-# What the in-cluster checks write on a node, for people (annotation) and controllers (condition).
+# What the checks write on a node: `health fleet --cordon` annotates the nodes it cordons (for
+# people); the in-cluster gate sets the condition (for controllers) and records Events.
 HEALTH_ANNOTATION = "gpuinfra.io/gpu-health"
 HEALTH_CONDITION = "GPUHealthy"

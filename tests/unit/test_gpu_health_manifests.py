@@ -23,8 +23,19 @@ SAMPLE = Path(__file__).resolve().parents[2] / "inventory" / "sample"
 
 
 def documents(loaded) -> dict[str, dict]:
-    text = cluster_files(loaded)[MANIFEST]
-    return {doc["kind"]: doc for doc in yaml.safe_load_all(text)}
+    """The first object of each kind (one each but RBAC, which `objects` gives in full)."""
+    docs: dict[str, dict] = {}
+    for doc in objects(loaded):
+        docs.setdefault(doc["kind"], doc)
+    return docs
+
+
+def objects(loaded) -> list[dict]:
+    return list(yaml.safe_load_all(cluster_files(loaded)[MANIFEST]))
+
+
+def named(loaded, kind: str, name: str) -> dict:
+    return next(d for d in objects(loaded) if d["kind"] == kind and d["metadata"]["name"] == name)
 
 
 def write_cluster(tmp_path: Path, group_vars: dict | None = None, workers: int = 3) -> Path:
@@ -56,7 +67,8 @@ def test_preflight_taint_constant():
 def test_sample_cluster_manifests_are_valid_yaml_with_every_object():
     docs = documents(load(SAMPLE))
     assert set(docs) == {
-        "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap",
+        "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ConfigMap",
         "DaemonSet", "CronJob",
     }  # fmt: skip
     namespace = docs["Namespace"]["metadata"]["name"]
@@ -72,7 +84,7 @@ def test_daemonset_tolerates_the_preflight_taint_and_exports_metrics():
         "effect": "NoSchedule",
     } in pod["tolerations"]  # fmt: skip
     assert pod["nodeSelector"] == {gpu_health.GPU_WORKER_LABEL_KEY: "true"}
-    assert pod["serviceAccountName"] == docs["ServiceAccount"]["metadata"]["name"]
+    assert pod["serviceAccountName"] == "gpu-health-preflight"
     container = pod["containers"][0]
     assert container["command"][-1] == "preflight"
     # The DaemonSet must not hold GPUs that work needs.
@@ -83,36 +95,63 @@ def test_daemonset_tolerates_the_preflight_taint_and_exports_metrics():
     assert mounts["textfile"] == "/textfile"
 
 
-def test_rbac_lets_the_pods_patch_nodes_and_their_status():
-    docs = documents(load(SAMPLE))
-    rules = docs["ClusterRole"]["rules"]
-    assert any("nodes" in r["resources"] and "patch" in r["verbs"] for r in rules)
-    assert any("nodes/status" in r["resources"] and "patch" in r["verbs"] for r in rules)
-    subject = docs["ClusterRoleBinding"]["subjects"][0]
-    assert subject["name"] == docs["ServiceAccount"]["metadata"]["name"]
-    assert docs["ClusterRoleBinding"]["roleRef"]["name"] == docs["ClusterRole"]["metadata"]["name"]
+def test_the_sampler_may_list_nodes_and_create_jobs_only():
+    loaded = load(SAMPLE)
+    assert named(loaded, "ClusterRole", "gpu-health-sampler")["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}
+    ]
+    role = named(loaded, "Role", "gpu-health-sampler")
+    assert role["metadata"]["namespace"] == GpuHealthConfig().namespace
+    assert role["rules"] == [{"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create"]}]
 
 
-def test_cronjob_takes_whole_idle_nodes_on_a_schedule():
+@pytest.mark.parametrize("account", ["gpu-health-preflight", "gpu-health-periodic"])
+def test_rbac_lets_each_pod_patch_nodes_their_status_and_create_events_only(account):
+    loaded = load(SAMPLE)
+    rules = named(loaded, "ClusterRole", account)["rules"]
+    granted = {(res, verb) for r in rules for res in r["resources"] for verb in r["verbs"]}
+    wanted = {("nodes", "get"), ("nodes", "patch"), ("nodes/status", "patch")}
+    if account == "gpu-health-periodic":
+        wanted.add(("nodes", "list"))  # counts the cordoned nodes against the budget
+    assert granted == wanted
+    binding = named(loaded, "ClusterRoleBinding", account)
+    assert binding["subjects"][0]["name"] == account
+    assert binding["roleRef"]["name"] == account
+    events = named(loaded, "Role", f"{account}-events")
+    assert events["metadata"]["namespace"] == "default"
+    assert events["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
+
+
+def test_cronjob_draws_nodes_and_each_check_job_takes_a_whole_node():
     docs = documents(load(SAMPLE))
     cron = docs["CronJob"]["spec"]
     cfg = GpuHealthConfig()
     assert cron["schedule"] == cfg.cronjob_schedule
     assert cron["concurrencyPolicy"] == "Forbid"
-    job = cron["jobTemplate"]["spec"]
-    assert job["parallelism"] == cfg.cronjob_parallelism and job["backoffLimit"] == 0
-    pod = job["template"]["spec"]
+    sampler = cron["jobTemplate"]["spec"]["template"]["spec"]
+    assert sampler["serviceAccountName"] == "gpu-health-sampler"
+    assert sampler["containers"][0]["command"][:4] == [
+        "python3",
+        "-m",
+        "roles.gpu_health.gate",
+        "sample",
+    ]
+    assert f"--count={cfg.cronjob_parallelism}" in sampler["containers"][0]["command"]
+    assert "limits" not in sampler["containers"][0]["resources"]  # the sampler holds no GPU
+    job = yaml.safe_load(docs["ConfigMap"]["data"]["periodic-job.yaml"])
+    assert job["kind"] == "Job" and job["spec"]["backoffLimit"] == 0
+    pod = job["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "gpu-health-periodic"
     assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 8}
     assert pod["containers"][0]["command"][-1] == "periodic"
-    assert pod["affinity"]["podAntiAffinity"]
 
 
 def test_node_script_lifts_the_taint_only_after_passing(tmp_path):
     script = documents(load(SAMPLE))["ConfigMap"]["data"]["health-node.sh"]
-    assert "kubectl taint node \"$node\" 'gpuinfra.io/preflight:NoSchedule-'" in script
-    assert "--require-active" in script
-    # The sample has 8 GPU workers: 10% rounds down to 0, and the floor is 1.
-    assert "-ge 1 ]" in script
+    # The decision is Python's (roles/gpu_health/gate.py, tests/unit/test_gpu_health_gate.py).
+    assert 'python3 -m roles.gpu_health.gate "$1"' in script
+    assert "check --require-active" in script
+    assert "--budget '10%'" in script
     path = tmp_path / "health-node.sh"
     path.write_text(script)
     shell = shutil.which("sh")
@@ -137,7 +176,7 @@ def test_group_vars_override_defaults(tmp_path):
     docs = documents(loaded)
     assert docs["CronJob"]["spec"]["schedule"] == "5 3 * * *"
     assert docs["DaemonSet"]["metadata"]["namespace"] == "ops"
-    assert "-ge 2 ]" in docs["ConfigMap"]["data"]["health-node.sh"]
+    assert "--budget '2'" in docs["ConfigMap"]["data"]["health-node.sh"]
 
 
 def test_config_changes_roll_the_daemonset(tmp_path):

@@ -1,8 +1,8 @@
 """Run the verification suites against a cluster's hosts over SSH (`gpuinfra verify`).
 
 Each folder under tests/verify/ is named after a role; its tests run once per host the role
-targets (the groups of that role's phases in its record, roles/<role>/role.py), or per host
-of the groups a module names in `TARGET_GROUPS`. Fixtures a suite can use:
+targets (the groups of that role's phases in its record, roles/<role>/role.py), or per host of
+the groups a module names in `TARGET_GROUPS`. Fixtures a suite can use:
 
 - `host`: the testinfra Host of the target, over SSH with the cluster's key and host keys
   checked against its known_hosts file (an unknown or changed key is refused);

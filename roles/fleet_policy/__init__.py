@@ -1,0 +1,31 @@
+"""GPU fleet policy on the cluster: team isolation (labels, taints, an admission policy),
+balloons that keep capacity warm, gang scheduling (scheduler-plugins Coscheduling) and GPU
+metrics (device plugin, DCGM exporter, scrape jobs). The preflight gate and the budgeted
+periodic check are gpu_health's (roles/gpu_health/gate.py and its manifest).
+
+Cluster-wide only (the record in role.py has no host phases): the kubernetes role applies the
+rendered objects with server-side apply and places the scheduler files. For that role:
+`team_of`, `node_labels`, `node_taints` and the label/taint constants below.
+"""
+
+from __future__ import annotations
+
+from roles.fleet_policy.teams import (
+    TEAM_LABEL_KEY,
+    TEAM_TAINT_EFFECT,
+    TEAM_TAINT_KEY,
+    node_labels,
+    node_taints,
+    team_of,
+    team_taint,
+)
+
+__all__ = [
+    "TEAM_LABEL_KEY",
+    "TEAM_TAINT_EFFECT",
+    "TEAM_TAINT_KEY",
+    "node_labels",
+    "node_taints",
+    "team_of",
+    "team_taint",
+]

@@ -1,0 +1,89 @@
+"""Defaults of the fleet_policy role: cluster-wide, so only `group_vars.all.fleet_policy` sets
+them (one set of Kubernetes objects serves the whole cluster)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from inventory.model import HostName
+
+# A Kubernetes resource quantity ("500m", "1", "1Gi"): refused at load, not by the API server.
+Quantity = Annotated[
+    str, StringConstraints(pattern=r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+]
+
+
+class BalloonPool(BaseModel):
+    """Pause pods that hold capacity until real work preempts them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # How many nodes' worth (or slices) of capacity to keep warm; 0 keeps the pool declared.
+    replicas: int = Field(ge=0)
+    # A pause pod uses nothing; what it requests is the capacity it reserves.
+    cpu: Quantity = "1"
+    memory: Quantity = "1Gi"
+    # GPUs per balloon: a whole node's GPUs keep a whole node warm for a multi-node job.
+    gpus: int = Field(0, ge=0, le=16)
+    # The team whose nodes it warms: selects them and tolerates their taint. None: shared nodes.
+    team: str | None = None
+    # Extra node labels to land on (e.g. a GPU model), on top of the team's.
+    node_selector: dict[str, str] = Field(default_factory=dict)
+
+
+class FleetPolicyConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Add-ons of the whole fleet (device plugin, DCGM exporter, balloons) live together here,
+    # away from team namespaces, so the team admission policy never applies to them.
+    namespace: HostName = "gpuinfra-system"
+
+    # Below zero so any real pod (priority 0 by default) preempts a balloon; above -10, the
+    # cluster autoscaler's --expendable-pods-priority-cutoff, so a pending balloon still asks
+    # for a node (below the cutoff the autoscaler ignores it and capacity is never kept warm).
+    balloon_priority: int = Field(-5, gt=-10, lt=0)
+    # Pool name -> pool; the name becomes the Deployment's (balloon-<name>): a DNS label.
+    balloons: dict[HostName, BalloonPool] = Field(default_factory=dict)
+    # The pause image kubeadm 1.31 itself pulls for pod sandboxes: already on every node.
+    pause_image: str = "registry.k8s.io/pause:3.10"
+
+    # NVIDIA's device plugin advertises nvidia.com/gpu; v0.17.0 supports driver R550 and CDI.
+    device_plugin_image: str = "nvcr.io/nvidia/k8s-device-plugin:v0.17.0"
+    # DCGM 3.3.9 embedded (no host engine needed) on the CUDA 12 / Ubuntu 22.04 base.
+    dcgm_exporter_image: str = "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.9-3.6.1-ubuntu22.04"
+    # The DCGM series kept at scrape time; everything else the default counter set exports
+    # (encoder/decoder use, vGPU licences, clocks of memory, energy counters, PCIe bytes)
+    # is dropped. Utilisation alone says little, so tensor and DRAM activity stay, as do the
+    # error counters the health alerts need and memory use for capacity planning.
+    dcgm_keep_metrics: list[str] = Field(
+        default_factory=lambda: [
+            "DCGM_FI_DEV_GPU_UTIL",
+            "DCGM_FI_DEV_FB_USED",
+            "DCGM_FI_DEV_FB_FREE",
+            "DCGM_FI_DEV_POWER_USAGE",
+            "DCGM_FI_DEV_GPU_TEMP",
+            "DCGM_FI_DEV_SM_CLOCK",
+            "DCGM_FI_DEV_XID_ERRORS",
+            "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+            "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+            "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+            "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+            "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+            "DCGM_FI_PROF_DRAM_ACTIVE",
+        ]
+    )
+    # Where Prometheus (monitoring host) finds a token and the cluster CA to scrape the API
+    # servers over HTTPS; the kubernetes role writes them (0600) with a read-only metrics token.
+    apiserver_ca_file: str = "/etc/prometheus/kubernetes/ca.crt"
+    apiserver_token_file: str = "/etc/prometheus/kubernetes/token"
+
+    # scheduler-plugins release; None: the one built for versions.kubernetes' minor (v0.X for
+    # Kubernetes v1.X), from roles/fleet_policy/gang.py.
+    scheduler_plugins_version: str | None = Field(None, pattern=r"^v0\.\d+\.\d+$")
+    # How long gang members wait at Permit for the rest: long enough for image pulls on a busy
+    # node, short enough that a gang that cannot fit releases what it holds.
+    coscheduling_permit_wait_s: int = Field(60, ge=1)
+    # Where the control plane nodes keep the scheduler's configuration (kubeadm mounts it).
+    scheduler_config_path: str = "/etc/kubernetes/gpuinfra/kube-scheduler-config.yaml"

@@ -1,0 +1,200 @@
+"""The fleet policy's cluster-wide files under OUT/_cluster/: Kubernetes manifests (team
+isolation, balloons, gang scheduling, GPU metrics), the scheduler's configuration and kubeadm
+patch, per-node labels and taints for the kubernetes role, and Prometheus scrape jobs.
+
+Every Kubernetes object is validated against the pinned Kubernetes version's schemas before it
+is returned, so `gpuinfra render` never writes an object the API server would refuse on shape.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from inventory.model import Cluster, LoadedCluster
+from inventory.topology import DCGM_EXPORTER_PORT, ETCD_METRICS_PORT
+from roles import gpu_health
+from roles.fleet_policy import gang
+from roles.fleet_policy.config import FleetPolicyConfig
+from roles.fleet_policy.schemas import crd_schemas, documents, validate_objects
+from roles.fleet_policy.teams import (
+    TEAM_LABEL_KEY,
+    TEAM_TAINT_EFFECT,
+    TEAM_TAINT_KEY,
+    node_labels,
+    node_taints,
+    team_namespaces,
+)
+from roles.gpu_health.expect import cluster_config as gpu_health_config
+from roles.templates import render_template
+
+KUBERNETES_DIR = "kubernetes/fleet-policy"
+NAMESPACE = f"{KUBERNETES_DIR}/namespace.yaml"
+TEAMS = f"{KUBERNETES_DIR}/teams.yaml"
+BALLOONS = f"{KUBERNETES_DIR}/balloons.yaml"
+GPU_METRICS = f"{KUBERNETES_DIR}/gpu-metrics.yaml"
+COSCHEDULING = f"{KUBERNETES_DIR}/coscheduling.yaml"
+# Files for the control plane hosts, placed by the kubernetes role with kubeadm.
+SCHEDULER_CONFIG = "scheduler/kube-scheduler-config.yaml"
+KUBEADM_SCHEDULER = "scheduler/kubeadm-cluster-configuration.yaml"
+KUBEADM_PATCH = "scheduler/kubeadm-patches/kube-scheduler+strategic.yaml"
+NODES = "fleet-policy/nodes.yaml"
+SCRAPE = "prometheus/fleet-policy-scrape.yml"
+# Namespaces whose pods tolerate every taint by design (node agents): the team policy skips them.
+SYSTEM_NAMESPACES = ("kube-system", "kube-node-lease", "kube-public")
+
+# API server histograms with a bucket per (verb, resource, scope, le): tens of thousands of
+# series on a big cluster, and the SLO alerts use the SLI histograms' _sum/_count instead.
+APISERVER_DROP = [
+    "apiserver_request_duration_seconds_bucket",
+    "apiserver_request_sli_duration_seconds_bucket",
+    "apiserver_response_sizes_bucket",
+    "apiserver_watch_events_sizes_bucket",
+    "apiserver_request_body_size_bytes_bucket",
+    "etcd_request_duration_seconds_bucket",
+    "apiserver_storage_list_.*",
+    "go_.*",
+    "process_.*",
+    "workqueue_.*",
+    "rest_client_.*",
+]
+# etcd's debugging and per-method gRPC series; the alerts use fsync/commit latency and leader.
+ETCD_DROP = ["etcd_debugging_.*", "grpc_server_handled_total", "grpc_server_msg_.*", "go_.*"]
+
+
+class FleetPolicyInvalid(ValueError):
+    """A rendered object failed schema validation: a defect in a template or a setting."""
+
+
+def fleet_config(loaded: LoadedCluster) -> FleetPolicyConfig:
+    """Fleet-wide settings: group vars of `all` only (one set of objects for all hosts)."""
+    merged = dict(loaded.cluster.group_vars.get("all", {}).get("fleet_policy", {}))
+    return FleetPolicyConfig.model_validate(merged)
+
+
+def balloon_pools(cluster: Cluster, cfg: FleetPolicyConfig) -> list[tuple[str, dict[str, Any]]]:
+    """Each pool with the node selector it lands on: its team's nodes, GPU workers for GPUs."""
+    pools = []
+    for name, pool in cfg.balloons.items():
+        selector: dict[str, str] = {}
+        if pool.gpus:
+            selector[gpu_health.GPU_WORKER_LABEL_KEY] = gpu_health.GPU_WORKER_LABEL_VALUE
+        if pool.team:
+            selector[TEAM_LABEL_KEY] = pool.team
+        selector.update(pool.node_selector)
+        pools.append((name, {**pool.model_dump(), "selector": selector}))
+    return pools
+
+
+def node_placement(cluster: Cluster) -> dict[str, Any]:
+    """Labels and taints each worker registers with (kubelet --node-labels and
+    --register-with-taints), for the kubernetes role; the preflight taint on GPU workers."""
+    hosts: dict[str, Any] = {}
+    for name in cluster.hosts:
+        labels = node_labels(cluster, name)
+        taints = node_taints(cluster, name)
+        if name in cluster.in_group("gpu_worker"):
+            labels = {gpu_health.GPU_WORKER_LABEL_KEY: gpu_health.GPU_WORKER_LABEL_VALUE, **labels}
+            taints = [gpu_health.PREFLIGHT_TAINT, *taints]
+        if labels or taints:
+            hosts[name] = {"labels": labels, "taints": taints}
+    return {"hosts": hosts}
+
+
+def scrape_jobs(cluster: Cluster, cfg: FleetPolicyConfig) -> list[dict[str, Any]]:
+    def targets(group: str, port: int) -> list[dict[str, str]]:
+        return [
+            {"address": f"{cluster.fqdn(name)}:{port}", "host": name}
+            for name in cluster.in_group(group)
+        ]
+
+    jobs = [
+        {
+            "name": "dcgm-exporter",
+            "https": False,
+            "targets": targets("gpu_worker", DCGM_EXPORTER_PORT),
+            # Keep only what is used: every other DCGM field of the counter set is dropped.
+            "relabel": [{"regex": "|".join(cfg.dcgm_keep_metrics), "action": "keep"}],
+        },
+        {
+            "name": "kube-apiserver",
+            "https": True,
+            "targets": targets("control_plane", cluster.api.port),
+            "relabel": [{"regex": "|".join(APISERVER_DROP), "action": "drop"}],
+        },
+        {
+            "name": "etcd",
+            "https": False,
+            "targets": targets("etcd", ETCD_METRICS_PORT),
+            "relabel": [{"regex": "|".join(ETCD_DROP), "action": "drop"}],
+        },
+    ]
+    return [job for job in jobs if job["targets"]]
+
+
+def cluster_files(loaded: LoadedCluster) -> dict[str, str]:
+    cluster = loaded.cluster
+    cfg = fleet_config(loaded)
+    health = gpu_health_config(loaded)
+    version = gang.scheduler_plugins_version(
+        cluster.versions.kubernetes, cfg.scheduler_plugins_version
+    )
+    common: dict[str, Any] = {
+        "cluster_name": cluster.name,
+        "cfg": cfg,
+        "label_key": gpu_health.GPU_WORKER_LABEL_KEY,
+        "label_value": gpu_health.GPU_WORKER_LABEL_VALUE,
+        "taint_key": TEAM_TAINT_KEY,
+        "taint_effect": TEAM_TAINT_EFFECT,
+        "gpu_resource": health.gpu_resource,
+        "version": version,
+        "minor": gang.kubernetes_minor(cluster.versions.kubernetes),
+        "image": gang.SCHEDULER_PLUGINS_IMAGE,
+        "pod_group_label": gang.POD_GROUP_LABEL,
+        # The port the firewall opens to the monitoring hosts (gpu_health's record).
+        "dcgm_port": DCGM_EXPORTER_PORT,
+    }
+    namespaces = [
+        (namespace, team) for team in cluster.teams for namespace in team_namespaces(cluster, team)
+    ]
+    exempt = [*SYSTEM_NAMESPACES, cfg.namespace, health.namespace]
+    manifests = {
+        NAMESPACE: render_template("fleet_policy/namespace.yaml.j2", **common),
+        TEAMS: render_template(
+            "fleet_policy/teams.yaml.j2",
+            **{**common, "label_key": TEAM_LABEL_KEY},
+            namespaces=namespaces,
+            exempt=exempt,
+        ),
+        BALLOONS: render_template(
+            "fleet_policy/balloons.yaml.j2", **common, pools=balloon_pools(cluster, cfg)
+        ),
+        GPU_METRICS: render_template("fleet_policy/gpu-metrics.yaml.j2", **common),
+        COSCHEDULING: render_template("fleet_policy/coscheduling.yaml.j2", **common),
+    }
+    check_manifests(manifests, cluster.versions.kubernetes)
+    return {
+        **manifests,
+        SCHEDULER_CONFIG: render_template("fleet_policy/kube-scheduler-config.yaml.j2", **common),
+        KUBEADM_SCHEDULER: render_template("fleet_policy/kubeadm-scheduler.yaml.j2", **common),
+        KUBEADM_PATCH: render_template("fleet_policy/kube-scheduler+strategic.yaml.j2", **common),
+        NODES: "# Rendered by gpuinfra (roles/fleet_policy): labels and taints per node, applied "
+        "by the kubernetes role at join.\n"
+        + yaml.safe_dump(node_placement(cluster), sort_keys=False),
+        SCRAPE: render_template(
+            "fleet_policy/fleet-scrape.yml.j2", **common, jobs=scrape_jobs(cluster, cfg)
+        ),
+    }
+
+
+def check_manifests(manifests: dict[str, str], kubernetes_version: str) -> None:
+    objects = [(path, obj) for path, text in manifests.items() for obj in documents(text)]
+    crds = crd_schemas(obj for _, obj in objects)
+    problems = [
+        f"{path}: {problem}"
+        for path, obj in objects
+        for problem in validate_objects([obj], kubernetes_version, crds)
+    ]
+    if problems:
+        raise FleetPolicyInvalid("; ".join(problems))

@@ -1,0 +1,24 @@
+"""The fleet policy's record: cluster files only (Kubernetes objects, scheduler files, node
+labels and taints, scrape jobs), and the inventory rules its settings need."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from inventory.model import LoadedCluster
+from roles.fleet_policy import checks, files
+from roles.fleet_policy.config import FleetPolicyConfig
+from roles.spec import HostSettings, Role
+
+
+def cluster_checks(loaded: LoadedCluster, settings: HostSettings) -> Iterator[tuple[str, str]]:
+    return checks.problems(loaded)
+
+
+ROLE = Role(
+    name="fleet_policy",
+    config=FleetPolicyConfig,
+    cluster_files=files.cluster_files,
+    checks=cluster_checks,
+    summary="team isolation, balloons, gang scheduling and GPU metrics on the cluster",
+)

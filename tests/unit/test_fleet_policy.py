@@ -1,0 +1,612 @@
+"""The fleet policy renders from the inventory, every object is schema-valid for the pinned
+Kubernetes version, and the admission policies' own CEL expressions (read from the rendered
+manifests) admit and refuse what they must.
+
+No API server can run here: the CEL is evaluated with cel-python, a maintained implementation
+of the CEL spec, standing in for the API server's evaluator (Kubernetes' own CEL library
+extensions, unused by these expressions, are not available in it).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import celpy
+import pytest
+import yaml
+from celpy import celtypes
+from typer.testing import CliRunner
+
+from cli.main import app
+from inventory.errors import InventoryInvalid
+from roles import fleet_policy
+from roles.context import cluster_files as every_cluster_file
+from roles.context import load
+from roles.fleet_policy import files, gang
+from roles.fleet_policy.config import FleetPolicyConfig
+from roles.fleet_policy.role import ROLE
+from roles.fleet_policy.schemas import crd_schemas, documents, validate_objects
+from roles.fleet_policy.teams import team_of
+from roles.registry import ROLE_CONFIGS, ROLES_BY_NAME
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLE = ROOT / "inventory" / "sample"
+DCGM_SAMPLE = Path(__file__).parent / "data" / "dcgm-exporter-metrics.txt"
+EXAMPLE_JOB = ROOT / "docs" / "examples" / "gang-training-job.yaml"
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory) -> Path:
+    """`gpuinfra render inventory/sample`, as an operator runs it."""
+    out = tmp_path_factory.mktemp("render")
+    result = CliRunner().invoke(app, ["render", str(SAMPLE), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    return out / "_cluster"
+
+
+def objects_in(folder: Path) -> list[tuple[str, dict]]:
+    return [
+        (str(path.relative_to(folder)), obj)
+        for path in sorted(folder.rglob("*.yaml"))
+        for obj in documents(path.read_text())
+    ]
+
+
+def find(rendered: Path, path: str, kind: str, name: str | None = None) -> dict:
+    return next(
+        obj
+        for obj in documents((rendered / path).read_text())
+        if obj["kind"] == kind and (name is None or obj["metadata"]["name"] == name)
+    )
+
+
+# --- every object, schema-valid ---
+
+
+def test_render_writes_every_fleet_object(rendered):
+    kinds = {(o["kind"], o["metadata"]["name"]) for _, o in objects_in(rendered / "kubernetes")}
+    for wanted in [
+        ("ValidatingAdmissionPolicy", "gpuinfra-team-tolerations"),
+        ("ValidatingAdmissionPolicyBinding", "gpuinfra-team-tolerations"),
+        ("ValidatingAdmissionPolicy", "gpuinfra-gpu-health-node-writes"),
+        ("Namespace", "research"),
+        ("Namespace", "research-batch"),
+        ("Namespace", "inference"),
+        ("PriorityClass", "gpuinfra-balloon"),
+        ("Deployment", "balloon-research-gpu"),
+        ("CustomResourceDefinition", "podgroups.scheduling.x-k8s.io"),
+        ("ClusterRole", "gpuinfra:scheduler-plugins"),
+        ("DaemonSet", "nvidia-device-plugin"),
+        ("DaemonSet", "dcgm-exporter"),
+        ("DaemonSet", "gpu-health-preflight"),
+        ("CronJob", "gpu-health-periodic"),
+    ]:
+        assert wanted in kinds
+    for path in [
+        files.SCHEDULER_CONFIG, files.KUBEADM_SCHEDULER, files.KUBEADM_PATCH, files.NODES,
+        files.SCRAPE,
+    ]:  # fmt: skip
+        assert (rendered / path).is_file()
+
+
+def test_every_rendered_object_is_valid_for_the_pinned_kubernetes(rendered):
+    objects = objects_in(rendered / "kubernetes")
+    # The periodic check's Job template, which the sampler creates per node, is checked too.
+    config = find(rendered, "kubernetes/gpu-health.yaml", "ConfigMap")
+    objects.append(("periodic-job.yaml", yaml.safe_load(config["data"]["periodic-job.yaml"])))
+    assert len(objects) == 37  # drift job (1), gpu-health (21 + the Job), fleet policy (14)
+    crds = crd_schemas(obj for _, obj in objects)
+    version = load(SAMPLE).cluster.versions.kubernetes
+    problems = [
+        f"{path}: {problem}"
+        for path, obj in objects
+        for problem in validate_objects([obj], version, crds)
+    ]
+    assert problems == []
+
+
+def test_the_validator_refuses_what_the_api_server_would(rendered):
+    # Negative controls for the test above: an unknown field, a wrong type, an unknown kind.
+    deployment = find(rendered, files.BALLOONS, "Deployment")
+    bad = yaml.safe_load(yaml.safe_dump(deployment))
+    bad["spec"]["replica"] = 1
+    wrong = yaml.safe_load(yaml.safe_dump(deployment))
+    wrong["spec"]["replicas"] = "one"
+    unknown = {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}}
+    problems = validate_objects([deployment, bad, wrong, unknown], "1.31.4")
+    assert len(problems) == 3
+    assert "'replica' was unexpected" in problems[0]
+    assert "spec/replicas" in problems[1]
+    assert "no schema" in problems[2]
+
+
+def test_the_example_gang_job_is_valid_against_the_crd_and_the_schemas(rendered):
+    crds = crd_schemas([find(rendered, files.COSCHEDULING, "CustomResourceDefinition")])
+    example = documents(EXAMPLE_JOB.read_text())
+    assert [obj["kind"] for obj in example] == ["PodGroup", "Service", "Job"]
+    assert validate_objects(example, "1.31.4", crds) == []
+    # The CRD's schema is really applied: a PodGroup with a bad field is refused.
+    broken = yaml.safe_load(yaml.safe_dump(example[0]))
+    broken["spec"]["minMember"] = "two"
+    broken["spec"]["minMembers"] = 2
+    problems = validate_objects([broken], "1.31.4", crds)
+    assert len(problems) == 1 and "PodGroup" in problems[0]
+
+
+# --- team isolation: the policy's own CEL ---
+
+
+def _cel(expression: str, activation: dict[str, Any]) -> Any:
+    env = celpy.Environment()
+    return env.program(env.compile(expression)).evaluate(activation)
+
+
+def admission(policy: dict, obj: dict, namespace: dict | None, request: dict, old=None):
+    """Evaluate a ValidatingAdmissionPolicy as the API server does: match conditions, then
+    variables in order, then validations. None when a match condition excludes the request,
+    otherwise the messages of the failed validations (empty: admitted)."""
+    activation: dict[str, Any] = {
+        "object": celpy.json_to_cel(obj),
+        "oldObject": celpy.json_to_cel(old),
+        "request": celpy.json_to_cel(request),
+        "namespaceObject": celpy.json_to_cel(namespace),
+    }
+    spec = policy["spec"]
+    for condition in spec.get("matchConditions", []):
+        if not _cel(condition["expression"], activation):
+            return None
+    variables: dict[celtypes.StringType, Any] = {}
+    for variable in spec.get("variables", []):
+        activation["variables"] = celtypes.MapType(variables)
+        variables[celtypes.StringType(variable["name"])] = _cel(variable["expression"], activation)
+    activation["variables"] = celtypes.MapType(variables)
+    failed = []
+    for validation in spec["validations"]:
+        if not _cel(validation["expression"], activation):
+            message = validation.get("messageExpression")
+            failed.append(str(_cel(message, activation)) if message else validation["message"])
+    return failed
+
+
+def team_namespace(name: str, team: str | None) -> dict:
+    labels = {"gpuinfra.io/team": team} if team else {}
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
+
+
+def pod(namespace: str, tolerations: list[dict] | None) -> dict:
+    spec: dict = {"containers": [{"name": "main", "image": "busybox"}]}
+    if tolerations is not None:
+        spec["tolerations"] = tolerations
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"namespace": namespace}, "spec": spec}
+
+
+def team_toleration(team: str, **extra: str) -> dict:
+    return {"key": "gpuinfra.io/team", "operator": "Equal", "value": team, "effect": "NoSchedule",
+            **extra}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def team_policy(rendered) -> dict:
+    return find(rendered, files.TEAMS, "ValidatingAdmissionPolicy")
+
+
+def decide_team(team_policy, namespace: str, team: str | None, tolerations):
+    request = {"namespace": namespace, "operation": "CREATE", "userInfo": {"username": "alice"}}
+    return admission(team_policy, pod(namespace, tolerations), team_namespace(namespace, team),
+                     request)  # fmt: skip
+
+
+def test_a_pod_tolerating_another_teams_taint_is_refused(team_policy):
+    failed = decide_team(team_policy, "research", "research", [team_toleration("inference")])
+    assert failed == [
+        "pods in namespace research (team research) may only tolerate their own team taint "
+        "gpuinfra.io/team=research"
+    ]
+
+
+def test_a_pod_tolerating_its_own_teams_taint_is_admitted(team_policy):
+    assert (
+        decide_team(team_policy, "research-batch", "research", [team_toleration("research")]) == []
+    )
+
+
+def test_a_pod_with_no_tolerations_is_admitted(team_policy):
+    assert decide_team(team_policy, "research", "research", None) == []
+    assert decide_team(team_policy, "research", "research", []) == []
+
+
+@pytest.mark.parametrize(
+    "tolerations",
+    [
+        [{"key": "gpuinfra.io/team", "operator": "Exists"}],  # every team
+        [{"operator": "Exists"}],  # every taint there is
+        [{"operator": "Exists", "effect": "NoSchedule"}],
+        [team_toleration("research"), team_toleration("inference")],
+        [{"key": "gpuinfra.io/team", "value": "inference"}],  # Equal is the default operator
+    ],
+)
+def test_tolerations_that_reach_other_teams_are_refused(team_policy, tolerations):
+    assert len(decide_team(team_policy, "research", "research", tolerations)) == 1
+
+
+@pytest.mark.parametrize(
+    "tolerations",
+    [
+        [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        # NoExecute alone does not tolerate a NoSchedule taint: it lands nowhere new.
+        [team_toleration("inference", effect="NoExecute")],
+        [
+            {
+                "key": "node.kubernetes.io/not-ready",
+                "operator": "Exists",
+                "effect": "NoExecute",
+                "tolerationSeconds": 300,
+            }
+        ],  # fmt: skip
+    ],
+)
+def test_tolerations_of_other_taints_are_admitted(team_policy, tolerations):
+    assert decide_team(team_policy, "research", "research", tolerations) == []
+
+
+def test_a_namespace_of_no_team_may_tolerate_no_team(team_policy):
+    assert decide_team(team_policy, "default", None, [team_toleration("research")]) != []
+    assert decide_team(team_policy, "default", None, None) == []
+
+
+def test_node_agent_namespaces_are_exempt(team_policy):
+    # The balloons tolerate a team taint by design, from the fleet's own namespace.
+    assert decide_team(team_policy, "gpuinfra-system", None, [{"operator": "Exists"}]) is None
+    assert decide_team(team_policy, "kube-system", None, [{"operator": "Exists"}]) is None
+
+
+def test_the_example_job_is_admitted_in_its_teams_namespace(team_policy):
+    job = documents(EXAMPLE_JOB.read_text())[2]
+    tolerations = job["spec"]["template"]["spec"]["tolerations"]
+    assert decide_team(team_policy, "research-batch", "research", tolerations) == []
+    assert decide_team(team_policy, "inference", "inference", tolerations) != []
+
+
+def test_team_namespaces_carry_the_team_label(rendered):
+    namespaces = [obj for path, obj in objects_in(rendered) if path.endswith("teams.yaml")
+                  and obj["kind"] == "Namespace"]  # fmt: skip
+    assert {ns["metadata"]["name"]: ns["metadata"]["labels"]["gpuinfra.io/team"]
+            for ns in namespaces} == {  # fmt: skip
+        "research": "research", "research-batch": "research", "inference": "inference"
+    }  # fmt: skip
+
+
+# --- the gpu-health pods' node writes: the guard policy's own CEL ---
+
+
+@pytest.fixture(scope="module")
+def guard(rendered) -> dict:
+    return find(rendered, "kubernetes/gpu-health.yaml", "ValidatingAdmissionPolicy")
+
+
+def gpu_node(name: str, taints: list[dict], unschedulable: bool = False) -> dict:
+    spec: dict = {"taints": taints}
+    if unschedulable:
+        spec["unschedulable"] = True
+    return {
+        "metadata": {"name": name, "labels": {"gpuinfra.io/gpu-worker": "true"}},
+        "spec": spec,
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
+PREFLIGHT = {"key": "gpuinfra.io/preflight", "value": "true", "effect": "NoSchedule"}
+TEAM = {"key": "gpuinfra.io/team", "value": "research", "effect": "NoSchedule"}
+
+
+def node_write(guard, old, new, account="gpu-health-preflight", on="gpu-1", subresource=""):
+    request = {
+        "operation": "UPDATE",
+        "subResource": subresource,
+        "userInfo": {
+            "username": f"system:serviceaccount:gpu-health:{account}",
+            "extra": {"authentication.kubernetes.io/node-name": [on]},
+        },
+    }
+    return admission(guard, new, None, request, old)
+
+
+def test_the_guard_admits_lifting_the_preflight_taint_on_the_pods_own_node(guard):
+    old = gpu_node("gpu-1", [TEAM, PREFLIGHT])
+    assert node_write(guard, old, gpu_node("gpu-1", [TEAM])) == []
+
+
+def test_the_guard_refuses_removing_any_other_taint(guard):
+    old = gpu_node("gpu-1", [TEAM, PREFLIGHT])
+    assert node_write(guard, old, gpu_node("gpu-1", [PREFLIGHT])) == [
+        "gpu-health pods may only remove the gpuinfra.io/preflight taint"
+    ]
+
+
+def test_the_guard_refuses_writes_to_another_node(guard):
+    old = gpu_node("gpu-2", [PREFLIGHT])
+    assert node_write(guard, old, gpu_node("gpu-2", []), on="gpu-1") == [
+        "gpu-health pods may only write the node they run on"
+    ]
+
+
+def test_only_the_periodic_check_may_cordon(guard):
+    old, new = gpu_node("gpu-1", []), gpu_node("gpu-1", [], unschedulable=True)
+    assert node_write(guard, old, new, account="gpu-health-periodic") == []
+    assert node_write(guard, old, new, account="gpu-health-preflight") == [
+        "only the periodic check may cordon, and none may uncordon"
+    ]
+    assert node_write(guard, new, old, account="gpu-health-periodic") != []
+
+
+def test_the_guard_allows_only_the_gpu_health_condition(guard):
+    old = gpu_node("gpu-1", [])
+    ours = gpu_node("gpu-1", [])
+    ours["status"]["conditions"].append({"type": "GPUHealthy", "status": "False"})
+    assert node_write(guard, old, ours, subresource="status") == []
+    theirs = gpu_node("gpu-1", [])
+    theirs["status"]["conditions"][0]["status"] = "False"
+    assert node_write(guard, old, theirs, subresource="status") == [
+        "gpu-health pods may only set the GPUHealthy condition"
+    ]
+
+
+def test_the_guard_ignores_everyone_else(guard):
+    request = {"operation": "UPDATE", "subResource": "", "userInfo": {"username": "kubelet"}}
+    old = gpu_node("gpu-1", [PREFLIGHT])
+    assert admission(guard, gpu_node("gpu-1", []), None, request, old) is None
+
+
+# --- balloons ---
+
+
+def test_balloon_priority_is_below_zero_and_above_the_autoscaler_cutoff(rendered):
+    priority = find(rendered, files.BALLOONS, "PriorityClass")
+    assert -10 < priority["value"] < 0
+    assert priority["preemptionPolicy"] == "Never" and priority["globalDefault"] is False
+    for value in (-10, 0, 5):
+        with pytest.raises(ValueError):
+            FleetPolicyConfig(balloon_priority=value)
+
+
+def test_a_gpu_balloon_pool_sits_on_its_teams_gpu_nodes(rendered):
+    deployment = find(rendered, files.BALLOONS, "Deployment", "balloon-research-gpu")
+    spec = deployment["spec"]["template"]["spec"]
+    assert deployment["spec"]["replicas"] == 1
+    assert spec["priorityClassName"] == "gpuinfra-balloon"
+    assert spec["nodeSelector"] == {
+        "gpuinfra.io/gpu-worker": "true",
+        "gpuinfra.io/team": "research",
+    }
+    assert spec["tolerations"] == [team_toleration("research")]
+    resources = spec["containers"][0]["resources"]
+    assert resources["requests"] == resources["limits"]
+    assert resources["limits"]["nvidia.com/gpu"] == 8
+
+
+def write_cluster(tmp_path: Path, text: str) -> Path:
+    base = (SAMPLE / "cluster.yml").read_text()
+    path = tmp_path / "cluster.yml"
+    path.write_text(base + text)
+    return path
+
+
+def test_a_balloon_pool_of_an_unknown_team_is_refused_with_its_line(tmp_path):
+    text = (SAMPLE / "cluster.yml").read_text().replace("team: research", "team: reserch")
+    path = tmp_path / "cluster.yml"
+    path.write_text(text)
+    with pytest.raises(InventoryInvalid) as caught:
+        load(path)
+    (error,) = caught.value.errors
+    line = text.splitlines().index("          team: reserch") + 1
+    assert str(error).endswith(
+        f"cluster.yml:{line}: group_vars.all.fleet_policy.balloons.research-gpu.team: "
+        "unknown team reserch (teams: research, inference)"
+    )
+
+
+def test_a_bad_balloon_quantity_is_refused_at_load_with_its_line(tmp_path):
+    text = (SAMPLE / "cluster.yml").read_text().replace("memory: 1Gi", "memory: lots")
+    path = tmp_path / "cluster.yml"
+    path.write_text(text)
+    (error,) = errors_of(path)
+    line = text.splitlines().index("          memory: lots") + 1
+    assert error.startswith(f":{line}: group_vars.all.fleet_policy.balloons.research-gpu.memory:")
+
+
+# --- teams in the inventory ---
+
+
+def sample_with_teams(tmp_path: Path, teams: str) -> Path:
+    """The sample with its teams replaced; research (which its balloon pool names) stays."""
+    text = (SAMPLE / "cluster.yml").read_text()
+    head = text[: text.index("teams:")]
+    teams = teams.replace("teams:\n", "teams:\n  research:\n    hosts: [gpu-4]\n", 1)
+    path = tmp_path / "cluster.yml"
+    path.write_text(head + teams + text[text.index("\nhosts:") :])
+    return path
+
+
+def errors_of(path: Path) -> list[str]:
+    with pytest.raises(InventoryInvalid) as caught:
+        load(path)
+    return [str(error).split("cluster.yml", 1)[1] for error in caught.value.errors]
+
+
+def test_team_of_reads_hosts_and_groups(tmp_path):
+    loaded = load(SAMPLE)
+    assert team_of(loaded.cluster, "gpu-1") == "research"
+    assert team_of(loaded.cluster, "gpu-6") == "inference"
+    assert team_of(loaded.cluster, "gpu-8") is None
+    path = sample_with_teams(tmp_path, "teams:\n  ops:\n    groups: [cpu_worker]\n")
+    cluster = load(path).cluster
+    assert team_of(cluster, "cpu-2") == "ops" and team_of(cluster, "gpu-1") is None
+
+
+def test_a_host_in_two_teams_is_refused_with_its_line(tmp_path):
+    teams = "teams:\n  a:\n    hosts: [gpu-1]\n  b:\n    hosts:\n      - gpu-2\n      - gpu-1\n"
+    path = sample_with_teams(tmp_path, teams)
+    line = path.read_text().splitlines().index("      - gpu-1") + 1
+    assert errors_of(path) == [
+        f":{line}: teams.b.hosts.1: gpu-1 is already in team a: a host has one team"
+    ]
+
+
+def test_unknown_hosts_and_groups_are_refused(tmp_path):
+    teams = "teams:\n  a:\n    hosts: [gpu-99]\n    groups: [dns, loadbalancer]\n"
+    path = sample_with_teams(tmp_path, teams)
+    line = path.read_text().splitlines().index("    hosts: [gpu-99]") + 1
+    errors = errors_of(path)
+    assert f":{line}: teams.a.hosts.0: unknown host gpu-99" in errors
+    # dns hosts exist but are not workers: a team taint there would mean nothing.
+    assert any("teams.a.groups.0: dns-1 is not a worker" in e for e in errors)
+
+
+def test_a_namespace_in_two_teams_is_refused(tmp_path):
+    teams = "teams:\n  a:\n    hosts: [gpu-1]\n  b:\n    hosts: [gpu-2]\n    namespaces: [a]\n"
+    errors = errors_of(sample_with_teams(tmp_path, teams))
+    assert (
+        len(errors) == 1
+        and "teams.b.namespaces.0: namespace a already belongs to team a" in errors[0]
+    )
+
+
+def test_node_placement_gives_the_kubernetes_role_labels_and_taints(rendered):
+    placement = yaml.safe_load((rendered / files.NODES).read_text())["hosts"]
+    assert placement["gpu-1"] == {
+        "labels": {"gpuinfra.io/gpu-worker": "true", "gpuinfra.io/team": "research"},
+        "taints": ["gpuinfra.io/preflight=true:NoSchedule", "gpuinfra.io/team=research:NoSchedule"],
+    }
+    assert placement["gpu-8"]["taints"] == ["gpuinfra.io/preflight=true:NoSchedule"]
+    assert "cpu-1" not in placement and "cp-1" not in placement
+    cluster = load(SAMPLE).cluster
+    assert fleet_policy.node_taints(cluster, "gpu-5") == ["gpuinfra.io/team=inference:NoSchedule"]
+    assert fleet_policy.node_labels(cluster, "gpu-8") == {}
+
+
+# --- gang scheduling ---
+
+
+def test_scheduler_plugins_release_matches_the_kubernetes_minor(rendered):
+    assert gang.scheduler_plugins_version("1.31.4") == "v0.31.8"
+    assert gang.scheduler_plugins_version("v1.30.2") == "v0.30.12"
+    with pytest.raises(gang.UnsupportedKubernetes, match="built for Kubernetes v1.30"):
+        gang.scheduler_plugins_version("1.31.4", "v0.30.12")
+    with pytest.raises(gang.UnsupportedKubernetes, match="no scheduler-plugins release"):
+        gang.scheduler_plugins_version("1.27.0")
+    patch = yaml.safe_load((rendered / files.KUBEADM_PATCH).read_text())
+    assert patch["spec"]["containers"] == [
+        {
+            "name": "kube-scheduler",
+            "image": "registry.k8s.io/scheduler-plugins/kube-scheduler:v0.31.8",
+        }
+    ]
+
+
+def test_an_unpinned_kubernetes_minor_is_refused_at_load(tmp_path):
+    text = (SAMPLE / "cluster.yml").read_text().replace("kubernetes: 1.31.4", "kubernetes: 1.27.3")
+    path = tmp_path / "cluster.yml"
+    path.write_text(text)
+    (error,) = errors_of(path)
+    assert "versions.kubernetes: no scheduler-plugins release pinned for Kubernetes 1.27" in error
+
+
+def test_coscheduling_is_a_plugin_of_the_default_schedulers_profile(rendered):
+    config = yaml.safe_load((rendered / files.SCHEDULER_CONFIG).read_text())
+    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    (profile,) = config["profiles"]
+    assert profile["schedulerName"] == "default-scheduler"
+    assert profile["plugins"]["multiPoint"] == {
+        "enabled": [{"name": "Coscheduling"}], "disabled": [{"name": "PrioritySort"}]
+    }  # fmt: skip
+    (plugin,) = profile["pluginConfig"]
+    assert plugin == {"name": "Coscheduling", "args": {"permitWaitingTimeSeconds": 60}}
+    assert config["clientConnection"]["kubeconfig"] == "/etc/kubernetes/scheduler.conf"
+    kubeadm = yaml.safe_load((rendered / files.KUBEADM_SCHEDULER).read_text())
+    path = FleetPolicyConfig().scheduler_config_path
+    assert kubeadm["scheduler"]["extraArgs"] == [{"name": "config", "value": path}]
+    assert kubeadm["scheduler"]["extraVolumes"][0]["hostPath"] == path
+
+
+# --- GPU metrics ---
+
+
+def relabel(name: str, rules: list[dict]) -> bool:
+    """Prometheus metric_relabel keep/drop on __name__: the regex is anchored at both ends."""
+    for rule in rules:
+        matched = re.fullmatch(f"(?:{rule['regex']})", name) is not None
+        if (rule["action"] == "keep") != matched:
+            return False
+    return True
+
+
+def sample_series() -> list[str]:
+    """Metric names of every series in the hand-written dcgm-exporter /metrics sample."""
+    lines = DCGM_SAMPLE.read_text().splitlines()
+    return [line.split("{", 1)[0] for line in lines if line and not line.startswith("#")]
+
+
+def test_the_dcgm_scrape_job_keeps_only_the_used_series(rendered):
+    scrape = yaml.safe_load((rendered / files.SCRAPE).read_text())
+    jobs = {job["job_name"]: job for job in scrape["scrape_configs"]}
+    assert set(jobs) == {"dcgm-exporter", "kube-apiserver", "etcd"}
+    rules = jobs["dcgm-exporter"]["metric_relabel_configs"]
+    series = sample_series()
+    kept = [name for name in series if relabel(name, rules)]
+    assert len(series) == 48  # 24 fields of the default counter set x 2 GPUs
+    assert len(kept) == 26  # 13 fields x 2 GPUs
+    assert sorted(set(kept)) == sorted(FleetPolicyConfig().dcgm_keep_metrics)
+    dropped = set(series) - set(kept)
+    assert "DCGM_FI_DEV_ENC_UTIL" in dropped and "DCGM_FI_DEV_VGPU_LICENSE_STATUS" in dropped
+    targets = [t["targets"][0] for t in jobs["dcgm-exporter"]["static_configs"]]
+    assert targets[0] == "gpu-1.sample.gpu.internal:9400" and len(targets) == 8
+
+
+def test_apiserver_and_etcd_jobs_drop_their_bucket_storms(rendered):
+    scrape = yaml.safe_load((rendered / files.SCRAPE).read_text())
+    jobs = {job["job_name"]: job for job in scrape["scrape_configs"]}
+    api = jobs["kube-apiserver"]
+    assert api["scheme"] == "https" and "credentials_file" in api["authorization"]
+    assert len(api["static_configs"]) == 5
+    rules = api["metric_relabel_configs"]
+    assert not relabel("apiserver_request_duration_seconds_bucket", rules)
+    assert relabel("apiserver_request_total", rules)
+    assert relabel("apiserver_request_duration_seconds_count", rules)
+    etcd = jobs["etcd"]["metric_relabel_configs"]
+    assert not relabel("etcd_debugging_mvcc_keys_total", etcd)
+    assert relabel("etcd_disk_wal_fsync_duration_seconds_bucket", etcd)
+
+
+def test_gpu_daemonsets_are_pinned_and_land_on_every_gpu_worker(rendered):
+    for name in ("nvidia-device-plugin", "dcgm-exporter"):
+        spec = find(rendered, files.GPU_METRICS, "DaemonSet", name)["spec"]["template"]["spec"]
+        image = spec["containers"][0]["image"]
+        assert re.search(r":v?\d+\.\d+\.\d+", image) and not image.endswith(":latest")
+        assert spec["nodeSelector"] == {"gpuinfra.io/gpu-worker": "true"}
+        assert {"operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+        assert spec["runtimeClassName"] == "nvidia"
+
+
+# --- the role record ---
+
+
+def test_the_role_record_has_no_host_phases_and_is_registered():
+    assert ROLE.name == "fleet_policy" and ROLE.phases == () and ROLE.groups == ()
+    assert ROLE.config is FleetPolicyConfig is ROLE_CONFIGS["fleet_policy"]
+    assert ROLES_BY_NAME["fleet_policy"] is ROLE
+    loaded = load(SAMPLE)
+    rendered = every_cluster_file(loaded)
+    assert all(rendered[path] == text for path, text in ROLE.cluster_files(loaded).items())
+    assert list(ROLE.checks(loaded, loaded.settings)) == []
+
+
+def test_validate_reports_a_host_in_two_teams_on_one_line_with_exit_2(tmp_path):
+    teams = "teams:\n  a:\n    hosts: [gpu-1]\n  b:\n    hosts: [gpu-1]\n"
+    path = sample_with_teams(tmp_path, teams)
+    result = CliRunner().invoke(app, ["inventory", "validate", str(path)])
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "teams.b.hosts.0: gpu-1 is already in team a" in lines[0]
+    assert "Traceback" not in result.output

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -13,28 +14,29 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.syntax import Syntax
 from rich.table import Table
 
-from cli.errors import UserError, reporting
+from cli.errors import UserError, reporting, stderr
 from cli.exitcodes import ExitCode
-from cli.options import ClusterArg, FormatOpt, OutputFormat
+from cli.options import (
+    BatchOpt,
+    ClusterArg,
+    ConnectTimeoutOpt,
+    FailPercentOpt,
+    FormatOpt,
+    LimitOpt,
+    OutputFormat,
+    ParallelOpt,
+    RateOpt,
+    RolesOpt,
+    ShardOpt,
+    parse_shard,
+)
 from roles.context import load
 from roles.junit import write_junit
+from roles.statefiles import write_atomically
 
+# Seconds to wait for each host's SSH connection (pyinfra's connect and banner timeouts).
+DEFAULT_CONNECT_TIMEOUT = 10
 console = Console(highlight=False)
-
-LimitOpt = Annotated[
-    str | None, typer.Option("--limit", help="Host or group names, comma-separated.")
-]
-RolesOpt = Annotated[str | None, typer.Option("--roles", help="Role names, comma-separated.")]
-ParallelOpt = Annotated[
-    int | None, typer.Option("--parallel", min=1, help="Hosts worked on at once [default: all].")
-]
-ShardOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--shard",
-        help="I/N: only shard I (0-based) of N, hosts split by name order; one CI runner each.",
-    ),
-]
 
 
 def plan(
@@ -44,12 +46,17 @@ def plan(
     diff: Annotated[bool, typer.Option("--diff", help="Show unified diffs of files.")] = False,
     parallel: ParallelOpt = None,
     shard: ShardOpt = None,
+    connect_timeout: ConnectTimeoutOpt = DEFAULT_CONNECT_TIMEOUT,
     output: FormatOpt = OutputFormat.table,
 ) -> None:
     """Show what apply would change, per host and operation; changes nothing."""
     from roles.runner import Mode
 
-    report = _run(cluster, Mode.plan, limit, roles, parallel, output, shard=shard)
+    with reporting():
+        loaded = load(cluster)
+    options = _options(loaded, Mode.plan, limit, roles, parallel, connect_timeout, shard=shard)
+    loaded = _read_only(loaded, roles)
+    report = _run(loaded, options, output)
     _emit(report, output, show_diff=diff)
     raise typer.Exit(_exit_code(report))
 
@@ -58,26 +65,17 @@ def apply(
     cluster: ClusterArg,
     limit: LimitOpt = None,
     roles: RolesOpt = None,
-    batch: Annotated[
-        str | None,
-        typer.Option(
-            "--batch",
-            help="Roll in steps of N hosts or P%, by each group's policy (etcd together, API "
-            "servers, load balancers and DNS servers one at a time).",
-        ),
-    ] = None,
-    rate: Annotated[
-        str | None,
-        typer.Option("--rate", help="N/INTERVAL: at most N workers start per interval (5/30s)."),
-    ] = None,
-    fail_percent: Annotated[
-        float | None,
-        typer.Option("--fail-percent", min=0, max=100, help="Stop batches past this failure %."),
-    ] = None,
+    batch: BatchOpt = None,
+    rate: RateOpt = None,
+    fail_percent: FailPercentOpt = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Apply without asking.")] = False,
     parallel: ParallelOpt = None,
+    connect_timeout: ConnectTimeoutOpt = DEFAULT_CONNECT_TIMEOUT,
     report_path: Annotated[
         Path | None, typer.Option("--report", help="Write the run report (JSON) here.")
+    ] = None,
+    junit: Annotated[
+        Path | None, typer.Option("--junit", help="JUnit XML: one test case per host and role.")
     ] = None,
     output: FormatOpt = OutputFormat.table,
     reboot: Annotated[
@@ -86,28 +84,59 @@ def apply(
             "--reboot", help="Reboot hosts that need it, --batch at a time [default: one]."
         ),
     ] = False,
+    break_lock: Annotated[
+        bool,
+        typer.Option(
+            "--break-lock",
+            help="Take over a lock record left by an apply on another controller that no "
+            "longer runs; never a lock a live apply holds.",
+        ),
+    ] = False,
 ) -> None:
-    """Converge hosts to the inventory, with per-phase and per-host timings."""
-    from roles.orchestrate import BatchInvalid, batch_size
-    from roles.pacing import Rate, RateInvalid
+    """Converge hosts to the inventory, with per-phase and per-host timings.
+
+    Holds the cluster's lock while it runs (exit 8 when another apply has it), and refuses
+    (exit 2) when the etcd members trust another CA than the controller's .state/."""
+    from roles.clusterstate import applying
+    from roles.etcd.trust import TrustRefused
+    from roles.pacing import Rate
     from roles.runner import Mode
 
     with reporting():
-        try:
-            if batch is not None:
-                batch_size(batch, 1)
-            paced = Rate.parse(rate) if rate is not None else None
-        except (BatchInvalid, RateInvalid) as exc:
-            option = "batch" if isinstance(exc, BatchInvalid) else "rate"
-            raise UserError(f"--{option}: {exc}") from None
-    if not yes and not typer.confirm("Apply changes to the hosts?", default=False, err=True):
-        raise typer.Exit(ExitCode.OK)
-    report = _run(cluster, Mode.apply, limit, roles, parallel, output, batch, fail_percent, paced)
-    if reboot:
-        _reboot(cluster, report, batch)
+        loaded = load(cluster)
+        options = _options(
+            loaded,
+            Mode.apply,
+            limit,
+            roles,
+            parallel,
+            connect_timeout,
+            batch,
+            fail_percent,
+            rate=Rate.parse(rate) if rate is not None else None,
+        )
+    with contextlib.ExitStack() as held:
+        # Lock and CA check before asking: whoever confirms knows no other apply is running.
+        with reporting():
+            try:
+                loaded, lock = held.enter_context(applying(loaded, break_lock=break_lock))
+            except TrustRefused as exc:
+                raise UserError(str(exc)) from None
+        if lock.taken_over:
+            stderr.print(
+                f"note: took over the cluster lock left by {lock.taken_over.describe()}",
+                markup=False,
+            )
+        if not yes and not typer.confirm("Apply changes to the hosts?", default=False, err=True):
+            raise typer.Exit(ExitCode.OK)
+        report = _run(loaded, options, output)
+        if reboot:
+            _reboot(cluster, report, batch)
     if report_path:
         report_path.parent.mkdir(parents=True, exist_ok=True)
-        report_path.write_text(json.dumps(asdict(report), indent=2))
+        write_atomically(report_path, json.dumps(asdict(report), indent=2).encode())
+    if junit:
+        write_junit(report, junit)
     _emit(report, output, show_diff=False)
     raise typer.Exit(_exit_code(report))
 
@@ -124,15 +153,20 @@ def drift(
     roles: RolesOpt = None,
     parallel: ParallelOpt = None,
     shard: ShardOpt = None,
+    connect_timeout: ConnectTimeoutOpt = DEFAULT_CONNECT_TIMEOUT,
     output: FormatOpt = OutputFormat.table,
 ) -> None:
     """The CI check: exit 0 clean, 3 drift, 4 unreachable, 1 error; never changes a host."""
     from roles.runner import Mode
 
-    report = _run(cluster, Mode.drift, limit, roles, parallel, output, shard=shard)
+    with reporting():
+        loaded = load(cluster)
+    options = _options(loaded, Mode.drift, limit, roles, parallel, connect_timeout, shard=shard)
+    loaded = _read_only(loaded, roles)
+    report = _run(loaded, options, output)
     if report_path:
         report_path.parent.mkdir(parents=True, exist_ok=True)
-        report_path.write_text(json.dumps(asdict(report), indent=2))
+        write_atomically(report_path, json.dumps(asdict(report), indent=2).encode())
     if junit:
         write_junit(report, junit)
     _emit(report, output, show_diff=True)
@@ -143,36 +177,36 @@ def _split(value: str | None) -> tuple[str, ...]:
     return tuple(v.strip() for v in value.split(",") if v.strip()) if value else ()
 
 
-def parse_shard(value: str | None) -> tuple[int, int] | None:
-    """ "I/N" with 0 <= I < N; a clear error otherwise."""
-    if value is None:
-        return None
-    index, _, count = value.partition("/")
-    if not (index.strip().isdigit() and count.strip().isdigit()):
-        raise UserError(f"--shard: expected I/N, e.g. 0/4 (got {value!r})")
-    shard = int(index), int(count)
-    if not 0 <= shard[0] < shard[1]:
-        raise UserError(f"--shard: index must be in 0..N-1 (got {value!r})")
-    return shard
+def _read_only(loaded, roles: str | None):
+    """The cluster for plan and drift: its state must be there (never created), and a note
+    when an apply is running on it."""
+    from roles.applylock import current_holder
+    from roles.clusterstate import require_state
+
+    holder = current_holder(loaded.state_dir)
+    if holder is not None:
+        stderr.print(f"note: an apply is running on this cluster: {holder.describe()}")
+    with reporting():
+        return require_state(loaded, _split(roles))
 
 
-def _run(
-    cluster,
+def _options(
+    loaded,
     mode,
     limit,
     roles,
     parallel,
-    output,
+    connect_timeout,
     batch=None,
     fail_percent=None,
-    rate=None,
     shard=None,
+    rate=None,
 ):
+    """RunOptions from the command line, with the checks that need the inventory (exit 2)."""
     from roles.registry import PHASES
-    from roles.runner import RunOptions, run, select_hosts
+    from roles.runner import RunOptions
 
     with reporting():
-        loaded = load(cluster)
         known_roles = {phase.role for phase in PHASES}
         unknown = set(_split(roles)) - known_roles
         if unknown:
@@ -180,10 +214,12 @@ def _run(
                 f"--roles: unknown role {', '.join(sorted(unknown))} "
                 f"(known: {', '.join(sorted(known_roles))})"
             )
-        if limit and not select_hosts(loaded, _split(limit)):
-            raise UserError(f"--limit: {limit} matches no host or group of {loaded.source}")
-        shard_index = parse_shard(shard)
-    options = RunOptions(
+        unknown_names = sorted(set(_split(limit)) - _host_and_group_names(loaded))
+        if unknown_names:
+            raise UserError(
+                f"--limit: {', '.join(unknown_names)} matches no host or group of {loaded.source}"
+            )
+    return RunOptions(
         mode=mode,
         limit=_split(limit),
         roles=_split(roles),
@@ -191,13 +227,24 @@ def _run(
         batch=batch,
         rate=rate,
         fail_percent=fail_percent,
-        shard=shard_index,
+        connect_timeout=connect_timeout,
+        shard=parse_shard(shard),
     )
+
+
+def _host_and_group_names(loaded) -> set[str]:
+    cluster = loaded.cluster
+    return set(cluster.hosts) | {g for host in cluster.hosts.values() for g in host.groups}
+
+
+def _run(loaded, options, output):
+    from roles.runner import run
+
     if output is OutputFormat.json or not console.is_terminal:
         return run(loaded, options)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
     with Progress(*columns, TimeElapsedColumn(), console=console, transient=True) as bar:
-        task = bar.add_task(f"{mode} {loaded.cluster.name}", total=None)
+        task = bar.add_task(f"{options.mode} {loaded.cluster.name}", total=None)
 
         def progress(what: str, done: int, total: int) -> None:
             bar.update(task, description=f"{what} (host x operation)", completed=done, total=total)

@@ -12,6 +12,8 @@ from rich.console import Console
 from cli.exitcodes import ExitCode
 from cli.options import state
 from inventory.errors import InventoryInvalid
+from roles.applylock import LockHeld
+from roles.statefiles import StateMissing
 
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -37,6 +39,14 @@ def reporting() -> Iterator[None]:
         stderr.print(f"error: {exc}", markup=False)
         _traceback_if_verbose()
         raise typer.Exit(exc.code) from None
+    except StateMissing as exc:
+        stderr.print(f"error: {exc}", markup=False)
+        _traceback_if_verbose()
+        raise typer.Exit(ExitCode.BAD_INPUT) from None
+    except LockHeld as exc:
+        stderr.print(f"error: {exc}", markup=False)
+        _traceback_if_verbose()
+        raise typer.Exit(ExitCode.LOCKED) from None
 
 
 def _traceback_if_verbose() -> None:

@@ -112,7 +112,12 @@ def certs(cluster: ClusterArg, output: FormatOpt = OutputFormat.table) -> None:
 def check_disk(
     cluster: ClusterArg,
     max_ms: Annotated[
-        float | None, typer.Option("--max-ms", help="p99 limit [default: fsync_p99_max_ms].")
+        float | None,
+        typer.Option(
+            "--max-ms",
+            min=0.001,
+            help="p99 limit in ms, above 0 [default: fsync_p99_max_ms].",
+        ),
     ] = None,
     output: FormatOpt = OutputFormat.table,
 ) -> None:

@@ -143,7 +143,11 @@ def fleet(
     ] = False,
     budget: Annotated[
         str | None,
-        typer.Option("--budget", help="Most nodes to cordon in this run: 10% or a number."),
+        typer.Option(
+            "--budget",
+            callback=lambda value: _budget(value),
+            help="Most nodes to cordon in this run: 10% or a number.",
+        ),
     ] = None,
     kubeconfig: Annotated[
         Path | None, typer.Option("--kubeconfig", help="kubeconfig for kubectl cordon.")
@@ -204,6 +208,18 @@ def fleet(
     else:
         code = ExitCode.OK
     raise typer.Exit(code)
+
+
+def _budget(value: str | None) -> str | None:
+    """The budget's form (a share or a count), checked before anything connects."""
+    from roles.gpu_health.fleet import parse_budget
+
+    if value is not None:
+        try:
+            parse_budget(value, 1)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--budget") from None
+    return value
 
 
 def _bad_input(message: str) -> None:

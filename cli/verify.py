@@ -52,8 +52,14 @@ def verify_command(
                 f"--roles: no verification suite for {', '.join(unknown)} "
                 f"(suites: {', '.join(available_suites())})"
             )
-        if selected_limit and not select_hosts(loaded, selected_limit):
-            raise UserError(f"--limit: {limit} matches no host or group of {loaded.source}")
+        cluster_names = set(loaded.cluster.hosts) | {
+            group for host in loaded.cluster.hosts.values() for group in host.groups
+        }
+        unknown_names = sorted(set(selected_limit) - cluster_names)
+        if unknown_names:
+            raise UserError(
+                f"--limit: {', '.join(unknown_names)} matches no host or group of {loaded.source}"
+            )
     hosts = select_hosts(loaded, selected_limit)
     started = time.monotonic()
     report = verify(loaded.source, hosts, selected_roles, junit, processes=parallel)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -179,10 +180,29 @@ def import_ansible(
     return ImportResult(data=data, loaded=loaded, unmapped=sorted(set(unmapped)))
 
 
+def _accept_int_subclass_ports() -> None:
+    """ansible-core probes at import whether socket.getaddrinfo takes an int subclass as port
+    and patches it when not. Under gevent (pyinfra's concurrency, patched in by the CLI) the
+    probe fails inside gevent's resolver thread pool, which prints that failure as a traceback
+    although ansible handles it. Doing ansible's patch first makes its probe pass quietly."""
+    original = socket.getaddrinfo
+    if getattr(original, "_gpuinfra_int_ports", False):
+        return
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        if isinstance(port, int) and type(port) is not int:
+            port = int(port)
+        return original(host, port, *args, **kwargs)
+
+    getaddrinfo._gpuinfra_int_ports = True  # type: ignore[attr-defined]
+    socket.getaddrinfo = getaddrinfo
+
+
 def _read_with_ansible(path: Path) -> tuple[dict[str, dict], dict[str, list[str]], list[str]]:
     # ansible-core reads its configuration at import; keep it quiet and local to this process.
     os.environ.setdefault("ANSIBLE_LOCALHOST_WARNING", "False")
     os.environ.setdefault("ANSIBLE_INVENTORY_UNPARSED_WARNING", "False")
+    _accept_int_subclass_ports()
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
     from ansible.vars.manager import VariableManager

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -136,6 +137,18 @@ class Cluster(Strict):
         return f"{host}.{self.domain}"
 
 
+class StateAccess(StrEnum):
+    """What a command may do with the controller's state (`.state/`: the etcd CA and
+    certificates, the TSIG and VRRP secrets, zone serials) when a piece of it is missing."""
+
+    # apply (and etcd day-2): make what is missing; only apply may start a cluster's state.
+    create = "create"
+    # plan, drift, verify: read it; a missing secret is an error, nothing is ever written.
+    existing = "existing"
+    # render: read it; a missing secret is rendered as a placeholder, nothing is written.
+    placeholder = "placeholder"
+
+
 class LoadedCluster(BaseModel):
     """A validated cluster and where it came from (for messages and relative paths)."""
 
@@ -149,6 +162,11 @@ class LoadedCluster(BaseModel):
     # host -> role -> the role's typed settings, merged and validated as a whole at load by the
     # roles' layer (roles/context.py); empty when only the inventory layer loaded the cluster.
     settings: dict[str, dict[str, Any]] = Field(default_factory=dict, repr=False)
+    # Set by each command (`with_state_access`); library callers and day-2 commands create.
+    state_access: StateAccess = StateAccess.create
+
+    def with_state_access(self, access: StateAccess) -> LoadedCluster:
+        return self.model_copy(update={"state_access": access})
 
     def resolve(self, path: Path) -> Path:
         path = path.expanduser()

@@ -12,6 +12,7 @@ from inventory.model import LoadedCluster
 from lab import rootfs
 from lab.state import LabState
 from lab.topology import DISK_DEVICE, LAB_GPU_COUNT, LAB_GPU_MODEL
+from roles.statefiles import write_atomically
 
 HEADER = """\
 # Written by `gpuinfra lab up --name {name}`; rewritten on every `up`, do not edit.
@@ -95,9 +96,7 @@ def render_inventory(state: LabState) -> str:
 def write_inventory(state: LabState, path: Path) -> Path:
     path = path.absolute()
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(render_inventory(state))
-    partial.replace(path)
+    write_atomically(path, render_inventory(state).encode())
     return path
 
 

@@ -26,6 +26,7 @@ from lab.naming import LabNames, check_lab_name
 from lab.state import LabState, locked, read_state, recorded_labs, write_state
 from lab.system import require_root_and_tools, run, succeeds
 from lab.topology import Topology, default_topology
+from roles.statefiles import write_secret_atomically
 
 # Hosts booting at once: enough to keep 2 cores busy, few enough that none starves past its
 # timeout (LAB.md: 60 hosts booted in 55 s).
@@ -229,9 +230,7 @@ def _ensure_lab_key(state: LabState) -> None:
 
 
 def _write_private(path: Path, text: str) -> None:
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text)
-    partial.replace(path)
+    write_secret_atomically(path, text.encode())
 
 
 def _apt_sources(mirror: rootfs.Mirror) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import fcntl
 import ipaddress
 import json
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from lab import addressing, naming
 from lab.errors import LabError, LabInvalid
 from lab.naming import LabNames
 from lab.topology import HostSpec, Topology
+from roles.statefiles import write_secret_atomically
 
 STATE_FILE = "lab.json"
 PRIVATE_KEY = "id_ed25519"
@@ -118,9 +118,8 @@ def write_state(state: LabState) -> None:
     path = state_path(state.name)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.parent.chmod(0o700)  # it holds the lab's private key and every host's root
-    partial = path.with_suffix(".json.partial")
-    partial.write_text(json.dumps(state.to_json(), indent=2) + "\n")
-    os.replace(partial, path)  # atomic: a crash leaves the old state or the new, never half
+    # Atomic: a crash leaves the old state or the new, never half; private like its folder.
+    write_secret_atomically(path, (json.dumps(state.to_json(), indent=2) + "\n").encode())
 
 
 def recorded_labs() -> list[LabState]:

@@ -1,4 +1,5 @@
-"""JUnit XML for a drift run: one test case per host and role, drifted ones failing with diffs."""
+"""JUnit XML for a run (drift, apply): one test case per host and role, drifted ones failing
+with diffs, failed and unreachable hosts as errors, hosts a stopped apply never tried skipped."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ if TYPE_CHECKING:
 def write_junit(report: RunReport, path: Path) -> None:
     from roles.runner import HostStatus
 
-    suite = ET.Element("testsuite", name=f"gpuinfra drift {report.cluster}")
-    tests = failures = errors = 0
+    suite = ET.Element("testsuite", name=f"gpuinfra {report.mode} {report.cluster}")
+    tests = failures = errors = skipped = 0
     for host in report.hosts.values():
         roles = sorted({op.phase for op in host.operations}) or ["connect"]
         for role in roles:
@@ -22,6 +23,10 @@ def write_junit(report: RunReport, path: Path) -> None:
             case = ET.SubElement(
                 suite, "testcase", classname=host.name, name=role, time=f"{host.seconds:.3f}"
             )
+            if host.status is HostStatus.skipped:
+                skipped += 1
+                ET.SubElement(case, "skipped", message=host.error or "not tried")
+                continue
             if host.status in (HostStatus.unreachable, HostStatus.failed):
                 errors += 1
                 ET.SubElement(case, "error", message=host.error or host.status.value)
@@ -38,5 +43,6 @@ def write_junit(report: RunReport, path: Path) -> None:
     suite.set("tests", str(tests))
     suite.set("failures", str(failures))
     suite.set("errors", str(errors))
+    suite.set("skipped", str(skipped))
     path.parent.mkdir(parents=True, exist_ok=True)
     ET.ElementTree(suite).write(path, encoding="unicode", xml_declaration=True)

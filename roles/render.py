@@ -8,6 +8,7 @@ from pathlib import Path
 from inventory.model import LoadedCluster
 from roles.context import cluster_files, host_contexts, host_files
 from roles.spec import ManagedFile
+from roles.statefiles import PLACEHOLDER, write_atomically
 
 CLUSTER_DIR = "_cluster"  # cluster-wide files (Kubernetes manifests) under OUT/_cluster/
 
@@ -18,6 +19,8 @@ class RenderResult:
     hosts: int = 0
     files: int = 0
     per_host: dict[str, list[str]] = field(default_factory=dict)
+    # Files holding a placeholder for a secret only apply generates (no state yet).
+    placeholders: list[Path] = field(default_factory=list)
 
 
 def render_cluster(loaded: LoadedCluster, out: Path) -> RenderResult:
@@ -32,9 +35,13 @@ def render_cluster(loaded: LoadedCluster, out: Path) -> RenderResult:
     for target, item in planned:
         target.parent.mkdir(parents=True, exist_ok=True)
         content = item if isinstance(item, str) else item.content
-        target.write_text(content)
-        if isinstance(item, ManagedFile):
-            target.chmod(int(item.mode, 8))
+        # Created with its final mode, never wider first; a secret is the operator's alone.
+        mode = 0o644 if isinstance(item, str) else int(item.mode, 8)
+        if isinstance(item, ManagedFile) and item.secret:
+            mode = 0o600
+        write_atomically(target, content.encode(), mode, durable=False)
+        if PLACEHOLDER in content:
+            result.placeholders.append(target)
     result.hosts = len(result.per_host)
     result.files = len(planned)
     return result

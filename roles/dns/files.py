@@ -77,7 +77,9 @@ def render_zone(ctx: HostContext, zone: Zone, today: datetime.date | None = None
         )
 
     digest = hashlib.sha256(text(0).encode()).hexdigest()
-    serial = zone_serial(ctx.loaded.state_dir, zone.name, digest, today or datetime.date.today())
+    loaded = ctx.loaded
+    day = today or datetime.date.today()
+    serial = zone_serial(loaded.state_dir, zone.name, digest, day, loaded.state_access)
     return RenderedZone(text(serial), serial)
 
 
@@ -99,7 +101,7 @@ def config_files(ctx: HostContext) -> list[ManagedFile]:
         "dns/transfer.key.j2",
         key_name=TSIG_KEY_NAME,
         algorithm=TSIG_ALGORITHM,
-        secret=tsig_secret(ctx.loaded.state_dir),
+        secret=tsig_secret(ctx.loaded.state_dir, ctx.loaded.state_access),
     )
     options = render_template(
         "dns/named.conf.options.j2",

@@ -6,9 +6,11 @@ from __future__ import annotations
 import base64
 import datetime
 import json
-import os
 import secrets
 from pathlib import Path
+
+from inventory.model import StateAccess
+from roles.statefiles import kept_secret, private_dir, state_lock, write_secret_atomically
 
 TSIG_KEY_NAME = "gpuinfra-transfer"
 TSIG_ALGORITHM = "hmac-sha256"
@@ -17,27 +19,17 @@ TSIG_BYTES = 32
 
 
 def dns_state_dir(state_dir: Path) -> Path:
-    folder = state_dir / "dns"
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return folder
+    return state_dir / "dns"
 
 
-def tsig_secret(state_dir: Path) -> str:
-    """The cluster's transfer key (base64), generated on first use and kept 0600."""
-    path = dns_state_dir(state_dir) / f"{TSIG_KEY_NAME}.secret"
-    try:
-        return path.read_text().strip()
-    except FileNotFoundError:
-        pass
-    secret = base64.b64encode(secrets.token_bytes(TSIG_BYTES)).decode()
-    try:
-        # O_EXCL: two hosts rendered at once must not end up with two different keys.
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return path.read_text().strip()
-    with os.fdopen(fd, "w") as handle:
-        handle.write(secret + "\n")
-    return secret
+def tsig_secret(state_dir: Path, access: StateAccess = StateAccess.create) -> str:
+    """The cluster's transfer key (base64): generated on first use by apply, kept 0600."""
+    return kept_secret(
+        state_dir,
+        f"dns/{TSIG_KEY_NAME}.secret",
+        lambda: base64.b64encode(secrets.token_bytes(TSIG_BYTES)).decode(),
+        access,
+    )
 
 
 def next_serial(previous: int | None, today: datetime.date) -> int:
@@ -49,21 +41,40 @@ def next_serial(previous: int | None, today: datetime.date) -> int:
     return previous + 1
 
 
-def zone_serial(state_dir: Path, zone: str, digest: str, today: datetime.date) -> int:
+def zone_serial(
+    state_dir: Path,
+    zone: str,
+    digest: str,
+    today: datetime.date,
+    access: StateAccess = StateAccess.create,
+) -> int:
     """The zone's serial: unchanged while its records (digest) are, the next one otherwise.
     Rendering the same inventory twice thus gives the same file, and a plan after an apply
-    shows no change."""
+    shows no change. Only apply (`StateAccess.create`) records a new serial; plan and render
+    compute the one apply would record."""
     path = dns_state_dir(state_dir) / "serials.json"
-    try:
-        serials = json.loads(path.read_text())
-    except FileNotFoundError:
-        serials = {}
-    entry = serials.get(zone)
-    if entry and entry["digest"] == digest:
-        return int(entry["serial"])
-    serial = next_serial(int(entry["serial"]) if entry else None, today)
-    serials[zone] = {"digest": digest, "serial": serial}
-    partial = path.with_suffix(".json.partial")
-    partial.write_text(json.dumps(serials, indent=2, sort_keys=True) + "\n")
-    partial.replace(path)
+
+    def serial_from(serials: dict) -> int:
+        entry = serials.get(zone)
+        if entry and entry["digest"] == digest:
+            return int(entry["serial"])
+        return next_serial(int(entry["serial"]) if entry else None, today)
+
+    if access is not StateAccess.create:
+        return serial_from(_read_serials(path))
+    with state_lock(state_dir):
+        serials = _read_serials(path)
+        serial = serial_from(serials)
+        if serials.get(zone) != {"digest": digest, "serial": serial}:
+            serials[zone] = {"digest": digest, "serial": serial}
+            private_dir(path.parent)
+            text = json.dumps(serials, indent=2, sort_keys=True) + "\n"
+            write_secret_atomically(path, text.encode())
     return serial
+
+
+def _read_serials(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}

@@ -2,16 +2,18 @@
 certificates, and client certificates for the API servers and operators.
 
 Everything lives in the cluster's state directory (`.state/etcd-pki/`, ignored by git): the
-folder is 0700 and every private key 0600. Certificates are only (re)issued when missing, when
-their names no longer match the inventory, or when asked to rotate; the CA is never replaced
+folder is 0700 and every private key 0600 from its creation, written atomically under the state
+lock. Certificates are only (re)issued when missing, when their names no longer match the
+inventory, or when asked to rotate, and only by a command that may create state (apply, etcd
+day-2): plan and drift never write one, render shows a placeholder. The CA is never replaced
 here (a new CA means a full, coordinated restart of every member and client).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import ipaddress
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +22,15 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from inventory.model import LoadedCluster
+from inventory.model import LoadedCluster, StateAccess
+from roles.statefiles import (
+    PLACEHOLDER,
+    StateMissing,
+    private_dir,
+    state_lock,
+    write_atomically,
+    write_secret_atomically,
+)
 
 PKI_DIR = "etcd-pki"
 # Client identities besides the members: the API servers (kubeadm's name for it) and the
@@ -99,10 +109,30 @@ def ensure_pki(
     ca_days: int = 3650,
     rotate: bool = False,
 ) -> dict[str, KeyPair]:
-    """Make whatever is missing or stale (all leaves when `rotate`); return every pair by stem,
-    the CA as "ca"."""
+    """Every pair by stem, the CA as "ca". With `StateAccess.create`, make whatever is missing or
+    stale (all leaves when `rotate`) under the state lock; otherwise write nothing: a missing CA
+    is `StateMissing` (existing) or placeholders (placeholder), and a missing or stale leaf is a
+    placeholder, which plan and drift show as a change."""
     root = pki_dir(loaded)
-    _private_dir(root)
+    ca_cert_path = root / "ca.crt"
+    if loaded.state_access is not StateAccess.create:
+        if rotate:
+            raise ValueError("rotating certificates needs StateAccess.create")
+        if not ca_cert_path.exists():
+            if loaded.state_access is StateAccess.existing:
+                raise StateMissing(ca_cert_path)
+            return {"ca": _placeholder("ca")} | {
+                s.stem: _placeholder(s.stem) for s in all_specs(loaded)
+            }
+        return _read_pki(loaded, root)
+    with state_lock(loaded.state_dir):
+        return _make_pki(loaded, root, cert_days, ca_days, rotate)
+
+
+def _make_pki(
+    loaded: LoadedCluster, root: Path, cert_days: int, ca_days: int, rotate: bool
+) -> dict[str, KeyPair]:
+    private_dir(root)
     ca_key_path, ca_cert_path = root / "ca.key", root / "ca.crt"
     if not (ca_key_path.exists() and ca_cert_path.exists()):
         ca_key = ec.generate_private_key(ec.SECP256R1())
@@ -119,6 +149,43 @@ def ensure_pki(
             _write_pair(root, spec.stem, cert, key)
         pairs[spec.stem] = KeyPair(cert_path.read_text(), (root / f"{spec.stem}.key").read_text())
     return pairs
+
+
+def _read_pki(loaded: LoadedCluster, root: Path) -> dict[str, KeyPair]:
+    """What the state holds, a placeholder for each leaf apply would (re)issue."""
+    ca_cert_path, ca_key_path = root / "ca.crt", root / "ca.key"
+    ca_cert = x509.load_pem_x509_certificate(ca_cert_path.read_bytes())
+    ca_key = ca_key_path.read_text() if ca_key_path.exists() else _placeholder("ca").key_pem
+    pairs = {"ca": KeyPair(ca_cert_path.read_text(), ca_key)}
+    for spec in all_specs(loaded):
+        cert_path = root / f"{spec.stem}.crt"
+        if _matches(cert_path, spec, ca_cert):
+            key_pem = cert_path.with_suffix(".key").read_text()
+            pairs[spec.stem] = KeyPair(cert_path.read_text(), key_pem)
+        else:
+            pairs[spec.stem] = _placeholder(spec.stem)
+    return pairs
+
+
+def _placeholder(stem: str) -> KeyPair:
+    return KeyPair(
+        f"{PLACEHOLDER}: the certificate {stem}.crt, issued by apply\n",
+        f"{PLACEHOLDER}: the private key {stem}.key, made by apply\n",
+    )
+
+
+def ca_fingerprint(pem: str | bytes) -> str:
+    """SHA-256 fingerprint of a PEM certificate (of its DER form, as `openssl x509
+    -fingerprint -sha256` prints it, lower-case hex without colons)."""
+    data = pem.encode() if isinstance(pem, str) else pem
+    der = x509.load_pem_x509_certificate(data).public_bytes(serialization.Encoding.DER)
+    return hashlib.sha256(der).hexdigest()
+
+
+def local_ca_fingerprint(loaded: LoadedCluster) -> str | None:
+    """The fingerprint of the CA in the controller's state; None when there is none yet."""
+    path = pki_dir(loaded) / "ca.crt"
+    return ca_fingerprint(path.read_bytes()) if path.exists() else None
 
 
 def expiry_report(loaded: LoadedCluster, now: dt.datetime | None = None) -> list[CertExpiry]:
@@ -241,28 +308,14 @@ def _leaf_certificate(
     return builder.sign(ca_key, hashes.SHA256())
 
 
-def _private_dir(path: Path) -> None:
-    path.mkdir(parents=True, exist_ok=True)
-    path.chmod(0o700)
-
-
 def _write_pair(root: Path, stem: str, cert: x509.Certificate, key) -> None:
     target = root / stem
-    _private_dir(target.parent)
+    private_dir(target.parent)
     key_pem = key.private_bytes(
         serialization.Encoding.PEM,
         serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
     )
-    _write_atomic(target.with_suffix(".key"), key_pem, 0o600)
-    _write_atomic(target.with_suffix(".crt"), cert.public_bytes(serialization.Encoding.PEM), 0o644)
-
-
-def _write_atomic(path: Path, data: bytes, mode: int) -> None:
-    # The key is created 0600 before a byte is written: never readable by others, even briefly.
-    partial = path.with_name(path.name + ".partial")
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-    os.chmod(partial, mode)
-    partial.replace(path)
+    # The key is 0600 before a byte is written: never readable by others, even briefly.
+    write_secret_atomically(target.with_suffix(".key"), key_pem)
+    write_atomically(target.with_suffix(".crt"), cert.public_bytes(serialization.Encoding.PEM))

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
+from roles import statefiles
 from roles.gpu_health.results import NodeReport, Verdict
 
 # Numeric verdicts for metrics: higher is worse; skipped is apart so alerts on > 0 ignore it.
@@ -67,17 +66,8 @@ def to_prometheus(report: NodeReport) -> str:
 def write_atomically(path: Path, text: str) -> None:
     """Write beside the target and rename over it: node exporter must never read half a file.
 
-    The temporary name does not end in .prom, so the collector ignores it while it is written.
+    The temporary name (".NAME.PID.partial") does not end in .prom, so the collector ignores it
+    while it is written; 0644 because node exporter usually runs as its own user.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temporary, 0o644)  # node exporter usually runs as its own user
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    statefiles.write_atomically(path, text.encode(), 0o644)

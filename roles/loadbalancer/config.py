@@ -33,9 +33,10 @@ class LoadBalancerConfig(BaseModel):
     # VRRP router id, unique per layer-2 segment; None derives it from the virtual address so two
     # clusters on one segment differ without anyone choosing numbers.
     virtual_router_id: int | None = Field(None, ge=1, le=255)
-    # VRRP PASS authentication (8 characters used) travels in clear in every advertisement: it
-    # keeps another cluster's keepalived from joining, it is no secret. None derives one from the
-    # cluster name and the virtual address.
+    # VRRP PASS authentication (8 characters used) travels in clear in every advertisement on
+    # the segment: it keeps another cluster's keepalived from joining by mistake. None: a random
+    # one that apply generates once and keeps in the cluster's .state/ (0600), never one that can
+    # be worked out from the inventory.
     vrrp_password: str | None = Field(None, min_length=1, max_length=8)
     # Advertise every second: the backup takes the address ~3 s after the master goes silent.
     vrrp_advert_interval: int = Field(1, ge=1, le=255)

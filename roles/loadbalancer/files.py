@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
-import hashlib
 import ipaddress
+import secrets
+import string
 
-from inventory.model import Cluster
+from inventory.model import Cluster, LoadedCluster
 from inventory.topology import HAPROXY_STATS_PORT
 from roles.loadbalancer.config import LoadBalancerConfig
 from roles.spec import HostContext, ManagedFile
+from roles.statefiles import kept_secret
 from roles.templates import render_template
 
 HAPROXY_CONFIG = "/etc/haproxy/haproxy.cfg"
 HAPROXY_SOCKET = "/run/haproxy/admin.sock"
 KEEPALIVED_CONFIG = "/etc/keepalived/keepalived.conf"
 KEEPALIVED_CHECK = "/etc/keepalived/check-haproxy.sh"
+# keepalived uses the first 8 characters of a PASS authentication string (RFC 2338's field).
+VRRP_PASSWORD_LENGTH = 8
+VRRP_SECRET = "loadbalancer/vrrp-password.secret"  # under the cluster's .state/
 # The first balancer gets the highest priority and so holds the address while it is healthy.
 TOP_PRIORITY = 150
 PRIORITY_STEP = 10
@@ -38,10 +43,17 @@ def virtual_router_id(cluster: Cluster, cfg: LoadBalancerConfig) -> int:
     return int(cluster.api.vip) % 255 + 1
 
 
-def vrrp_password(cluster: Cluster, cfg: LoadBalancerConfig) -> str:
+def vrrp_password(loaded: LoadedCluster, cfg: LoadBalancerConfig) -> str:
+    """The inventory's password, or a random one apply generates once and keeps in the
+    cluster's state (0600), like the TSIG key: nobody can work it out from the inventory."""
     if cfg.vrrp_password is not None:
         return cfg.vrrp_password
-    return hashlib.sha256(f"{cluster.name}/{cluster.api.vip}".encode()).hexdigest()[:8]
+    alphabet = string.ascii_letters + string.digits
+
+    def generate() -> str:
+        return "".join(secrets.choice(alphabet) for _ in range(VRRP_PASSWORD_LENGTH))
+
+    return kept_secret(loaded.state_dir, VRRP_SECRET, generate, loaded.state_access)
 
 
 def managed_files(ctx: HostContext) -> list[ManagedFile]:
@@ -69,7 +81,7 @@ def managed_files(ctx: HostContext) -> list[ManagedFile]:
         vip=vip,
         priority=vrrp_priority(cluster, ctx.name),
         router_id=virtual_router_id(cluster, cfg),
-        password=vrrp_password(cluster, cfg),
+        password=vrrp_password(ctx.loaded, cfg),
         peers=[str(cluster.hosts[name].address) for name in balancers if name != ctx.name],
         check_script=KEEPALIVED_CHECK,
     )

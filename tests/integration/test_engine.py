@@ -139,6 +139,8 @@ def test_a_config_its_validator_rejects_never_goes_live(converged, tmp_path):
     data = yaml.safe_load(lab.inventory_path.read_text())
     data["hosts"][host].setdefault("vars", {})["base"] = {"ssh_permit_root_login": "sometimes"}
     (tmp_path / "cluster.yml").write_text(yaml.safe_dump(data, sort_keys=False))
+    # The cluster's state goes with it: apply refuses a checkout without the etcd CA it runs on.
+    shutil.copytree(lab.loaded.state_dir, tmp_path / ".state")
     before = lab.ssh(host, f"sha256sum {dropin}").stdout
 
     result = gpuinfra("apply", str(tmp_path), "--limit", host, "--yes", "--format", "json")

@@ -25,7 +25,7 @@ import pytest
 from testinfra.backend.paramiko import ParamikoBackend
 from testinfra.host import Host
 
-from inventory.model import LoadedCluster
+from inventory.model import LoadedCluster, StateAccess
 from inventory.topology import Topology
 from roles.context import host_context, load, topology_of
 from roles.registry import PHASES
@@ -50,7 +50,8 @@ def _split(value: str) -> set[str]:
 
 @cache
 def _load(path: str) -> LoadedCluster:
-    return load(Path(path))
+    # Checks read the cluster's state and never create it (a missing secret is an error).
+    return load(Path(path)).with_state_access(StateAccess.existing)
 
 
 def _cluster(config: pytest.Config) -> LoadedCluster:

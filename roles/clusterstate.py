@@ -1,0 +1,58 @@
+"""The controller's state of a cluster (`.state/`), made explicit per command.
+
+render reads it and shows placeholders for what is missing; plan and drift need it and never
+write it; apply holds the cluster lock, checks the live etcd CA against it, and only then may
+create what is missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+
+from inventory.model import LoadedCluster, StateAccess
+from roles.applylock import LOCK_FILE, HeldLock, apply_lock
+from roles.context import host_contexts, host_files
+from roles.etcd.trust import TrustRefused, check_live_ca
+from roles.statefiles import StateMissing
+
+
+def require_state(loaded: LoadedCluster, roles: Iterable[str] = ()) -> LoadedCluster:
+    """The cluster for a read-only command: StateMissing, naming the missing path, when a
+    secret the files of `roles` (all when empty) need is not in the state (nothing is
+    created). One host of each distinct set of groups is rendered: the secrets are
+    cluster-wide, so that covers every one."""
+    loaded = loaded.with_state_access(StateAccess.existing)
+    seen: set[tuple[str, ...]] = set()
+    for ctx in host_contexts(loaded):
+        groups = tuple(sorted(ctx.host.groups))
+        if groups in seen:
+            continue
+        seen.add(groups)
+        try:
+            host_files(ctx, roles)
+        except StateMissing:
+            if not loaded.state_dir.exists():
+                raise StateMissing(loaded.state_dir) from None
+            raise
+    return loaded
+
+
+@contextlib.contextmanager
+def applying(
+    loaded: LoadedCluster, command: str | None = None, *, break_lock: bool = False
+) -> Iterator[tuple[LoadedCluster, HeldLock]]:
+    """Hold the cluster's apply lock (LockHeld when another apply has it), then refuse
+    (TrustRefused) when the etcd members trust another CA than the state's; yields the cluster
+    allowed to create missing state."""
+    fresh = not loaded.state_dir.exists()
+    try:
+        with apply_lock(loaded.state_dir, command, break_lock=break_lock) as held:
+            check_live_ca(loaded)
+            yield loaded.with_state_access(StateAccess.create), held
+    except TrustRefused:
+        if fresh:  # refused before anything was made: leave no state folder behind
+            (loaded.state_dir / LOCK_FILE).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                loaded.state_dir.rmdir()
+        raise

@@ -1,0 +1,87 @@
+"""Before apply changes anything: is the controller's etcd CA the one the members trust?
+
+An apply from a checkout without the cluster's `.state/` would otherwise mint a new CA and push
+certificates from it to a running etcd cluster, which then stops talking to itself. Each
+member's live CA file is read over ssh (host keys checked) and its SHA-256 fingerprint compared
+with the controller's: a new state is made only for members holding no CA yet, and a differing
+CA stops the apply before anything changes.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from inventory.model import LoadedCluster
+from roles.etcd.files import PKI
+from roles.etcd.pki import ca_fingerprint, local_ca_fingerprint, pki_dir
+from roles.ssh import ssh_argv
+
+LIVE_CA = f"{PKI}/ca.crt"
+NO_CA = "gpuinfra: no CA file"
+READ_TIMEOUT_S = 30
+
+
+class TrustRefused(Exception):
+    """The apply must not go on: the message names the host and why."""
+
+
+@dataclass(frozen=True)
+class LiveCA:
+    host: str
+    fingerprint: str | None = None  # None: the member holds no CA file yet
+    error: str | None = None  # could not be read (unreachable, unreadable)
+
+
+def read_live_ca(loaded: LoadedCluster, host: str) -> LiveCA:
+    command = f"if [ -e {LIVE_CA} ]; then cat {LIVE_CA}; else echo '{NO_CA}'; fi"
+    if loaded.cluster.ssh.user != "root":
+        command = f"sudo -n sh -c {shlex.quote(command)}"
+    try:
+        done = subprocess.run(
+            ssh_argv(loaded, host) + [command], capture_output=True, timeout=READ_TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired:
+        return LiveCA(host, error=f"no answer in {READ_TIMEOUT_S} s")
+    output = done.stdout.decode(errors="replace")
+    if done.returncode != 0:
+        lines = done.stderr.decode(errors="replace").strip().splitlines()
+        return LiveCA(host, error=lines[-1] if lines else f"ssh exit {done.returncode}")
+    if output.strip() == NO_CA:
+        return LiveCA(host)
+    try:
+        return LiveCA(host, fingerprint=ca_fingerprint(output))
+    except ValueError:
+        return LiveCA(host, error=f"{LIVE_CA} is not a PEM certificate")
+
+
+def check_live_ca(loaded: LoadedCluster) -> list[LiveCA]:
+    """Refuse (TrustRefused) when a member trusts another CA than the controller's state, or
+    when the controller has no CA and a member holds one or cannot be asked."""
+    members = loaded.cluster.in_group("etcd")
+    if not members:
+        return []
+    with ThreadPoolExecutor(max_workers=len(members)) as pool:
+        live = list(pool.map(lambda host: read_live_ca(loaded, host), members))
+    local = local_ca_fingerprint(loaded)
+    local_path = pki_dir(loaded) / "ca.crt"
+    for entry in live:
+        if local is None and entry.fingerprint is not None:
+            raise TrustRefused(
+                f"{entry.host}: holds an etcd CA (sha256 {entry.fingerprint[:16]}...) but the "
+                f"controller has none ({local_path}): copy the cluster's .state/ here; "
+                "refusing to make a new CA for a running cluster"
+            )
+        if local is None and entry.error is not None:
+            raise TrustRefused(
+                f"{entry.host}: cannot read its etcd CA ({entry.error}); the controller has no "
+                f"CA ({local_path}) and makes one only when no member holds one"
+            )
+        if local is not None and entry.fingerprint not in (None, local):
+            raise TrustRefused(
+                f"{entry.host}: its etcd CA (sha256 {entry.fingerprint[:16]}...) is not the "
+                f"controller's ({local_path}, sha256 {local[:16]}...): refusing to apply"
+            )
+    return live

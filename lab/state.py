@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import ipaddress
 import json
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass

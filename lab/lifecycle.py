@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from inventory.model import LoadedCluster
-from lab import addressing, host, naming, network, processes, rootfs
+from lab import addressing, aptcache, host, naming, network, processes, rootfs
 from lab.errors import LabError, LabInvalid
 from lab.host import HostPaths
 from lab.inventory import HEADER, loaded_cluster, write_inventory
@@ -109,7 +109,11 @@ def up(
         _ensure_lab_key(state)
         network.tune_machine()
         network.ensure_bridge(state.names, state.gateway, state.subnet.prefixlen)
-        network.ensure_nat(state.names, state.subnet)
+        cache_port = None
+        if aptcache.available():
+            aptcache.ensure_running(mirror)
+            cache_port = aptcache.PORT
+        network.ensure_nat(state.names, state.subnet, state.gateway, cache_port)
         mirror_hosts = _resolve_mirror(mirror)
         sources = _apt_sources(mirror)
         public_key = Path(f"{state.private_key}.pub").read_text()

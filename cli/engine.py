@@ -9,15 +9,12 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.syntax import Syntax
 from rich.table import Table
 
+from cli import connecting
 from cli.errors import UserError, reporting
 from cli.exitcodes import ExitCode
 from cli.options import ClusterArg, FormatOpt, OutputFormat
-from inventory.loader import load
-from roles.junit import write_junit
 
 console = Console(highlight=False)
 
@@ -47,6 +44,7 @@ def plan(
     output: FormatOpt = OutputFormat.table,
 ) -> None:
     """Show what apply would change, per host and operation; changes nothing."""
+    connecting()
     from roles.runner import Mode
 
     report = _run(cluster, Mode.plan, limit, roles, parallel, output, shard=shard)
@@ -79,6 +77,7 @@ def apply(
     ] = False,
 ) -> None:
     """Converge hosts to the inventory, with per-phase and per-host timings."""
+    connecting()
     from roles.runner import Mode
 
     with reporting():
@@ -111,6 +110,8 @@ def drift(
     output: FormatOpt = OutputFormat.table,
 ) -> None:
     """The CI check: exit 0 clean, 3 drift, 4 unreachable, 1 error; never changes a host."""
+    connecting()
+    from roles.junit import write_junit
     from roles.runner import Mode
 
     report = _run(cluster, Mode.drift, limit, roles, parallel, output, shard=shard)
@@ -141,6 +142,7 @@ def parse_shard(value: str | None) -> tuple[int, int] | None:
 
 
 def _run(cluster, mode, limit, roles, parallel, output, batch=None, fail_percent=None, shard=None):
+    from inventory.loader import load
     from roles.phases import PHASES
     from roles.runner import RunOptions, run, select_hosts
 
@@ -167,6 +169,8 @@ def _run(cluster, mode, limit, roles, parallel, output, batch=None, fail_percent
     )
     if output is OutputFormat.json or not console.is_terminal:
         return run(loaded, options)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
     with Progress(*columns, TimeElapsedColumn(), console=console, transient=True) as bar:
         task = bar.add_task(f"{mode} {loaded.cluster.name}", total=None)
@@ -180,6 +184,7 @@ def _run(cluster, mode, limit, roles, parallel, output, batch=None, fail_percent
 def _reboot(cluster, report, batch: str | None) -> None:
     """Reboot the hosts the run left "reboot required", in rolling batches; the report says
     which came back (flag cleared) and which did not (failed)."""
+    from inventory.loader import load
     from roles.reboot import Rebooter
     from roles.runner import HostStatus, batches
 
@@ -238,6 +243,8 @@ def _emit(report, output: OutputFormat, show_diff: bool) -> None:
         )
     console.print(table)
     if show_diff:
+        from rich.syntax import Syntax
+
         for host in report.hosts.values():
             for op in host.changes:
                 if op.diff:

@@ -13,7 +13,6 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from cli.errors import UserError, reporting, stderr
@@ -127,6 +126,8 @@ def _boot_progress(total: int | None, *, enabled: bool) -> Iterator[lifecycle.Pr
     if not enabled or not progress_console.is_terminal:
         yield None
         return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     columns = (TextColumn("booting"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=progress_console, transient=True) as bar:
         task = bar.add_task("boot", total=total)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from importlib.metadata import version
 from typing import Annotated
 
 import typer
@@ -29,6 +28,8 @@ app.command("verify")(verify.verify_command)
 
 def _version(value: bool) -> None:
     if value:
+        from importlib.metadata import version
+
         typer.echo(f"gpuinfra {version('gpuinfra')}")
         raise typer.Exit()
 

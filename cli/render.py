@@ -10,8 +10,6 @@ from rich.console import Console
 
 from cli.errors import reporting
 from cli.options import ClusterArg
-from inventory.loader import load
-from roles.render import render_cluster
 
 
 def render(
@@ -19,6 +17,9 @@ def render(
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder: OUT/<host>/<absolute path>.")],
 ) -> None:
     """Render every configuration file of every host into a folder, without connecting."""
+    from inventory.loader import load
+    from roles.render import render_cluster
+
     with reporting():
         loaded = load(cluster)
     result = render_cluster(loaded, out)

@@ -12,6 +12,9 @@ from inventory.errors import InventoryError, InventoryInvalid
 from inventory.model import Cluster, LoadedCluster
 from inventory.validate import check_cluster
 
+# libyaml's parser where PyYAML was built with it (PyPI's wheels and Debian's package are),
+# the pure-Python one otherwise: the same documents, about 20 times faster to parse.
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 CLUSTER_FILE_NAMES = ("cluster.yml", "cluster.yaml")
 ANSIBLE_FILE_NAMES = (
     "hosts.yml",
@@ -53,7 +56,7 @@ def _is_ansible(path: Path) -> bool:
     if path.suffix not in (".yml", ".yaml"):
         return True  # INI inventories have no fixed suffix
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(), Loader=SAFE_LOADER)
     except (yaml.YAMLError, OSError):
         return False  # let the cluster loader report it with a line number
     return isinstance(data, dict) and "all" in data and "hosts" not in data
@@ -94,10 +97,16 @@ def _read(path: Path) -> str:
 
 
 def parse_yaml(path: Path, text: str) -> tuple[Any, dict[tuple[str, ...], int]]:
-    """Parse YAML, refusing duplicate keys, and index the line of every key path."""
+    """Parse YAML once, refusing duplicate keys, and index the line of every key path.
+
+    One pass of libyaml's parser builds the node tree; the data is constructed from that same
+    tree and the lines are read off it. (Parsing twice in pure Python, once for the nodes and
+    once for the data, took a minute for a 7,500-host inventory.)
+    """
+    loader = SAFE_LOADER(text)
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
@@ -105,6 +114,8 @@ def parse_yaml(path: Path, text: str) -> tuple[Any, dict[tuple[str, ...], int]]:
         raise InventoryInvalid(
             [InventoryError(path, "", f"malformed YAML: {problem}", line)]
         ) from None
+    finally:
+        loader.dispose()
     lines: dict[tuple[str, ...], int] = {}
     errors: list[InventoryError] = []
     if node is not None:

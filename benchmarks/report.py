@@ -13,6 +13,8 @@ HOSTS_PER_SHARD = 200  # the largest lab measured: a shard never goes past measu
 TARGET_PYINFRA_RATIO = 1.5
 TARGET_ANSIBLE_SPEEDUP = 10
 TARGET_BOOTSTRAP_SECONDS = 300
+# Issue 18: gpuinfra drift within 1.5x of one ssh command per host (benchmarks/floor.py).
+TARGET_FLOOR_RATIO = 1.5
 TARGET_NOOP_APPLY_SECONDS = 15
 
 
@@ -49,6 +51,7 @@ def summarize(entry: dict) -> dict:
 
     ratios["gpuinfra_over_pyinfra"] = paired("gpuinfra", "pyinfra")
     ratios["ansible_over_gpuinfra"] = paired("ansible", "gpuinfra")
+    ratios["gpuinfra_over_floor"] = paired("gpuinfra", "floor")
     if BASELINE in engines:
         ratios["baseline_over_gpuinfra"] = paired(BASELINE, "gpuinfra")
     return {"engines": engines, "ratios": ratios}
@@ -139,7 +142,13 @@ def markdown(results: dict) -> str:
     targets: list[str] = []
     if entries:
         lines += [
-            "## No-op drift check: gpuinfra drift, raw pyinfra --dry, ansible-playbook --check",
+            "## No-op drift check: gpuinfra drift, raw pyinfra --dry, ansible-playbook --check "
+            "and the floor",
+            "",
+            "The floor (`benchmarks/floor.py`): one OpenSSH connection per host, all hosts at "
+            "once, one command per host that hashes every managed file, reads its mode and owner "
+            "and asks dpkg for every package, compared on the controller: the same declared "
+            "state the pyinfra deploy and the Ansible playbook check.",
             "",
             "Median of the runs (wall seconds, CPU seconds of the controller's process tree, "
             "peak memory of that tree); ratios are medians of the per-round ratios. "
@@ -160,14 +169,15 @@ def markdown(results: dict) -> str:
                 )
         lines += [
             "",
-            "| lab | hosts | operations per host (same state) | gpuinfra / pyinfra | "
-            f"ansible / gpuinfra | {BASELINE} / gpuinfra |",
-            "| --- | --- | --- | --- | --- | --- |",
+            "| lab | hosts | operations per host (same state) | gpuinfra / floor | "
+            f"gpuinfra / pyinfra | ansible / gpuinfra | {BASELINE} / gpuinfra |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
         ]
         for label, entry in entries:
             ratios = summarize(entry)["ratios"]
             lines.append(
                 f"| {label} | {entry['hosts']} | {entry['operations_per_host']['same_state']} | "
+                f"{_fmt(ratios.get('gpuinfra_over_floor'), 'x', 2)} | "
                 f"{_fmt(ratios['gpuinfra_over_pyinfra'], 'x', 2)} | "
                 f"{_fmt(ratios['ansible_over_gpuinfra'], 'x', 1)} | "
                 f"{_fmt(ratios.get('baseline_over_gpuinfra'), 'x', 2)} |"
@@ -198,7 +208,11 @@ def markdown(results: dict) -> str:
         if ref:
             ratios = summarize(ref)["ratios"]
             py, an = ratios["gpuinfra_over_pyinfra"], ratios["ansible_over_gpuinfra"]
+            floor = ratios.get("gpuinfra_over_floor")
             targets += [
+                f"| gpuinfra drift within {TARGET_FLOOR_RATIO}x of the floor "
+                f"({ref['hosts']} hosts) | {_fmt(floor, 'x', 2)} | "
+                f"{_status(None if floor is None else floor <= TARGET_FLOOR_RATIO)} |",
                 f"| gpuinfra drift within {TARGET_PYINFRA_RATIO}x of raw pyinfra "
                 f"({ref['hosts']} hosts) | {_fmt(py, 'x', 2)} | "
                 f"{_status(None if py is None else py <= TARGET_PYINFRA_RATIO)} |",

@@ -15,6 +15,7 @@ TARGET_ANSIBLE_SPEEDUP = 10
 TARGET_BOOTSTRAP_SECONDS = 300
 # Issue 18: gpuinfra drift within 1.5x of one ssh command per host (benchmarks/floor.py).
 TARGET_FLOOR_RATIO = 1.5
+TARGET_VALIDATE_SECONDS = 3  # issue 18: a 7,500-host inventory
 TARGET_NOOP_APPLY_SECONDS = 15
 
 
@@ -272,10 +273,57 @@ def markdown(results: dict) -> str:
             f" | {p['shard_mib']} |",
             "",
         ]
+    at_scale = results.get("scale", {})
+    if at_scale:
+        lines += _scale_section(at_scale, projected)
+        largest = max(at_scale.values(), key=lambda e: e["hosts"])
+        targets.append(
+            f"| `inventory validate` of {largest['hosts']} hosts under "
+            f"{TARGET_VALIDATE_SECONDS} s | {largest['validate_median_seconds']:.2f} s "
+            f"(CPU {largest['validate_median_cpu_seconds']:.2f} s) | "
+            f"{_status(largest['validate_median_seconds'] < TARGET_VALIDATE_SECONDS)} |"
+        )
     if targets:
         lines += ["## Targets", "", "| target | measured | status |", "| --- | --- | --- |"]
         lines += targets + [""]
     return "\n".join(lines)
+
+
+def _scale_section(at_scale: dict, projected: dict | None) -> list[str]:
+    """Validate and render of generated inventories (benchmarks/fleet.py), no hosts."""
+    lines = [
+        "## Inventories at scale (benchmarks/fleet.py, no hosts)",
+        "",
+        "Generated inventories in the reference design's shape (5 etcd, 5 API servers, 2 load "
+        "balancers, 3 DNS servers, 2 monitoring hosts, the rest GPU and CPU workers 7:1). "
+        "Wall and CPU seconds of the command; render writes every host's files. Per host: the "
+        "median CPU cost of building one host's managed files (what every run prepares per "
+        "host), over hosts spread through the inventory.",
+        "",
+        "| hosts | validate s (CPU s) | render s (CPU s) | rendered MiB | "
+        "per-host files ms | lines per host | /etc/hosts lines | load |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for entry in sorted(at_scale.values(), key=lambda e: e["hosts"]):
+        per_host = entry["per_host"]
+        lines.append(
+            f"| {entry['hosts']} | {entry['validate_median_seconds']:.2f} "
+            f"({entry['validate_median_cpu_seconds']:.2f}) | {entry['render_seconds']:.1f} "
+            f"({entry['render_cpu_seconds']:.1f}) | {entry['rendered_mib']:.1f} | "
+            f"{per_host['median_ms_per_host']:.2f} | {per_host['median_lines_per_host']:.0f} | "
+            f"{per_host['hosts_file_lines']} | {statistics.median(entry['load_before']):.1f} |"
+        )
+    largest = max(at_scale.values(), key=lambda e: e["hosts"])
+    per_host_ms = largest["per_host"]["median_ms_per_host"]
+    fleet = projected["fleet"] if projected else largest["hosts"]
+    lines += [
+        "",
+        f"Projection from the {largest['hosts']}-host inventory itself: preparing the files of "
+        f"{fleet} hosts costs {per_host_ms:.2f} ms each, {per_host_ms * fleet / 1000:.0f} s of "
+        "CPU in one process (split over shards with `--shard`).",
+        "",
+    ]
+    return lines
 
 
 def plots(results: dict, out: Path) -> list[Path]:

@@ -11,6 +11,7 @@ mirror the machine itself uses (ForceManaged: every other upstream is refused wi
 
 from __future__ import annotations
 
+import os
 import pwd
 import shutil
 import socket
@@ -31,11 +32,15 @@ LISTEN = "127.0.0.1"
 CACHE_DIR = Path("/var/cache/gpuinfra/apt-cache")
 RUN_DIR = Path("/var/lib/gpuinfra/apt-cache")
 START_TIMEOUT_S = 10.0
+# GPUINFRA_LAB_APT_CACHE=off: hosts download straight from the mirror (to compare, or where the
+# machine already sits beside a mirror).
+SWITCH = "GPUINFRA_LAB_APT_CACHE"
 
 
 def available() -> bool:
-    """Whether apt-cacher-ng is installed (scripts/install-debian-packages.sh installs it)."""
-    return Path(BINARY).is_file()
+    """Whether the lab uses the cache: apt-cacher-ng is installed (scripts/install-debian-
+    packages.sh installs it) and GPUINFRA_LAB_APT_CACHE is not "off"."""
+    return Path(BINARY).is_file() and os.environ.get(SWITCH, "on") != "off"
 
 
 def proxy_url(gateway: str) -> str:

@@ -59,3 +59,16 @@ def test_lab_hosts_use_the_cache_when_it_is_installed(
         assert "apt_proxy" not in base
     # Either way the mirror stays named in /etc/hosts: the cache is only a proxy in front of it.
     assert base["extra_hosts"] == {"deb.debian.org": "192.0.2.80"}
+
+
+def test_the_cache_can_be_switched_off(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    binary = tmp_path / "apt-cacher-ng"
+    binary.write_text("")
+    monkeypatch.setattr(aptcache, "BINARY", str(binary))
+    monkeypatch.delenv(aptcache.SWITCH, raising=False)
+    assert aptcache.available()
+    monkeypatch.setenv(aptcache.SWITCH, "off")
+    assert not aptcache.available()
+    monkeypatch.setattr(aptcache, "BINARY", str(tmp_path / "absent"))
+    monkeypatch.delenv(aptcache.SWITCH)
+    assert not aptcache.available()

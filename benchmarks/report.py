@@ -275,7 +275,7 @@ def markdown(results: dict) -> str:
         ]
     at_scale = results.get("scale", {})
     if at_scale:
-        lines += _scale_section(at_scale, projected)
+        lines += _scale_section(at_scale, projected, results.get("scale_machine", {}))
         largest = max(at_scale.values(), key=lambda e: e["hosts"])
         targets.append(
             f"| `inventory validate` of {largest['hosts']} hosts under "
@@ -289,10 +289,13 @@ def markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
-def _scale_section(at_scale: dict, projected: dict | None) -> list[str]:
+def _scale_section(at_scale: dict, projected: dict | None, machine: dict) -> list[str]:
     """Validate and render of generated inventories (benchmarks/fleet.py), no hosts."""
     lines = [
         "## Inventories at scale (benchmarks/fleet.py, no hosts)",
+        "",
+        f"Run {machine.get('date', '?')}, load average at the start "
+        f"{machine.get('load_average_at_start', '?')} on {machine.get('cpus', '?')} CPUs.",
         "",
         "Generated inventories in the reference design's shape (5 etcd, 5 API servers, 2 load "
         "balancers, 3 DNS servers, 2 monitoring hosts, the rest GPU and CPU workers 7:1). "

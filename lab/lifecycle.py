@@ -24,7 +24,7 @@ from lab.memory import host_memory
 from lab.naming import LabNames, check_lab_name
 from lab.state import LabState, locked, read_state, recorded_labs, write_state
 from lab.system import require_root_and_tools, run, succeeds
-from lab.topology import Topology, default_topology
+from lab.topology import DEFAULT_PARALLEL, Topology, default_topology
 
 if TYPE_CHECKING:
     from inventory.model import LoadedCluster
@@ -32,9 +32,6 @@ if TYPE_CHECKING:
 # lab.inventory (the inventory model, YAML) is imported where it is used: `gpuinfra --help`
 # and `lab status` must not pay for it.
 
-# Hosts booting at once: enough to keep 2 cores busy, few enough that none starves past its
-# timeout (LAB.md: 60 hosts booted in 55 s).
-DEFAULT_PARALLEL = 24
 BOOT_TIMEOUT_S = 300.0
 # LAB.md: 82 of 84 hosts powered off within 15 s of SIGTERM; the rest need SIGKILL.
 STOP_DEADLINE_S = 20.0

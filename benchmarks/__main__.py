@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import report, suites
+from benchmarks import report, scale, suites
 from roles.limits import raise_open_files_limit
 
 
@@ -25,7 +25,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="10 50 100 200", help="host counts for drift")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each engine per size")
     parser.add_argument(
-        "--suites", default="bootstrap,drift", help="comma-separated: bootstrap, drift"
+        "--suites", default="bootstrap,drift", help="comma-separated: bootstrap, drift, scale"
+    )
+    parser.add_argument(
+        "--scale-sizes", default="1000 7500", help="host counts of the scale suite's inventories"
     )
     parser.add_argument("--quick", action="store_true", help="10 hosts, one run each, no bootstrap")
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
@@ -61,10 +64,19 @@ def main(argv: list[str] | None = None) -> int:
         def log(line: str) -> None:
             print(f"{time.strftime('%H:%M:%S')} {line}", flush=True)
 
-        results["machine"] = _machine()
+        if wanted & {"bootstrap", "drift"}:
+            results["machine"] = _machine()
         if "bootstrap" in wanted:
             results["bootstrap"] = suites.bootstrap(
                 args.repeats, args.work / "bootstrap", log, args.baseline
+            )
+            results_path.write_text(json.dumps(results, indent=2))
+        if "scale" in wanted:
+            # Its own date and load: the lab suites' figures may come from another run.
+            results["scale_machine"] = _machine()
+            sizes_of_scale = tuple(int(s) for s in args.scale_sizes.split())
+            results.setdefault("scale", {}).update(
+                scale.scale(sizes_of_scale, args.repeats, args.work / "scale", log)
             )
             results_path.write_text(json.dumps(results, indent=2))
         if "drift" in wanted:

@@ -1,12 +1,13 @@
-"""The same declared state for three engines: a flat pyinfra deploy and an Ansible playbook
-written from what `gpuinfra render` produced, next to gpuinfra's own roles.
+"""The same declared state for four engines: a flat pyinfra deploy, an Ansible playbook and the
+floor (one ssh command per host, benchmarks/floor.py) written from what `gpuinfra render`
+produced, next to gpuinfra's own roles.
 
 "Same state" covers, per host: every managed file of every phase that targets the host (the
 rendered content, its mode, owner and group, its parent directory present) and the `packages`
 list of every such role's config (installed, no recommends). gpuinfra's roles check more than
 that (the base role also points sources.list at the managed sources, removes the
 distribution's source files, checks the live hostname and the chrony service and evaluates its
-restart handlers); the two others check exactly the list above.
+restart handlers); the three others check exactly the list above.
 """
 
 from __future__ import annotations
@@ -130,6 +131,8 @@ class EngineFiles:
     ansible_cfg: Path
     ansible_inventory: Path
     ansible_playbook: Path
+    state: Path  # the declared state as JSON (pyinfra's deploy and the floor read it)
+    floor_hosts: Path  # addresses and SSH settings for benchmarks/floor.py
 
 
 def write_engines(loaded: LoadedCluster, state: DeclaredState, out: Path) -> EngineFiles:
@@ -208,4 +211,22 @@ def write_engines(loaded: LoadedCluster, state: DeclaredState, out: Path) -> Eng
             """  # noqa: E501
         )
     )
-    return EngineFiles(inventory, deploy, cfg, ansible_inventory, playbook)
+    floor_dir = out / "floor"
+    floor_dir.mkdir(parents=True, exist_ok=True)
+    floor_hosts = floor_dir / "hosts.json"
+    floor_hosts.write_text(
+        json.dumps(
+            {
+                "addresses": {name: str(cluster.hosts[name].address) for name in hosts},
+                "ssh": {
+                    "user": cluster.ssh.user,
+                    "port": cluster.ssh.port,
+                    "key": key,
+                    "known_hosts": known_hosts,
+                },
+            }
+        )
+    )
+    return EngineFiles(
+        inventory, deploy, cfg, ansible_inventory, playbook, state_file.resolve(), floor_hosts
+    )

@@ -13,6 +13,9 @@ HOSTS_PER_SHARD = 200  # the largest lab measured: a shard never goes past measu
 TARGET_PYINFRA_RATIO = 1.5
 TARGET_ANSIBLE_SPEEDUP = 10
 TARGET_BOOTSTRAP_SECONDS = 300
+# Issue 18: gpuinfra drift within 1.5x of one ssh command per host (benchmarks/floor.py).
+TARGET_FLOOR_RATIO = 1.5
+TARGET_VALIDATE_SECONDS = 3  # issue 18: a 7,500-host inventory
 TARGET_NOOP_APPLY_SECONDS = 15
 
 
@@ -49,6 +52,7 @@ def summarize(entry: dict) -> dict:
 
     ratios["gpuinfra_over_pyinfra"] = paired("gpuinfra", "pyinfra")
     ratios["ansible_over_gpuinfra"] = paired("ansible", "gpuinfra")
+    ratios["gpuinfra_over_floor"] = paired("gpuinfra", "floor")
     if BASELINE in engines:
         ratios["baseline_over_gpuinfra"] = paired(BASELINE, "gpuinfra")
     return {"engines": engines, "ratios": ratios}
@@ -139,7 +143,13 @@ def markdown(results: dict) -> str:
     targets: list[str] = []
     if entries:
         lines += [
-            "## No-op drift check: gpuinfra drift, raw pyinfra --dry, ansible-playbook --check",
+            "## No-op drift check: gpuinfra drift, raw pyinfra --dry, ansible-playbook --check "
+            "and the floor",
+            "",
+            "The floor (`benchmarks/floor.py`): one OpenSSH connection per host, all hosts at "
+            "once, one command per host that hashes every managed file, reads its mode and owner "
+            "and asks dpkg for every package, compared on the controller: the same declared "
+            "state the pyinfra deploy and the Ansible playbook check.",
             "",
             "Median of the runs (wall seconds, CPU seconds of the controller's process tree, "
             "peak memory of that tree); ratios are medians of the per-round ratios. "
@@ -160,14 +170,15 @@ def markdown(results: dict) -> str:
                 )
         lines += [
             "",
-            "| lab | hosts | operations per host (same state) | gpuinfra / pyinfra | "
-            f"ansible / gpuinfra | {BASELINE} / gpuinfra |",
-            "| --- | --- | --- | --- | --- | --- |",
+            "| lab | hosts | operations per host (same state) | gpuinfra / floor | "
+            f"gpuinfra / pyinfra | ansible / gpuinfra | {BASELINE} / gpuinfra |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
         ]
         for label, entry in entries:
             ratios = summarize(entry)["ratios"]
             lines.append(
                 f"| {label} | {entry['hosts']} | {entry['operations_per_host']['same_state']} | "
+                f"{_fmt(ratios.get('gpuinfra_over_floor'), 'x', 2)} | "
                 f"{_fmt(ratios['gpuinfra_over_pyinfra'], 'x', 2)} | "
                 f"{_fmt(ratios['ansible_over_gpuinfra'], 'x', 1)} | "
                 f"{_fmt(ratios.get('baseline_over_gpuinfra'), 'x', 2)} |"
@@ -198,7 +209,11 @@ def markdown(results: dict) -> str:
         if ref:
             ratios = summarize(ref)["ratios"]
             py, an = ratios["gpuinfra_over_pyinfra"], ratios["ansible_over_gpuinfra"]
+            floor = ratios.get("gpuinfra_over_floor")
             targets += [
+                f"| gpuinfra drift within {TARGET_FLOOR_RATIO}x of the floor "
+                f"({ref['hosts']} hosts) | {_fmt(floor, 'x', 2)} | "
+                f"{_status(None if floor is None else floor <= TARGET_FLOOR_RATIO)} |",
                 f"| gpuinfra drift within {TARGET_PYINFRA_RATIO}x of raw pyinfra "
                 f"({ref['hosts']} hosts) | {_fmt(py, 'x', 2)} | "
                 f"{_status(None if py is None else py <= TARGET_PYINFRA_RATIO)} |",
@@ -258,10 +273,60 @@ def markdown(results: dict) -> str:
             f" | {p['shard_mib']} |",
             "",
         ]
+    at_scale = results.get("scale", {})
+    if at_scale:
+        lines += _scale_section(at_scale, projected, results.get("scale_machine", {}))
+        largest = max(at_scale.values(), key=lambda e: e["hosts"])
+        targets.append(
+            f"| `inventory validate` of {largest['hosts']} hosts under "
+            f"{TARGET_VALIDATE_SECONDS} s | {largest['validate_median_seconds']:.2f} s "
+            f"(CPU {largest['validate_median_cpu_seconds']:.2f} s) | "
+            f"{_status(largest['validate_median_seconds'] < TARGET_VALIDATE_SECONDS)} |"
+        )
     if targets:
         lines += ["## Targets", "", "| target | measured | status |", "| --- | --- | --- |"]
         lines += targets + [""]
     return "\n".join(lines)
+
+
+def _scale_section(at_scale: dict, projected: dict | None, machine: dict) -> list[str]:
+    """Validate and render of generated inventories (benchmarks/fleet.py), no hosts."""
+    lines = [
+        "## Inventories at scale (benchmarks/fleet.py, no hosts)",
+        "",
+        f"Run {machine.get('date', '?')}, load average at the start "
+        f"{machine.get('load_average_at_start', '?')} on {machine.get('cpus', '?')} CPUs.",
+        "",
+        "Generated inventories in the reference design's shape (5 etcd, 5 API servers, 2 load "
+        "balancers, 3 DNS servers, 2 monitoring hosts, the rest GPU and CPU workers 7:1). "
+        "Wall and CPU seconds of the command; render writes every host's files. Per host: the "
+        "median CPU cost of building one host's managed files (what every run prepares per "
+        "host), over hosts spread through the inventory.",
+        "",
+        "| hosts | validate s (CPU s) | render s (CPU s) | rendered MiB | "
+        "per-host files ms | lines per host | /etc/hosts lines | load |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for entry in sorted(at_scale.values(), key=lambda e: e["hosts"]):
+        per_host = entry["per_host"]
+        lines.append(
+            f"| {entry['hosts']} | {entry['validate_median_seconds']:.2f} "
+            f"({entry['validate_median_cpu_seconds']:.2f}) | {entry['render_seconds']:.1f} "
+            f"({entry['render_cpu_seconds']:.1f}) | {entry['rendered_mib']:.1f} | "
+            f"{per_host['median_ms_per_host']:.2f} | {per_host['median_lines_per_host']:.0f} | "
+            f"{per_host['hosts_file_lines']} | {statistics.median(entry['load_before']):.1f} |"
+        )
+    largest = max(at_scale.values(), key=lambda e: e["hosts"])
+    per_host_ms = largest["per_host"]["median_ms_per_host"]
+    fleet = projected["fleet"] if projected else largest["hosts"]
+    lines += [
+        "",
+        f"Projection from the {largest['hosts']}-host inventory itself: preparing the files of "
+        f"{fleet} hosts costs {per_host_ms:.2f} ms each, {per_host_ms * fleet / 1000:.0f} s of "
+        "CPU in one process (split over shards with `--shard`).",
+        "",
+    ]
+    return lines
 
 
 def plots(results: dict, out: Path) -> list[Path]:

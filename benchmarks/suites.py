@@ -23,7 +23,7 @@ from roles.context import load
 BIN = Path(sys.executable).parent
 GPUINFRA = str(BIN / "gpuinfra")
 LAB = os.environ.get("BENCH_LAB", "bench")
-ENGINES = ("gpuinfra", "pyinfra", "ansible")
+ENGINES = ("gpuinfra", "pyinfra", "ansible", "floor")
 # `--baseline DIR`: another checkout of gpuinfra (e.g. `git archive` of an older commit) run
 # as a fourth engine in the same rounds, for before/after figures of an engine change.
 BASELINE = "gpuinfra-baseline"
@@ -107,7 +107,7 @@ class Engines:
         self.log = log
         self.loaded = load(self.inventory)
         self.hosts = len(self.loaded.cluster.hosts)
-        engines = ENGINES if self.hosts <= ANSIBLE_MAX_HOSTS else ("gpuinfra", "pyinfra")
+        engines = ENGINES if self.hosts <= ANSIBLE_MAX_HOSTS else ("gpuinfra", "pyinfra", "floor")
         self.names = engines + ((BASELINE,) if baseline else ())
         self.skipped = {} if "ansible" in self.names else {
             "ansible": f"not run past {ANSIBLE_MAX_HOSTS} hosts: forks = {self.hosts} would "
@@ -164,6 +164,17 @@ class Engines:
             ]
             measurement, output = run_measured(engine, self.hosts, argv, cwd=self.work)
             measurement.changes = _pyinfra_changes(output)
+        elif engine == "floor":
+            argv = [
+                sys.executable,
+                "-m",
+                "benchmarks.floor",
+                str(self.files.state),
+                str(self.files.floor_hosts.resolve()),
+            ]
+            cwd = Path(__file__).resolve().parents[1]
+            measurement, output = run_measured(engine, self.hosts, argv, cwd=cwd)
+            measurement.changes = _floor_changes(output)
         else:
             # A fresh control-socket folder per run: no master connection survives from an
             # earlier run, as neither other engine keeps connections between runs.
@@ -217,6 +228,14 @@ def _pyinfra_changes(output: str) -> int | None:
     except (ValueError, KeyError):
         return None
     return sum(len(op["hosts_with_change"]) for op in plan)
+
+
+def _floor_changes(output: str) -> int | None:
+    try:
+        hosts = json.loads(output)["hosts"].values()
+    except (ValueError, KeyError):
+        return None
+    return sum(h["changes"] or 0 for h in hosts)
 
 
 def _ansible_changes(output: str) -> int | None:

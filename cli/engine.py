@@ -10,10 +10,9 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.syntax import Syntax
 from rich.table import Table
 
+from cli import connecting
 from cli.errors import UserError, reporting, stderr
 from cli.exitcodes import ExitCode
 from cli.options import (
@@ -30,9 +29,6 @@ from cli.options import (
     ShardOpt,
     parse_shard,
 )
-from roles.context import load
-from roles.junit import write_junit
-from roles.statefiles import write_atomically
 
 # Seconds to wait for each host's SSH connection (pyinfra's connect and banner timeouts).
 DEFAULT_CONNECT_TIMEOUT = 10
@@ -50,6 +46,8 @@ def plan(
     output: FormatOpt = OutputFormat.table,
 ) -> None:
     """Show what apply would change, per host and operation; changes nothing."""
+    connecting()
+    from roles.context import load
     from roles.runner import Mode
 
     with reporting():
@@ -97,10 +95,14 @@ def apply(
 
     Holds the cluster's lock while it runs (exit 8 when another apply has it), and refuses
     (exit 2) when the etcd members trust another CA than the controller's .state/."""
+    connecting()
     from roles.clusterstate import applying
+    from roles.context import load
     from roles.etcd.trust import TrustRefused
+    from roles.junit import write_junit
     from roles.pacing import Rate
     from roles.runner import Mode
+    from roles.statefiles import write_atomically
 
     with reporting():
         loaded = load(cluster)
@@ -157,7 +159,11 @@ def drift(
     output: FormatOpt = OutputFormat.table,
 ) -> None:
     """The CI check: exit 0 clean, 3 drift, 4 unreachable, 1 error; never changes a host."""
+    connecting()
+    from roles.context import load
+    from roles.junit import write_junit
     from roles.runner import Mode
+    from roles.statefiles import write_atomically
 
     with reporting():
         loaded = load(cluster)
@@ -242,6 +248,8 @@ def _run(loaded, options, output):
 
     if output is OutputFormat.json or not console.is_terminal:
         return run(loaded, options)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
     with Progress(*columns, TimeElapsedColumn(), console=console, transient=True) as bar:
         task = bar.add_task(f"{options.mode} {loaded.cluster.name}", total=None)
@@ -256,6 +264,7 @@ def _reboot(cluster, report, batch: str | None) -> None:
     """Reboot the hosts the run left "reboot required", in rolling steps by each group's policy
     (quorum and serving groups one member at a time, workers --batch at a time, one by
     default); the report says which came back (flag cleared) and which did not (failed)."""
+    from roles.context import load
     from roles.orchestrate import batch_size, group_policies, plan_steps
     from roles.reboot import Rebooter
     from roles.registry import PHASES
@@ -319,6 +328,8 @@ def _emit(report, output: OutputFormat, show_diff: bool) -> None:
         )
     console.print(table)
     if show_diff:
+        from rich.syntax import Syntax
+
         for host in report.hosts.values():
             for op in host.changes:
                 if op.diff:

@@ -14,12 +14,18 @@ from rich.table import Table
 from cli.errors import UserError, reporting
 from cli.exitcodes import ExitCode
 from cli.options import ClusterArg, FormatOpt, OutputFormat
-from roles.context import load
 
 app = typer.Typer(help="Day-2 operations on the external etcd cluster.", no_args_is_help=True)
 console = Console(highlight=False)
 
 HEALTH_EXIT = {"healthy": ExitCode.OK, "degraded": ExitCode.DEGRADED, "lost": ExitCode.UNHEALTHY}
+
+
+def _load(cluster: Path):
+    # Imported here: `gpuinfra --help` must not pay for the inventory's model.
+    from roles.context import load
+
+    return load(cluster)
 
 
 def _call(work):
@@ -53,7 +59,7 @@ def status(cluster: ClusterArg, output: FormatOpt = OutputFormat.table) -> None:
     from day2.etcd import status as cluster_status
 
     with reporting():
-        loaded = load(cluster)
+        loaded = _load(cluster)
     result = _call(lambda: cluster_status(loaded))
     if output is OutputFormat.json:
         _json(asdict(result))
@@ -88,7 +94,7 @@ def certs(cluster: ClusterArg, output: FormatOpt = OutputFormat.table) -> None:
     from roles.etcd.pki import expiry_report
 
     with reporting():
-        loaded = load(cluster)
+        loaded = _load(cluster)
         report = expiry_report(loaded)
         if not report:
             raise UserError(f"no etcd PKI in {loaded.state_dir}: run `gpuinfra apply` first")
@@ -125,7 +131,7 @@ def check_disk(
     from day2.etcd import check_disk as run_check
 
     with reporting():
-        loaded = load(cluster)
+        loaded = _load(cluster)
     results = _call(lambda: run_check(loaded, max_ms))
     if output is OutputFormat.json:
         _json([asdict(r) for r in results])
@@ -153,7 +159,7 @@ def snapshot(
     from day2.etcd import snapshot as take
 
     with reporting():
-        loaded = load(cluster)
+        loaded = _load(cluster)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     target = out or loaded.state_dir / "etcd-snapshots" / f"{loaded.cluster.name}-{stamp}.db"
     result = _call(lambda: take(loaded, target))
@@ -178,7 +184,7 @@ def restore(
     from day2.etcd import restore as rebuild
 
     with reporting():
-        loaded = load(cluster)
+        loaded = _load(cluster)
     _confirm(yes, f"Replace the data of every etcd member of {loaded.cluster.name}?")
     result = _call(lambda: rebuild(loaded, snapshot_file))
     if output is OutputFormat.json:
@@ -206,7 +212,7 @@ def replace_member(
     from day2.etcd import replace
 
     with reporting():
-        loaded = load(cluster)
+        loaded = _load(cluster)
     _confirm(yes, f"Remove {member} from etcd and clear its data directory?")
     result = _call(lambda: replace(loaded, member, override_gate=override_gate))
     if output is OutputFormat.json:
@@ -230,7 +236,7 @@ def rotate_certs(
     from day2.etcd import rotate_certs as rotate
 
     with reporting():
-        loaded = load(cluster)
+        loaded = _load(cluster)
     _confirm(yes, "Rotate every etcd certificate?")
     result = _call(lambda: rotate(loaded))
     if output is OutputFormat.json:

@@ -7,15 +7,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-import yaml
 from rich.console import Console
 from rich.table import Table
 
 from cli.errors import UserError, reporting
 from cli.options import ClusterArg, FormatOpt, OutputFormat
-from inventory.ansible_import import import_ansible
-from inventory.topology import build_topology
-from roles.context import load
 
 app = typer.Typer(help="Validate, show and import cluster inventories.", no_args_is_help=True)
 console = Console(highlight=False)
@@ -24,6 +20,8 @@ console = Console(highlight=False)
 @app.command()
 def validate(cluster: ClusterArg) -> None:
     """Check a cluster inventory without connecting to anything; exit 2 on any problem."""
+    from roles.context import load
+
     with reporting():
         loaded = load(cluster)
     console.print(f"{loaded.source}: valid ({len(loaded.cluster.hosts)} hosts)", markup=False)
@@ -32,10 +30,12 @@ def validate(cluster: ClusterArg) -> None:
 @app.command()
 def show(cluster: ClusterArg, output: FormatOpt = OutputFormat.table) -> None:
     """Show hosts, groups and the derived topology (endpoints, DNS, firewall peers)."""
+    from roles.context import load, topology_of
+
     with reporting():
         loaded = load(cluster)
     model = loaded.cluster
-    topology = build_topology(model)
+    topology = topology_of(loaded)
     if output is OutputFormat.json:
         document = {
             "cluster": model.model_dump(mode="json"),
@@ -105,6 +105,10 @@ def import_(
     force: Annotated[bool, typer.Option(help="Overwrite an existing cluster file.")] = False,
 ) -> None:
     """Import a Kubespray/DeepOps Ansible inventory and write a cluster file."""
+    import yaml
+
+    from inventory.ansible_import import import_ansible
+
     with reporting():
         if not path.exists():
             raise UserError(f"{path}: no such file or directory")

@@ -9,20 +9,27 @@ from contextlib import contextmanager
 from dataclasses import asdict
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from cli.errors import UserError, reporting, stderr
 from cli.exitcodes import ExitCode
 from cli.options import FormatOpt, OutputFormat
-from lab import lifecycle
 from lab.errors import LabError, LabInvalid, LabMissingTool, LabNotRoot
 from lab.naming import DEFAULT_NAME
-from lab.topology import generic_topology, named_topology, parse_disks, parse_size
+from lab.topology import (
+    DEFAULT_PARALLEL,
+    generic_topology,
+    named_topology,
+    parse_disks,
+    parse_size,
+)
+
+if TYPE_CHECKING:
+    from lab import lifecycle
 
 app = typer.Typer(
     help="A multi-host lab of real Debian 13 hosts on this machine.", no_args_is_help=True
@@ -78,7 +85,7 @@ def up(
     ] = None,
     parallel: Annotated[
         int, typer.Option(min=1, help="Hosts booting at the same time.")
-    ] = lifecycle.DEFAULT_PARALLEL,
+    ] = DEFAULT_PARALLEL,
     layer: Annotated[
         Path | None,
         typer.Option(help="A folder from `lab save-layer`: every host starts from that state."),
@@ -100,6 +107,8 @@ def up(
             chosen = chosen.with_disks(parse_disks(disk))
         total = len(chosen.hosts) if chosen else None
         with _boot_progress(total, enabled=output is OutputFormat.table) as on_host:
+            from lab import lifecycle
+
             result = lifecycle.up(
                 name,
                 chosen,
@@ -127,6 +136,8 @@ def _boot_progress(total: int | None, *, enabled: bool) -> Iterator[lifecycle.Pr
     if not enabled or not progress_console.is_terminal:
         yield None
         return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     columns = (TextColumn("booting"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=progress_console, transient=True) as bar:
         task = bar.add_task("boot", total=total)
@@ -142,6 +153,8 @@ def _boot_progress(total: int | None, *, enabled: bool) -> Iterator[lifecycle.Pr
 def down(name: NameOpt = DEFAULT_NAME) -> None:
     """Remove everything the lab made: hosts, mounts, loop devices, links, nft table, state."""
     with lab_errors():
+        from lab import lifecycle
+
         result = lifecycle.down(name)
     if not result.removed:
         console.print(f"lab {name}: nothing to remove", markup=False)
@@ -155,6 +168,8 @@ def down(name: NameOpt = DEFAULT_NAME) -> None:
 def status(name: NameOpt = DEFAULT_NAME, output: FormatOpt = OutputFormat.table) -> None:
     """Hosts, addresses, whether each is up, and the memory each uses."""
     with lab_errors():
+        from lab import lifecycle
+
         result = lifecycle.status(name)
     if output is OutputFormat.json:
         typer.echo(json.dumps(asdict(result), indent=2))
@@ -193,6 +208,8 @@ def ssh(
 ) -> None:
     """Open ssh to a lab host (strict host-key checking, the lab's own key)."""
     with lab_errors():
+        from lab import lifecycle
+
         argv = lifecycle.ssh_argv(name, host, command or [], batch=bool(command))
     os.execvp(argv[0], argv)
 
@@ -201,6 +218,8 @@ def ssh(
 def stop(host: HostArg, name: NameOpt = DEFAULT_NAME) -> None:
     """Power a host off; it stays off (no reboot) until `lab start`."""
     with lab_errors():
+        from lab import lifecycle
+
         was_running = lifecycle.stop_host(name, host)
     console.print(f"{host}: {'stopped' if was_running else 'was not running'}", markup=False)
 
@@ -209,6 +228,8 @@ def stop(host: HostArg, name: NameOpt = DEFAULT_NAME) -> None:
 def start(host: HostArg, name: NameOpt = DEFAULT_NAME) -> None:
     """Boot a stopped host and wait until it answers SSH."""
     with lab_errors():
+        from lab import lifecycle
+
         already = lifecycle.start_host(name, host)
     console.print(f"{host}: {'already running' if already else 'up'}", markup=False)
 
@@ -222,6 +243,8 @@ def save_layer(
     """Power HOST off and save its changes as a layer for `lab up --layer` (scale benchmarks:
     hosts that start converged). SSH host keys, machine id and host name are left out."""
     with lab_errors():
+        from lab import lifecycle
+
         saved = lifecycle.save_layer(name, host, out)
     console.print(f"saved {host} as a layer in {saved}", markup=False)
 
@@ -230,6 +253,8 @@ def save_layer(
 def partition(host: HostArg, name: NameOpt = DEFAULT_NAME) -> None:
     """Cut a host off the network (it keeps running); undo with `lab heal`."""
     with lab_errors():
+        from lab import lifecycle
+
         lifecycle.partition(name, host, partitioned=True)
     console.print(f"{host}: partitioned", markup=False)
 
@@ -238,6 +263,8 @@ def partition(host: HostArg, name: NameOpt = DEFAULT_NAME) -> None:
 def heal(host: HostArg, name: NameOpt = DEFAULT_NAME) -> None:
     """Restore a partitioned host's network."""
     with lab_errors():
+        from lab import lifecycle
+
         lifecycle.partition(name, host, partitioned=False)
     console.print(f"{host}: network restored", markup=False)
 
@@ -250,5 +277,7 @@ def attach_disk(
 ) -> None:
     """Give a host a block device, /dev/vdb inside (a running host reboots to see it)."""
     with lab_errors():
+        from lab import lifecycle
+
         device = lifecycle.attach_disk(name, host, parse_size(size))
     console.print(f"{host}: /dev/vdb is {device} on this machine", markup=False)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from importlib.metadata import version
 from typing import Annotated
 
 import typer
@@ -70,6 +69,8 @@ app.command("verify")(verify.verify_command)
 
 def _version(value: bool) -> None:
     if value:
+        from importlib.metadata import version
+
         typer.echo(f"gpuinfra {version('gpuinfra')}")
         raise typer.Exit()
 

@@ -10,9 +10,6 @@ from rich.console import Console
 
 from cli.errors import reporting, stderr
 from cli.options import ClusterArg
-from inventory.model import StateAccess
-from roles.context import load
-from roles.render import render_cluster
 
 
 def render(
@@ -23,6 +20,10 @@ def render(
 
     Reads the cluster's .state/ and never writes it: secrets only apply generates (etcd
     certificates and keys, the TSIG key, the keepalived password) are placeholders until then."""
+    from inventory.model import StateAccess
+    from roles.context import load
+    from roles.render import render_cluster
+
     with reporting():
         loaded = load(cluster).with_state_access(StateAccess.placeholder)
     result = render_cluster(loaded, out)

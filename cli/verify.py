@@ -12,11 +12,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from cli import connecting
 from cli.errors import UserError, reporting
 from cli.exitcodes import ExitCode
 from cli.options import ClusterArg, FormatOpt, OutputFormat
-from roles.context import load
-from roles.runner import select_hosts
 from roles.verify import DEFAULT_PROCESSES, available_suites, verify
 
 console = Console(highlight=False)
@@ -42,6 +41,10 @@ def verify_command(
 
     Exit codes: 0 every check passed, 7 a check failed, 4 a host could not be reached,
     2 bad input."""
+    connecting()
+    from roles.context import load
+    from roles.runner import select_hosts
+
     selected_roles = _split(roles)
     selected_limit = _split(limit)
     with reporting():

@@ -17,6 +17,8 @@ from inventory.validate import check_cluster
 # What the layer above adds to a load (roles/context.py): each host's typed role settings and
 # the problems found while merging and checking them, as (key path, message).
 RoleSettings = dict[str, dict[str, Any]]
+# libyaml's parser when PyYAML was built with it (Debian's and the wheels are), else pure Python.
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 RoleChecks = Callable[[LoadedCluster], tuple[RoleSettings, Iterable[tuple[str, str]]]]
 
 
@@ -64,10 +66,16 @@ def _read(path: Path) -> str:
 
 
 def parse_yaml(path: Path, text: str) -> tuple[Any, dict[tuple[str, ...], int]]:
-    """Parse YAML, refusing duplicate keys, and index the line of every key path."""
+    """Parse YAML once, refusing duplicate keys, and index the line of every key path.
+
+    One pass of libyaml's parser builds the node tree; the data is constructed from that same
+    tree and the lines are read off it. (Parsing twice in pure Python, once for the nodes and
+    once for the data, took a minute for a 7,500-host inventory.)
+    """
+    loader = SAFE_LOADER(text)
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
@@ -75,6 +83,8 @@ def parse_yaml(path: Path, text: str) -> tuple[Any, dict[tuple[str, ...], int]]:
         raise InventoryInvalid(
             [InventoryError(path, "", f"malformed YAML: {problem}", line)]
         ) from None
+    finally:
+        loader.dispose()
     lines: dict[tuple[str, ...], int] = {}
     errors: list[InventoryError] = []
     if node is not None:

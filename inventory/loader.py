@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 
 from inventory.ansible_import import import_ansible
-from inventory.building import RoleChecks, load_cluster_file
+from inventory.building import SAFE_LOADER, RoleChecks, load_cluster_file
 from inventory.errors import InventoryError, InventoryInvalid
 from inventory.model import LoadedCluster
 
@@ -52,7 +52,7 @@ def _is_ansible(path: Path) -> bool:
     if path.suffix not in (".yml", ".yaml"):
         return True  # INI inventories have no fixed suffix
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(), Loader=SAFE_LOADER)
     except (yaml.YAMLError, OSError):
         return False  # let the cluster loader report it with a line number
     return isinstance(data, dict) and "all" in data and "hosts" not in data

@@ -139,10 +139,20 @@ def collapse_sources(sources: Iterable[str]) -> tuple[str, ...]:
         {ipaddress.IPv4Network(source, strict=False) for source in sources},
         key=lambda net: (net.prefixlen, net),
     )
+    # Widest first: a network is covered when its address, cut to the prefix of a network kept
+    # before it, is that network. One lookup per distinct prefix length, not per kept network,
+    # so a group of thousands of hosts costs linear time.
     kept: list[ipaddress.IPv4Network] = []
+    kept_keys: set[tuple[int, int]] = set()
+    prefixes: list[int] = []
     for net in networks:
-        if not any(net.subnet_of(wider) for wider in kept):
-            kept.append(net)
+        address = int(net.network_address)
+        if any((address >> (32 - p) << (32 - p), p) in kept_keys for p in prefixes):
+            continue
+        kept.append(net)
+        kept_keys.add((address, net.prefixlen))
+        if net.prefixlen not in prefixes:
+            prefixes.append(net.prefixlen)
     return tuple(
         str(net.network_address) if net.prefixlen == 32 else str(net) for net in sorted(kept)
     )

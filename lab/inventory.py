@@ -9,7 +9,7 @@ import yaml
 
 from inventory.building import build
 from inventory.model import LoadedCluster
-from lab import rootfs
+from lab import aptcache, rootfs
 from lab.state import LabState
 from lab.topology import DISK_DEVICE, LAB_GPU_COUNT, LAB_GPU_MODEL
 from roles.statefiles import write_atomically
@@ -50,7 +50,10 @@ def inventory_data(state: LabState) -> dict[str, Any]:
         data["api"] = {"vip": str(state.vip)}
     # Docker's own repository is out of reach from the lab: Debian 13's docker.io and containerd.
     data["group_vars"] = {
-        "all": {"base": _base_settings(), "container_runtime": {"source": "distribution"}}
+        "all": {
+            "base": _base_settings(str(state.gateway)),
+            "container_runtime": {"source": "distribution"},
+        }
     }
     if any("etcd" in spec.groups for _, spec, _ in state.hosts()):
         # GitHub's releases are unreachable from the lab: Debian 13's etcd-server 3.5.16. The
@@ -63,9 +66,11 @@ def inventory_data(state: LabState) -> dict[str, Any]:
     return data
 
 
-def _base_settings() -> dict[str, Any]:
+def _base_settings(gateway: str) -> dict[str, Any]:
     """The base role manages /etc/hosts and apt sources: keep the lab's mirror in both, or the
-    hosts (which have no DNS) lose their packages on the first apply."""
+    hosts (which have no DNS) lose their packages on the first apply. With apt-cacher-ng on
+    the machine, apt goes through the lab's package cache (lab/aptcache.py): each package is
+    fetched from the mirror once for all hosts and all labs."""
     mirror = rootfs.machine_mirror()
     settings: dict[str, Any] = {
         "apt_mirror": mirror.archive,
@@ -73,6 +78,8 @@ def _base_settings() -> dict[str, Any]:
     }
     if mirror.security:
         settings["apt_security_mirror"] = mirror.security
+    if aptcache.available():
+        settings["apt_proxy"] = aptcache.proxy_url(gateway)
     return settings
 
 

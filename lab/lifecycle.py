@@ -15,22 +15,24 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from inventory.model import LoadedCluster
-from lab import addressing, host, naming, network, processes, rootfs
+from lab import addressing, aptcache, host, naming, network, processes, rootfs
 from lab.errors import LabError, LabInvalid
 from lab.host import HostPaths
-from lab.inventory import HEADER, loaded_cluster, write_inventory
 from lab.memory import host_memory
 from lab.naming import LabNames, check_lab_name
 from lab.state import LabState, locked, read_state, recorded_labs, write_state
 from lab.system import require_root_and_tools, run, succeeds
-from lab.topology import Topology, default_topology
+from lab.topology import DEFAULT_PARALLEL, Topology, default_topology
 from roles.statefiles import write_secret_atomically
 
-# Hosts booting at once: enough to keep 2 cores busy, few enough that none starves past its
-# timeout (LAB.md: 60 hosts booted in 55 s).
-DEFAULT_PARALLEL = 24
+if TYPE_CHECKING:
+    from inventory.model import LoadedCluster
+
+# lab.inventory (the inventory model, YAML) is imported where it is used: `gpuinfra --help`
+# and `lab status` must not pay for it.
+
 BOOT_TIMEOUT_S = 300.0
 # LAB.md: 82 of 84 hosts powered off within 15 s of SIGTERM; the rest need SIGKILL.
 STOP_DEADLINE_S = 20.0
@@ -110,7 +112,11 @@ def up(
         _ensure_lab_key(state)
         network.tune_machine()
         network.ensure_bridge(state.names, state.gateway, state.subnet.prefixlen)
-        network.ensure_nat(state.names, state.subnet)
+        cache_port = None
+        if aptcache.available():
+            aptcache.ensure_running(mirror)
+            cache_port = aptcache.PORT
+        network.ensure_nat(state.names, state.subnet, state.gateway, cache_port)
         mirror_hosts = rootfs.resolve_mirror(mirror)
         sources = _apt_sources(mirror)
         public_key = Path(f"{state.private_key}.pub").read_text()
@@ -128,6 +134,8 @@ def up(
             known = list(pool.map(prepare, range(len(state.topology.hosts))))
         _write_private(state.known_hosts, "\n".join(known) + "\n")
         assert state.inventory_path is not None
+        from lab.inventory import write_inventory
+
         write_inventory(state, state.inventory_path)
 
         def boot(index: int) -> tuple[str, bool]:
@@ -378,6 +386,8 @@ def _remove_inventory(state: LabState) -> bool:
     """Delete the lab's cluster.yml (its key goes with the lab), never a file we did not write."""
     path = state.inventory_path
     assert path is not None
+    from lab.inventory import HEADER
+
     header = HEADER.splitlines()[0].format(name=state.name)
     try:
         if not path.read_text().startswith(header):
@@ -490,6 +500,8 @@ def attach_disk(name: str, host_name: str, size_bytes: int) -> str:
         state = replace(state, topology=topology)  # keeps the layer and the rest
         write_state(state)
         if state.inventory_path is not None:
+            from lab.inventory import write_inventory
+
             write_inventory(state, state.inventory_path)
         loop = host.ensure_disk(_paths(state, host_name), size_bytes)
     if host.is_running(_paths(state, host_name)):
@@ -509,6 +521,8 @@ def ssh_argv(name: str, host_name: str, command: list[str], *, batch: bool = Tru
 
 def cluster(name: str, state: LabState | None = None) -> LoadedCluster:
     """The lab's validated cluster (the same as loading its cluster.yml)."""
+    from lab.inventory import loaded_cluster
+
     return loaded_cluster(state or _state(name))
 
 

@@ -30,9 +30,32 @@ def ensure_bridge(names: LabNames, gateway: ipaddress.IPv4Address, prefix: int) 
     run(["ip", "link", "set", "dev", bridge, "up"])
 
 
-def ensure_nat(names: LabNames, subnet: ipaddress.IPv4Network) -> None:
-    """Masquerade the lab subnet in a table the lab owns; other tables are never touched."""
+def ensure_nat(
+    names: LabNames,
+    subnet: ipaddress.IPv4Network,
+    gateway: ipaddress.IPv4Address | None = None,
+    cache_port: int | None = None,
+) -> None:
+    """Masquerade the lab subnet in a table the lab owns; other tables are never touched.
+
+    With a cache port, the hosts' connections to the gateway on that port go to the package
+    cache on the machine's 127.0.0.1 (lab/aptcache.py): it listens on no other interface.
+    """
     table = names.nft_table
+    forward = ""
+    if gateway is not None and cache_port is not None:
+        # The kernel drops packets routed to 127.0.0.0/8 from another interface unless the
+        # interface allows it; only the lab's own bridge does.
+        write_sysctl(f"net.ipv4.conf.{names.bridge}.route_localnet", 1)
+        rule = (
+            f'iifname "{names.bridge}" ip daddr {gateway} tcp dport {cache_port} '
+            f'dnat to 127.0.0.1:{cache_port} comment "lab hosts reach the package cache"'
+        )
+        forward = f"""
+    chain prerouting {{
+        type nat hook prerouting priority dstnat; policy accept;
+        {rule}
+    }}"""
     # Create-then-delete-then-define in one transaction: replaces only this table, atomically.
     ruleset = f"""\
 table ip {table} {{}}
@@ -41,7 +64,7 @@ table ip {table} {{
     chain postrouting {{
         type nat hook postrouting priority srcnat; policy accept;
         ip saddr {subnet} ip daddr != {subnet} masquerade comment "lab hosts reach the mirror"
-    }}
+    }}{forward}
 }}
 """
     run(["nft", "-f", "-"], input=ruleset)

@@ -7,6 +7,7 @@ per-host typed role config (here, in `HostContext`) -> operations -> hosts -> re
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -98,6 +99,23 @@ class Rolling(StrEnum):
     one_at_a_time = "one_at_a_time"
     # Interchangeable hosts (workers): `--batch` sizes the steps and `--rate` spaces them.
     batches = "batches"
+
+
+def lazy(target: str) -> Callable:
+    """The function `module:name`, imported on its first call. A record names its files,
+    deploy and cluster files this way: deploys import pyinfra and files import Jinja and
+    cryptography, which `inventory validate` and `--help` never need."""
+    module, _, name = target.partition(":")
+    resolved: list[Callable] = []
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if not resolved:
+            resolved.append(getattr(importlib.import_module(module), name))
+        return resolved[0](*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = name
+    call.__module__ = module
+    return call
 
 
 HostFiles = Callable[[HostContext], list[ManagedFile]]

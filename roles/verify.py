@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tempfile
-import xml.etree.ElementTree as ET
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# tempfile, xml.etree and concurrent.futures (which loads logging) are imported where they are
+# used: `gpuinfra --help` imports this module for its defaults and must stay quick.
 from roles import assets
 
 SUITES = assets.VERIFY_SUITES
@@ -63,6 +62,9 @@ def verify(
     """Run the suites for `hosts` in pytest subprocesses (the CLI process is gevent-patched for
     pyinfra; pytest runs tests one by one), hosts spread round-robin over the processes, and
     collect one result per test, host and item."""
+    import tempfile
+    from concurrent.futures import ThreadPoolExecutor
+
     shards = [hosts[index::processes] for index in range(min(processes, len(hosts)))]
     report = VerifyReport()
     with tempfile.TemporaryDirectory(prefix="gpuinfra-verify-") as scratch:
@@ -97,6 +99,8 @@ def verify(
 
 def write_junit(report: VerifyReport, path: Path) -> None:
     """One test suite per role, one test case per check and host (classname: role.host)."""
+    import xml.etree.ElementTree as ET
+
     root = ET.Element("testsuites", name="gpuinfra verify")
     for role in sorted({r.role for r in report.results}):
         results = [r for r in report.results if r.role == role]

@@ -18,12 +18,8 @@ DISTRIBUTIONS = {
 def managed_files(ctx: HostContext) -> list[ManagedFile]:
     cfg = ctx.config(BaseConfig)
     family, codename, default_mirror = DISTRIBUTIONS[ctx.cluster.os]
-    hosts = [
-        (str(host.address), ctx.cluster.fqdn(name), name)
-        for name, host in ctx.cluster.hosts.items()
-    ]
-    if ctx.topology.api_address:
-        hosts.append((ctx.topology.api_address, f"api.{ctx.cluster.domain}", "api"))
+    hosts = hosts_entries(ctx)
+    resolved_by_dns = ctx.topology.dns_primary is not None
 
     def file(path: str, template: str, check: str | None = None, **extra: object) -> ManagedFile:
         content = render_template(
@@ -33,7 +29,7 @@ def managed_files(ctx: HostContext) -> list[ManagedFile]:
 
     return [
         file("/etc/hostname", "hostname.j2"),
-        file("/etc/hosts", "hosts.j2", hosts=hosts),
+        file("/etc/hosts", "hosts.j2", hosts=hosts, resolved_by_dns=resolved_by_dns),
         file(
             "/etc/apt/sources.list.d/gpuinfra.sources",
             "apt.sources.j2",
@@ -47,3 +43,29 @@ def managed_files(ctx: HostContext) -> list[ManagedFile]:
         # A drop-in that sshd rejects never goes live: a broken sshd locks the operator out.
         file("/etc/ssh/sshd_config.d/50-gpuinfra.conf", "sshd.conf.j2", check="sshd -t -f {path}"),
     ]
+
+
+def hosts_entries(ctx: HostContext) -> list[tuple[str, str, str]]:
+    """(address, fqdn, short name) lines of the host's /etc/hosts.
+
+    Without DNS servers in the inventory, every host of the cluster: nothing else resolves them.
+    With DNS servers, hosts resolve each other through the cluster's DNS (the dns role points
+    /etc/resolv.conf at it), and /etc/hosts holds only what must resolve before DNS answers or
+    while it does not: the host itself (hostname -f, sudo, a bootstrap before the dns phase),
+    the DNS servers (by address in resolv.conf; by name here for operators and zone transfers)
+    and the API endpoint (kubelet and kubeadm reach api.<domain>: a DNS outage must not cut
+    nodes off the API). etcd members are not listed: etcd's peers and clients, and the API
+    servers' --etcd-servers, name them by address (topology.etcd_initial_cluster), never by
+    name. Listing every host would make each host's file, and every render and drift check of
+    it, grow with the fleet: 7,500 lines on each of 7,500 hosts, 56 million lines in all.
+    """
+    cluster, topology = ctx.cluster, ctx.topology
+    if topology.dns_primary is None:
+        names = list(cluster.hosts)
+    else:
+        servers = [topology.dns_primary, *topology.dns_secondaries]
+        names = list(dict.fromkeys([ctx.name, *servers]))
+    entries = [(str(cluster.hosts[name].address), cluster.fqdn(name), name) for name in names]
+    if topology.api_address:
+        entries.append((topology.api_address, f"api.{cluster.domain}", "api"))
+    return entries

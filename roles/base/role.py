@@ -6,9 +6,8 @@ import ipaddress
 
 from inventory.model import Cluster, LoadedCluster
 from inventory.topology import FirewallRule, collapse_sources
-from roles.base import deploy, files
 from roles.base.config import BaseConfig
-from roles.spec import Phase, Role
+from roles.spec import Phase, Role, lazy
 
 
 def bastion_address(cluster: Cluster) -> list[str]:
@@ -39,7 +38,7 @@ def ports(loaded: LoadedCluster) -> dict[str, list[FirewallRule]]:
 ROLE = Role(
     name="base",
     config=BaseConfig,
-    phases=(Phase(None, files.managed_files, deploy.apply),),
+    phases=(Phase(None, lazy("roles.base.files:managed_files"), lazy("roles.base.deploy:apply")),),
     ports=ports,
     summary="hostname, /etc/hosts, apt sources, packages, time sync, journald, sshd",
 )

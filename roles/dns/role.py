@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from inventory.model import LoadedCluster
 from inventory.topology import DNS_PORT, FirewallRule, collapse_sources
-from roles.dns import deploy, files
 from roles.dns.config import DnsConfig
-from roles.spec import Phase, Role, Rolling
+from roles.spec import Phase, Role, Rolling, lazy
 
 
 def ports(loaded: LoadedCluster) -> dict[str, list[FirewallRule]]:
@@ -27,9 +26,14 @@ ROLE = Role(
     config=DnsConfig,
     phases=(
         # One server at a time: the others keep answering while one reloads or reboots.
-        Phase(("dns",), files.server_files, deploy.apply_server, Rolling.one_at_a_time),
+        Phase(
+            ("dns",),
+            lazy("roles.dns.files:server_files"),
+            lazy("roles.dns.deploy:apply_server"),
+            Rolling.one_at_a_time,
+        ),
         # Every host then resolves through the cluster's DNS servers.
-        Phase(None, files.client_files, deploy.apply_client),
+        Phase(None, lazy("roles.dns.files:client_files"), lazy("roles.dns.deploy:apply_client")),
     ),
     ports=ports,
     summary="Bind9 for the cluster domain (primary, secondaries) and every host's resolver",

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from roles.drift_job import files
 from roles.drift_job.config import DriftJobConfig
-from roles.spec import Role
+from roles.spec import Role, lazy
 
 ROLE = Role(
     name="drift_job",
     config=DriftJobConfig,
-    cluster_files=files.cluster_files,
+    cluster_files=lazy("roles.drift_job.files:cluster_files"),
     summary="the fleet drift check as an Indexed Job, one pod per shard",
 )

@@ -10,9 +10,8 @@ from inventory.topology import (
     FirewallRule,
     collapse_sources,
 )
-from roles.etcd import deploy, files
 from roles.etcd.config import EtcdConfig
-from roles.spec import Phase, Role, Rolling
+from roles.spec import Phase, Role, Rolling, lazy
 
 
 def ports(loaded: LoadedCluster) -> dict[str, list[FirewallRule]]:
@@ -48,9 +47,19 @@ ROLE = Role(
     phases=(
         # Together: a new cluster's members must start in the same step. Restarts inside the
         # deploy and reboots still go one member at a time (quorum).
-        Phase(("etcd",), files.managed_files, deploy.apply, Rolling.together),
+        Phase(
+            ("etcd",),
+            lazy("roles.etcd.files:managed_files"),
+            lazy("roles.etcd.deploy:apply"),
+            Rolling.together,
+        ),
         # The API servers' client certificates: one control-plane node at a time.
-        Phase(("control_plane",), files.client_files, deploy.apply_clients, Rolling.one_at_a_time),
+        Phase(
+            ("control_plane",),
+            lazy("roles.etcd.files:client_files"),
+            lazy("roles.etcd.deploy:apply_clients"),
+            Rolling.one_at_a_time,
+        ),
     ),
     ports=ports,
     summary="five dedicated members on local disk, mutual TLS, disk gate, day-2 commands",

@@ -12,9 +12,8 @@ from pydantic import BaseModel
 
 from inventory.model import LoadedCluster
 from inventory.topology import KUBELET_PORT, FirewallRule, collapse_sources
-from roles.firewall import deploy, files
 from roles.firewall.config import FirewallConfig
-from roles.spec import Phase, Role
+from roles.spec import Phase, Role, lazy
 
 
 def api_clients(loaded: LoadedCluster) -> tuple[str, ...]:
@@ -72,7 +71,11 @@ def checks(loaded: LoadedCluster, settings: Mapping[str, Mapping[str, BaseModel]
 ROLE = Role(
     name="firewall",
     config=FirewallConfig,
-    phases=(Phase(None, files.managed_files, deploy.apply),),
+    phases=(
+        Phase(
+            None, lazy("roles.firewall.files:managed_files"), lazy("roles.firewall.deploy:apply")
+        ),
+    ),
     ports=ports,
     checks=checks,
     summary="one nftables table of gpuinfra's own, input policy drop, peers from the topology",

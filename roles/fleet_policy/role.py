@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from inventory.model import LoadedCluster
-from roles.fleet_policy import checks, files
+from roles.fleet_policy import checks
 from roles.fleet_policy.config import FleetPolicyConfig
-from roles.spec import HostSettings, Role
+from roles.spec import HostSettings, Role, lazy
 
 
 def cluster_checks(loaded: LoadedCluster, settings: HostSettings) -> Iterator[tuple[str, str]]:
@@ -18,7 +18,7 @@ def cluster_checks(loaded: LoadedCluster, settings: HostSettings) -> Iterator[tu
 ROLE = Role(
     name="fleet_policy",
     config=FleetPolicyConfig,
-    cluster_files=files.cluster_files,
+    cluster_files=lazy("roles.fleet_policy.files:cluster_files"),
     checks=cluster_checks,
     summary="team isolation, balloons, gang scheduling and GPU metrics on the cluster",
 )

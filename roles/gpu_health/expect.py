@@ -26,8 +26,14 @@ def _find(names: list[str], host: str) -> str:
 
 
 def from_cluster(loaded: LoadedCluster, host: str) -> tuple[Expectations, GpuHealthConfig]:
+    name = _find(loaded.cluster.in_group("gpu_worker"), host)
+    return _expectations(loaded, name)
+
+
+def _expectations(loaded: LoadedCluster, name: str) -> tuple[Expectations, GpuHealthConfig]:
+    """A GPU worker's expectations, by its inventory name (no lookup: the fleet-wide document
+    asks for every worker, and a lookup per worker made it quadratic in the fleet)."""
     cluster = loaded.cluster
-    name = _find(cluster.in_group("gpu_worker"), host)
     gpu = cluster.hosts[name].gpu
     expect = Expectations(
         count=gpu.count if gpu else None,
@@ -43,7 +49,7 @@ def expectations_document(loaded: LoadedCluster) -> dict[str, Any]:
     (the in-cluster checks get it as a ConfigMap)."""
     hosts = {}
     for name in loaded.cluster.in_group("gpu_worker"):
-        expect, cfg = from_cluster(loaded, name)
+        expect, cfg = _expectations(loaded, name)
         hosts[name] = {
             "count": expect.count,
             "model": expect.model,

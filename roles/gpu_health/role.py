@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from inventory.model import LoadedCluster
 from inventory.topology import DCGM_EXPORTER_PORT, FirewallRule, collapse_sources
-from roles.gpu_health import files
 from roles.gpu_health.config import GpuHealthConfig
-from roles.spec import Role
+from roles.spec import Role, lazy
 
 
 def ports(loaded: LoadedCluster) -> dict[str, list[FirewallRule]]:
@@ -22,6 +21,6 @@ ROLE = Role(
     name="gpu_health",
     config=GpuHealthConfig,
     ports=ports,
-    cluster_files=files.cluster_files,
+    cluster_files=lazy("roles.gpu_health.files:cluster_files"),
     summary="passive and active GPU checks, preflight taint, budgeted cordoning (in-cluster)",
 )

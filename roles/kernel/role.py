@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from roles.kernel import deploy, files
 from roles.kernel.config import KernelConfig
-from roles.spec import Phase, Role
+from roles.spec import Phase, Role, lazy
 
 ROLE = Role(
     name="kernel",
     config=KernelConfig,
-    phases=(Phase(None, files.managed_files, deploy.apply),),
+    phases=(
+        Phase(None, lazy("roles.kernel.files:managed_files"), lazy("roles.kernel.deploy:apply")),
+    ),
     summary="sysctls, limits, modules, boot command line, governor, THP, pinned kernel",
 )

@@ -5,9 +5,8 @@ from __future__ import annotations
 from inventory.model import LoadedCluster
 from inventory.topology import HAPROXY_STATS_PORT, FirewallRule, collapse_sources
 from roles.firewall.role import api_clients
-from roles.loadbalancer import deploy, files
 from roles.loadbalancer.config import LoadBalancerConfig
-from roles.spec import Phase, Role, Rolling
+from roles.spec import Phase, Role, Rolling, lazy
 
 
 def ports(loaded: LoadedCluster) -> dict[str, list[FirewallRule]]:
@@ -36,7 +35,14 @@ ROLE = Role(
     name="loadbalancer",
     config=LoadBalancerConfig,
     # One balancer at a time: the other keeps (or takes over) the VIP meanwhile.
-    phases=(Phase(("loadbalancer",), files.managed_files, deploy.apply, Rolling.one_at_a_time),),
+    phases=(
+        Phase(
+            ("loadbalancer",),
+            lazy("roles.loadbalancer.files:managed_files"),
+            lazy("roles.loadbalancer.deploy:apply"),
+            Rolling.one_at_a_time,
+        ),
+    ),
     ports=ports,
     summary="HAProxy in front of the API servers, keepalived for a shared address",
 )

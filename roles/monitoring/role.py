@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from inventory.model import LoadedCluster
 from inventory.topology import NODE_EXPORTER_PORT, PROMETHEUS_PORT, FirewallRule, collapse_sources
-from roles.monitoring import deploy, files
 from roles.monitoring.config import MonitoringConfig
-from roles.spec import Phase, Role
+from roles.spec import Phase, Role, lazy
 
 
 def ports(loaded: LoadedCluster) -> dict[str, list[FirewallRule]]:
@@ -27,10 +26,18 @@ ROLE = Role(
     name="monitoring",
     config=MonitoringConfig,
     phases=(
-        Phase(None, files.node_exporter_files, deploy.apply_node_exporter),
-        Phase(("monitoring",), files.prometheus_files, deploy.apply_prometheus),
+        Phase(
+            None,
+            lazy("roles.monitoring.files:node_exporter_files"),
+            lazy("roles.monitoring.deploy:apply_node_exporter"),
+        ),
+        Phase(
+            ("monitoring",),
+            lazy("roles.monitoring.files:prometheus_files"),
+            lazy("roles.monitoring.deploy:apply_prometheus"),
+        ),
     ),
     ports=ports,
-    cluster_files=files.cluster_files,
+    cluster_files=lazy("roles.monitoring.files:cluster_files"),
     summary="node exporter on every host, Prometheus with alert rules, Grafana dashboards",
 )

@@ -3,16 +3,22 @@ its checks refuse pins that do not fit each other at `inventory validate`."""
 
 from __future__ import annotations
 
-from roles.nvidia import deploy, files
 from roles.nvidia.compat import check_pins
 from roles.nvidia.config import NvidiaConfig
-from roles.spec import Phase, Role, Rolling
+from roles.spec import Phase, Role, Rolling, lazy
 
 ROLE = Role(
     name="nvidia",
     config=NvidiaConfig,
     # After container_runtime (registry order): the drop-in and daemon.json entry need both.
-    phases=(Phase(("gpu_worker",), files.managed_files, deploy.apply, Rolling.batches),),
+    phases=(
+        Phase(
+            ("gpu_worker",),
+            lazy("roles.nvidia.files:managed_files"),
+            lazy("roles.nvidia.deploy:apply"),
+            Rolling.batches,
+        ),
+    ),
     checks=check_pins,
     summary="NVIDIA driver, CUDA, cuDNN, NCCL, fabric manager, DCGM, container toolkit: pinned, "
     "held, checked against each other",

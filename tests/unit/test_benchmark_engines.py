@@ -41,6 +41,14 @@ def test_both_engines_get_every_managed_file_and_package_list(tmp_path):
     assert f"forks = {len(loaded.cluster.hosts)}" in cfg
     assert "StrictHostKeyChecking=yes" in cfg
 
+    # The floor reads the same state file, and reaches every host with the inventory's SSH.
+    assert files.state == (tmp_path / "engines" / "pyinfra" / "state.json").resolve()
+    floor_hosts = json.loads(files.floor_hosts.read_text())
+    assert floor_hosts["addresses"] == {
+        name: str(host.address) for name, host in loaded.cluster.hosts.items()
+    }
+    assert floor_hosts["ssh"]["user"] == loaded.cluster.ssh.user
+
 
 def run(engine, seconds, cpu, mib, hosts):
     return {"engine": engine, "hosts": hosts, "seconds": seconds, "cpu_seconds": cpu,

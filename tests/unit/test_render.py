@@ -46,13 +46,44 @@ def test_a_missing_variable_is_an_error_not_an_empty_string(tmp_path):
         env.get_template("t.j2").render()
 
 
-def test_hosts_file_lists_every_host_and_the_api():
+def _hosts_file(loaded, name: str) -> str:
+    ctx = next(ctx for ctx in host_contexts(loaded) if ctx.name == name)
+    return next(f for f in host_files(ctx) if f.path == "/etc/hosts").content
+
+
+def test_with_dns_servers_the_hosts_file_holds_only_what_precedes_dns():
     loaded = load(SAMPLE)
-    ctx = host_contexts(loaded)[0]
-    hosts_file = next(f for f in host_files(ctx) if f.path == "/etc/hosts").content
-    for name, host in loaded.cluster.hosts.items():
-        assert f"{host.address} {name}.sample.gpu.internal {name}\n" in hosts_file
+    hosts_file = _hosts_file(loaded, "gpu-1")
+    entries = [line.split() for line in hosts_file.splitlines() if line[:1].isdigit()]
+    # Besides localhost: itself, the DNS servers and the API endpoint, and no other host.
+    listed = {words[2] for words in entries if words[1] != "localhost"}
+    assert listed == {"gpu-1", "dns-1", "dns-2", "api"}
     assert "10.40.0.10 api.sample.gpu.internal api\n" in hosts_file
+    assert "127.0.0.1 localhost\n" in hosts_file
+
+
+def test_without_dns_servers_the_hosts_file_lists_every_host(small_cluster, write_cluster):
+    del small_cluster["hosts"]["dns-1"]
+    loaded = load(write_cluster(small_cluster))
+    hosts_file = _hosts_file(loaded, "cpu-1")
+    for name, host in loaded.cluster.hosts.items():
+        assert f"{host.address} {name}.small.test {name}\n" in hosts_file
+    # Positive control for the test above: the same cluster with its DNS server lists fewer.
+    with_dns = _hosts_file(load(write_cluster(dict(small_cluster, hosts={
+        **small_cluster["hosts"], "dns-1": {"address": "10.0.0.41", "groups": ["dns"]}
+    }))), "cpu-1")  # fmt: skip
+    assert "10.0.0.11 etcd-1.small.test etcd-1\n" not in with_dns
+
+
+def test_the_hosts_file_does_not_grow_with_the_fleet():
+    from benchmarks.fleet import fleet_data
+    from inventory.building import build
+
+    sizes = {}
+    for hosts in (50, 500):
+        loaded = build(fleet_data(hosts), source=Path("fleet.yml"), base_dir=Path("."))
+        sizes[hosts] = _hosts_file(loaded, "gpu-00001").count("\n")
+    assert sizes[50] == sizes[500]
 
 
 def test_group_and_host_vars_reach_the_templates(small_cluster, write_cluster):

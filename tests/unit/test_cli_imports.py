@@ -1,0 +1,67 @@
+"""The command line stays light: commands that do not connect never import the engine's heavy
+dependencies (pyinfra, gevent, ansible), and the ones that connect still get gevent's patch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+HEAVY = ("pyinfra", "gevent", "ansible", "cryptography", "jinja2")
+
+
+def loaded_after(*argv: str) -> dict[str, bool]:
+    """Run the CLI in a fresh interpreter and report which heavy packages it imported."""
+    script = f"""
+import json, sys
+sys.argv = ["gpuinfra", *{list(argv)!r}]
+from cli.main import app
+try:
+    app()
+except SystemExit:
+    pass
+print(json.dumps({{name: name in sys.modules for name in {list(HEAVY)!r}}}), file=sys.stderr)
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    return json.loads(result.stderr.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [("--help",), ("inventory", "validate", "inventory/sample"), ("lab", "--help")],
+)
+def test_commands_that_do_not_connect_skip_the_engine(argv: tuple[str, ...]) -> None:
+    loaded = loaded_after(*argv)
+    assert loaded == dict.fromkeys(HEAVY, False)
+
+
+def test_the_probe_sees_heavy_imports_when_they_happen(tmp_path: Path) -> None:
+    # Positive control: rendering imports the roles' files and their templates (jinja2); the
+    # deploys (pyinfra) stay unloaded, the role records name them lazily.
+    loaded = loaded_after("render", "inventory/sample", "--out", str(tmp_path))
+    assert loaded["jinja2"] and not loaded["pyinfra"]
+
+
+def test_connecting_patches_the_standard_library_for_gevent() -> None:
+    script = """
+import socket, warnings
+warnings.simplefilter("error")  # a MonkeyPatchWarning (ssl imported too early) fails the run
+import cli.main
+from cli import connecting
+connecting()
+from gevent import monkey
+import roles.runner
+assert monkey.is_module_patched("socket") and monkey.is_module_patched("ssl")
+print("patched")
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "patched"

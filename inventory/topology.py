@@ -12,6 +12,7 @@ ETCD_CLIENT_PORT = 2379
 ETCD_PEER_PORT = 2380
 ETCD_METRICS_PORT = 2381  # plain-HTTP /metrics listener, so Prometheus needs no client cert
 KUBELET_PORT = 10250
+BGP_PORT = 179  # Calico (kubernetes role) routes pod CIDRs natively over BGP between nodes
 NODE_EXPORTER_PORT = 9100
 SSH_PORT = 22
 DNS_PORT = 53
@@ -207,6 +208,14 @@ def _firewall(
                 "tcp",
                 kubelet_clients if control_plane else (),
             )
+        )
+    # Until the engine gathers each role's `ports` (roles/kubernetes ROLE.ports says the same).
+    k8s_nodes = addresses(
+        [n for g in ("control_plane", "gpu_worker", "cpu_worker") for n in cluster.in_group(g)]
+    )
+    for group in ("control_plane", "gpu_worker", "cpu_worker"):
+        rules.setdefault(group, []).append(
+            FirewallRule("Calico BGP between Kubernetes nodes", BGP_PORT, "tcp", k8s_nodes)
         )
     if scrapers:
         rules["all"].append(

@@ -16,7 +16,7 @@ from pyinfra.facts.server import Hostname
 from pyinfra.operations import files
 
 from roles.facts import Container, RebootReasons, UnitState
-from roles.render import ManagedFile
+from roles.spec import ManagedFile
 
 
 def put_file(managed: ManagedFile) -> OperationMeta:

@@ -20,6 +20,8 @@ from roles.firewall import files as firewall_files
 from roles.gpu_health import files as gpu_health_files
 from roles.kernel import deploy as kernel_deploy
 from roles.kernel import files as kernel_files
+from roles.kubernetes import deploy as kubernetes_deploy
+from roles.kubernetes import files as kubernetes_files
 from roles.loadbalancer import deploy as loadbalancer_deploy
 from roles.loadbalancer import files as loadbalancer_files
 from roles.monitoring import deploy as monitoring_deploy
@@ -59,6 +61,19 @@ PHASES: list[Phase] = [
     ),
     Phase("etcd", ("etcd",), etcd_files.managed_files, etcd_deploy.apply),
     Phase("etcd", ("control_plane",), etcd_files.client_files, etcd_deploy.apply_clients),
+    # kubeadm: the control plane (init, then joins one at a time), then rate-limited workers.
+    Phase(
+        "kubernetes",
+        ("control_plane",),
+        kubernetes_files.managed_files,
+        kubernetes_deploy.apply_control_plane,
+    ),
+    Phase(
+        "kubernetes",
+        ("gpu_worker", "cpu_worker"),
+        kubernetes_files.managed_files,
+        kubernetes_deploy.apply_workers,
+    ),
     # Two phases for one role: node exporter on every host, then Prometheus on its own group.
     Phase(
         "monitoring",
@@ -79,4 +94,5 @@ CLUSTER_FILES: list[Callable[[LoadedCluster], dict[str, str]]] = [
     gpu_health_files.cluster_files,
     monitoring_files.cluster_files,
     drift_job_files.cluster_files,
+    kubernetes_files.cluster_files,
 ]

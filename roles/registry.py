@@ -12,6 +12,7 @@ from roles.etcd.config import EtcdConfig
 from roles.firewall.config import FirewallConfig
 from roles.gpu_health.config import GpuHealthConfig
 from roles.kernel.config import KernelConfig
+from roles.kubernetes.config import KubernetesConfig
 from roles.loadbalancer.config import LoadBalancerConfig
 from roles.monitoring.config import MonitoringConfig
 
@@ -26,4 +27,5 @@ ROLE_CONFIGS: dict[str, type[BaseModel]] = {
     "loadbalancer": LoadBalancerConfig,
     "monitoring": MonitoringConfig,
     "drift_job": DriftJobConfig,
+    "kubernetes": KubernetesConfig,
 }

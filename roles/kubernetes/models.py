@@ -269,6 +269,28 @@ class BGPConfiguration(Strict):
     spec: BGPConfigurationSpec
 
 
+class AuditGroupResources(Strict):
+    group: str
+    resources: list[str]
+
+
+class AuditRule(Strict):
+    level: Literal["None", "Metadata", "Request", "RequestResponse"]
+    verbs: list[str] | None = None
+    users: list[str] | None = None
+    resources: list[AuditGroupResources] | None = None
+
+
+class AuditPolicy(Strict):
+    """audit.k8s.io/v1 Policy: a file the API server reads, not an object it serves, so the
+    official OpenAPI schemas do not hold it."""
+
+    apiVersion: Literal["audit.k8s.io/v1"] = "audit.k8s.io/v1"
+    kind: Literal["Policy"] = "Policy"
+    omitStages: list[Literal["RequestReceived", "ResponseStarted", "ResponseComplete", "Panic"]]
+    rules: list[AuditRule] = Field(min_length=1)
+
+
 # kind -> model, for validating a rendered multi-document file by its documents' kinds.
 MODELS: dict[tuple[str, str], type[Strict]] = {
     (KUBEADM_API, "InitConfiguration"): InitConfiguration,
@@ -278,4 +300,5 @@ MODELS: dict[tuple[str, str], type[Strict]] = {
     (KUBE_PROXY_API, "KubeProxyConfiguration"): KubeProxyConfiguration,
     (CALICO_API, "IPPool"): IPPool,
     (CALICO_API, "BGPConfiguration"): BGPConfiguration,
+    ("audit.k8s.io/v1", "Policy"): AuditPolicy,
 }

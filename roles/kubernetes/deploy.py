@@ -12,7 +12,6 @@ from __future__ import annotations
 from pyinfra.api import deploy
 from pyinfra.operations import apt, files
 
-from roles.container_runtime.operations import repository_key
 from roles.kubernetes import operations as kube_ops
 from roles.kubernetes.files import (
     CALICO_CONFIG,
@@ -41,7 +40,7 @@ def _common(ctx: HostContext) -> dict[str, str]:
     version = ctx.cluster.versions.kubernetes.lstrip("v")
     managed = {f.path: f for f in managed_files(ctx)}
     sources = put_file(managed[REPO_SOURCES]) if REPO_SOURCES in managed else None
-    repository_key(
+    kube_ops.repository_key(
         name="Fetch the Kubernetes repository key",
         enabled=cfg.source in ("pkgs.k8s.io", "mirror"),
         url=f"{repository_url(ctx)}Release.key",

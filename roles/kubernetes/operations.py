@@ -25,6 +25,7 @@ from pyinfra.api import FunctionCommand, OperationError, StringCommand, operatio
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import Sha1File
 
+from roles.container_runtime.operations import KeyFingerprints, fetch_key_commands
 from roles.kubernetes import models as m
 from roles.kubernetes.config import KubernetesConfig
 from roles.kubernetes.facts import ApiAnswers, FileExists, HeldPackages, KubeBinaries
@@ -118,6 +119,25 @@ def _binary_commands(cfg: KubernetesConfig, version: str):
             f"{{ rm -f {staged}; echo 'kubernetes: {name} SHA-256 mismatch' >&2; exit 1; }}"
         )
         yield f"install -m 0755 {staged} /usr/local/bin/{name} && rm -f {staged}"
+
+
+@operation()
+def repository_key(enabled: bool, url: str, fingerprint: str, dest: str):
+    """The Kubernetes repository's key, pinned by fingerprint (container_runtime's key
+    commands); a host that cannot fetch it stops with one line saying what to do instead."""
+    if not enabled:
+        return
+    if fingerprint.upper() in (host.get_fact(KeyFingerprints, path=dest) or []):
+        host.noop("the Kubernetes repository key is in place")
+        return
+    message = shlex.quote(
+        f"kubernetes: cannot fetch the Kubernetes package key from {url}: set "
+        "kubernetes.source to mirror, binaries or preinstalled"
+    )
+    for command in fetch_key_commands(url, fingerprint, dest):
+        if command.startswith("curl "):
+            command = f"{command} 2>/dev/null || {{ echo {message} >&2; exit 1; }}"
+        yield command
 
 
 # ---------------------------------------------------------------- init

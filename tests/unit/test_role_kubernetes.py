@@ -124,8 +124,9 @@ def test_goaway_chance_only_with_several_api_servers_behind_a_balancer(
     small_cluster, write_cluster
 ):
     two = load(write_cluster(small_cluster))
-    assert "goaway-chance" in {f.name for f in api_server_flags(host_context(two, "cp-1"),
-                                                                KubernetesConfig())}  # fmt: skip
+    assert "goaway-chance" in {
+        f.name for f in api_server_flags(host_context(two, "cp-1"), KubernetesConfig())
+    }
     del small_cluster["hosts"]["cp-2"]
     one = load(write_cluster(small_cluster))
     names = {f.name for f in api_server_flags(host_context(one, "cp-1"), KubernetesConfig())}
@@ -184,7 +185,7 @@ def test_models_refuse_unknown_fields_and_unpinned_discovery():
             apiServerEndpoint="api:6443",
             token=m.TOKEN_PLACEHOLDER,
             caCertHashes=[m.CA_HASH_PLACEHOLDER],
-            unsafeSkipCAVerification=True,  # type: ignore[arg-type]
+            unsafeSkipCAVerification=True,
         )
     with pytest.raises(ValidationError):
         m.BootstrapTokenDiscovery(apiServerEndpoint="api:6443", token="short", caCertHashes=["x"])
@@ -193,7 +194,7 @@ def test_models_refuse_unknown_fields_and_unpinned_discovery():
     with pytest.raises(ValidationError):
         m.IPPool(
             metadata=m.ObjectMeta(name="p"),
-            spec=m.IPPoolSpec(cidr="10.0.0.0/8", blockSize=26, natOutgoing=True, ipipMode="Always"),  # type: ignore[arg-type]  # fmt: skip
+            spec=m.IPPoolSpec(cidr="10.0.0.0/8", blockSize=26, natOutgoing=True, ipipMode="Always"),
         )
 
 
@@ -227,12 +228,22 @@ def test_packages_installed_and_held_is_a_noop_and_missing_ones_stop_with_one_me
         kube_ops.DebPackages: installed,
         HeldPackages: list(kube_ops.PACKAGES),
     }
-    done, noops = commands(kube_ops.kubernetes_installed, facts, cfg=cfg, version="1.31.4",
-                           repo="https://pkgs.k8s.io/core:/stable:/v1.31/deb/")  # fmt: skip
+    done, noops = commands(
+        kube_ops.kubernetes_installed,
+        facts,
+        cfg=cfg,
+        version="1.31.4",
+        repo="https://pkgs.k8s.io/core:/stable:/v1.31/deb/",
+    )
     assert done == [] and noops
     facts[kube_ops.DebPackages] = {}
-    done, _ = commands(kube_ops.kubernetes_installed, facts, cfg=cfg, version="1.31.4",
-                       repo="https://pkgs.k8s.io/core:/stable:/v1.31/deb/")  # fmt: skip
+    done, _ = commands(
+        kube_ops.kubernetes_installed,
+        facts,
+        cfg=cfg,
+        version="1.31.4",
+        repo="https://pkgs.k8s.io/core:/stable:/v1.31/deb/",
+    )
     assert "apt-cache madison kubeadm" in done[0] and "1.31.4-1.1" in done[0]
     assert "is not in any apt source" in done[0]
     assert "kubeadm=1.31.4-1.1" in done[1] and done[2].startswith("apt-mark hold")
@@ -244,8 +255,9 @@ def test_preinstalled_binaries_of_another_version_stop_the_host():
     with pytest.raises(kube_ops.OperationError, match="kubeadm v1.30.2"):
         commands(kube_ops.kubernetes_installed, wrong, cfg=cfg, version="1.31.4", repo="")
     right = {KubeBinaries: {name: "v1.31.4" for name in kube_ops.PACKAGES}}
-    assert commands(kube_ops.kubernetes_installed, right, cfg=cfg, version="1.31.4",
-                    repo="")[0] == []  # fmt: skip
+    assert (
+        commands(kube_ops.kubernetes_installed, right, cfg=cfg, version="1.31.4", repo="")[0] == []
+    )
 
 
 def test_init_runs_once_validating_first_and_never_again():
@@ -257,21 +269,42 @@ def test_init_runs_once_validating_first_and_never_again():
     assert done[1].startswith(f"kubeadm init --config {INIT_CONFIG} --upload-certs")
     assert "--skip-token-print" in done[1] and "--skip-certificate-key-print" in done[1]
     healthy = {ApiAnswers: {"kubeconfig": True, "healthy": True}}
-    assert commands(kube_ops.control_plane_initialised, healthy, first=True, config=INIT_CONFIG,
-                    timeout_s=60)[0] == []  # fmt: skip
+    assert (
+        commands(
+            kube_ops.control_plane_initialised,
+            healthy,
+            first=True,
+            config=INIT_CONFIG,
+            timeout_s=60,
+        )[0]
+        == []
+    )
     slow = {ApiAnswers: {"kubeconfig": True, "healthy": False}}
     done, _ = commands(
         kube_ops.control_plane_initialised, slow, first=True, config=INIT_CONFIG, timeout_s=60
     )
     assert len(done) == 1 and "kubeadm init" not in done[0] and "/healthz" in done[0]
-    assert commands(kube_ops.control_plane_initialised, fresh, first=False, config=INIT_CONFIG,
-                    timeout_s=60)[0] == []  # fmt: skip
+    assert (
+        commands(
+            kube_ops.control_plane_initialised, fresh, first=False, config=INIT_CONFIG, timeout_s=60
+        )[0]
+        == []
+    )
 
 
 def test_joined_nodes_do_nothing_and_new_ones_join_through_a_function():
     joined = {FileExists: True}
-    assert commands(kube_ops.worker_joined, joined, first_name="cp-1", content="",
-                    token_ttl="15m", rate="5/10s")[0] == []  # fmt: skip
+    assert (
+        commands(
+            kube_ops.worker_joined,
+            joined,
+            first_name="cp-1",
+            content="",
+            token_ttl="15m",
+            rate="5/10s",
+        )[0]
+        == []
+    )
     fresh = {FileExists: False}
     with_ops = kube_ops.worker_joined._inner
     from tests.unit.fake_host import fake_host
@@ -345,8 +378,10 @@ def test_join_fills_secrets_into_a_private_copy_and_reports_none(loaded, monkeyp
     """A control-plane join: token, CA hash and certificate key come from the first node, land
     only in the copy under the 0700 directory, and a failure's report holds none of them."""
     first = _Node("cp-1")
-    joining = _Node("cp-2", answers=[(False, _Output(["error: token abcdef.0123456789abcdef "
-                                                     "rejected", "c" * 64]))])  # fmt: skip
+    joining = _Node(
+        "cp-2",
+        answers=[(False, _Output(["error: token abcdef.0123456789abcdef rejected", "c" * 64]))],
+    )
     state = _State(first)
     content = files_of(loaded, "cp-2")[JOIN_CONFIG]
     ok = kube_ops.run_join(state, joining, "cp-1", content, True, "15m", None)
@@ -378,8 +413,9 @@ def test_worker_join_takes_a_pacer_slot_and_slows_down_on_429(loaded, monkeypatc
     assert pacer.slowdown == 1.0  # doubled by the 429, halved again by the success
     other = _Node("cpu-2", answers=[(False, _Output(["bad config"]))])
     pacer.acquired = 0
-    assert not kube_ops.run_join(_State(_Node("cp-1")), other, "cp-1", content, False, "15m",
-                                 "5/10s")  # fmt: skip
+    assert not kube_ops.run_join(
+        _State(_Node("cp-1")), other, "cp-1", content, False, "15m", "5/10s"
+    )
     assert pacer.acquired == 1  # a plain failure is not retried
 
 
@@ -402,3 +438,29 @@ def test_operator_kubeconfig_is_private_from_creation(tmp_path):
     assert stat.S_IMODE(target.stat().st_mode) == 0o600
     assert stat.S_IMODE(target.parent.stat().st_mode) == 0o700
     assert Path(target).read_bytes() == b"apiVersion: v1\n"
+
+
+def test_an_unreachable_package_key_stops_with_one_line():
+    from roles.container_runtime.operations import KeyFingerprints
+
+    done, _ = commands(
+        kube_ops.repository_key,
+        {KeyFingerprints: []},
+        enabled=True,
+        url="https://pkgs.k8s.io/x/Release.key",
+        fingerprint="AB",
+        dest="/k.asc",
+    )
+    curl = next(c for c in done if c.startswith("curl "))
+    assert "2>/dev/null ||" in curl and "set kubernetes.source to mirror" in curl
+    assert (
+        commands(
+            kube_ops.repository_key,
+            {KeyFingerprints: ["AB"]},
+            enabled=True,
+            url="u",
+            fingerprint="ab",
+            dest="/k.asc",
+        )[0]
+        == []
+    )

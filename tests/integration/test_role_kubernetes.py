@@ -1,0 +1,181 @@
+"""The kubernetes role's orchestration on lab hosts, against a STAND-IN kubeadm/kubectl/kubelet.
+
+kubeadm, kubelet and the API server cannot be obtained on these machines, so each test here runs
+the role's real code path (facts, `kubeadm config validate`, init, joins, waits, the operator
+kubeconfig) against the stand-in of tests/integration/kube_standin.py, which the TEST installs
+on the hosts and which records every call with its start and end time. What these tests show is
+the order and pacing of the calls, idempotence and secret handling, not a running control plane.
+
+Own lab `<GPUINFRA_LAB_NAME>-kube` (GPUINFRA_KUBE_LAB_NAME overrides): one etcd member (the
+inventory needs one), three control-plane nodes, one load balancer, three workers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cli.exitcodes import ExitCode
+from lab import lifecycle
+from lab.topology import HostSpec, Topology
+from tests.integration import kube_standin
+from tests.integration.conftest import KEEP_ENV, LAB_NAME, boot_lab
+from tests.integration.roles_helpers import gpuinfra
+
+pytestmark = pytest.mark.integration
+
+KUBE_LAB = os.environ.get("GPUINFRA_KUBE_LAB_NAME", f"{LAB_NAME}-kube")
+CONTROL_PLANE = ["cp-1", "cp-2", "cp-3"]
+WORKERS = ["cpu-1", "cpu-2", "gpu-1"]
+NODES = CONTROL_PLANE + WORKERS
+JOIN_RATE_SECONDS = 3.0  # join_rate "1/3s": one worker per 3 s
+# The stand-in's "start" is taken on the host when kubeadm join starts; the pacer's slot is taken
+# on the controller just before the join file is uploaded, one or two SSH round trips earlier,
+# and those vary per host. This margin covers that, never the rate itself.
+START_JITTER_S = 0.5
+
+
+def kube_topology() -> Topology:
+    hosts = (
+        HostSpec("etcd-1", ("etcd",)),
+        *(HostSpec(name, ("control_plane",)) for name in CONTROL_PLANE),
+        HostSpec("lb-1", ("loadbalancer",)),
+        HostSpec("cpu-1", ("cpu_worker",)),
+        HostSpec("cpu-2", ("cpu_worker",)),
+        HostSpec("gpu-1", ("gpu_worker",), gpu=True),
+    )
+    return Topology(hosts, "kube")
+
+
+@pytest.fixture(scope="module")
+def lab():
+    inventory = Path(f"/tmp/gpuinfra-itest-{KUBE_LAB}/cluster.yml")
+    cluster = boot_lab(KUBE_LAB, kube_topology(), inventory)
+    yield cluster
+    if os.environ.get(KEEP_ENV) != "1":
+        lifecycle.down(KUBE_LAB)
+
+
+def inventory_with(lab, path: Path, **settings) -> Path:
+    data = yaml.safe_load(lab.inventory_path.read_text())
+    data.setdefault("group_vars", {}).setdefault("all", {})["kubernetes"] = settings
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def standin_inventory(lab) -> Path:
+    """The lab's inventory with `source: preinstalled` (the stand-in is the host image's
+    kubeadm) and a join rate of one worker per 3 s; the stand-in installed, logs cleared."""
+    version = lab.loaded.cluster.versions.kubernetes
+    for node in NODES:
+        lab.ssh(node, kube_standin.install_commands(version))
+        lab.ssh(node, f"rm -f {kube_standin.LOG} {kube_standin.ISSUED}")
+    return inventory_with(
+        lab,
+        lab.inventory_path.with_name("kube.yml"),
+        source="preinstalled",
+        join_rate=f"1/{JOIN_RATE_SECONDS:g}s",
+    )
+
+
+def apply(inventory: Path, report: Path, *extra: str):
+    return gpuinfra(
+        "apply", str(inventory), "--roles", "kubernetes", "--yes", "--report", str(report), *extra
+    )
+
+
+def kubeadm(entries: list[dict], *words: str) -> list[dict]:
+    def head(entry: dict) -> list[str]:
+        return [a for a in entry["argv"] if not a.startswith("-")][: len(words)]
+
+    return [e for e in entries if e["tool"] == "kubeadm" and head(e) == list(words)]
+
+
+def test_without_packages_the_role_stops_with_one_clear_message(lab, tmp_path):
+    """The default source (pkgs.k8s.io) is unreachable from lab hosts: the role stops on that
+    host with one line saying so and what to set instead (runs before the stand-in exists)."""
+    inventory = inventory_with(lab, tmp_path / "cluster.yml")
+    report_path = tmp_path / "report.json"
+    result = apply(inventory, report_path, "--limit", "cpu-1")
+    assert result.returncode == ExitCode.ERROR, result.stdout[-2000:] + result.stderr[-2000:]
+    host = json.loads(report_path.read_text())["hosts"]["cpu-1"]
+    assert host["status"] == "failed"
+    assert "kubernetes: cannot fetch the Kubernetes package key" in host["error"], host["error"]
+    assert "kubernetes.source" in host["error"]
+
+
+def test_init_once_control_plane_one_at_a_time_workers_paced_no_token_shown(
+    lab, standin_inventory, tmp_path
+):
+    """Against the stand-in: one `kubeadm init` (on cp-1), `kubeadm config validate` before it
+    and before each join, the other control-plane joins strictly one after the other, worker
+    joins never faster than the rate limit, and no issued token or certificate key in the CLI
+    output or the report."""
+    report_path = tmp_path / "report.json"
+    result = apply(standin_inventory, report_path)
+    assert result.returncode == ExitCode.OK, result.stdout[-4000:] + result.stderr[-3000:]
+    entries = kube_standin.calls(lab, NODES)
+
+    inits = kubeadm(entries, "init")
+    assert [(e["host"], e["rc"]) for e in inits if "phase" not in e["argv"]] == [("cp-1", 0)]
+    joins = kubeadm(entries, "join")
+    assert sorted(e["host"] for e in joins) == sorted(NODES[1:])
+    assert all(e["rc"] == 0 for e in joins)
+    validations = kubeadm(entries, "config", "validate")
+    for call in inits[:1] + joins:
+        before = [v for v in validations if v["host"] == call["host"] and v["end"] <= call["start"]]
+        assert before, f"{call['host']}: no kubeadm config validate before {call['argv']}"
+
+    control_joins = [e for e in joins if e.get("control_plane")]
+    assert sorted(e["host"] for e in control_joins) == ["cp-2", "cp-3"]
+    for earlier, later in pairwise(control_joins):
+        assert later["start"] >= earlier["end"], (earlier, later)
+    assert control_joins[0]["start"] >= inits[0]["end"]
+
+    worker_starts = sorted(e["start"] for e in joins if not e.get("control_plane"))
+    gaps = [b - a for a, b in pairwise(worker_starts)]
+    print("worker join gaps (s):", [round(g, 2) for g in gaps])
+    assert len(worker_starts) == len(WORKERS)
+    assert min(gaps) >= JOIN_RATE_SECONDS - START_JITTER_S, gaps
+
+    secrets = kube_standin.issued_secrets(lab, "cp-1")
+    assert len(secrets) >= 2  # a token and a certificate key were issued and used
+    report_text = report_path.read_text()
+    for secret in secrets:
+        assert secret not in result.stdout and secret not in result.stderr
+        assert secret not in report_text
+    # Positive control of the search: the issued values are real and findable where they are.
+    assert all(secret in lab.ssh("cp-1", f"cat {kube_standin.ISSUED}").stdout for secret in secrets)
+    left = lab.ssh("cp-2", "ls -A /etc/kubernetes/gpuinfra/private").stdout.strip()
+    assert left == ""  # the filled-in join file is removed after the join
+
+    kubeconfig = standin_inventory.parent / ".state" / "kubernetes" / "admin.conf"
+    assert stat.S_IMODE(kubeconfig.stat().st_mode) == 0o600
+    assert "stand-in admin.conf" in kubeconfig.read_text()
+
+
+def test_second_apply_makes_no_changing_call(lab, standin_inventory, tmp_path):
+    """Against the stand-in, after the test above: a second apply changes no host and makes no
+    init, join, token or reset call."""
+    before = kube_standin.calls(lab, NODES)
+    report_path = tmp_path / "report.json"
+    result = apply(standin_inventory, report_path)
+    assert result.returncode == ExitCode.OK, result.stdout[-3000:]
+    after = kube_standin.calls(lab, NODES)
+    new = after[len(before) :]
+    assert kube_standin.changes(new) == [], kube_standin.changes(new)
+    assert kube_standin.changes(before)  # positive control: the first apply made such calls
+    report = json.loads(report_path.read_text())
+    changed = {
+        n: [o["name"] for o in h["operations"] if o["changed"]]
+        for n, h in report["hosts"].items()
+        if h["status"] != "ok"
+    }
+    assert changed == {}

@@ -53,7 +53,7 @@ class ApiAnswers(FactBase):
         return (
             f"if test -f {quoted}; then echo present; "
             f"kubectl --kubeconfig {quoted} --request-timeout=5s get --raw /healthz 2>/dev/null "
-            "|| true; echo; fi"
+            "|| true; echo; else echo absent; fi"
         )
 
     def process(self, output: list[str]) -> dict[str, bool]:

@@ -223,8 +223,8 @@ def _run_on_first(state, first_name: str, command: str, what: str) -> str:
     first = state.inventory.get_host(first_name)
     if first is None or first not in state.active_hosts:
         raise JoinFailed(
-            f"{first_name} (the first control-plane node) is not in this run: it hands out "
-            f"the {what}; include it (--limit)"
+            f"{first_name} (the first control-plane node) failed or is not in this run: it "
+            f"hands out the {what}; include it (--limit) and fix it first"
         )
     ok, output = first.run_shell_command(
         StringCommand(command), print_output=False, print_input=False, _timeout=120

@@ -76,7 +76,8 @@ def standin_inventory(lab) -> Path:
     version = lab.loaded.cluster.versions.kubernetes
     for node in NODES:
         lab.ssh(node, kube_standin.install_commands(version))
-        lab.ssh(node, f"rm -f {kube_standin.LOG} {kube_standin.ISSUED}")
+        # A kept lab starts over: nothing joined, nothing recorded.
+        lab.ssh(node, f"rm -rf /etc/kubernetes {kube_standin.LOG} {kube_standin.ISSUED}")
     return inventory_with(
         lab,
         lab.inventory_path.with_name("kube.yml"),

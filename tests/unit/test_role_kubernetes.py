@@ -425,7 +425,7 @@ def test_join_without_the_first_control_plane_node_says_so(loaded):
     state.active_hosts = set()
     content = files_of(loaded, "cpu-1")[JOIN_CONFIG]
     assert not kube_ops.run_join(state, worker, "cp-1", content, False, "15m", None)
-    assert "not in this run" in worker._gpuinfra_checks[0]["detail"]
+    assert "is not in this run" in worker._gpuinfra_checks[0]["detail"]
 
 
 def test_operator_kubeconfig_is_private_from_creation(tmp_path):

@@ -10,10 +10,12 @@ acquire inside the join itself, so nodes that are already joined never wait.
 from __future__ import annotations
 
 from pyinfra.api import deploy
-from pyinfra.operations import apt, files
+from pyinfra.operations import apt, files, systemd
 
 from roles.kubernetes import operations as kube_ops
 from roles.kubernetes.files import (
+    API_PROXY_CONFIG,
+    API_PROXY_UNIT,
     CALICO_CONFIG,
     CALICO_RESOURCES,
     CONFIG_DIR,
@@ -25,6 +27,7 @@ from roles.kubernetes.files import (
     first_control_plane,
     is_first_control_plane,
     managed_files,
+    node_local_balancing,
     repository_url,
     settings,
 )
@@ -57,9 +60,28 @@ def _common(ctx: HostContext) -> dict[str, str]:
         version=version,
         repo=repository_url(ctx),
     )
-    for path, managed_file in managed.items():
-        if path != REPO_SOURCES:
-            put_file(managed_file)
+    local_proxy = node_local_balancing(ctx.cluster)
+    if local_proxy:
+        apt.packages(
+            name="Install HAProxy for the node-local API proxy",
+            packages=["haproxy"],
+            no_recommends=True,
+        )
+    written = {
+        path: put_file(managed_file)
+        for path, managed_file in managed.items()
+        if path != REPO_SOURCES
+    }
+    if local_proxy:
+        unit, proxy = written[API_PROXY_UNIT], written[API_PROXY_CONFIG]
+        systemd.daemon_reload(name="Reload systemd for the API proxy unit", _if=unit.did_change)
+        service_running(name="Run the node-local API proxy", unit="kube-api-proxy")
+        systemd.service(
+            name="Reload the node-local API proxy for its new configuration",
+            service="kube-api-proxy",
+            reloaded=True,
+            _if=proxy.did_change,
+        )
     files.directory(
         name="Keep join secrets private (0700)", path=SECRET_DIR, mode="0700", present=True
     )
@@ -83,6 +105,12 @@ def apply_control_plane(ctx: HostContext) -> None:
         name="Copy the operator kubeconfig to the controller (0600)",
         first=first,
         local=str(ctx.loaded.state_dir / OPERATOR_KUBECONFIG),
+        # Nodes dial their own proxy; the controller dials the first API server itself.
+        server=(
+            f"https://{ctx.address}:{ctx.cluster.api.port}"
+            if node_local_balancing(ctx.cluster)
+            else None
+        ),
     )
     kube_ops.calico_applied(
         name="Apply Calico (BGP, no encapsulation)",

@@ -73,8 +73,71 @@ class Flag:
     reason: str
 
 
+API_PROXY_CONFIG = f"{CONFIG_DIR}/api-proxy.cfg"
+API_PROXY_UNIT = "/etc/systemd/system/kube-api-proxy.service"
+
+
+def node_local_balancing(cluster: Cluster) -> bool:
+    """Several API servers and no load-balancer nodes: every node runs its own small proxy in
+    front of every API server (Kubespray's default), so losing one API server loses nothing."""
+    return len(cluster.in_group("control_plane")) > 1 and not cluster.in_group("loadbalancer")
+
+
 def api_endpoint(ctx: HostContext) -> str:
+    """What nodes dial: api.<domain>:<port> (the VIP, a balancer or the only API server behind
+    it), or the node-local proxy on the loopback address where there is no balancer."""
+    if node_local_balancing(ctx.cluster):
+        return f"127.0.0.1:{settings(ctx).node_local_lb_port}"
     return ctx.topology.api_endpoint
+
+
+def api_proxy_config(ctx: HostContext) -> str:
+    cfg = settings(ctx)
+    servers = "\n".join(
+        f"    server {backend.name} {backend.address}:{backend.port}"
+        for backend in ctx.topology.api_backends
+    )
+    return (
+        "# Managed by gpuinfra: this node's own proxy in front of every API server (no load-"
+        "balancer nodes).\n"
+        "global\n"
+        "    maxconn 4000\n"
+        "defaults\n"
+        "    mode tcp\n"
+        "    timeout connect 5s\n"
+        "    # kubelet's watches live for hours: a short timeout would cut them all.\n"
+        "    timeout client 4h\n"
+        "    timeout server 4h\n"
+        "    timeout check 5s\n"
+        "frontend kube-apiserver\n"
+        f"    bind 127.0.0.1:{cfg.node_local_lb_port}\n"
+        "    default_backend kube-apiserver\n"
+        "backend kube-apiserver\n"
+        "    balance roundrobin\n"
+        "    option tcp-check\n"
+        "    default-server check inter 2s fall 3 rise 2\n"
+        f"{servers}\n"
+    )
+
+
+API_PROXY_UNIT_TEXT = f"""\
+# Managed by gpuinfra: the node-local API proxy (HAProxy from the distribution, own config).
+[Unit]
+Description=Node-local proxy in front of every Kubernetes API server
+After=network-online.target
+Wants=network-online.target
+Before=kubelet.service
+
+[Service]
+ExecStartPre=/usr/sbin/haproxy -c -q -f {API_PROXY_CONFIG}
+ExecStart=/usr/sbin/haproxy -Ws -f {API_PROXY_CONFIG}
+ExecReload=/bin/kill -USR2 $MAINPID
+Restart=always
+RestartSec=2s
+
+[Install]
+WantedBy=multi-user.target
+"""
 
 
 def api_server_flags(ctx: HostContext, cfg: KubernetesConfig) -> list[Flag]:
@@ -115,14 +178,16 @@ def api_server_flags(ctx: HostContext, cfg: KubernetesConfig) -> list[Flag]:
                 "the main etcd's quota and compaction",
             )
         )
-    if len(cluster.in_group("control_plane")) > 1 and cluster.in_group("loadbalancer"):
+    # Behind a balancer; the node-local proxies balance per connection as well, and the same
+    # pinning of long-lived HTTP/2 connections happens there.
+    if len(cluster.in_group("control_plane")) > 1:
         flags.append(
             Flag(
                 "goaway-chance",
                 "0.001",
-                "HTTP/2 clients pinned to one API server behind the load balancer are sent "
-                "away now and then, so load spreads again after a restart (never with one "
-                "API server)",
+                "HTTP/2 clients pinned to one API server behind the load balancer (or the "
+                "node-local proxies) are sent away now and then, so load spreads again after a "
+                "restart (never with one API server)",
             )
         )
     return flags
@@ -161,7 +226,7 @@ def cert_sans(ctx: HostContext) -> list[str]:
         names.append(str(cluster.api.vip))
     for name in cluster.in_group("loadbalancer") + cluster.in_group("control_plane"):
         names += [str(cluster.hosts[name].address), name, cluster.fqdn(name)]
-    names.append("127.0.0.1")  # the node-local proxy and kubectl on the node itself
+    names += ["127.0.0.1", "localhost"]  # the node-local proxy and kubectl on the node itself
     return list(dict.fromkeys(names))
 
 
@@ -500,6 +565,16 @@ def managed_files(ctx: HostContext) -> list[ManagedFile]:
     files.append(
         ManagedFile("kubernetes", KUBELET_PATCH, dump([kubelet_patch(cfg)], _patch_header()))
     )
+    if node_local_balancing(ctx.cluster):
+        files.append(
+            ManagedFile(
+                "kubernetes",
+                API_PROXY_CONFIG,
+                api_proxy_config(ctx),
+                check="haproxy -c -q -f {path}",
+            )
+        )
+        files.append(ManagedFile("kubernetes", API_PROXY_UNIT, API_PROXY_UNIT_TEXT))
     if "control_plane" in ctx.host.groups:
         files.append(ManagedFile("kubernetes", AUDIT_POLICY, AUDIT_POLICY_TEXT, mode="0600"))
         resources = dump(calico_resources(ctx.loaded, cfg), _calico_header(cfg))
@@ -530,7 +605,11 @@ def managed_files(ctx: HostContext) -> list[ManagedFile]:
         text = dump([join_configuration(ctx, cfg)], header)
         files.append(ManagedFile("kubernetes", JOIN_CONFIG, text, mode="0600"))
     for managed in files:
-        if managed.path.startswith(CONFIG_DIR) and managed.path != CALICO_CONFIG:
+        if (
+            managed.path.startswith(CONFIG_DIR)
+            and managed.path.endswith(".yaml")
+            and (managed.path != CALICO_CONFIG)
+        ):
             validate_documents(managed.content)
     return files
 

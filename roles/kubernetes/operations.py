@@ -393,23 +393,33 @@ def write_private(path: Path, data: bytes) -> None:
     os.replace(staged, path)
 
 
-def _fetch_kubeconfig(state, host, local: str) -> bool:
+def _fetch_kubeconfig(state, host, local: str, server: str | None) -> bool:
     buffer = BytesIO()
     if not host.get_file(ADMIN_CONF, buffer, print_output=False, print_input=False):
         return False
-    write_private(Path(local), buffer.getvalue())
+    data = buffer.getvalue()
+    target = Path(local)
+    if server is not None:
+        text = re.sub(r"(?m)^(\s*server:\s*).*$", lambda m: m[1] + server, data.decode())
+        write_private(target, text.encode())
+    else:
+        write_private(target, data)
+    # What the node holds, so the next run knows the copy is current even when rewritten.
+    write_private(target.with_name(target.name + ".sha1"), hashlib.sha1(data).hexdigest().encode())
     return True
 
 
 @operation()
-def operator_kubeconfig(first: bool, local: str):
-    """admin.conf from the first control-plane node into the controller's state (0600)."""
+def operator_kubeconfig(first: bool, local: str, server: str | None = None):
+    """admin.conf from the first control-plane node into the controller's state (0600); with
+    `server`, pointing at that address instead of the node-local proxy."""
     if not first:
         host.noop("not the first control-plane node")
         return
     remote = host.get_fact(Sha1File, path=ADMIN_CONF)
     target = Path(local)
-    if remote and target.exists() and hashlib.sha1(target.read_bytes()).hexdigest() == remote:
+    recorded = target.with_name(target.name + ".sha1")
+    if remote and target.exists() and recorded.exists() and recorded.read_text() == remote:
         host.noop(f"{local} is up to date")
         return
-    yield FunctionCommand(_fetch_kubeconfig, (local,), {})
+    yield FunctionCommand(_fetch_kubeconfig, (local, server), {})

@@ -464,3 +464,55 @@ def test_an_unreachable_package_key_stops_with_one_line():
         )[0]
         == []
     )
+
+
+# ---------------------------------------------------------------- node-local API balancing
+
+KUBESPRAY_LOCAL_LB = Path(__file__).parent / "data" / "kubespray_local_lb" / "inventory.ini"
+
+
+def test_kubespray_inventory_without_balancers_imports_with_node_local_proxies(tmp_path):
+    """A Kubespray inventory with three kube_control_plane hosts and no load-balancer group
+    imports into a cluster that validates; every node then dials its own proxy, which fronts
+    every API server, and the rendered files validate."""
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    out = tmp_path / "imported" / "cluster.yml"
+    result = CliRunner().invoke(
+        app, ["inventory", "import", str(KUBESPRAY_LOCAL_LB), "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert CliRunner().invoke(app, ["inventory", "validate", str(out)]).exit_code == 0
+    loaded = load(out)
+    assert loaded.cluster.in_group("control_plane") == ["master1", "master2", "master3"]
+    assert loaded.cluster.in_group("loadbalancer") == []
+    for node in ("master1", "master2", "worker1"):
+        written = files_of(loaded, node)
+        proxy = written["/etc/kubernetes/gpuinfra/api-proxy.cfg"]
+        assert "bind 127.0.0.1:6444" in proxy
+        for address in ("10.30.0.11", "10.30.0.12", "10.30.0.13"):
+            assert f"{address}:6443" in proxy
+        assert "/etc/systemd/system/kube-api-proxy.service" in written
+    init = documents(files_of(loaded, "master1")[INIT_CONFIG])
+    assert init["ClusterConfiguration"]["controlPlaneEndpoint"] == "127.0.0.1:6444"
+    assert "127.0.0.1" in init["ClusterConfiguration"]["apiServer"]["certSANs"]
+    join = documents(files_of(loaded, "worker1")[JOIN_CONFIG])["JoinConfiguration"]
+    assert join["discovery"]["bootstrapToken"]["apiServerEndpoint"] == "127.0.0.1:6444"
+    rendered = tmp_path / "render"
+    render_cluster(loaded, rendered)
+    problems = [
+        str(problem)
+        for path in rendered.rglob("*.yaml")
+        if "kubernetes" in str(path)
+        for problem in validate_text(path.read_text(), str(path), "1.31.4")
+    ]
+    assert problems == []
+
+
+def test_with_a_balancer_no_node_runs_its_own_proxy(loaded):
+    for node in ("cp-1", "cpu-1"):
+        assert "/etc/kubernetes/gpuinfra/api-proxy.cfg" not in files_of(loaded, node)
+    init = documents(files_of(loaded, "cp-1")[INIT_CONFIG])
+    assert init["ClusterConfiguration"]["controlPlaneEndpoint"] == "api.small.test:6443"

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cli import engine, etcd, health, inventory, lab, render, verify
+from cli import engine, etcd, health, inventory, kubernetes, lab, render, verify
 from cli.options import state
 
 app = typer.Typer(
@@ -20,6 +20,7 @@ app.add_typer(inventory.app, name="inventory")
 app.add_typer(lab.app, name="lab")
 app.add_typer(health.app, name="health")
 app.add_typer(etcd.app, name="etcd")
+app.add_typer(kubernetes.app, name="kubernetes")
 app.command("render")(render.render)
 app.command("plan")(engine.plan)
 app.command("apply")(engine.apply)

@@ -130,6 +130,9 @@ if words[:2] == ["upgrade", "apply"]:
     time.sleep(0.5)
     write(f"{STATE}/version", words[2] + "\n", 0o644)
     record(0)
+if words[:2] == ["upgrade", "plan"]:
+    print(f"You can now apply the upgrade by executing: kubeadm upgrade apply {words[2]}")
+    record(0)
 if words[:2] == ["upgrade", "node"]:
     time.sleep(0.5)
     record(0)

@@ -247,10 +247,15 @@ CHANGING = {
 }
 
 
-def changes(entries: list[dict]) -> list[dict]:
-    def words(entry: dict) -> list[str]:
-        return [a for a in entry["argv"] if not a.startswith("-")]
+def words(entry: dict) -> list[str]:
+    """A call's arguments without its options (and without the value of --kubeconfig)."""
+    argv = list(entry["argv"])
+    if "--kubeconfig" in argv:
+        del argv[argv.index("--kubeconfig") : argv.index("--kubeconfig") + 2]
+    return [a for a in argv if not a.startswith("-")]
 
+
+def changes(entries: list[dict]) -> list[dict]:
     return [
         e for e in entries if tuple(words(e)[:1]) in CHANGING or tuple(words(e)[:2]) in CHANGING
     ]

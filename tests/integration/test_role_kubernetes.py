@@ -75,9 +75,9 @@ def standin_inventory(lab) -> Path:
     kubeadm) and a join rate of one worker per 3 s; the stand-in installed, logs cleared."""
     version = lab.loaded.cluster.versions.kubernetes
     for node in NODES:
-        lab.ssh(node, kube_standin.install_commands(version))
         # A kept lab starts over: nothing joined, nothing recorded.
-        lab.ssh(node, f"rm -rf /etc/kubernetes {kube_standin.LOG} {kube_standin.ISSUED}")
+        lab.ssh(node, f"rm -rf /etc/kubernetes {kube_standin.LOG} /var/lib/kube-standin")
+        lab.ssh(node, kube_standin.install_commands(version))
     return inventory_with(
         lab,
         lab.inventory_path.with_name("kube.yml"),
@@ -180,3 +180,74 @@ def test_second_apply_makes_no_changing_call(lab, standin_inventory, tmp_path):
         if h["status"] != "ok"
     }
     assert changed == {}
+
+
+_words = kube_standin.words
+
+
+def test_node_remove_then_add_again(lab, standin_inventory):
+    """Against the stand-in: `node remove cpu-2` cordons, drains and deletes it (on cp-1) before
+    `kubeadm reset` on cpu-2; `node add cpu-2` joins it again, once."""
+    before = len(kube_standin.calls(lab, NODES))
+    result = gpuinfra("kubernetes", "node", "remove", str(standin_inventory), "cpu-2", "--yes")
+    assert result.returncode == ExitCode.OK, result.stdout[-3000:] + result.stderr[-2000:]
+    entries = kube_standin.calls(lab, NODES)[before:]
+    steps = [
+        (e["host"], _words(e)[0])
+        for e in entries
+        if _words(e)[:1] in (["cordon"], ["drain"], ["delete"], ["reset"])
+    ]
+    assert steps == [("cp-1", "cordon"), ("cp-1", "drain"), ("cp-1", "delete"), ("cpu-2", "reset")]
+    assert lab.ssh("cpu-2", "test -e /etc/kubernetes/kubelet.conf", check=False).returncode == 1
+
+    before = len(kube_standin.calls(lab, NODES))
+    added = gpuinfra("kubernetes", "node", "add", str(standin_inventory), "cpu-2")
+    assert added.returncode == ExitCode.OK, added.stdout[-3000:] + added.stderr[-2000:]
+    joins = kubeadm(kube_standin.calls(lab, NODES)[before:], "join")
+    assert [(e["host"], e["rc"]) for e in joins] == [("cpu-2", 0)]
+    for secret in kube_standin.issued_secrets(lab, "cp-1"):
+        assert secret not in added.stdout and secret not in added.stderr
+
+
+def test_upgrade_runs_in_the_documented_order(lab, standin_inventory):
+    """Against the stand-in, on the cluster joined above (last: the stand-in's kubeadm on cp-1
+    then reports the new version): `upgrade apply` on cp-1, then
+    `upgrade node` on cp-2 and cp-3 strictly one after the other, then each worker (budget 34%
+    of three: one at a time) drained before its upgrade and uncordoned after it, before the
+    next worker is drained."""
+    before = len(kube_standin.calls(lab, NODES))
+    result = gpuinfra(
+        "kubernetes",
+        "upgrade",
+        str(standin_inventory),
+        "1.32.0",
+        "--budget",
+        "34",
+        "--yes",
+        "--format",
+        "json",
+    )
+    assert result.returncode == ExitCode.OK, result.stdout[-3000:] + result.stderr[-2000:]
+    entries = kube_standin.calls(lab, NODES)[before:]
+    upgrades = [e for e in entries if _words(e)[:1] == ["upgrade"] and _words(e)[1] != "plan"]
+    order = [(e["host"], _words(e)[1]) for e in upgrades]
+    assert order == [
+        ("cp-1", "apply"),
+        ("cp-2", "node"),
+        ("cp-3", "node"),
+        ("gpu-1", "node"),
+        ("cpu-1", "node"),
+        ("cpu-2", "node"),
+    ]
+    for earlier, later in pairwise(upgrades):
+        assert later["start"] >= earlier["end"], (earlier, later)
+    for worker in ("cpu-1", "cpu-2", "gpu-1"):
+        node_upgrade = next(e for e in upgrades if e["host"] == worker)
+        drain = next(e for e in entries if _words(e)[:2] == ["drain", worker])
+        uncordon = next(e for e in entries if _words(e)[:2] == ["uncordon", worker])
+        assert drain["host"] == uncordon["host"] == "cp-1"
+        assert drain["end"] <= node_upgrade["start"] and uncordon["start"] >= node_upgrade["end"]
+    drains = [e for e in entries if _words(e)[:1] == ["drain"]]
+    uncordons = [e for e in entries if _words(e)[:1] == ["uncordon"]]
+    for uncordon, next_drain in zip(uncordons, drains[1:], strict=False):
+        assert next_drain["start"] >= uncordon["end"]  # one worker out at a time

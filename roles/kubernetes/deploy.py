@@ -66,6 +66,8 @@ def _common(ctx: HostContext) -> dict[str, str]:
             name="Install HAProxy for the node-local API proxy",
             packages=["haproxy"],
             no_recommends=True,
+            update=True,
+            cache_time=3600,
         )
     written = {
         path: put_file(managed_file)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import stat
 from itertools import pairwise
 from pathlib import Path
@@ -207,6 +208,62 @@ def test_node_remove_then_add_again(lab, standin_inventory):
     assert [(e["host"], e["rc"]) for e in joins] == [("cpu-2", 0)]
     for secret in kube_standin.issued_secrets(lab, "cp-1"):
         assert secret not in added.stdout and secret not in added.stderr
+
+
+LISTENER = (
+    "import socket, sys\n"
+    "server = socket.create_server(('', 6443), reuse_port=True)\n"
+    "while True:\n"
+    "    connection, _ = server.accept()\n"
+    "    connection.sendall(socket.gethostname().encode() + b'\\n')\n"
+    "    connection.close()\n"
+)
+ASK_PROXY = (
+    "import socket, time\n"
+    "for attempt in range(60):\n"
+    "    try:\n"
+    "        with socket.create_connection(('127.0.0.1', 6444), timeout=2) as s:\n"
+    "            answer = s.recv(100).decode().strip()\n"
+    "        if answer:\n"
+    "            print(answer); break\n"
+    "    except OSError:\n"
+    "        pass\n"
+    "    time.sleep(1)\n"
+)
+
+
+def test_node_local_proxy_reaches_the_api_servers_without_a_balancer(
+    lab, standin_inventory, tmp_path
+):
+    """Real HAProxy (Debian's) on every node when the inventory has no load balancer: the same
+    lab without lb-1 in its inventory. With a throwaway listener on cp-2:6443 standing in for
+    kube-apiserver (kubeadm ran as the stand-in), cpu-1's 127.0.0.1:6444 reaches cp-2."""
+    data = yaml.safe_load(standin_inventory.read_text())
+    del data["hosts"]["lb-1"]
+    inventory = standin_inventory.with_name("kube-no-lb.yml")
+    inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+    report_path = tmp_path / "report.json"
+    result = apply(inventory, report_path, "--limit", ",".join(NODES))
+    assert result.returncode == ExitCode.OK, result.stdout[-4000:] + result.stderr[-2000:]
+    for node in NODES:
+        state = lab.ssh(node, "systemctl is-active kube-api-proxy", check=False).stdout.strip()
+        assert state == "active", node
+    lab.ssh(
+        "cp-2", f"systemd-run --unit=gpuinfra-test-apiserver python3 -c {shlex.quote(LISTENER)}"
+    )
+    try:
+        answer = lab.ssh("cpu-1", f"python3 -c {shlex.quote(ASK_PROXY)}", timeout=120).stdout
+        assert answer.strip() == "cp-2"
+    finally:
+        lab.ssh("cp-2", "systemctl stop gpuinfra-test-apiserver", check=False)
+    # Negative control: with the listener gone, the proxy has nothing to hand the connection to.
+    refused = lab.ssh(
+        "cpu-1",
+        'python3 -c "import socket; s=socket.create_connection(('
+        "'127.0.0.1', 6444), timeout=3); print(s.recv(100) or b'closed')\"",
+        check=False,
+    )
+    assert "cp-2" not in refused.stdout
 
 
 def test_upgrade_runs_in_the_documented_order(lab, standin_inventory):

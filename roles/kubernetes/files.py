@@ -16,8 +16,11 @@ from roles.kubernetes.config import KubernetesConfig
 from roles.spec import HostContext, ManagedFile
 
 CONFIG_DIR = "/etc/kubernetes/gpuinfra"
-INIT_CONFIG = f"{CONFIG_DIR}/kubeadm-init.yaml"
-JOIN_CONFIG = f"{CONFIG_DIR}/kubeadm-join.yaml"
+# One path for the init file (first control-plane node) and the join files (every other node):
+# pyinfra matches operations by position, so every node of a phase writes the same paths.
+KUBEADM_CONFIG = f"{CONFIG_DIR}/kubeadm.yaml"
+INIT_CONFIG = KUBEADM_CONFIG
+JOIN_CONFIG = KUBEADM_CONFIG
 PATCHES_DIR = f"{CONFIG_DIR}/patches"
 KUBELET_PATCH = f"{PATCHES_DIR}/kubeletconfiguration+merge.yaml"
 # The join step writes the filled-in copy here (0700) and removes it after the join.

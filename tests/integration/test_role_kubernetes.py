@@ -27,7 +27,7 @@ from lab import lifecycle
 from lab.topology import HostSpec, Topology
 from tests.integration import kube_standin
 from tests.integration.conftest import KEEP_ENV, LAB_NAME, boot_lab
-from tests.integration.roles_helpers import gpuinfra
+from tests.integration.roles_helpers import gpuinfra, pending
 
 pytestmark = pytest.mark.integration
 
@@ -120,6 +120,13 @@ def test_init_once_control_plane_one_at_a_time_workers_paced_no_token_shown(
     and before each join, the other control-plane joins strictly one after the other, worker
     joins never faster than the rate limit, and no issued token or certificate key in the CLI
     output or the report."""
+    planned = gpuinfra("plan", str(standin_inventory), "--roles", "kubernetes", "--format", "json")
+    assert planned.returncode == ExitCode.DRIFT, planned.stderr[-2000:]
+    pending_ops = pending(json.loads(planned.stdout))
+    for node in NODES:
+        wanted = "Write /etc/kubernetes/gpuinfra/kubeadm.yaml"
+        assert any(name.endswith(wanted) for name in pending_ops[node]), pending_ops[node]
+    assert kube_standin.changes(kube_standin.calls(lab, NODES)) == []  # plan changed nothing
     report_path = tmp_path / "report.json"
     result = apply(standin_inventory, report_path)
     assert result.returncode == ExitCode.OK, result.stdout[-4000:] + result.stderr[-3000:]
@@ -181,6 +188,8 @@ def test_second_apply_makes_no_changing_call(lab, standin_inventory, tmp_path):
         if h["status"] != "ok"
     }
     assert changed == {}
+    planned = gpuinfra("plan", str(standin_inventory), "--roles", "kubernetes", "--format", "json")
+    assert planned.returncode == ExitCode.OK, planned.stdout[-3000:]
 
 
 _words = kube_standin.words

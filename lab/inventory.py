@@ -48,8 +48,15 @@ def inventory_data(state: LabState) -> dict[str, Any]:
     if state.vip is not None:
         data["api"] = {"vip": str(state.vip)}
     # Docker's own repository is out of reach from the lab: Debian 13's docker.io and containerd.
+    # kubeadm, kubelet and the API server cannot be obtained from the lab (no Kubernetes
+    # repository, no release downloads): the kubernetes role is off; its lab tests turn it on
+    # against a stand-in kubeadm (tests/integration/test_role_kubernetes.py).
     data["group_vars"] = {
-        "all": {"base": _base_settings(), "container_runtime": {"source": "distribution"}}
+        "all": {
+            "base": _base_settings(),
+            "container_runtime": {"source": "distribution"},
+            "kubernetes": {"enabled": False},
+        }
     }
     if any("etcd" in spec.groups for _, spec, _ in state.hosts()):
         # GitHub's releases are unreachable from the lab: Debian 13's etcd-server 3.5.16. The

@@ -16,6 +16,9 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 class KubernetesConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    # False: the role writes and runs nothing, for a cluster whose Kubernetes is managed
+    # elsewhere, or a lab whose hosts cannot obtain kubeadm. Set it alike for every host.
+    enabled: bool = True
     # Where kubeadm, kubelet and kubectl come from: the Kubernetes package repository for the
     # pinned minor (pkgs.k8s.io, key pinned by fingerprint), a mirror of it, the release binaries
     # checked against SHA-256 pins (Kubespray's way), or a host image that already holds them

@@ -95,6 +95,9 @@ def _common(ctx: HostContext) -> dict[str, str]:
 @deploy("Kubernetes control plane")
 def apply_control_plane(ctx: HostContext) -> None:
     cfg = settings(ctx)
+    if not cfg.enabled:
+        kube_ops.disabled(name="Skip Kubernetes (disabled)")
+        return
     contents = _common(ctx)
     first = is_first_control_plane(ctx)
     kube_ops.control_plane_initialised(
@@ -135,6 +138,9 @@ def apply_control_plane(ctx: HostContext) -> None:
 @deploy("Kubernetes workers")
 def apply_workers(ctx: HostContext) -> None:
     cfg = settings(ctx)
+    if not cfg.enabled:
+        kube_ops.disabled(name="Skip Kubernetes (disabled)")
+        return
     contents = _common(ctx)
     kube_ops.worker_joined(
         name="Join the workers, rate-limited",

@@ -529,6 +529,8 @@ def cluster_files(loaded: LoadedCluster) -> dict[str, str]:
     if not loaded.cluster.in_group("control_plane"):
         return {}
     cfg = cluster_settings(loaded)
+    if not cfg.enabled:
+        return {}
     resources = dump(calico_resources(loaded, cfg), _calico_header(cfg))
     return {
         CALICO_CONFIG_MANIFEST: calico_config_map(loaded, cfg),
@@ -562,6 +564,8 @@ def repository_sources(ctx: HostContext) -> str:
 
 def managed_files(ctx: HostContext) -> list[ManagedFile]:
     cfg = settings(ctx)
+    if not cfg.enabled:
+        return []
     files: list[ManagedFile] = []
     if cfg.source in ("pkgs.k8s.io", "mirror"):
         files.append(ManagedFile("kubernetes", REPO_SOURCES, repository_sources(ctx)))

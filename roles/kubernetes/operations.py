@@ -50,6 +50,14 @@ class JoinFailed(RuntimeError):
 # ---------------------------------------------------------------- packages
 
 
+@operation()
+def disabled():
+    """Nothing to do: `kubernetes.enabled` is false for this host."""
+    report_note("kubernetes disabled (kubernetes.enabled: false): nothing written or run")
+    return
+    yield  # an operation is a generator
+
+
 def package_pins(cfg: KubernetesConfig, version: str) -> dict[str, str]:
     """Package -> the exact Debian version to install (pkgs.k8s.io's "<version>-<revision>")."""
     return {name: f"{version}-{cfg.package_revision}" for name in PACKAGES}

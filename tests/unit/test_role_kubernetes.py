@@ -516,3 +516,18 @@ def test_with_a_balancer_no_node_runs_its_own_proxy(loaded):
         assert "/etc/kubernetes/gpuinfra/api-proxy.cfg" not in files_of(loaded, node)
     init = documents(files_of(loaded, "cp-1")[INIT_CONFIG])
     assert init["ClusterConfiguration"]["controlPlaneEndpoint"] == "api.small.test:6443"
+
+
+def test_disabled_role_writes_and_runs_nothing(small_cluster, write_cluster):
+    small_cluster["group_vars"] = {"all": {"kubernetes": {"enabled": False}}}
+    disabled = load(write_cluster(small_cluster))
+    assert files_of(disabled, "cp-1") == {} and files_of(disabled, "gpu-1") == {}
+    from roles.kubernetes.files import cluster_files
+
+    assert cluster_files(disabled) == {}
+    with_ops = kube_ops.disabled._inner
+    from tests.unit.fake_host import fake_host
+
+    with fake_host({}) as host:
+        assert list(with_ops()) == []
+    assert host.noops and "kubernetes.enabled: false" in host.noops[0]

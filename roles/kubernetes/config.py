@@ -33,9 +33,12 @@ class KubernetesConfig(BaseModel):
     package_revision: str = "1.1"
     # Base URL holding <version>/bin/linux/<arch>/{kubeadm,kubelet,kubectl} (source: binaries).
     binaries_url: str = "https://dl.k8s.io/release"
-    # SHA-256 of each binary for source: binaries: name -> digest. No defaults: a pin is only
-    # a pin when it was read from the release's own .sha256 files by whoever sets the version.
-    binary_sha256: dict[Literal["kubeadm", "kubelet", "kubectl"], str] = Field(default_factory=dict)
+    # SHA-256 for source: binaries, per download: the three binaries and the crictl and CNI
+    # plugin tarballs. No defaults: a pin is only a pin when it was read from the release's own
+    # checksum files by whoever sets the version.
+    binary_sha256: dict[Literal["kubeadm", "kubelet", "kubectl", "crictl", "cni-plugins"], str] = (
+        Field(default_factory=dict)
+    )
     # The CNI plugins and crictl versions that go with Kubernetes 1.31 (Kubespray 2.27 pins).
     cni_plugins_version: str = "1.6.0"
     cri_tools_version: str = "1.31.1"
@@ -127,7 +130,9 @@ class KubernetesConfig(BaseModel):
     @model_validator(mode="after")
     def _binaries_need_pins(self) -> KubernetesConfig:
         if self.source == "binaries":
-            missing = {"kubeadm", "kubelet", "kubectl"} - set(self.binary_sha256)
+            missing = {"kubeadm", "kubelet", "kubectl", "crictl", "cni-plugins"} - set(
+                self.binary_sha256
+            )
             if missing:
                 raise ValueError(f"source: binaries needs binary_sha256 for {sorted(missing)}")
         if self.calico_manifest_sha256 is not None and not _SHA256.match(

@@ -21,6 +21,8 @@ from roles.kubernetes.files import (
     CONFIG_DIR,
     INIT_CONFIG,
     JOIN_CONFIG,
+    KUBELET_DROPIN,
+    KUBELET_UNIT,
     REPO_KEY,
     REPO_SOURCES,
     SECRET_DIR,
@@ -74,6 +76,12 @@ def _common(ctx: HostContext) -> dict[str, str]:
         for path, managed_file in managed.items()
         if path != REPO_SOURCES
     }
+    if cfg.source == "binaries":
+        kubelet_units = [written[KUBELET_UNIT], written[KUBELET_DROPIN]]
+        systemd.daemon_reload(
+            name="Reload systemd for kubelet's unit",
+            _if=lambda: any(unit.did_change() for unit in kubelet_units),
+        )
     if local_proxy:
         unit, proxy = written[API_PROXY_UNIT], written[API_PROXY_CONFIG]
         systemd.daemon_reload(name="Reload systemd for the API proxy unit", _if=unit.did_change)

@@ -29,6 +29,41 @@ MANIFESTS_DIR = f"{CONFIG_DIR}/manifests"
 CALICO_RESOURCES = f"{MANIFESTS_DIR}/calico-resources.yaml"
 CALICO_CONFIG = f"{MANIFESTS_DIR}/calico-config.yaml"
 REPO_SOURCES = "/etc/apt/sources.list.d/kubernetes.sources"
+# kubelet's unit and kubeadm's drop-in, written by the role for source: binaries (the packages
+# bring their own).
+KUBELET_UNIT = "/etc/systemd/system/kubelet.service"
+KUBELET_DROPIN = "/etc/systemd/system/kubelet.service.d/10-kubeadm.conf"
+KUBELET_UNIT_TEXT = """\
+# Managed by gpuinfra: kubelet from the release binaries (source: binaries).
+[Unit]
+Description=kubelet: The Kubernetes Node Agent
+Documentation=https://kubernetes.io/docs/
+Wants=network-online.target
+After=network-online.target containerd.service
+
+[Service]
+ExecStart=/usr/local/bin/kubelet
+Restart=always
+StartLimitInterval=0
+RestartSec=10
+
+[Install]
+WantedBy=multi-user.target
+"""
+# kubeadm's own drop-in (what its package installs), pointing at /usr/local/bin.
+KUBELET_DROPIN_TEXT = """\
+# Managed by gpuinfra: kubeadm's kubelet drop-in (source: binaries).
+[Service]
+Environment="KUBELET_KUBECONFIG_ARGS=\\
+--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf \\
+--kubeconfig=/etc/kubernetes/kubelet.conf"
+Environment="KUBELET_CONFIG_ARGS=--config=/var/lib/kubelet/config.yaml"
+EnvironmentFile=-/var/lib/kubelet/kubeadm-flags.env
+EnvironmentFile=-/etc/default/kubelet
+ExecStart=
+ExecStart=/usr/local/bin/kubelet $KUBELET_KUBECONFIG_ARGS $KUBELET_CONFIG_ARGS \\
+ $KUBELET_KUBEADM_ARGS $KUBELET_EXTRA_ARGS
+"""
 REPO_KEY = "/etc/apt/keyrings/kubernetes-apt-keyring.asc"
 AUDIT_POLICY = "/etc/kubernetes/audit-policy.yaml"
 AUDIT_LOG_DIR = "/var/log/kubernetes/audit"
@@ -569,6 +604,9 @@ def managed_files(ctx: HostContext) -> list[ManagedFile]:
     files: list[ManagedFile] = []
     if cfg.source in ("pkgs.k8s.io", "mirror"):
         files.append(ManagedFile("kubernetes", REPO_SOURCES, repository_sources(ctx)))
+    if cfg.source == "binaries":
+        files.append(ManagedFile("kubernetes", KUBELET_UNIT, KUBELET_UNIT_TEXT))
+        files.append(ManagedFile("kubernetes", KUBELET_DROPIN, KUBELET_DROPIN_TEXT))
     files.append(
         ManagedFile("kubernetes", KUBELET_PATCH, dump([kubelet_patch(cfg)], _patch_header()))
     )

@@ -115,18 +115,40 @@ def kubernetes_installed(cfg: KubernetesConfig, version: str, repo: str):
 
 
 def _binary_commands(cfg: KubernetesConfig, version: str):
+    """Release binaries and tarballs, each checked against its SHA-256 before it is used."""
     found = host.get_fact(KubeBinaries) or {}
+    downloads = []
     for name in PACKAGES:
-        if found.get(name, "").lstrip("v") == version:
-            continue
-        url = f"{cfg.binaries_url}/v{version}/bin/linux/amd64/{name}"
-        staged = f"/var/tmp/{name}-v{version}"
+        if found.get(name, "").lstrip("v") != version:
+            url = f"{cfg.binaries_url}/v{version}/bin/linux/amd64/{name}"
+            downloads.append((name, url, f"install -m 0755 {{file}} /usr/local/bin/{name}"))
+    if not host.get_fact(FileExists, path=f"/opt/cni/bin/.gpuinfra-v{cfg.cni_plugins_version}"):
+        tag = f"v{cfg.cni_plugins_version}"
+        url = (
+            "https://github.com/containernetworking/plugins/releases/download/"
+            f"{tag}/cni-plugins-linux-amd64-{tag}.tgz"
+        )
+        unpack = (
+            "mkdir -p /opt/cni/bin && tar -xzf {file} -C /opt/cni/bin && "
+            f"touch /opt/cni/bin/.gpuinfra-{tag}"
+        )
+        downloads.append(("cni-plugins", url, unpack))
+    if not host.get_fact(FileExists, path=f"/usr/local/bin/.crictl-v{cfg.cri_tools_version}"):
+        tag = f"v{cfg.cri_tools_version}"
+        url = (
+            "https://github.com/kubernetes-sigs/cri-tools/releases/download/"
+            f"{tag}/crictl-{tag}-linux-amd64.tar.gz"
+        )
+        unpack = f"tar -xzf {{file}} -C /usr/local/bin crictl && touch /usr/local/bin/.crictl-{tag}"
+        downloads.append(("crictl", url, unpack))
+    for name, url, install in downloads:
+        staged = f"/var/tmp/gpuinfra-{name}-download"
         yield f"curl -fsSL --retry 3 -o {staged} {shlex.quote(url)}"
         yield (
             f"echo '{cfg.binary_sha256[name]}  {staged}' | sha256sum -c --quiet - || "
             f"{{ rm -f {staged}; echo 'kubernetes: {name} SHA-256 mismatch' >&2; exit 1; }}"
         )
-        yield f"install -m 0755 {staged} /usr/local/bin/{name} && rm -f {staged}"
+        yield f"{install.format(file=staged)} && rm -f {staged}"
 
 
 @operation()

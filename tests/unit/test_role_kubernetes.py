@@ -203,7 +203,10 @@ def test_config_rejects_bad_rates_and_unpinned_binaries():
         KubernetesConfig(join_rate="fast")
     with pytest.raises(ValidationError, match="binary_sha256"):
         KubernetesConfig(source="binaries")
-    KubernetesConfig(source="binaries", binary_sha256={b: "a" * 64 for b in kube_ops.PACKAGES})
+    KubernetesConfig(
+        source="binaries",
+        binary_sha256={b: "a" * 64 for b in (*kube_ops.PACKAGES, "crictl", "cni-plugins")},
+    )
 
 
 def test_bgp_port_between_kubernetes_nodes_only(loaded):

@@ -534,3 +534,29 @@ def test_disabled_role_writes_and_runs_nothing(small_cluster, write_cluster):
     with fake_host({}) as host:
         assert list(with_ops()) == []
     assert host.noops and "kubernetes.enabled: false" in host.noops[0]
+
+
+def test_operator_kubeconfig_points_past_the_node_local_proxy(tmp_path):
+    """With the node-local proxy, the copy's server is the first API server, and the node's own
+    digest is kept beside it so an unchanged admin.conf is not fetched again."""
+
+    class Node:
+        def get_file(self, remote, buffer, **_kwargs):
+            buffer.write(b"clusters:\n- cluster:\n    server: https://127.0.0.1:6444\n")
+            return True
+
+    local = tmp_path / "kubernetes" / "admin.conf"
+    assert kube_ops._fetch_kubeconfig(None, Node(), str(local), "https://10.0.0.21:6443")
+    assert "server: https://10.0.0.21:6443" in local.read_text()
+    digest = (local.parent / "admin.conf.sha1").read_text()
+    assert len(digest) == 40 and stat.S_IMODE(local.stat().st_mode) == 0o600
+    from pyinfra.facts.files import Sha1File
+
+    done, noops = commands(
+        kube_ops.operator_kubeconfig, {Sha1File: digest}, first=True, local=str(local)
+    )
+    assert done == [] and noops
+    changed, _ = commands(
+        kube_ops.operator_kubeconfig, {Sha1File: "0" * 40}, first=True, local=str(local)
+    )
+    assert len(changed) == 1

@@ -205,6 +205,11 @@ def package_commands(loaded: LoadedCluster, host: str, version: str, names: list
     cfg = role_config(loaded.cluster, host, KubernetesConfig)
     if cfg.source == "preinstalled":
         return "true"
+    if cfg.source == "binaries":
+        raise KubernetesOperationError(
+            f"{host}: upgrade with source: binaries is not supported here: pin the new "
+            "binaries' SHA-256 in the inventory and use a package source or an image"
+        )
     pins = " ".join(f"{name}={version.lstrip('v')}-{cfg.package_revision}" for name in names)
     return (
         f"apt-mark unhold {' '.join(names)} && DEBIAN_FRONTEND=noninteractive apt-get install "

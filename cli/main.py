@@ -10,7 +10,7 @@ from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageErro
 from typer.core import TyperGroup
 from typer.exceptions import Abort
 
-from cli import engine, etcd, health, inventory, lab, render, verify
+from cli import engine, etcd, health, inventory, kubernetes, lab, render, verify
 from cli.errors import stderr
 from cli.exitcodes import ExitCode
 from cli.options import state
@@ -60,6 +60,7 @@ app.add_typer(inventory.app, name="inventory")
 app.add_typer(lab.app, name="lab")
 app.add_typer(health.app, name="health")
 app.add_typer(etcd.app, name="etcd")
+app.add_typer(kubernetes.app, name="kubernetes")
 app.command("render")(render.render)
 app.command("plan")(engine.plan)
 app.command("apply")(engine.apply)

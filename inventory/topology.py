@@ -12,6 +12,7 @@ ETCD_CLIENT_PORT = 2379
 ETCD_PEER_PORT = 2380
 ETCD_METRICS_PORT = 2381  # plain-HTTP /metrics listener, so Prometheus needs no client cert
 KUBELET_PORT = 10250
+BGP_PORT = 179  # Calico (kubernetes role) routes pod CIDRs natively over BGP between nodes
 NODE_EXPORTER_PORT = 9100
 DNS_PORT = 53
 HAPROXY_STATS_PORT = 8404
@@ -156,3 +157,10 @@ def collapse_sources(sources: Iterable[str]) -> tuple[str, ...]:
     return tuple(
         str(net.network_address) if net.prefixlen == 32 else str(net) for net in sorted(kept)
     )
+
+
+def api_clients(cluster: Cluster) -> tuple[str, ...]:
+    """Who may reach the Kubernetes API: nodes, admins, and pods (they reach it through the
+    kubernetes Service, DNAT'd to an API server with the pod's own address as the source)."""
+    networks = cluster.networks
+    return collapse_sources([str(networks.node), str(networks.pod), *map(str, networks.admin)])

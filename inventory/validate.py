@@ -76,11 +76,8 @@ def _control_plane_needs_loadbalancer(loaded: LoadedCluster) -> Iterator[tuple[s
     cluster = loaded.cluster
     control_plane = cluster.in_group("control_plane")
     balancers = cluster.in_group("loadbalancer")
-    if len(control_plane) > 1 and not balancers:
-        yield (
-            f"hosts.{control_plane[-1]}",
-            f"{len(control_plane)} control_plane nodes need a host in the loadbalancer group",
-        )
+    # Several control-plane nodes without balancers are fine: the kubernetes role then runs a
+    # proxy on every node in front of every API server (Kubespray's default).
     if len(balancers) > 1 and cluster.api.vip is None:
         yield "api.vip", f"{len(balancers)} load balancers share a virtual address: set api.vip"
     if len(control_plane) > 5:

@@ -49,10 +49,15 @@ def inventory_data(state: LabState) -> dict[str, Any]:
     if state.vip is not None:
         data["api"] = {"vip": str(state.vip)}
     # Docker's own repository is out of reach from the lab: Debian 13's docker.io and containerd.
+    # kubeadm, kubelet and the API server cannot be obtained from the lab (no Kubernetes
+    # repository, no release downloads): the kubernetes role is off; its lab tests turn it on
+    # against a stand-in kubeadm (tests/integration/test_role_kubernetes.py).
     data["group_vars"] = {
         "all": {
             "base": _base_settings(str(state.gateway)),
             "container_runtime": {"source": "distribution"},
+            # kubeadm cannot be had on these machines: the kubernetes role is off in the lab.
+            "kubernetes": {"enabled": False},
         }
     }
     if any("etcd" in spec.groups for _, spec, _ in state.hosts()):

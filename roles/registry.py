@@ -22,6 +22,7 @@ ROLE_PACKAGES: tuple[str, ...] = (
     "dns",
     "loadbalancer",
     "etcd",
+    "kubernetes",
     "monitoring",
     "gpu_health",
     "drift_job",

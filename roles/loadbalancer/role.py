@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from inventory.model import LoadedCluster
-from inventory.topology import HAPROXY_STATS_PORT, FirewallRule, collapse_sources
-from roles.firewall.role import api_clients
+from inventory.topology import HAPROXY_STATS_PORT, FirewallRule, api_clients, collapse_sources
 from roles.loadbalancer.config import LoadBalancerConfig
 from roles.spec import Phase, Role, Rolling, lazy
 
@@ -17,7 +16,7 @@ def ports(loaded: LoadedCluster) -> dict[str, list[FirewallRule]]:
             "Kubernetes API from nodes, pods and admins",
             cluster.api.port,
             "tcp",
-            api_clients(loaded),
+            api_clients(cluster),
         )
     ]
     if len(balancers) > 1:

@@ -79,11 +79,11 @@ def test_pod_and_service_overlap(small_cluster, write_cluster):
     assert "networks.service: 10.96.0.0/16 overlaps networks.pod" in err
 
 
-def test_several_control_plane_nodes_need_a_loadbalancer(small_cluster, write_cluster):
+def test_several_control_plane_nodes_without_a_loadbalancer_are_valid(small_cluster, write_cluster):
+    """The kubernetes role balances on each node instead (tests/unit/test_role_kubernetes.py)."""
     del small_cluster["hosts"]["lb-1"]
     code, err = validate(write_cluster(small_cluster))
-    assert code == 2
-    assert "hosts.cp-2: 2 control_plane nodes need a host in the loadbalancer group" in err
+    assert code == 0, err
 
 
 def test_two_loadbalancers_need_a_vip(small_cluster, write_cluster):

@@ -1,0 +1,158 @@
+"""`gpuinfra kubernetes ...`: day-2 operations on the kubeadm cluster."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from cli.errors import UserError, reporting
+from cli.exitcodes import ExitCode
+from cli.options import ClusterArg, FormatOpt, OutputFormat
+from roles.context import load
+
+app = typer.Typer(
+    help="Day-2 operations on the Kubernetes cluster (kubeadm).", no_args_is_help=True
+)
+certs_app = typer.Typer(help="Control-plane certificates.", no_args_is_help=True)
+node_app = typer.Typer(help="Add or remove nodes.", no_args_is_help=True)
+app.add_typer(certs_app, name="certs")
+app.add_typer(node_app, name="node")
+console = Console(highlight=False)
+
+YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")]
+
+
+def _call(work):
+    from day2.kubernetes import KubernetesOperationError
+
+    with reporting():
+        try:
+            return work()
+        except KubernetesOperationError as exc:
+            raise UserError(str(exc), ExitCode.ERROR) from None
+
+
+def _confirm(yes: bool, question: str) -> None:
+    if not yes and not typer.confirm(question, default=False, err=True):
+        raise typer.Exit(ExitCode.OK)
+
+
+def _emit_outcome(outcome, output: OutputFormat) -> None:
+    if output is OutputFormat.json:
+        typer.echo(json.dumps(asdict(outcome), indent=2))
+        return
+    table = Table(title=outcome.operation)
+    for column in ("#", "node", "step", "result"):
+        table.add_column(column)
+    for number, step in enumerate(outcome.steps, 1):
+        table.add_row(str(number), step.host, step.action, "ok" if step.ok else step.detail)
+    console.print(table)
+    for note in outcome.notes:
+        console.print(f"note: {note}", markup=False)
+
+
+@app.command()
+def status(cluster: ClusterArg, output: FormatOpt = OutputFormat.table) -> None:
+    """Nodes (Ready, version, taints) and control-plane certificate expiry."""
+    from day2.kubernetes import status as cluster_status
+
+    with reporting():
+        loaded = load(cluster)
+    result = _call(lambda: cluster_status(loaded))
+    if output is OutputFormat.json:
+        typer.echo(json.dumps(asdict(result), indent=2))
+    else:
+        table = Table(title=f"kubernetes {result.cluster}: {len(result.nodes)} nodes")
+        for column in ("node", "ready", "version", "schedulable", "taints"):
+            table.add_column(column)
+        for node in result.nodes:
+            table.add_row(
+                node.name,
+                "yes" if node.ready else "NO",
+                node.version,
+                "no" if node.unschedulable else "yes",
+                ", ".join(node.taints),
+            )
+        console.print(table)
+        for line in result.certificates:
+            console.print(line, markup=False)
+    not_ready = [n for n in result.nodes if not n.ready]
+    raise typer.Exit(ExitCode.DEGRADED if not_ready else ExitCode.OK)
+
+
+@certs_app.command("renew")
+def certs_renew(cluster: ClusterArg, yes: YesOpt = False, output: FormatOpt = OutputFormat.table):
+    """check-expiration, then renew every control-plane certificate, one node at a time."""
+    from day2.kubernetes import renew_certificates
+
+    with reporting():
+        loaded = load(cluster)
+    _confirm(yes, f"Renew the certificates of every control-plane node of {loaded.cluster.name}?")
+    _emit_outcome(_call(lambda: renew_certificates(loaded)), output)
+
+
+@app.command()
+def upgrade(
+    cluster: ClusterArg,
+    version: Annotated[str, typer.Argument(help="Target version, at most one minor ahead.")],
+    budget: Annotated[
+        float, typer.Option("--budget", help="Percent of workers drained at once (at least 1).")
+    ] = 20.0,
+    yes: YesOpt = False,
+    output: FormatOpt = OutputFormat.table,
+) -> None:
+    """upgrade apply on the first control-plane node, upgrade node on the others one by one,
+    then workers drained, upgraded and uncordoned in batches within the budget."""
+    from day2.kubernetes import upgrade as run_upgrade
+
+    with reporting():
+        loaded = load(cluster)
+        if not 0 < budget <= 100:
+            raise UserError(f"--budget {budget:g}: a percentage in (0, 100]")
+    _confirm(yes, f"Upgrade {loaded.cluster.name} to {version}?")
+    _emit_outcome(_call(lambda: run_upgrade(loaded, version, budget)), output)
+
+
+@node_app.command("add")
+def node_add(
+    cluster: ClusterArg,
+    nodes: Annotated[list[str], typer.Argument(help="Inventory hosts to join.")],
+    output: FormatOpt = OutputFormat.table,
+) -> None:
+    """Join nodes of the inventory (rate-limited, like every join)."""
+    from day2.kubernetes import add_nodes
+    from roles.runner import HostStatus
+
+    with reporting():
+        loaded = load(cluster)
+    report = _call(lambda: add_nodes(loaded, nodes))
+    if output is OutputFormat.json:
+        typer.echo(json.dumps(asdict(report), indent=2))
+    else:
+        for name, host in report.hosts.items():
+            console.print(
+                f"{name}: {host.status}" + (f" ({host.error})" if host.error else ""), markup=False
+            )
+    failed = report.with_status(HostStatus.failed, HostStatus.unreachable)
+    raise typer.Exit(ExitCode.ERROR if failed else ExitCode.OK)
+
+
+@node_app.command("remove")
+def node_remove(
+    cluster: ClusterArg,
+    node: Annotated[str, typer.Argument(help="The node to cordon, drain, delete and reset.")],
+    yes: YesOpt = False,
+    output: FormatOpt = OutputFormat.table,
+) -> None:
+    """cordon, drain, delete the Node, then kubeadm reset on it."""
+    from day2.kubernetes import remove_node
+
+    with reporting():
+        loaded = load(cluster)
+    _confirm(yes, f"Remove {node} from {loaded.cluster.name} (drain, delete, kubeadm reset)?")
+    _emit_outcome(_call(lambda: remove_node(loaded, node)), output)

@@ -1,0 +1,310 @@
+"""Day-2 operations on a kubeadm cluster: status, certificate renewal, upgrades one minor at a
+time, and adding or removing nodes.
+
+A layer above the engine (it calls `roles.runner` for `node add`), kept out of the role's deploy
+path: the deploy never imports this module. Commands run on the nodes over SSH (host keys
+checked, as everywhere): kubectl with admin.conf on the first control-plane node, kubeadm on
+the node it acts on. Every step is recorded in order; the first failing step stops the
+operation and names the node, so a bad upgrade stops on one node with the others untouched.
+The order follows kubeadm's documented procedures (and Kubespray's): `upgrade apply` on the
+first control-plane node, `upgrade node` on the others one at a time, then workers cordoned,
+drained, upgraded and uncordoned in batches no larger than the budget.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from inventory.model import LoadedCluster
+from roles.kubernetes.config import KubernetesConfig
+from roles.kubernetes.files import ADMIN_CONF, first_control_plane
+from roles.runner import Mode, RunOptions, run
+from roles.spec import host_config
+from roles.ssh import ssh_argv
+
+KUBECTL = f"kubectl --kubeconfig {ADMIN_CONF} --request-timeout=30s"
+HEALTHZ = f"{KUBECTL} get --raw /healthz"
+MANIFESTS = "/etc/kubernetes/manifests"
+
+
+class KubernetesOperationError(RuntimeError):
+    """A day-2 operation stopped; the message says on which node and why."""
+
+
+@dataclass
+class Step:
+    host: str
+    action: str
+    ok: bool = True
+    detail: str = ""
+
+
+@dataclass
+class Outcome:
+    operation: str
+    steps: list[Step] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+Runner = Callable[[LoadedCluster, str, str, float], tuple[bool, str]]
+
+
+def ssh_run(loaded: LoadedCluster, host: str, command: str, timeout: float) -> tuple[bool, str]:
+    """One shell command on a node; (ok, stdout or the end of stderr)."""
+    try:
+        done = subprocess.run(
+            ssh_argv(loaded, host) + [command], capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired:
+        return False, f"timed out after {timeout:g}s"
+    if done.returncode != 0:
+        return False, done.stderr.strip()[-500:] or f"exit {done.returncode}"
+    return True, done.stdout
+
+
+class Session:
+    """Runs the steps of one operation in order and records them."""
+
+    def __init__(self, loaded: LoadedCluster, operation: str, runner: Runner = ssh_run):
+        self.loaded = loaded
+        self.outcome = Outcome(operation)
+        self.runner = runner
+
+    def step(self, host: str, action: str, command: str, timeout: float = 600) -> str:
+        ok, output = self.runner(self.loaded, host, command, timeout)
+        self.outcome.steps.append(Step(host, action, ok, "" if ok else output))
+        if not ok:
+            raise KubernetesOperationError(f"{host}: {action} failed: {output}")
+        return output
+
+
+def _first(loaded: LoadedCluster) -> str:
+    try:
+        return first_control_plane(loaded.cluster)
+    except ValueError as exc:
+        raise KubernetesOperationError(f"{loaded.source}: {exc}") from None
+
+
+def _wait(command: str, seconds: int = 300) -> str:
+    return (
+        f"for i in $(seq {seconds}); do {command} >/dev/null 2>&1 && exit 0; sleep 1; done; exit 1"
+    )
+
+
+# ---------------------------------------------------------------- status
+
+
+@dataclass
+class NodeStatus:
+    name: str
+    ready: bool
+    version: str
+    taints: list[str]
+    unschedulable: bool
+
+
+@dataclass
+class ClusterStatus:
+    cluster: str
+    nodes: list[NodeStatus]
+    certificates: list[str]  # kubeadm certs check-expiration, one line per certificate
+
+
+def parse_nodes(text: str) -> list[NodeStatus]:
+    nodes = []
+    for item in json.loads(text or "{}").get("items", []):
+        conditions = {c["type"]: c["status"] for c in item.get("status", {}).get("conditions", [])}
+        taints = [
+            f"{t['key']}={t.get('value', '')}:{t['effect']}"
+            for t in item.get("spec", {}).get("taints", [])
+        ]
+        nodes.append(
+            NodeStatus(
+                name=item["metadata"]["name"],
+                ready=conditions.get("Ready") == "True",
+                version=item.get("status", {}).get("nodeInfo", {}).get("kubeletVersion", "?"),
+                taints=taints,
+                unschedulable=bool(item.get("spec", {}).get("unschedulable")),
+            )
+        )
+    return nodes
+
+
+def status(loaded: LoadedCluster, runner: Runner = ssh_run) -> ClusterStatus:
+    session = Session(loaded, "status", runner)
+    first = _first(loaded)
+    nodes = parse_nodes(session.step(first, "list nodes", f"{KUBECTL} get nodes -o json"))
+    expiry = session.step(first, "check certificate expiry", "kubeadm certs check-expiration")
+    lines = [line for line in expiry.splitlines() if line.strip()]
+    return ClusterStatus(loaded.cluster.name, nodes, lines)
+
+
+# ---------------------------------------------------------------- certificates
+
+
+def restart_control_plane(session: Session, host: str) -> None:
+    """kubeadm's documented restart of static pods: take their manifests away until kubelet
+    stopped them (it looks every 20 s), put them back, wait for /healthz."""
+    away = "/etc/kubernetes/manifests.gpuinfra-away"
+    session.step(
+        host,
+        "restart the control-plane pods",
+        f"mkdir -p {away} && mv {MANIFESTS}/*.yaml {away}/ && sleep 20 && "
+        f"mv {away}/*.yaml {MANIFESTS}/ && rmdir {away}",
+    )
+    session.step(host, "wait for /healthz", _wait(HEALTHZ))
+
+
+def renew_certificates(loaded: LoadedCluster, runner: Runner = ssh_run) -> Outcome:
+    """check-expiration, then `kubeadm certs renew all` and a control-plane restart on each
+    control-plane node in turn; the next node starts only after this one answers /healthz."""
+    session = Session(loaded, "certs renew", runner)
+    first = _first(loaded)
+    session.step(first, "check certificate expiry", "kubeadm certs check-expiration")
+    for host in loaded.cluster.in_group("control_plane"):
+        session.step(host, "renew certificates", "kubeadm certs renew all")
+        restart_control_plane(session, host)
+    return session.outcome
+
+
+# ---------------------------------------------------------------- upgrades
+
+
+def _minor(version: str) -> tuple[int, int]:
+    major, minor, *_ = version.lstrip("v").split(".")
+    return int(major), int(minor)
+
+
+def check_upgrade_step(current: str, target: str) -> None:
+    """One minor at a time (kubeadm refuses skipping one): 1.31.x -> 1.31.y or 1.32.z."""
+    have, want = _minor(current), _minor(target)
+    if want[0] != have[0] or want[1] - have[1] not in (0, 1):
+        raise KubernetesOperationError(
+            f"upgrade {current} -> {target}: one minor version at a time "
+            f"(next: {have[0]}.{have[1] + 1}.x)"
+        )
+    if tuple(int(p) for p in target.lstrip("v").split(".")) <= tuple(
+        int(p) for p in current.lstrip("v").split(".")
+    ):
+        raise KubernetesOperationError(f"upgrade {current} -> {target}: not newer")
+
+
+def batch_size(workers: int, budget_percent: float) -> int:
+    """Workers drained at once: the budget's share of them, at least one."""
+    return max(1, math.floor(workers * budget_percent / 100))
+
+
+def package_commands(loaded: LoadedCluster, host: str, version: str, names: list[str]) -> str:
+    """Install the target version's packages on a node (held again after), or nothing when the
+    host image provides them (source: preinstalled)."""
+    cfg = host_config(loaded, host, "kubernetes", KubernetesConfig)
+    if cfg.source == "preinstalled":
+        return "true"
+    if cfg.source == "binaries":
+        raise KubernetesOperationError(
+            f"{host}: upgrade with source: binaries is not supported here: pin the new "
+            "binaries' SHA-256 in the inventory and use a package source or an image"
+        )
+    pins = " ".join(f"{name}={version.lstrip('v')}-{cfg.package_revision}" for name in names)
+    return (
+        f"apt-mark unhold {' '.join(names)} && DEBIAN_FRONTEND=noninteractive apt-get install "
+        f"-y -q --no-install-recommends {pins} && apt-mark hold {' '.join(names)}"
+    )
+
+
+def upgrade(
+    loaded: LoadedCluster,
+    target: str,
+    budget_percent: float = 20.0,
+    runner: Runner = ssh_run,
+) -> Outcome:
+    current = loaded.cluster.versions.kubernetes
+    check_upgrade_step(current, target)
+    tag = "v" + target.lstrip("v")
+    session = Session(loaded, f"upgrade {current} -> {tag}", runner)
+    cluster = loaded.cluster
+    first = _first(loaded)
+    control_plane = cluster.in_group("control_plane")
+    workers = cluster.in_group("gpu_worker") + cluster.in_group("cpu_worker")
+
+    session.step(first, "install kubeadm", package_commands(loaded, first, tag, ["kubeadm"]))
+    session.step(first, "plan the upgrade", f"kubeadm upgrade plan {tag}")
+    session.step(first, "kubeadm upgrade apply", f"kubeadm upgrade apply {tag} -y", 1800)
+    _upgrade_kubelet(session, loaded, first, tag)
+    session.step(first, "wait for /healthz", _wait(HEALTHZ))
+    for host in control_plane[1:]:
+        session.step(host, "install kubeadm", package_commands(loaded, host, tag, ["kubeadm"]))
+        session.step(host, "kubeadm upgrade node", "kubeadm upgrade node", 1800)
+        _upgrade_kubelet(session, loaded, host, tag)
+        session.step(host, "wait for /healthz", _wait(HEALTHZ))
+    size = batch_size(len(workers), budget_percent)
+    for start in range(0, len(workers), size):
+        batch = workers[start : start + size]
+        for host in batch:
+            session.step(first, f"drain {host}", drain_command(host))
+        for host in batch:
+            session.step(host, "install kubeadm", package_commands(loaded, host, tag, ["kubeadm"]))
+            session.step(host, "kubeadm upgrade node", "kubeadm upgrade node", 1800)
+            _upgrade_kubelet(session, loaded, host, tag)
+        for host in batch:
+            session.step(first, f"uncordon {host}", f"{KUBECTL} uncordon {shlex.quote(host)}")
+    session.outcome.notes.append(
+        f"set versions.kubernetes: {tag.lstrip('v')} in the inventory so apply keeps this version"
+    )
+    return session.outcome
+
+
+def _upgrade_kubelet(session: Session, loaded: LoadedCluster, host: str, tag: str) -> None:
+    session.step(
+        host,
+        "upgrade kubelet and kubectl",
+        package_commands(loaded, host, tag, ["kubelet", "kubectl"]),
+    )
+    session.step(host, "restart kubelet", "systemctl daemon-reload && systemctl restart kubelet")
+
+
+def drain_command(node: str) -> str:
+    return (
+        f"{KUBECTL} drain {shlex.quote(node)} --ignore-daemonsets --delete-emptydir-data "
+        "--timeout=600s"
+    )
+
+
+# ---------------------------------------------------------------- nodes
+
+
+def remove_node(loaded: LoadedCluster, node: str, runner: Runner = ssh_run) -> Outcome:
+    """cordon, drain, delete the Node object (on the first control-plane node), then
+    `kubeadm reset` on the node itself. The first control-plane node is never removed here."""
+    cluster = loaded.cluster
+    if node not in cluster.hosts:
+        raise KubernetesOperationError(f"{loaded.source}: no host {node!r} in the inventory")
+    first = _first(loaded)
+    if node == first:
+        raise KubernetesOperationError(
+            f"{node} is the first control-plane node (it hands out joins): move another "
+            "control-plane node first in the inventory before removing it"
+        )
+    session = Session(loaded, f"node remove {node}", runner)
+    quoted = shlex.quote(node)
+    session.step(first, f"cordon {node}", f"{KUBECTL} cordon {quoted}")
+    session.step(first, f"drain {node}", drain_command(node))
+    session.step(first, f"delete node {node}", f"{KUBECTL} delete node {quoted}")
+    session.step(node, "kubeadm reset", "kubeadm reset -f")
+    session.outcome.notes.append(f"remove {node} from the inventory so apply does not join it")
+    return session.outcome
+
+
+def add_nodes(loaded: LoadedCluster, nodes: list[str]):
+    """Join new nodes: the kubernetes role on them and on the first control-plane node (which
+    hands out the short-lived token), rate-limited like any join."""
+    unknown = [n for n in nodes if n not in loaded.cluster.hosts]
+    if unknown:
+        raise KubernetesOperationError(f"{loaded.source}: no host {', '.join(unknown)}")
+    limit = (_first(loaded), *nodes)
+    return run(loaded, RunOptions(mode=Mode.apply, limit=limit, roles=("kubernetes",)))

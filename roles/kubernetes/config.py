@@ -1,0 +1,142 @@
+"""Defaults of the kubernetes role; inventory group_vars/host vars under `kubernetes:` override
+them. The Kubernetes version itself is the cluster's `versions.kubernetes`."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from roles.pacing import Rate, RateInvalid
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class KubernetesConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # False: the role writes and runs nothing, for a cluster whose Kubernetes is managed
+    # elsewhere, or a lab whose hosts cannot obtain kubeadm. Set it alike for every host.
+    enabled: bool = True
+    # Where kubeadm, kubelet and kubectl come from: the Kubernetes package repository for the
+    # pinned minor (pkgs.k8s.io, key pinned by fingerprint), a mirror of it, the release binaries
+    # checked against SHA-256 pins (Kubespray's way), or a host image that already holds them
+    # ("preinstalled": the role only checks their version).
+    source: Literal["pkgs.k8s.io", "mirror", "binaries", "preinstalled"] = "pkgs.k8s.io"
+    # The repository root holding core:/stable:/v<minor>/deb/ (pkgs.k8s.io's layout).
+    repo_url: str = "https://pkgs.k8s.io"
+    # The Kubernetes release key of the v1.28+ repositories (Release.key of every minor),
+    # published at https://kubernetes.io/docs/setup/production-environment/tools/kubeadm/
+    repo_key_fingerprint: str = "DE15B14486CD377B9E876E1A234654DA9A296436"
+    # Debian revision of the packages at the pinned version: pkgs.k8s.io publishes "-1.1".
+    package_revision: str = "1.1"
+    # Base URL holding <version>/bin/linux/<arch>/{kubeadm,kubelet,kubectl} (source: binaries).
+    binaries_url: str = "https://dl.k8s.io/release"
+    # SHA-256 for source: binaries, per download: the three binaries and the crictl and CNI
+    # plugin tarballs. No defaults: a pin is only a pin when it was read from the release's own
+    # checksum files by whoever sets the version.
+    binary_sha256: dict[Literal["kubeadm", "kubelet", "kubectl", "crictl", "cni-plugins"], str] = (
+        Field(default_factory=dict)
+    )
+    # The CNI plugins and crictl versions that go with Kubernetes 1.31 (Kubespray 2.27 pins).
+    cni_plugins_version: str = "1.6.0"
+    cri_tools_version: str = "1.31.1"
+
+    # Calico in BGP mode with no encapsulation: pod CIDRs routed natively between nodes (the
+    # reference design left Flannel's overlay for ~2 Gbit/s against 10-15 host to host).
+    calico_version: str = "v3.29.1"
+    # Full node-to-node BGP mesh up to ~100 nodes (Calico's advice); past that, route reflectors.
+    calico_node_mesh: bool = True
+    calico_as_number: int = Field(64512, ge=1, le=4294967295)
+    # A /26 per node: 64 pod addresses, over the 110-pod default only with maxPods raised below.
+    calico_block_size: int = Field(26, ge=20, le=32)
+    # Pods reach outside the cluster through their node's address.
+    calico_nat_outgoing: bool = True
+    # SHA-256 of the upstream calico.yaml of calico_version: applied only when set (the role
+    # never applies an unpinned download; this machine could not fetch it to pin it).
+    calico_manifest_sha256: str | None = None
+
+    # Workers join at most this many per interval, slower when the API answers 429/5xx: joining
+    # hundreds at once overloaded the API servers of the reference design.
+    join_rate: str = "5/10s"
+    # Bootstrap tokens live 15 minutes: long enough for one run's joins, useless afterwards.
+    token_ttl: str = "15m"
+    # Seconds a joined control-plane node gets to answer /healthz and to turn Ready.
+    ready_timeout_s: int = Field(300, ge=10)
+
+    # Large-cluster API server settings (each one's reason is in roles/kubernetes/kubeadm.py).
+    max_requests_inflight: int = Field(800, ge=1)
+    max_mutating_requests_inflight: int = Field(400, ge=1)
+    # Events in their own etcd (large-cluster option): "https://host:2379" endpoints, or none.
+    events_etcd_endpoints: list[str] = Field(default_factory=list)
+    # Audit log: kept 7 days, 10 files of 100 MB, so the control plane's disk never fills.
+    audit_log_maxage: int = Field(7, ge=1)
+    audit_log_maxbackup: int = Field(10, ge=1)
+    audit_log_maxsize: int = Field(100, ge=1)
+    # controller-manager and scheduler talk to the API at 20/30 QPS/burst by default: a
+    # thousand-node cluster starves them (node lifecycle, endpoint updates lag minutes).
+    controller_manager_qps: int = Field(100, ge=1)
+    controller_manager_burst: int = Field(200, ge=1)
+    scheduler_qps: int = Field(100, ge=1)
+    scheduler_burst: int = Field(200, ge=1)
+
+    # kubelet: the 110-pod upstream limit; GPU nodes run few large pods, so no reason to raise.
+    max_pods: int = Field(110, ge=10, le=250)
+    # Reserved for the OS and for kubelet/containerd, so a pod burst never starves sshd.
+    system_reserved: dict[str, str] = Field(
+        default_factory=lambda: {"cpu": "500m", "memory": "1Gi", "ephemeral-storage": "1Gi"}
+    )
+    kube_reserved: dict[str, str] = Field(
+        default_factory=lambda: {"cpu": "500m", "memory": "1Gi", "ephemeral-storage": "1Gi"}
+    )
+    # Evict before the node itself runs out (kubelet's defaults plus a memory margin).
+    eviction_hard: dict[str, str] = Field(
+        default_factory=lambda: {
+            "memory.available": "500Mi",
+            "nodefs.available": "10%",
+            "imagefs.available": "15%",
+            "nodefs.inodesFree": "5%",
+        }
+    )
+    # Labels every node of this group/host registers with (GPU workers add theirs).
+    node_labels: dict[str, str] = Field(default_factory=dict)
+
+    # kube-proxy in IPVS mode: O(1) service lookups where iptables mode walks long chains at
+    # thousands of services (Kubespray's default too).
+    kube_proxy_mode: Literal["ipvs", "iptables", "nftables"] = "ipvs"
+
+    # Clusters without load-balancer nodes: an HAProxy on every node in front of every API
+    # server (Kubespray's default), so kubelets survive the loss of one API server.
+    node_local_lb_port: int = Field(6444, ge=1, le=65535)
+
+    @field_validator("join_rate")
+    @classmethod
+    def _rate(cls, value: str) -> str:
+        try:
+            Rate.parse(value)
+        except RateInvalid as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+    @field_validator("binary_sha256")
+    @classmethod
+    def _digests(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, digest in value.items():
+            if not _SHA256.match(digest):
+                raise ValueError(f"{name}: {digest!r} is not a SHA-256 (64 hex digits)")
+        return value
+
+    @model_validator(mode="after")
+    def _binaries_need_pins(self) -> KubernetesConfig:
+        if self.source == "binaries":
+            missing = {"kubeadm", "kubelet", "kubectl", "crictl", "cni-plugins"} - set(
+                self.binary_sha256
+            )
+            if missing:
+                raise ValueError(f"source: binaries needs binary_sha256 for {sorted(missing)}")
+        if self.calico_manifest_sha256 is not None and not _SHA256.match(
+            self.calico_manifest_sha256
+        ):
+            raise ValueError("calico_manifest_sha256 is not a SHA-256 (64 hex digits)")
+        return self

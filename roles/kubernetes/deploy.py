@@ -1,0 +1,165 @@
+"""The kubernetes role's deploy: packages, kubeadm files, then init, joins and Calico.
+
+Two phases: the control plane, then the workers. On the control plane the first node runs
+`kubeadm init --upload-certs` once, Calico is applied from it, and the other nodes join one at
+a time (`_serial`), each waiting for /healthz (and Ready, with a CNI) before the next starts.
+Workers join in parallel, paced by the run's shared rate limit (roles/pacing.py), which they
+acquire inside the join itself, so nodes that are already joined never wait.
+"""
+
+from __future__ import annotations
+
+from pyinfra.api import deploy
+from pyinfra.operations import apt, files, systemd
+
+from roles.kubernetes import operations as kube_ops
+from roles.kubernetes.files import (
+    API_PROXY_CONFIG,
+    API_PROXY_UNIT,
+    CALICO_CONFIG,
+    CALICO_RESOURCES,
+    CONFIG_DIR,
+    INIT_CONFIG,
+    JOIN_CONFIG,
+    KUBELET_DROPIN,
+    KUBELET_UNIT,
+    REPO_KEY,
+    REPO_SOURCES,
+    SECRET_DIR,
+    first_control_plane,
+    is_first_control_plane,
+    managed_files,
+    node_local_balancing,
+    repository_url,
+    settings,
+)
+from roles.operations import put_file, service_running
+from roles.spec import HostContext
+
+OPERATOR_KUBECONFIG = "kubernetes/admin.conf"  # under the cluster's state directory
+
+
+def _common(ctx: HostContext) -> dict[str, str]:
+    """Packages and files every node gets; returns the written files' contents by path."""
+    cfg = settings(ctx)
+    version = ctx.cluster.versions.kubernetes.lstrip("v")
+    managed = {f.path: f for f in managed_files(ctx)}
+    sources = put_file(managed[REPO_SOURCES]) if REPO_SOURCES in managed else None
+    kube_ops.repository_key(
+        name="Fetch the Kubernetes repository key",
+        enabled=cfg.source in ("pkgs.k8s.io", "mirror"),
+        url=f"{repository_url(ctx)}Release.key",
+        fingerprint=cfg.repo_key_fingerprint,
+        dest=REPO_KEY,
+    )
+    if sources is not None:
+        apt.update(
+            name="Refresh package lists for the Kubernetes repository", _if=sources.did_change
+        )
+    kube_ops.kubernetes_installed(
+        name="Install kubeadm, kubelet and kubectl",
+        cfg=cfg,
+        version=version,
+        repo=repository_url(ctx),
+    )
+    local_proxy = node_local_balancing(ctx.cluster)
+    if local_proxy:
+        apt.packages(
+            name="Install HAProxy for the node-local API proxy",
+            packages=["haproxy"],
+            no_recommends=True,
+            update=True,
+            cache_time=3600,
+        )
+    written = {
+        path: put_file(managed_file)
+        for path, managed_file in managed.items()
+        if path != REPO_SOURCES
+    }
+    if cfg.source == "binaries":
+        kubelet_units = [written[KUBELET_UNIT], written[KUBELET_DROPIN]]
+        systemd.daemon_reload(
+            name="Reload systemd for kubelet's unit",
+            _if=lambda: any(unit.did_change() for unit in kubelet_units),
+        )
+    if local_proxy:
+        unit, proxy = written[API_PROXY_UNIT], written[API_PROXY_CONFIG]
+        systemd.daemon_reload(name="Reload systemd for the API proxy unit", _if=unit.did_change)
+        service_running(name="Run the node-local API proxy", unit="kube-api-proxy")
+        systemd.service(
+            name="Reload the node-local API proxy for its new configuration",
+            service="kube-api-proxy",
+            reloaded=True,
+            _if=proxy.did_change,
+        )
+    files.directory(
+        name="Keep join secrets private (0700)", path=SECRET_DIR, mode="0700", present=True
+    )
+    files.directory(name="Own the kubeadm file directory", path=CONFIG_DIR, mode="0755")
+    service_running(name="Run kubelet", unit="kubelet")
+    return {path: f.content for path, f in managed.items()}
+
+
+@deploy("Kubernetes control plane")
+def apply_control_plane(ctx: HostContext) -> None:
+    cfg = settings(ctx)
+    if not cfg.enabled:
+        kube_ops.disabled(name="Skip Kubernetes (disabled)")
+        return
+    contents = _common(ctx)
+    first = is_first_control_plane(ctx)
+    kube_ops.control_plane_initialised(
+        name="Initialise the first control-plane node",
+        first=first,
+        config=INIT_CONFIG,
+        timeout_s=cfg.ready_timeout_s,
+    )
+    kube_ops.operator_kubeconfig(
+        name="Copy the operator kubeconfig to the controller (0600)",
+        first=first,
+        local=str(ctx.loaded.state_dir / OPERATOR_KUBECONFIG),
+        # Nodes dial their own proxy; the controller dials the first API server itself.
+        server=(
+            f"https://{ctx.address}:{ctx.cluster.api.port}"
+            if node_local_balancing(ctx.cluster)
+            else None
+        ),
+    )
+    kube_ops.calico_applied(
+        name="Apply Calico (BGP, no encapsulation)",
+        first=first,
+        cfg=cfg,
+        resources=[CALICO_CONFIG, CALICO_RESOURCES],
+        marker=f"{CONFIG_DIR}/calico-applied",
+    )
+    kube_ops.control_plane_joined(
+        name="Join the control plane, one node at a time",
+        first_name=first_control_plane(ctx.cluster),
+        content=contents.get(JOIN_CONFIG, ""),
+        token_ttl=cfg.token_ttl,
+        timeout_s=cfg.ready_timeout_s,
+        wait_ready=cfg.calico_manifest_sha256 is not None,
+        _serial=True,
+    )
+
+
+@deploy("Kubernetes workers")
+def apply_workers(ctx: HostContext) -> None:
+    cfg = settings(ctx)
+    if not cfg.enabled:
+        kube_ops.disabled(name="Skip Kubernetes (disabled)")
+        return
+    if not ctx.cluster.in_group("control_plane"):
+        kube_ops.disabled(
+            name="Skip Kubernetes (no control_plane host to join)",
+            reason="no control_plane host in the inventory: nothing for this worker to join",
+        )
+        return
+    contents = _common(ctx)
+    kube_ops.worker_joined(
+        name="Join the workers, rate-limited",
+        first_name=first_control_plane(ctx.cluster),
+        content=contents[JOIN_CONFIG],
+        token_ttl=cfg.token_ttl,
+        rate=cfg.join_rate,
+    )

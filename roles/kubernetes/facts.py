@@ -1,0 +1,70 @@
+"""Facts the kubernetes role reads from a node: installed versions, what kubeadm wrote."""
+
+from __future__ import annotations
+
+import shlex
+
+from pyinfra.api import FactBase
+
+
+class KubeBinaries(FactBase):
+    """The versions the installed kubeadm, kubelet and kubectl report, by name ({} when none):
+    {"kubeadm": "v1.31.4", "kubelet": "v1.31.4", "kubectl": "v1.31.4"}."""
+
+    default = dict
+
+    def command(self) -> str:
+        return (
+            "for b in kubeadm kubelet kubectl; do command -v $b >/dev/null || continue; "
+            "case $b in kubeadm) v=$(kubeadm version -o short 2>/dev/null);; "
+            "kubelet) v=$(kubelet --version 2>/dev/null | awk '{print $2}');; "
+            "kubectl) v=$(kubectl version --client -o json 2>/dev/null "
+            '| sed -n \'s/.*"gitVersion": *"\\([^"]*\\)".*/\\1/p\' | head -n1);; esac; '
+            'echo "$b=$v"; done'
+        )
+
+    def process(self, output: list[str]) -> dict[str, str]:
+        found: dict[str, str] = {}
+        for line in output:
+            name, _, value = line.strip().partition("=")
+            if name and value:
+                found[name] = value
+        return found
+
+
+class HeldPackages(FactBase):
+    """Packages apt will not upgrade (`apt-mark showhold`)."""
+
+    default = list
+
+    def command(self) -> str:
+        return "apt-mark showhold 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> list[str]:
+        return [line.strip() for line in output if line.strip()]
+
+
+class ApiAnswers(FactBase):
+    """Whether the API answers /healthz with "ok" through a kubeconfig on this node, and the
+    kubeconfig exists: {"kubeconfig": bool, "healthy": bool}."""
+
+    def command(self, kubeconfig: str) -> str:
+        quoted = shlex.quote(kubeconfig)
+        return (
+            f"if test -f {quoted}; then echo present; "
+            f"kubectl --kubeconfig {quoted} --request-timeout=5s get --raw /healthz 2>/dev/null "
+            "|| true; echo; else echo absent; fi"
+        )
+
+    def process(self, output: list[str]) -> dict[str, bool]:
+        lines = [line.strip() for line in output if line.strip()]
+        present = bool(lines) and lines[0] == "present"
+        return {"kubeconfig": present, "healthy": present and "ok" in lines[1:]}
+
+
+class FileExists(FactBase):
+    def command(self, path: str) -> str:
+        return f"test -e {shlex.quote(path)} && echo yes || echo no"
+
+    def process(self, output: list[str]) -> bool:
+        return bool(output) and output[0].strip() == "yes"

@@ -1,0 +1,663 @@
+"""Files the kubernetes role manages on each node: kubeadm's configuration (init on the first
+control-plane node, join on the others and on workers), the per-node kubelet patch, the audit
+policy, and the Calico resources; every kubeadm/kubelet document is checked against the typed
+models in `models.py` as it is rendered."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import yaml
+
+from inventory.model import Cluster, LoadedCluster
+from roles import gpu_health
+from roles.kubernetes import models as m
+from roles.kubernetes.config import KubernetesConfig
+from roles.spec import HostContext, ManagedFile, host_config
+
+CONFIG_DIR = "/etc/kubernetes/gpuinfra"
+# One path for the init file (first control-plane node) and the join files (every other node):
+# pyinfra matches operations by position, so every node of a phase writes the same paths.
+KUBEADM_CONFIG = f"{CONFIG_DIR}/kubeadm.yaml"
+INIT_CONFIG = KUBEADM_CONFIG
+JOIN_CONFIG = KUBEADM_CONFIG
+PATCHES_DIR = f"{CONFIG_DIR}/patches"
+KUBELET_PATCH = f"{PATCHES_DIR}/kubeletconfiguration+merge.yaml"
+# The join step writes the filled-in copy here (0700) and removes it after the join.
+SECRET_DIR = f"{CONFIG_DIR}/private"
+MANIFESTS_DIR = f"{CONFIG_DIR}/manifests"
+CALICO_RESOURCES = f"{MANIFESTS_DIR}/calico-resources.yaml"
+CALICO_CONFIG = f"{MANIFESTS_DIR}/calico-config.yaml"
+REPO_SOURCES = "/etc/apt/sources.list.d/kubernetes.sources"
+# kubelet's unit and kubeadm's drop-in, written by the role for source: binaries (the packages
+# bring their own).
+KUBELET_UNIT = "/etc/systemd/system/kubelet.service"
+KUBELET_DROPIN = "/etc/systemd/system/kubelet.service.d/10-kubeadm.conf"
+KUBELET_UNIT_TEXT = """\
+# Managed by gpuinfra: kubelet from the release binaries (source: binaries).
+[Unit]
+Description=kubelet: The Kubernetes Node Agent
+Documentation=https://kubernetes.io/docs/
+Wants=network-online.target
+After=network-online.target containerd.service
+
+[Service]
+ExecStart=/usr/local/bin/kubelet
+Restart=always
+StartLimitInterval=0
+RestartSec=10
+
+[Install]
+WantedBy=multi-user.target
+"""
+# kubeadm's own drop-in (what its package installs), pointing at /usr/local/bin.
+KUBELET_DROPIN_TEXT = """\
+# Managed by gpuinfra: kubeadm's kubelet drop-in (source: binaries).
+[Service]
+Environment="KUBELET_KUBECONFIG_ARGS=\\
+--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf \\
+--kubeconfig=/etc/kubernetes/kubelet.conf"
+Environment="KUBELET_CONFIG_ARGS=--config=/var/lib/kubelet/config.yaml"
+EnvironmentFile=-/var/lib/kubelet/kubeadm-flags.env
+EnvironmentFile=-/etc/default/kubelet
+ExecStart=
+ExecStart=/usr/local/bin/kubelet $KUBELET_KUBECONFIG_ARGS $KUBELET_CONFIG_ARGS \\
+ $KUBELET_KUBEADM_ARGS $KUBELET_EXTRA_ARGS
+"""
+REPO_KEY = "/etc/apt/keyrings/kubernetes-apt-keyring.asc"
+AUDIT_POLICY = "/etc/kubernetes/audit-policy.yaml"
+AUDIT_LOG_DIR = "/var/log/kubernetes/audit"
+# Files kubeadm writes: "initialised" and "joined" are read from them (Kubespray's tests too).
+ADMIN_CONF = "/etc/kubernetes/admin.conf"
+KUBELET_CONF = "/etc/kubernetes/kubelet.conf"
+# Where the etcd role's client phase puts the API servers' etcd CA and client certificate
+# (roles/etcd/files.py APISERVER_PKI and client_files; kubeadm's external-etcd layout).
+APISERVER_PKI = "/etc/kubernetes/pki"
+
+
+def settings(ctx: HostContext) -> KubernetesConfig:
+    return ctx.config(KubernetesConfig)
+
+
+def first_control_plane(cluster: Cluster) -> str:
+    nodes = cluster.in_group("control_plane")
+    if not nodes:
+        raise ValueError("the kubernetes role needs a host in the control_plane group")
+    return nodes[0]
+
+
+def is_first_control_plane(ctx: HostContext) -> bool:
+    return ctx.name == first_control_plane(ctx.cluster)
+
+
+def kubernetes_version(cluster: Cluster) -> str:
+    return "v" + cluster.versions.kubernetes.lstrip("v")
+
+
+def minor_version(cluster: Cluster) -> str:
+    major, minor, *_ = cluster.versions.kubernetes.lstrip("v").split(".")
+    return f"{major}.{minor}"
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One component flag and why the role sets it (printed above the document it is in)."""
+
+    name: str
+    value: str
+    reason: str
+
+
+API_PROXY_CONFIG = f"{CONFIG_DIR}/api-proxy.cfg"
+API_PROXY_UNIT = "/etc/systemd/system/kube-api-proxy.service"
+
+
+def node_local_balancing(cluster: Cluster) -> bool:
+    """Several API servers and no load-balancer nodes: every node runs its own small proxy in
+    front of every API server (Kubespray's default), so losing one API server loses nothing."""
+    return len(cluster.in_group("control_plane")) > 1 and not cluster.in_group("loadbalancer")
+
+
+def api_endpoint(ctx: HostContext) -> str:
+    """What nodes dial: api.<domain>:<port> (the VIP, a balancer or the only API server behind
+    it), or the node-local proxy on the loopback address where there is no balancer."""
+    if node_local_balancing(ctx.cluster):
+        return f"127.0.0.1:{settings(ctx).node_local_lb_port}"
+    return ctx.topology.api_endpoint
+
+
+def api_proxy_config(ctx: HostContext) -> str:
+    cfg = settings(ctx)
+    servers = "\n".join(
+        f"    server {backend.name} {backend.address}:{backend.port}"
+        for backend in ctx.topology.api_backends
+    )
+    return (
+        "# Managed by gpuinfra: this node's own proxy in front of every API server (no load-"
+        "balancer nodes).\n"
+        "global\n"
+        "    maxconn 4000\n"
+        "defaults\n"
+        "    mode tcp\n"
+        "    timeout connect 5s\n"
+        "    # kubelet's watches live for hours: a short timeout would cut them all.\n"
+        "    timeout client 4h\n"
+        "    timeout server 4h\n"
+        "    timeout check 5s\n"
+        "frontend kube-apiserver\n"
+        f"    bind 127.0.0.1:{cfg.node_local_lb_port}\n"
+        "    default_backend kube-apiserver\n"
+        "backend kube-apiserver\n"
+        "    balance roundrobin\n"
+        "    option tcp-check\n"
+        "    default-server check inter 2s fall 3 rise 2\n"
+        f"{servers}\n"
+    )
+
+
+API_PROXY_UNIT_TEXT = f"""\
+# Managed by gpuinfra: the node-local API proxy (HAProxy from the distribution, own config).
+[Unit]
+Description=Node-local proxy in front of every Kubernetes API server
+After=network-online.target
+Wants=network-online.target
+Before=kubelet.service
+
+[Service]
+ExecStartPre=/usr/sbin/haproxy -c -q -f {API_PROXY_CONFIG}
+ExecStart=/usr/sbin/haproxy -Ws -f {API_PROXY_CONFIG}
+ExecReload=/bin/kill -USR2 $MAINPID
+Restart=always
+RestartSec=2s
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def api_server_flags(ctx: HostContext, cfg: KubernetesConfig) -> list[Flag]:
+    cluster = ctx.cluster
+    flags = [
+        Flag(
+            "max-requests-inflight",
+            str(cfg.max_requests_inflight),
+            "API Priority and Fairness shares this many read slots; the 400 default queues "
+            "list calls of thousands of kubelets",
+        ),
+        Flag(
+            "max-mutating-requests-inflight",
+            str(cfg.max_mutating_requests_inflight),
+            "writes (node status, leases) of a large fleet; default 200",
+        ),
+        Flag(
+            "audit-policy-file",
+            AUDIT_POLICY,
+            "who changed what: metadata of every write, nothing of reads or secrets' bodies",
+        ),
+        Flag("audit-log-path", f"{AUDIT_LOG_DIR}/audit.log", "on the host, rotated below"),
+        Flag("audit-log-maxage", str(cfg.audit_log_maxage), "days of audit kept"),
+        Flag("audit-log-maxbackup", str(cfg.audit_log_maxbackup), "rotated files kept"),
+        Flag("audit-log-maxsize", str(cfg.audit_log_maxsize), "MB per file before rotation"),
+        Flag(
+            "profiling",
+            "false",
+            "CIS benchmark 1.2.18: no pprof endpoints on the API server",
+        ),
+    ]
+    if cfg.events_etcd_endpoints:
+        flags.append(
+            Flag(
+                "etcd-servers-overrides",
+                "/events#" + ";".join(cfg.events_etcd_endpoints),
+                "Events in their own etcd: the churn of a large cluster's events stays out of "
+                "the main etcd's quota and compaction",
+            )
+        )
+    # Behind a balancer; the node-local proxies balance per connection as well, and the same
+    # pinning of long-lived HTTP/2 connections happens there.
+    if len(cluster.in_group("control_plane")) > 1:
+        flags.append(
+            Flag(
+                "goaway-chance",
+                "0.001",
+                "HTTP/2 clients pinned to one API server behind the load balancer (or the "
+                "node-local proxies) are sent away now and then, so load spreads again after a "
+                "restart (never with one API server)",
+            )
+        )
+    return flags
+
+
+def controller_manager_flags(cfg: KubernetesConfig) -> list[Flag]:
+    return [
+        Flag(
+            "kube-api-qps",
+            str(cfg.controller_manager_qps),
+            "default 20: node lifecycle and endpoint updates lag minutes at 1,000+ nodes",
+        ),
+        Flag("kube-api-burst", str(cfg.controller_manager_burst), "default 30"),
+        Flag("profiling", "false", "CIS benchmark 1.3.2"),
+    ]
+
+
+def scheduler_flags(cfg: KubernetesConfig) -> list[Flag]:
+    return [
+        Flag(
+            "kube-api-qps",
+            str(cfg.scheduler_qps),
+            "default 50: binding a large gang of pods at once waits on the client's limit",
+        ),
+        Flag("kube-api-burst", str(cfg.scheduler_burst), "default 100"),
+        Flag("profiling", "false", "CIS benchmark 1.4.1"),
+    ]
+
+
+def cert_sans(ctx: HostContext) -> list[str]:
+    """The API server certificate's names: the API name, the VIP, every load balancer and every
+    control-plane node by address, short name and FQDN, so any path a client takes verifies."""
+    cluster = ctx.cluster
+    names = [f"api.{cluster.domain}"]
+    if cluster.api.vip is not None:
+        names.append(str(cluster.api.vip))
+    for name in cluster.in_group("loadbalancer") + cluster.in_group("control_plane"):
+        names += [str(cluster.hosts[name].address), name, cluster.fqdn(name)]
+    names += ["127.0.0.1", "localhost"]  # the node-local proxy and kubectl on the node itself
+    return list(dict.fromkeys(names))
+
+
+def _args(flags: list[Flag]) -> list[m.Arg]:
+    return [m.Arg(name=flag.name, value=flag.value) for flag in flags]
+
+
+def cluster_configuration(ctx: HostContext, cfg: KubernetesConfig) -> m.ClusterConfiguration:
+    cluster = ctx.cluster
+    audit_volumes = [
+        m.HostPathMount(
+            name="audit-policy",
+            hostPath=AUDIT_POLICY,
+            mountPath=AUDIT_POLICY,
+            readOnly=True,
+            pathType="File",
+        ),
+        m.HostPathMount(
+            name="audit-log",
+            hostPath=AUDIT_LOG_DIR,
+            mountPath=AUDIT_LOG_DIR,
+            pathType="DirectoryOrCreate",
+        ),
+    ]
+    return m.ClusterConfiguration(
+        kubernetesVersion=kubernetes_version(cluster),
+        clusterName=cluster.name,
+        controlPlaneEndpoint=api_endpoint(ctx),
+        etcd=m.Etcd(
+            external=m.ExternalEtcd(
+                endpoints=list(ctx.topology.etcd_client_endpoints),
+                # Written by the etcd role's client phase (roles/etcd/files.py client_files).
+                caFile=f"{APISERVER_PKI}/etcd/ca.crt",
+                certFile=f"{APISERVER_PKI}/apiserver-etcd-client.crt",
+                keyFile=f"{APISERVER_PKI}/apiserver-etcd-client.key",
+            )
+        ),
+        networking=m.Networking(
+            podSubnet=str(cluster.networks.pod), serviceSubnet=str(cluster.networks.service)
+        ),
+        apiServer=m.APIServer(
+            extraArgs=_args(api_server_flags(ctx, cfg)),
+            extraVolumes=audit_volumes,
+            certSANs=cert_sans(ctx),
+        ),
+        controllerManager=m.ControlPlaneComponent(extraArgs=_args(controller_manager_flags(cfg))),
+        scheduler=m.ControlPlaneComponent(extraArgs=_args(scheduler_flags(cfg))),
+    )
+
+
+def node_labels(ctx: HostContext, cfg: KubernetesConfig) -> dict[str, str]:
+    labels = dict(cfg.node_labels)
+    gpu = ctx.host.gpu
+    if "gpu_worker" in ctx.host.groups and gpu is not None:
+        labels[gpu_health.GPU_WORKER_LABEL_KEY] = gpu_health.GPU_WORKER_LABEL_VALUE
+        labels["nvidia.com/gpu.product"] = gpu.model
+        labels["nvidia.com/gpu.count"] = str(gpu.count)
+    return labels
+
+
+def registration_taints(ctx: HostContext) -> list[m.Taint] | None:
+    """GPU workers register with the preflight taint, so no pod lands before their GPUs passed
+    the health checks (Kubespray taints after the join: pods can land first). Control-plane
+    nodes keep kubeadm's own taint (None); other workers register untainted."""
+    if "gpu_worker" in ctx.host.groups:
+        return [
+            m.Taint(
+                key=gpu_health.PREFLIGHT_TAINT_KEY,
+                value=gpu_health.PREFLIGHT_TAINT_VALUE,
+                effect=gpu_health.PREFLIGHT_TAINT_EFFECT,
+            )
+        ]
+    if "control_plane" in ctx.host.groups:
+        return None
+    return []
+
+
+def node_registration(ctx: HostContext, cfg: KubernetesConfig) -> m.NodeRegistration:
+    labels = node_labels(ctx, cfg)
+    extra = [m.Arg(name="node-ip", value=ctx.address)]
+    if labels:
+        text = ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
+        extra.append(m.Arg(name="node-labels", value=text))
+    return m.NodeRegistration(
+        name=ctx.name, taints=registration_taints(ctx), kubeletExtraArgs=extra
+    )
+
+
+def kubelet_configuration(cfg: KubernetesConfig) -> m.KubeletConfiguration:
+    return m.KubeletConfiguration(
+        # systemd owns the cgroups (containerd is set the same way by container_runtime).
+        cgroupDriver="systemd",
+        # Parallel pulls: OpenAI turned serial pulls off; a GPU job's large images otherwise
+        # queue behind each other for minutes.
+        serializeImagePulls=False,
+        maxParallelImagePulls=5,
+        maxPods=cfg.max_pods,
+        systemReserved=cfg.system_reserved,
+        kubeReserved=cfg.kube_reserved,
+        evictionHard=cfg.eviction_hard,
+    )
+
+
+def kubelet_patch(cfg: KubernetesConfig) -> m.KubeletPatch:
+    return m.KubeletPatch(
+        maxPods=cfg.max_pods,
+        systemReserved=cfg.system_reserved,
+        kubeReserved=cfg.kube_reserved,
+        evictionHard=cfg.eviction_hard,
+    )
+
+
+def kube_proxy_configuration(ctx: HostContext, cfg: KubernetesConfig) -> m.KubeProxyConfiguration:
+    return m.KubeProxyConfiguration(
+        mode=cfg.kube_proxy_mode,
+        clusterCIDR=str(ctx.cluster.networks.pod),
+        ipvs=m.IPVSConfiguration(strictARP=False) if cfg.kube_proxy_mode == "ipvs" else None,
+    )
+
+
+def local_endpoint(ctx: HostContext) -> m.APIEndpoint:
+    return m.APIEndpoint(advertiseAddress=ctx.address, bindPort=ctx.cluster.api.port)
+
+
+def init_configuration(ctx: HostContext, cfg: KubernetesConfig) -> m.InitConfiguration:
+    return m.InitConfiguration(
+        # kubeadm init's own token: generated by kubeadm, never printed, gone in token_ttl.
+        bootstrapTokens=[
+            m.BootstrapToken(
+                description="gpuinfra: kubeadm init",
+                ttl=cfg.token_ttl,
+                usages=["signing", "authentication"],
+                groups=["system:bootstrappers:kubeadm:default-node-token"],
+            )
+        ],
+        nodeRegistration=node_registration(ctx, cfg),
+        localAPIEndpoint=local_endpoint(ctx),
+        patches=m.Patches(directory=PATCHES_DIR),
+    )
+
+
+def join_configuration(ctx: HostContext, cfg: KubernetesConfig) -> m.JoinConfiguration:
+    control_plane = None
+    if "control_plane" in ctx.host.groups:
+        control_plane = m.JoinControlPlane(
+            localAPIEndpoint=local_endpoint(ctx), certificateKey=m.CERT_KEY_PLACEHOLDER
+        )
+    return m.JoinConfiguration(
+        nodeRegistration=node_registration(ctx, cfg),
+        discovery=m.Discovery(
+            bootstrapToken=m.BootstrapTokenDiscovery(
+                apiServerEndpoint=api_endpoint(ctx),
+                token=m.TOKEN_PLACEHOLDER,
+                caCertHashes=[m.CA_HASH_PLACEHOLDER],
+            )
+        ),
+        controlPlane=control_plane,
+        patches=m.Patches(directory=PATCHES_DIR),
+    )
+
+
+def dump(documents: list[m.Strict], header: str = "") -> str:
+    """YAML documents in field order, with a comment header; None fields are left out so
+    kubeadm applies its own default."""
+    parts = [
+        yaml.safe_dump(doc.model_dump(exclude_none=True), sort_keys=False, width=1000)
+        for doc in documents
+    ]
+    return header + "---\n".join(parts)
+
+
+def reasons_header(title: str, groups: dict[str, list[Flag]]) -> str:
+    lines = [f"# Managed by gpuinfra: {title}", "# Why each component flag is set:"]
+    for component, flags in groups.items():
+        for flag in flags:
+            lines.append(f"#   {component} --{flag.name}: {flag.reason}")
+    return "\n".join(lines) + "\n"
+
+
+def validate_documents(text: str) -> list[m.Strict]:
+    """Parse a rendered kubeadm/kubelet/Calico file back into the typed models: unknown kinds
+    and fields are errors."""
+    documents = []
+    for data in yaml.safe_load_all(text):
+        if data is None:
+            continue
+        key = (data.get("apiVersion"), data.get("kind"))
+        model = m.MODELS.get(key)  # type: ignore[arg-type]
+        if model is None:
+            raise ValueError(f"no model for {key[0]} {key[1]}")
+        documents.append(model.model_validate(data))
+    return documents
+
+
+AUDIT_POLICY_TEXT = """\
+# Managed by gpuinfra: API audit policy. Metadata of every write; nothing of reads (kubelets and
+# controllers read all day); Secrets, ConfigMaps and tokens only at metadata level, so no key or
+# token ever lands in the audit log.
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: None
+    verbs: [get, list, watch]
+  - level: None
+    users: [system:kube-proxy, system:kube-scheduler, system:kube-controller-manager]
+  - level: None
+    resources:
+      - group: coordination.k8s.io
+        resources: [leases]
+  - level: None
+    resources:
+      - group: ""
+        resources: [events]
+  - level: Metadata
+    resources:
+      - group: ""
+        resources: [secrets, configmaps, serviceaccounts/token]
+      - group: authentication.k8s.io
+        resources: [tokenreviews]
+  - level: Metadata
+"""
+
+
+def calico_resources(loaded: LoadedCluster, cfg: KubernetesConfig) -> list[m.Strict]:
+    cluster = loaded.cluster
+    return [
+        m.IPPool(
+            metadata=m.ObjectMeta(name="default-ipv4-ippool"),
+            spec=m.IPPoolSpec(
+                cidr=str(cluster.networks.pod),
+                blockSize=cfg.calico_block_size,
+                natOutgoing=cfg.calico_nat_outgoing,
+            ),
+        ),
+        m.BGPConfiguration(
+            metadata=m.ObjectMeta(name="default"),
+            spec=m.BGPConfigurationSpec(
+                nodeToNodeMeshEnabled=cfg.calico_node_mesh, asNumber=cfg.calico_as_number
+            ),
+        ),
+    ]
+
+
+def calico_config_map(loaded: LoadedCluster, cfg: KubernetesConfig) -> str:
+    """The calico-config ConfigMap of the upstream manifest, as this role sets it: the BIRD BGP
+    backend (no VXLAN-only mode) and MTU 0 (Calico detects the node's own; no overlay header)."""
+    cni = {
+        "name": "k8s-pod-network",
+        "cniVersion": "0.3.1",
+        "plugins": [
+            {
+                "type": "calico",
+                "log_level": "info",
+                "datastore_type": "kubernetes",
+                "nodename": "__KUBERNETES_NODE_NAME__",
+                "mtu": "__CNI_MTU__",
+                "ipam": {"type": "calico-ipam"},
+                "policy": {"type": "k8s"},
+                "kubernetes": {"kubeconfig": "__KUBECONFIG_FILEPATH__"},
+            },
+            {"type": "portmap", "snat": True, "capabilities": {"portMappings": True}},
+            {"type": "bandwidth", "capabilities": {"bandwidth": True}},
+        ],
+    }
+    import json
+
+    document = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "calico-config", "namespace": "kube-system"},
+        "data": {
+            "typha_service_name": "none",
+            "calico_backend": "bird",
+            "veth_mtu": "0",
+            "cni_network_config": json.dumps(cni, indent=2),
+        },
+    }
+    header = f"# Managed by gpuinfra: Calico {cfg.calico_version}, BGP, no encapsulation.\n"
+    return header + yaml.safe_dump(document, sort_keys=False, width=1000)
+
+
+def cluster_settings(loaded: LoadedCluster) -> KubernetesConfig:
+    """The first control-plane node's settings: the cluster-wide objects come from there."""
+    nodes = loaded.cluster.in_group("control_plane")
+    if not nodes:
+        return KubernetesConfig()
+    return host_config(loaded, nodes[0], "kubernetes", KubernetesConfig)
+
+
+CALICO_CONFIG_MANIFEST = "kubernetes/calico/calico-config.yaml"
+CALICO_RESOURCES_MANIFEST = "kubernetes/calico/calico-resources.yaml"
+
+
+def cluster_files(loaded: LoadedCluster) -> dict[str, str]:
+    """The Calico objects this role sets, under _cluster/ (also on every control-plane node)."""
+    if not loaded.cluster.in_group("control_plane"):
+        return {}
+    cfg = cluster_settings(loaded)
+    if not cfg.enabled:
+        return {}
+    resources = dump(calico_resources(loaded, cfg), _calico_header(cfg))
+    return {
+        CALICO_CONFIG_MANIFEST: calico_config_map(loaded, cfg),
+        CALICO_RESOURCES_MANIFEST: resources,
+    }
+
+
+def _calico_header(cfg: KubernetesConfig) -> str:
+    return (
+        f"# Managed by gpuinfra: Calico {cfg.calico_version} pool and BGP settings: pod CIDR "
+        "routed natively (ipipMode/vxlanMode Never).\n"
+    )
+
+
+def repository_url(ctx: HostContext) -> str:
+    """The package repository of the pinned minor (pkgs.k8s.io's layout, or a mirror of it)."""
+    cfg = settings(ctx)
+    return f"{cfg.repo_url.rstrip('/')}/core:/stable:/v{minor_version(ctx.cluster)}/deb/"
+
+
+def repository_sources(ctx: HostContext) -> str:
+    return (
+        "# Managed by gpuinfra: the Kubernetes packages of one minor version; the key is "
+        "pinned by fingerprint.\n"
+        "Types: deb\n"
+        f"URIs: {repository_url(ctx)}\n"
+        "Suites: /\n"
+        f"Signed-By: {REPO_KEY}\n"
+    )
+
+
+def managed_files(ctx: HostContext) -> list[ManagedFile]:
+    cfg = settings(ctx)
+    if not cfg.enabled or not ctx.cluster.in_group("control_plane"):
+        return []  # the deploy says why (no control plane: nothing for a worker to join)
+    files: list[ManagedFile] = []
+    if cfg.source in ("pkgs.k8s.io", "mirror"):
+        files.append(ManagedFile("kubernetes", REPO_SOURCES, repository_sources(ctx)))
+    if cfg.source == "binaries":
+        files.append(ManagedFile("kubernetes", KUBELET_UNIT, KUBELET_UNIT_TEXT))
+        files.append(ManagedFile("kubernetes", KUBELET_DROPIN, KUBELET_DROPIN_TEXT))
+    files.append(
+        ManagedFile("kubernetes", KUBELET_PATCH, dump([kubelet_patch(cfg)], _patch_header()))
+    )
+    if node_local_balancing(ctx.cluster):
+        files.append(
+            ManagedFile(
+                "kubernetes",
+                API_PROXY_CONFIG,
+                api_proxy_config(ctx),
+                check="haproxy -c -q -f {path}",
+            )
+        )
+        files.append(ManagedFile("kubernetes", API_PROXY_UNIT, API_PROXY_UNIT_TEXT))
+    if "control_plane" in ctx.host.groups:
+        files.append(ManagedFile("kubernetes", AUDIT_POLICY, AUDIT_POLICY_TEXT, mode="0600"))
+        resources = dump(calico_resources(ctx.loaded, cfg), _calico_header(cfg))
+        files.append(ManagedFile("kubernetes", CALICO_RESOURCES, resources))
+        files.append(ManagedFile("kubernetes", CALICO_CONFIG, calico_config_map(ctx.loaded, cfg)))
+    if is_first_control_plane(ctx):
+        header = reasons_header(
+            f"kubeadm init of {ctx.cluster.name} on {ctx.name}",
+            {
+                "kube-apiserver": api_server_flags(ctx, cfg),
+                "kube-controller-manager": controller_manager_flags(cfg),
+                "kube-scheduler": scheduler_flags(cfg),
+            },
+        )
+        documents: list[m.Strict] = [
+            init_configuration(ctx, cfg),
+            cluster_configuration(ctx, cfg),
+            kubelet_configuration(cfg),
+            kube_proxy_configuration(ctx, cfg),
+        ]
+        files.append(ManagedFile("kubernetes", INIT_CONFIG, dump(documents, header), mode="0600"))
+    else:
+        header = (
+            f"# Managed by gpuinfra: kubeadm join of {ctx.name}. The GPUINFRA_* placeholders are "
+            "filled in at join time\n# (a fresh short-lived token, the CA's hash) into a copy "
+            f"under {SECRET_DIR} that is removed after the join.\n"
+        )
+        text = dump([join_configuration(ctx, cfg)], header)
+        files.append(ManagedFile("kubernetes", JOIN_CONFIG, text, mode="0600"))
+    for managed in files:
+        if (
+            managed.path.startswith(CONFIG_DIR)
+            and managed.path.endswith(".yaml")
+            and (managed.path != CALICO_CONFIG)
+        ):
+            validate_documents(managed.content)
+    return files
+
+
+def _patch_header() -> str:
+    return (
+        "# Managed by gpuinfra: this node's kubelet settings, merged by kubeadm over the "
+        "cluster's KubeletConfiguration.\n"
+    )

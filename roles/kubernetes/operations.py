@@ -1,0 +1,455 @@
+"""pyinfra operations of the kubernetes role: packages, kubeadm init, the joins, Calico and the
+operator's kubeconfig.
+
+Each operation decides inside itself what its node needs (first control-plane node or not,
+joined or not), so every node of a phase runs the same sequence of operations, as pyinfra
+requires. Join tokens and certificate keys exist only inside the join step: they are read from
+the first control-plane node over its own connection, never put on a command line, never
+logged, and reach the joining node only in a copy of its join file in a 0700 directory that is
+removed after the join.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shlex
+import threading
+from dataclasses import dataclass
+from io import BytesIO, StringIO
+from pathlib import Path
+
+from pyinfra import host
+from pyinfra.api import FunctionCommand, OperationError, StringCommand, operation
+from pyinfra.facts.deb import DebPackages
+from pyinfra.facts.files import Sha1File
+
+from roles.container_runtime.operations import KeyFingerprints, fetch_key_commands
+from roles.kubernetes import models as m
+from roles.kubernetes.config import KubernetesConfig
+from roles.kubernetes.facts import ApiAnswers, FileExists, HeldPackages, KubeBinaries
+from roles.kubernetes.files import ADMIN_CONF, KUBELET_CONF, SECRET_DIR
+from roles.operations import report_note, wait_for
+from roles.pacing import Pacer, Rate, shared_pacer
+
+PACKAGES = ("kubeadm", "kubelet", "kubectl")
+JOIN_PACER = "kubernetes-join"
+# An API server that pushes back: HTTP 429 or a 5xx in kubeadm's error output.
+_THROTTLED = re.compile(r"\b(429|50[0-4])\b|Too Many Requests|Service Unavailable", re.I)
+_JOIN_COMMAND = re.compile(r"--token\s+(\S+).*--discovery-token-ca-cert-hash\s+(sha256:[0-9a-f]+)")
+_CERT_KEY = re.compile(r"^([0-9a-f]{64})\s*$", re.M)
+HEALTHZ = f"kubectl --kubeconfig {ADMIN_CONF} --request-timeout=5s get --raw /healthz"
+JOIN_ATTEMPTS = 4
+
+
+class JoinFailed(RuntimeError):
+    """A join could not get its secrets or failed; the message never holds a secret."""
+
+
+# ---------------------------------------------------------------- packages
+
+
+@operation()
+def disabled(reason: str = "kubernetes disabled (kubernetes.enabled: false)"):
+    """Nothing to do here, and the report says why."""
+    report_note(f"{reason}: nothing written or run")
+    return
+    yield  # an operation is a generator
+
+
+def package_pins(cfg: KubernetesConfig, version: str) -> dict[str, str]:
+    """Package -> the exact Debian version to install (pkgs.k8s.io's "<version>-<revision>")."""
+    return {name: f"{version}-{cfg.package_revision}" for name in PACKAGES}
+
+
+def missing_repository_message(version: str, repo: str) -> str:
+    return (
+        f"kubernetes: kubeadm {version} is not in any apt source of this host ({repo} not "
+        "reachable?): set kubernetes.source to mirror, binaries or preinstalled"
+    )
+
+
+@operation()
+def kubernetes_installed(cfg: KubernetesConfig, version: str, repo: str):
+    """kubeadm, kubelet and kubectl at the pinned version, held, with cri-tools and the CNI
+    plugins; from the package repository of that minor (or a mirror of it), the release
+    binaries checked against their SHA-256 pins, or a host image that holds them already."""
+    if cfg.source == "preinstalled":
+        found = host.get_fact(KubeBinaries) or {}
+        wrong = {
+            name: found.get(name, "missing")
+            for name in PACKAGES
+            if found.get(name, "").lstrip("v") != version
+        }
+        if wrong:
+            detail = ", ".join(f"{name} {have}" for name, have in sorted(wrong.items()))
+            raise OperationError(
+                f"kubernetes: source preinstalled needs kubeadm, kubelet and kubectl v{version} "
+                f"on the host ({detail})"
+            )
+        host.noop(f"kubeadm, kubelet and kubectl v{version} preinstalled")
+        return
+    if cfg.source == "binaries":
+        yield from _binary_commands(cfg, version)
+        return
+    pins = package_pins(cfg, version)
+    installed = host.get_fact(DebPackages) or {}
+    held = set(host.get_fact(HeldPackages) or [])
+    current = all(pin in installed.get(name, []) for name, pin in pins.items())
+    wanted = [*PACKAGES, "cri-tools", "kubernetes-cni"]
+    if current and held.issuperset(PACKAGES):
+        host.noop(f"kubeadm, kubelet and kubectl {version} installed and held")
+        return
+    message = shlex.quote(missing_repository_message(version, repo))
+    yield (
+        f"apt-cache madison kubeadm 2>/dev/null | grep -qF ' {pins['kubeadm']} ' || "
+        f"{{ echo {message} >&2; exit 1; }}"
+    )
+    specs = " ".join(f"{name}={pin}" for name, pin in pins.items())
+    yield (
+        "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "
+        f"--allow-change-held-packages {specs} cri-tools kubernetes-cni"
+    )
+    yield f"apt-mark hold {' '.join(wanted)}"
+
+
+def _binary_commands(cfg: KubernetesConfig, version: str):
+    """Release binaries and tarballs, each checked against its SHA-256 before it is used."""
+    found = host.get_fact(KubeBinaries) or {}
+    downloads = []
+    for name in PACKAGES:
+        if found.get(name, "").lstrip("v") != version:
+            url = f"{cfg.binaries_url}/v{version}/bin/linux/amd64/{name}"
+            downloads.append((name, url, f"install -m 0755 {{file}} /usr/local/bin/{name}"))
+    if not host.get_fact(FileExists, path=f"/opt/cni/bin/.gpuinfra-v{cfg.cni_plugins_version}"):
+        tag = f"v{cfg.cni_plugins_version}"
+        url = (
+            "https://github.com/containernetworking/plugins/releases/download/"
+            f"{tag}/cni-plugins-linux-amd64-{tag}.tgz"
+        )
+        unpack = (
+            "mkdir -p /opt/cni/bin && tar -xzf {file} -C /opt/cni/bin && "
+            f"touch /opt/cni/bin/.gpuinfra-{tag}"
+        )
+        downloads.append(("cni-plugins", url, unpack))
+    if not host.get_fact(FileExists, path=f"/usr/local/bin/.crictl-v{cfg.cri_tools_version}"):
+        tag = f"v{cfg.cri_tools_version}"
+        url = (
+            "https://github.com/kubernetes-sigs/cri-tools/releases/download/"
+            f"{tag}/crictl-{tag}-linux-amd64.tar.gz"
+        )
+        unpack = f"tar -xzf {{file}} -C /usr/local/bin crictl && touch /usr/local/bin/.crictl-{tag}"
+        downloads.append(("crictl", url, unpack))
+    for name, url, install in downloads:
+        staged = f"/var/tmp/gpuinfra-{name}-download"
+        yield f"curl -fsSL --retry 3 -o {staged} {shlex.quote(url)}"
+        yield (
+            f"echo '{cfg.binary_sha256[name]}  {staged}' | sha256sum -c --quiet - || "
+            f"{{ rm -f {staged}; echo 'kubernetes: {name} SHA-256 mismatch' >&2; exit 1; }}"
+        )
+        yield f"{install.format(file=staged)} && rm -f {staged}"
+
+
+@operation()
+def repository_key(enabled: bool, url: str, fingerprint: str, dest: str):
+    """The Kubernetes repository's key, pinned by fingerprint (container_runtime's key
+    commands); a host that cannot fetch it stops with one line saying what to do instead."""
+    if not enabled:
+        return
+    if fingerprint.upper() in (host.get_fact(KeyFingerprints, path=dest) or []):
+        host.noop("the Kubernetes repository key is in place")
+        return
+    message = shlex.quote(
+        f"kubernetes: cannot fetch the Kubernetes package key from {url}: set "
+        "kubernetes.source to mirror, binaries or preinstalled"
+    )
+    for command in fetch_key_commands(url, fingerprint, dest):
+        if command.startswith("curl "):
+            command = f"{command} 2>/dev/null || {{ echo {message} >&2; exit 1; }}"
+        yield command
+
+
+# ---------------------------------------------------------------- init
+
+
+@operation()
+def control_plane_initialised(first: bool, config: str, timeout_s: int):
+    """`kubeadm init --upload-certs` on the first control-plane node, once: skipped when
+    admin.conf exists and the API answers /healthz (a node with admin.conf whose API is slow to
+    answer is waited for, never initialised again). Tokens and the certificate key are not
+    printed; the init's own token lives 15 minutes (the init file's bootstrapTokens)."""
+    if not first:
+        host.noop("not the first control-plane node")
+        return
+    api = host.get_fact(ApiAnswers, kubeconfig=ADMIN_CONF)
+    if api["kubeconfig"] and api["healthy"]:
+        host.noop("initialised: the API answers /healthz")
+        return
+    if api["kubeconfig"]:
+        yield wait_for(HEALTHZ, timeout_s)
+        return
+    quoted = shlex.quote(config)
+    yield f"kubeadm config validate --config {quoted}"
+    yield (
+        f"kubeadm init --config {quoted} --upload-certs --skip-token-print "
+        "--skip-certificate-key-print"
+    )
+    yield wait_for(HEALTHZ, timeout_s)
+
+
+@operation()
+def calico_applied(first: bool, cfg: KubernetesConfig, resources: list[str], marker: str):
+    """The upstream calico.yaml of the pinned version (checked against its SHA-256, IP-in-IP
+    turned off before it is applied), then this role's pool, BGP and config objects. Never an
+    unpinned download: without `calico_manifest_sha256` nothing is applied and the run says so."""
+    if not first:
+        host.noop("not the first control-plane node")
+        return
+    if cfg.calico_manifest_sha256 is None:
+        report_note(
+            f"Calico {cfg.calico_version} not applied: set kubernetes.calico_manifest_sha256 "
+            "to the SHA-256 of its calico.yaml (nodes stay NotReady without a CNI)"
+        )
+        return
+    digest = hashlib.sha256((cfg.calico_manifest_sha256 + "".join(resources)).encode()).hexdigest()
+    if host.get_fact(FileExists, path=f"{marker}.{digest}"):
+        host.noop(f"Calico {cfg.calico_version} applied")
+        return
+    url = (
+        "https://raw.githubusercontent.com/projectcalico/calico/"
+        f"{cfg.calico_version}/manifests/calico.yaml"
+    )
+    staged = f"/var/tmp/calico-{cfg.calico_version}.yaml"
+    yield f"curl -fsSL --retry 3 -o {staged} {shlex.quote(url)}"
+    yield (
+        f"echo '{cfg.calico_manifest_sha256}  {staged}' | sha256sum -c --quiet - || "
+        f"{{ rm -f {staged}; echo 'kubernetes: calico.yaml SHA-256 mismatch' >&2; exit 1; }}"
+    )
+    # calico-node creates its first pool from these variables: no IP-in-IP, no VXLAN.
+    yield (
+        f'sed -i \'/CALICO_IPV4POOL_IPIP/{{n;s/"Always"/"Never"/}}\' {staged} && '
+        f"kubectl --kubeconfig {ADMIN_CONF} apply -f {staged}"
+    )
+    for path in resources:
+        yield f"kubectl --kubeconfig {ADMIN_CONF} apply -f {shlex.quote(path)}"
+    yield f"rm -f {marker}.* && touch {marker}.{digest}"
+
+
+# ---------------------------------------------------------------- join secrets
+
+
+@dataclass
+class JoinSecrets:
+    token: str
+    ca_cert_hash: str
+    certificate_key: str | None = None
+
+
+_secrets_lock = threading.Lock()  # a greenlet lock under gevent's monkey patching
+
+
+def _run_on_first(state, first_name: str, command: str, what: str) -> str:
+    first = state.inventory.get_host(first_name)
+    if first is None or first not in state.active_hosts:
+        raise JoinFailed(
+            f"{first_name} (the first control-plane node) failed or is not in this run: it "
+            f"hands out the {what}; include it (--limit) and fix it first"
+        )
+    ok, output = first.run_shell_command(
+        StringCommand(command), print_output=False, print_input=False, _timeout=120
+    )
+    if not ok:
+        raise JoinFailed(f"{first_name} could not create the {what}")
+    return output.stdout
+
+
+def join_secrets(state, first_name: str, control_plane: bool, token_ttl: str) -> JoinSecrets:
+    """One short-lived token (and, for control-plane joins, one fresh certificate key) per run,
+    made on the first control-plane node when the first node of the run needs it."""
+    with _secrets_lock:
+        secrets: JoinSecrets | None = getattr(state, "_gpuinfra_kube_join", None)
+        if secrets is None:
+            printed = _run_on_first(
+                state,
+                first_name,
+                f"kubeadm token create --ttl {shlex.quote(token_ttl)} --print-join-command",
+                "join token",
+            )
+            match = _JOIN_COMMAND.search(printed)
+            if not match:
+                raise JoinFailed(f"{first_name}: no token in kubeadm's join command")
+            secrets = JoinSecrets(match[1], match[2])
+            state._gpuinfra_kube_join = secrets
+        if control_plane and secrets.certificate_key is None:
+            # Uploads the control-plane certificates again under a new key (kept 2 hours by
+            # kubeadm): a key from an earlier run is never reused.
+            printed = _run_on_first(
+                state,
+                first_name,
+                "kubeadm init phase upload-certs --upload-certs",
+                "certificate key",
+            )
+            match = _CERT_KEY.search(printed)
+            if not match:
+                raise JoinFailed(f"{first_name}: no certificate key in kubeadm's output")
+            secrets.certificate_key = match[1]
+        return secrets
+
+
+def fill_join_config(content: str, secrets: JoinSecrets) -> str:
+    text = content.replace(m.TOKEN_PLACEHOLDER, secrets.token).replace(
+        m.CA_HASH_PLACEHOLDER, secrets.ca_cert_hash
+    )
+    if m.CERT_KEY_PLACEHOLDER in text:
+        if secrets.certificate_key is None:
+            raise JoinFailed("a control-plane join needs a certificate key")
+        text = text.replace(m.CERT_KEY_PLACEHOLDER, secrets.certificate_key)
+    return text
+
+
+def redact(text: str, secrets: JoinSecrets | None) -> str:
+    """Output for a report: the run's secrets and anything shaped like a token removed."""
+    if secrets is not None:
+        for value in (secrets.token, secrets.certificate_key):
+            if value:
+                text = text.replace(value, "<redacted>")
+    text = re.sub(r"\b[a-z0-9]{6}\.[a-z0-9]{16}\b", "<redacted token>", text)
+    return re.sub(r"\b[0-9a-f]{64}\b", "<redacted>", text)
+
+
+def _record_check(target, check: dict) -> None:
+    if not hasattr(target, "_gpuinfra_checks"):
+        target._gpuinfra_checks = []
+    target._gpuinfra_checks.append(check)
+
+
+def run_join(
+    state,
+    host,
+    first_name: str,
+    content: str,
+    control_plane: bool,
+    token_ttl: str,
+    pacer_rate: str | None,
+) -> bool:
+    """Fill the join file into a 0700 directory, validate it, join, remove it. Workers take a
+    slot of the run's shared pacer first, and slow it down when the API pushes back."""
+    pacer: Pacer | None = shared_pacer(JOIN_PACER, Rate.parse(pacer_rate)) if pacer_rate else None
+    secrets: JoinSecrets | None = None
+    path = f"{SECRET_DIR}/kubeadm-join.yaml"
+    detail = ""
+    try:
+        secrets = join_secrets(state, first_name, control_plane, token_ttl)
+        text = fill_join_config(content, secrets)
+        for _attempt in range(JOIN_ATTEMPTS):
+            if pacer is not None:
+                pacer.acquire()
+            host.run_shell_command(
+                StringCommand(f"install -d -m 0700 {SECRET_DIR} && umask 077 && : > {path}"),
+                print_output=False,
+                print_input=False,
+            )
+            host.put_file(StringIO(text), path, print_output=False, print_input=False)
+            ok, output = host.run_shell_command(
+                StringCommand(
+                    f"chmod 0600 {path} && kubeadm config validate --config {path} && "
+                    f"kubeadm join --config {path}; rc=$?; rm -f {path}; exit $rc"
+                ),
+                print_output=False,
+                print_input=False,
+                _timeout=900,
+            )
+            if ok:
+                if pacer is not None:
+                    pacer.recover()
+                return True
+            detail = "\n".join(line.line for line in output)
+            if pacer is None or not _THROTTLED.search(detail):
+                break
+            pacer.slow_down()  # the API answered 429/5xx: wider spacing for every worker
+    except JoinFailed as exc:
+        detail = str(exc)
+    last = " | ".join(line for line in redact(detail, secrets).splitlines()[-3:] if line.strip())
+    _record_check(
+        host, {"check": "kubeadm join", "status": "fail", "detail": f"kubeadm join: {last}"}
+    )
+    return False
+
+
+@operation()
+def control_plane_joined(
+    first_name: str, content: str, token_ttl: str, timeout_s: int, wait_ready: bool
+):
+    """Join a further control-plane node (run with `_serial=True`: one node at a time), then
+    wait for its API server to answer /healthz and, with a CNI applied, for it to be Ready,
+    before the next node starts."""
+    if host.name == first_name:
+        host.noop("the first control-plane node is initialised, not joined")
+        return
+    if host.get_fact(FileExists, path=KUBELET_CONF):
+        host.noop(f"joined: {KUBELET_CONF} exists")
+        return
+    yield FunctionCommand(run_join, (first_name, content, True, token_ttl, None), {})
+    yield wait_for(HEALTHZ, timeout_s)
+    if wait_ready:
+        ready = (
+            f"kubectl --kubeconfig {ADMIN_CONF} get node {shlex.quote(host.name)} -o "
+            "jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' | grep -qx True"
+        )
+        yield wait_for(ready, timeout_s)
+
+
+@operation()
+def worker_joined(first_name: str, content: str, token_ttl: str, rate: str):
+    """Join a worker, paced by the run's shared rate limit; a joined node never waits."""
+    if host.get_fact(FileExists, path=KUBELET_CONF):
+        host.noop(f"joined: {KUBELET_CONF} exists")
+        return
+    yield FunctionCommand(run_join, (first_name, content, False, token_ttl, rate), {})
+
+
+# ---------------------------------------------------------------- operator kubeconfig
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write a secret file that is 0600 from its creation (never briefly world-readable)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o700)
+    staged = path.with_name(f".{path.name}.new")
+    fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+    os.replace(staged, path)
+
+
+def _fetch_kubeconfig(state, host, local: str, server: str | None) -> bool:
+    buffer = BytesIO()
+    if not host.get_file(ADMIN_CONF, buffer, print_output=False, print_input=False):
+        return False
+    data = buffer.getvalue()
+    target = Path(local)
+    if server is not None:
+        text = re.sub(r"(?m)^(\s*server:\s*).*$", lambda m: m[1] + server, data.decode())
+        write_private(target, text.encode())
+    else:
+        write_private(target, data)
+    # What the node holds, so the next run knows the copy is current even when rewritten.
+    write_private(target.with_name(target.name + ".sha1"), hashlib.sha1(data).hexdigest().encode())
+    return True
+
+
+@operation()
+def operator_kubeconfig(first: bool, local: str, server: str | None = None):
+    """admin.conf from the first control-plane node into the controller's state (0600); with
+    `server`, pointing at that address instead of the node-local proxy."""
+    if not first:
+        host.noop("not the first control-plane node")
+        return
+    remote = host.get_fact(Sha1File, path=ADMIN_CONF)
+    target = Path(local)
+    recorded = target.with_name(target.name + ".sha1")
+    if remote and target.exists() and recorded.exists() and recorded.read_text() == remote:
+        host.noop(f"{local} is up to date")
+        return
+    yield FunctionCommand(_fetch_kubeconfig, (local, server), {})

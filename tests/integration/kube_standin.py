@@ -1,0 +1,261 @@
+"""A stand-in `kubeadm`/`kubectl`/`kubelet` for lab hosts, installed by the TESTS, never by the
+role: kubeadm, kubelet and the API server cannot be obtained on these machines (no Kubernetes
+package repository, no release downloads, no image registry).
+
+The stand-in records every call (arguments, start and end time, host) as one JSON line in
+/var/log/kube-standin.log and writes the files kubeadm would write (admin.conf, kubelet.conf,
+pki/ca.crt ...), so the role's real code path (facts, init, joins, waits) runs unchanged against
+it. `kubeadm token create` and `upload-certs` invent a token and a key like kubeadm does and
+list them in /var/lib/kube-standin/issued, so a test can search every output for them. It
+refuses a join or init file that still holds a GPUINFRA_ placeholder or no token.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+LOG = "/var/log/kube-standin.log"
+ISSUED = "/var/lib/kube-standin/issued"
+VERSION_FILE = "/var/lib/kube-standin/version"
+
+KUBEADM = r'''#!/usr/bin/python3
+"""Stand-in kubeadm (gpuinfra lab tests): records calls, writes what kubeadm would write."""
+import json, os, random, re, socket, string, sys, time
+
+LOG = "/var/log/kube-standin.log"
+STATE = "/var/lib/kube-standin"
+started = time.time()
+argv = sys.argv[1:]
+os.makedirs(STATE, exist_ok=True)
+
+
+def version():
+    try:
+        return open(f"{STATE}/version").read().strip()
+    except OSError:
+        return "@VERSION@"
+
+
+def record(rc, **extra):
+    entry = {"host": socket.gethostname(), "tool": "kubeadm", "argv": argv, "start": started,
+             "end": time.time(), "rc": rc, **extra}
+    with open(LOG, "a") as log:
+        log.write(json.dumps(entry) + "\n")
+    sys.exit(rc)
+
+
+def write(path, text, mode=0o600):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as handle:
+        handle.write(text)
+    os.chmod(path, mode)
+
+
+def issue(kind, value):
+    with open(f"{STATE}/issued", "a") as handle:
+        handle.write(f"{kind} {value}\n")
+
+
+def config_file():
+    return argv[argv.index("--config") + 1]
+
+
+def checked_config():
+    text = open(config_file()).read()
+    if any("GPUINFRA_" in line for line in text.splitlines() if not line.startswith("#")):
+        print("error: a GPUINFRA_ placeholder was not filled in", file=sys.stderr)
+        record(1, error="placeholder")
+    return text
+
+
+def kubeconfigs(control_plane):
+    for name in ("kubelet.conf",) + (("admin.conf", "super-admin.conf", "controller-manager.conf",
+                                      "scheduler.conf") if control_plane else ()):
+        write(f"/etc/kubernetes/{name}", f"apiVersion: v1\nkind: Config\n# stand-in {name}\n")
+    write("/etc/kubernetes/pki/ca.crt", "stand-in CA\n", 0o644)
+    if control_plane:
+        write("/etc/kubernetes/pki/ca.key", "stand-in CA key\n")
+        write("/etc/kubernetes/manifests/kube-apiserver.yaml", "# stand-in\n")
+
+
+def rand(alphabet, n):
+    return "".join(random.SystemRandom().choice(alphabet) for _ in range(n))
+
+
+words = [a for a in argv if not a.startswith("-")]
+if argv[:1] == ["version"]:
+    print(version())
+    record(0)
+if words[:2] == ["config", "validate"]:
+    text = checked_config()
+    if not re.search(r"kind: (InitConfiguration|JoinConfiguration)", text):
+        print("error: no Init/JoinConfiguration", file=sys.stderr)
+        record(1)
+    record(0)
+if words[:1] == ["init"] and "phase" not in words:
+    checked_config()
+    time.sleep(1)
+    kubeconfigs(True)
+    record(0)
+if words[:3] == ["init", "phase", "upload-certs"]:
+    key = rand("0123456789abcdef", 64)
+    issue("certificate-key", key)
+    print("[upload-certs] Storing the certificates in Secret \"kubeadm-certs\"")
+    print("[upload-certs] Using certificate key:")
+    print(key)
+    record(0)
+if words[:2] == ["token", "create"]:
+    chars = string.ascii_lowercase + string.digits
+    token = rand(chars, 6) + "." + rand(chars, 16)
+    issue("token", token)
+    print(f"kubeadm join api.standin:6443 --token {token} "
+          f"--discovery-token-ca-cert-hash sha256:{rand('0123456789abcdef', 64)}")
+    record(0)
+if words[:1] == ["join"]:
+    text = checked_config()
+    if not re.search(r"token: [a-z0-9]{6}\.[a-z0-9]{16}", text):
+        print("error: no bootstrap token in the join file", file=sys.stderr)
+        record(1)
+    time.sleep(1)
+    kubeconfigs("controlPlane:" in text)
+    record(0, control_plane="controlPlane:" in text)
+if words[:1] == ["reset"]:
+    for root, _dirs, names in os.walk("/etc/kubernetes", topdown=False):
+        for name in names:
+            if "gpuinfra" not in root:
+                os.remove(os.path.join(root, name))
+    record(0)
+if words[:2] == ["upgrade", "apply"]:
+    time.sleep(0.5)
+    write(f"{STATE}/version", words[2] + "\n", 0o644)
+    record(0)
+if words[:2] == ["upgrade", "plan"]:
+    print(f"You can now apply the upgrade by executing: kubeadm upgrade apply {words[2]}")
+    record(0)
+if words[:2] == ["upgrade", "node"]:
+    time.sleep(0.5)
+    record(0)
+if words[:2] == ["certs", "check-expiration"]:
+    print("CERTIFICATE   EXPIRES   RESIDUAL TIME\napiserver   Nov 23, 2027 10:00 UTC   364d")
+    record(0)
+if words[:2] == ["certs", "renew"]:
+    record(0)
+print(f"stand-in kubeadm: unhandled {argv}", file=sys.stderr)
+record(2)
+'''
+
+KUBECTL = r'''#!/usr/bin/python3
+"""Stand-in kubectl (gpuinfra lab tests): /healthz answers when a kubeconfig exists."""
+import json, os, socket, sys, time
+
+started = time.time()
+argv = sys.argv[1:]
+
+
+def record(rc):
+    entry = {"host": socket.gethostname(), "tool": "kubectl", "argv": argv, "start": started,
+             "end": time.time(), "rc": rc}
+    with open("/var/log/kube-standin.log", "a") as log:
+        log.write(json.dumps(entry) + "\n")
+    sys.exit(rc)
+
+
+words = [a for a in argv if not a.startswith("-")]
+kubeconfig = next((a.split("=", 1)[1] for a in argv if a.startswith("--kubeconfig=")), None)
+if "--kubeconfig" in argv:
+    kubeconfig = argv[argv.index("--kubeconfig") + 1]
+    words = [w for w in words if w != kubeconfig]
+if words[:1] == ["version"]:
+    print(json.dumps({"clientVersion": {"gitVersion": "@VERSION@"}}))
+    sys.exit(0)
+if words[:2] == ["get", "/healthz"]:
+    if kubeconfig and os.path.exists(kubeconfig):
+        print("ok")
+        sys.exit(0)
+    print("The connection to the server was refused", file=sys.stderr)
+    sys.exit(1)
+if words[:2] == ["get", "node"] and "jsonpath" in " ".join(argv):
+    print("True")
+    sys.exit(0)
+if words[:2] == ["get", "nodes"]:
+    print(json.dumps({"items": []}))
+    sys.exit(0)
+record(0)
+'''
+
+KUBELET = r"""#!/bin/sh
+# Stand-in kubelet (gpuinfra lab tests): reports its version, otherwise idles.
+if [ "$1" = "--version" ]; then echo "Kubernetes @VERSION@"; exit 0; fi
+exec sleep infinity
+"""
+
+KUBELET_UNIT = """[Unit]
+Description=stand-in kubelet (gpuinfra lab tests)
+[Service]
+ExecStart=/usr/local/bin/kubelet
+Restart=always
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def install_commands(version: str) -> str:
+    """One shell command that installs the stand-in on a host."""
+    tag = "v" + version.lstrip("v")
+    scripts = {
+        "/usr/local/bin/kubeadm": KUBEADM,
+        "/usr/local/bin/kubectl": KUBECTL,
+        "/usr/local/bin/kubelet": KUBELET,
+    }
+    parts = ["mkdir -p /var/lib/kube-standin"]
+    for path, text in scripts.items():
+        body = text.replace("@VERSION@", tag)
+        parts.append(f"printf %s {shlex.quote(body)} > {path} && chmod 0755 {path}")
+    parts.append(
+        f"printf %s {shlex.quote(KUBELET_UNIT)} > /etc/systemd/system/kubelet.service "
+        "&& systemctl daemon-reload"
+    )
+    return " && ".join(parts)
+
+
+def calls(lab, hosts: list[str]) -> list[dict]:
+    """Every recorded stand-in call on these hosts, in start order."""
+    entries = []
+    for host in hosts:
+        text = lab.ssh(host, f"cat {LOG} 2>/dev/null || true").stdout
+        entries += [json.loads(line) for line in text.splitlines() if line.strip()]
+    return sorted(entries, key=lambda entry: entry["start"])
+
+
+def issued_secrets(lab, host: str) -> list[str]:
+    text = lab.ssh(host, f"cat {ISSUED} 2>/dev/null || true").stdout
+    return [line.split(" ", 1)[1] for line in text.splitlines() if " " in line]
+
+
+# Calls that change a cluster; a converged second apply makes none of them.
+CHANGING = {
+    ("init",),
+    ("join",),
+    ("token", "create"),
+    ("reset",),
+    ("upgrade",),
+    ("drain",),
+    ("delete",),
+    ("cordon",),
+    ("uncordon",),
+}
+
+
+def words(entry: dict) -> list[str]:
+    """A call's arguments without its options (and without the value of --kubeconfig)."""
+    argv = list(entry["argv"])
+    if "--kubeconfig" in argv:
+        del argv[argv.index("--kubeconfig") : argv.index("--kubeconfig") + 2]
+    return [a for a in argv if not a.startswith("-")]
+
+
+def changes(entries: list[dict]) -> list[dict]:
+    return [
+        e for e in entries if tuple(words(e)[:1]) in CHANGING or tuple(words(e)[:2]) in CHANGING
+    ]

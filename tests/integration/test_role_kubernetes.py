@@ -1,0 +1,319 @@
+"""The kubernetes role's orchestration on lab hosts, against a STAND-IN kubeadm/kubectl/kubelet.
+
+kubeadm, kubelet and the API server cannot be obtained on these machines, so each test here runs
+the role's real code path (facts, `kubeadm config validate`, init, joins, waits, the operator
+kubeconfig) against the stand-in of tests/integration/kube_standin.py, which the TEST installs
+on the hosts and which records every call with its start and end time. What these tests show is
+the order and pacing of the calls, idempotence and secret handling, not a running control plane.
+
+Own lab `<GPUINFRA_LAB_NAME>-kube` (GPUINFRA_KUBE_LAB_NAME overrides): one etcd member (the
+inventory needs one), three control-plane nodes, one load balancer, three workers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import stat
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cli.exitcodes import ExitCode
+from lab import lifecycle
+from lab.topology import HostSpec, Topology
+from tests.integration import kube_standin
+from tests.integration.conftest import KEEP_ENV, LAB_NAME, boot_lab
+from tests.integration.roles_helpers import gpuinfra, pending
+
+pytestmark = pytest.mark.integration
+
+KUBE_LAB = os.environ.get("GPUINFRA_KUBE_LAB_NAME", f"{LAB_NAME}-kube")
+CONTROL_PLANE = ["cp-1", "cp-2", "cp-3"]
+WORKERS = ["cpu-1", "cpu-2", "gpu-1"]
+NODES = CONTROL_PLANE + WORKERS
+JOIN_RATE_SECONDS = 3.0  # join_rate "1/3s": one worker per 3 s
+# The stand-in's "start" is taken on the host when kubeadm join starts; the pacer's slot is taken
+# on the controller just before the join file is uploaded, one or two SSH round trips earlier,
+# and those vary per host. This margin covers that, never the rate itself.
+START_JITTER_S = 0.5
+
+
+def kube_topology() -> Topology:
+    hosts = (
+        HostSpec("etcd-1", ("etcd",)),
+        *(HostSpec(name, ("control_plane",)) for name in CONTROL_PLANE),
+        HostSpec("lb-1", ("loadbalancer",)),
+        HostSpec("cpu-1", ("cpu_worker",)),
+        HostSpec("cpu-2", ("cpu_worker",)),
+        HostSpec("gpu-1", ("gpu_worker",), gpu=True),
+    )
+    return Topology(hosts, "kube")
+
+
+@pytest.fixture(scope="module")
+def lab():
+    inventory = Path(f"/tmp/gpuinfra-itest-{KUBE_LAB}/cluster.yml")
+    cluster = boot_lab(KUBE_LAB, kube_topology(), inventory)
+    yield cluster
+    if os.environ.get(KEEP_ENV) != "1":
+        lifecycle.down(KUBE_LAB)
+
+
+def inventory_with(lab, path: Path, **settings) -> Path:
+    data = yaml.safe_load(lab.inventory_path.read_text())
+    data.setdefault("group_vars", {}).setdefault("all", {})["kubernetes"] = settings
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def standin_inventory(lab) -> Path:
+    """The lab's inventory with `source: preinstalled` (the stand-in is the host image's
+    kubeadm) and a join rate of one worker per 3 s; the stand-in installed, logs cleared."""
+    version = lab.loaded.cluster.versions.kubernetes
+    for node in NODES:
+        # A kept lab starts over: nothing joined, nothing recorded.
+        lab.ssh(node, f"rm -rf /etc/kubernetes {kube_standin.LOG} /var/lib/kube-standin")
+        lab.ssh(node, kube_standin.install_commands(version))
+    return inventory_with(
+        lab,
+        lab.inventory_path.with_name("kube.yml"),
+        source="preinstalled",
+        join_rate=f"1/{JOIN_RATE_SECONDS:g}s",
+    )
+
+
+def apply(inventory: Path, report: Path, *extra: str):
+    return gpuinfra(
+        "apply", str(inventory), "--roles", "kubernetes", "--yes", "--report", str(report), *extra
+    )
+
+
+def kubeadm(entries: list[dict], *words: str) -> list[dict]:
+    def head(entry: dict) -> list[str]:
+        return [a for a in entry["argv"] if not a.startswith("-")][: len(words)]
+
+    return [e for e in entries if e["tool"] == "kubeadm" and head(e) == list(words)]
+
+
+def test_without_packages_the_role_stops_with_one_clear_message(lab, tmp_path):
+    """The default source (pkgs.k8s.io) is unreachable from lab hosts: the role stops on that
+    host with one line saying so and what to set instead (runs before the stand-in exists)."""
+    inventory = inventory_with(lab, tmp_path / "cluster.yml")
+    report_path = tmp_path / "report.json"
+    result = apply(inventory, report_path, "--limit", "cpu-1")
+    assert result.returncode == ExitCode.ERROR, result.stdout[-2000:] + result.stderr[-2000:]
+    host = json.loads(report_path.read_text())["hosts"]["cpu-1"]
+    assert host["status"] == "failed"
+    assert "kubernetes: cannot fetch the Kubernetes package key" in host["error"], host["error"]
+    assert "kubernetes.source" in host["error"]
+
+
+def test_init_once_control_plane_one_at_a_time_workers_paced_no_token_shown(
+    lab, standin_inventory, tmp_path
+):
+    """Against the stand-in: one `kubeadm init` (on cp-1), `kubeadm config validate` before it
+    and before each join, the other control-plane joins strictly one after the other, worker
+    joins never faster than the rate limit, and no issued token or certificate key in the CLI
+    output or the report."""
+    planned = gpuinfra("plan", str(standin_inventory), "--roles", "kubernetes", "--format", "json")
+    assert planned.returncode == ExitCode.DRIFT, planned.stderr[-2000:]
+    pending_ops = pending(json.loads(planned.stdout))
+    for node in NODES:
+        wanted = "Write /etc/kubernetes/gpuinfra/kubeadm.yaml"
+        assert any(name.endswith(wanted) for name in pending_ops[node]), pending_ops[node]
+    assert kube_standin.changes(kube_standin.calls(lab, NODES)) == []  # plan changed nothing
+    report_path = tmp_path / "report.json"
+    result = apply(standin_inventory, report_path)
+    assert result.returncode == ExitCode.OK, result.stdout[-4000:] + result.stderr[-3000:]
+    entries = kube_standin.calls(lab, NODES)
+
+    inits = kubeadm(entries, "init")
+    assert [(e["host"], e["rc"]) for e in inits if "phase" not in e["argv"]] == [("cp-1", 0)]
+    joins = kubeadm(entries, "join")
+    assert sorted(e["host"] for e in joins) == sorted(NODES[1:])
+    assert all(e["rc"] == 0 for e in joins)
+    validations = kubeadm(entries, "config", "validate")
+    for call in inits[:1] + joins:
+        before = [v for v in validations if v["host"] == call["host"] and v["end"] <= call["start"]]
+        assert before, f"{call['host']}: no kubeadm config validate before {call['argv']}"
+
+    control_joins = [e for e in joins if e.get("control_plane")]
+    assert sorted(e["host"] for e in control_joins) == ["cp-2", "cp-3"]
+    for earlier, later in pairwise(control_joins):
+        assert later["start"] >= earlier["end"], (earlier, later)
+    assert control_joins[0]["start"] >= inits[0]["end"]
+
+    worker_starts = sorted(e["start"] for e in joins if not e.get("control_plane"))
+    gaps = [b - a for a, b in pairwise(worker_starts)]
+    print("worker join gaps (s):", [round(g, 2) for g in gaps])
+    assert len(worker_starts) == len(WORKERS)
+    assert min(gaps) >= JOIN_RATE_SECONDS - START_JITTER_S, gaps
+
+    secrets = kube_standin.issued_secrets(lab, "cp-1")
+    assert len(secrets) >= 2  # a token and a certificate key were issued and used
+    report_text = report_path.read_text()
+    for secret in secrets:
+        assert secret not in result.stdout and secret not in result.stderr
+        assert secret not in report_text
+    # Positive control of the search: the issued values are real and findable where they are.
+    assert all(secret in lab.ssh("cp-1", f"cat {kube_standin.ISSUED}").stdout for secret in secrets)
+    left = lab.ssh("cp-2", "ls -A /etc/kubernetes/gpuinfra/private").stdout.strip()
+    assert left == ""  # the filled-in join file is removed after the join
+
+    kubeconfig = standin_inventory.parent / ".state" / "kubernetes" / "admin.conf"
+    assert stat.S_IMODE(kubeconfig.stat().st_mode) == 0o600
+    assert "stand-in admin.conf" in kubeconfig.read_text()
+
+
+def test_second_apply_makes_no_changing_call(lab, standin_inventory, tmp_path):
+    """Against the stand-in, after the test above: a second apply changes no host and makes no
+    init, join, token or reset call."""
+    before = kube_standin.calls(lab, NODES)
+    report_path = tmp_path / "report.json"
+    result = apply(standin_inventory, report_path)
+    assert result.returncode == ExitCode.OK, result.stdout[-3000:]
+    after = kube_standin.calls(lab, NODES)
+    new = after[len(before) :]
+    assert kube_standin.changes(new) == [], kube_standin.changes(new)
+    assert kube_standin.changes(before)  # positive control: the first apply made such calls
+    report = json.loads(report_path.read_text())
+    changed = {
+        n: [o["name"] for o in h["operations"] if o["changed"]]
+        for n, h in report["hosts"].items()
+        if h["status"] != "ok"
+    }
+    assert changed == {}
+    planned = gpuinfra("plan", str(standin_inventory), "--roles", "kubernetes", "--format", "json")
+    assert planned.returncode == ExitCode.OK, planned.stdout[-3000:]
+
+
+_words = kube_standin.words
+
+
+def test_node_remove_then_add_again(lab, standin_inventory):
+    """Against the stand-in: `node remove cpu-2` cordons, drains and deletes it (on cp-1) before
+    `kubeadm reset` on cpu-2; `node add cpu-2` joins it again, once."""
+    before = len(kube_standin.calls(lab, NODES))
+    result = gpuinfra("kubernetes", "node", "remove", str(standin_inventory), "cpu-2", "--yes")
+    assert result.returncode == ExitCode.OK, result.stdout[-3000:] + result.stderr[-2000:]
+    entries = kube_standin.calls(lab, NODES)[before:]
+    steps = [
+        (e["host"], _words(e)[0])
+        for e in entries
+        if _words(e)[:1] in (["cordon"], ["drain"], ["delete"], ["reset"])
+    ]
+    assert steps == [("cp-1", "cordon"), ("cp-1", "drain"), ("cp-1", "delete"), ("cpu-2", "reset")]
+    assert lab.ssh("cpu-2", "test -e /etc/kubernetes/kubelet.conf", check=False).returncode == 1
+
+    before = len(kube_standin.calls(lab, NODES))
+    added = gpuinfra("kubernetes", "node", "add", str(standin_inventory), "cpu-2")
+    assert added.returncode == ExitCode.OK, added.stdout[-3000:] + added.stderr[-2000:]
+    joins = kubeadm(kube_standin.calls(lab, NODES)[before:], "join")
+    assert [(e["host"], e["rc"]) for e in joins] == [("cpu-2", 0)]
+    for secret in kube_standin.issued_secrets(lab, "cp-1"):
+        assert secret not in added.stdout and secret not in added.stderr
+
+
+LISTENER = (
+    "import socket, sys\n"
+    "server = socket.create_server(('', 6443), reuse_port=True)\n"
+    "while True:\n"
+    "    connection, _ = server.accept()\n"
+    "    connection.sendall(socket.gethostname().encode() + b'\\n')\n"
+    "    connection.close()\n"
+)
+ASK_PROXY = (
+    "import socket, time\n"
+    "for attempt in range(60):\n"
+    "    try:\n"
+    "        with socket.create_connection(('127.0.0.1', 6444), timeout=2) as s:\n"
+    "            answer = s.recv(100).decode().strip()\n"
+    "        if answer:\n"
+    "            print(answer); break\n"
+    "    except OSError:\n"
+    "        pass\n"
+    "    time.sleep(1)\n"
+)
+
+
+def test_node_local_proxy_reaches_the_api_servers_without_a_balancer(
+    lab, standin_inventory, tmp_path
+):
+    """Real HAProxy (Debian's) on every node when the inventory has no load balancer: the same
+    lab without lb-1 in its inventory. With a throwaway listener on cp-2:6443 standing in for
+    kube-apiserver (kubeadm ran as the stand-in), cpu-1's 127.0.0.1:6444 reaches cp-2."""
+    data = yaml.safe_load(standin_inventory.read_text())
+    del data["hosts"]["lb-1"]
+    inventory = standin_inventory.with_name("kube-no-lb.yml")
+    inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+    report_path = tmp_path / "report.json"
+    result = apply(inventory, report_path, "--limit", ",".join(NODES))
+    assert result.returncode == ExitCode.OK, result.stdout[-4000:] + result.stderr[-2000:]
+    for node in NODES:
+        state = lab.ssh(node, "systemctl is-active kube-api-proxy", check=False).stdout.strip()
+        assert state == "active", node
+    lab.ssh(
+        "cp-2", f"systemd-run --unit=gpuinfra-test-apiserver python3 -c {shlex.quote(LISTENER)}"
+    )
+    try:
+        answer = lab.ssh("cpu-1", f"python3 -c {shlex.quote(ASK_PROXY)}", timeout=120).stdout
+        assert answer.strip() == "cp-2"
+    finally:
+        lab.ssh("cp-2", "systemctl stop gpuinfra-test-apiserver", check=False)
+    # Negative control: with the listener gone, the proxy has nothing to hand the connection to.
+    refused = lab.ssh(
+        "cpu-1",
+        'python3 -c "import socket; s=socket.create_connection(('
+        "'127.0.0.1', 6444), timeout=3); print(s.recv(100) or b'closed')\"",
+        check=False,
+    )
+    assert "cp-2" not in refused.stdout
+
+
+def test_upgrade_runs_in_the_documented_order(lab, standin_inventory):
+    """Against the stand-in, on the cluster joined above (last: the stand-in's kubeadm on cp-1
+    then reports the new version): `upgrade apply` on cp-1, then
+    `upgrade node` on cp-2 and cp-3 strictly one after the other, then each worker (budget 34%
+    of three: one at a time) drained before its upgrade and uncordoned after it, before the
+    next worker is drained."""
+    before = len(kube_standin.calls(lab, NODES))
+    result = gpuinfra(
+        "kubernetes",
+        "upgrade",
+        str(standin_inventory),
+        "1.32.0",
+        "--budget",
+        "34",
+        "--yes",
+        "--format",
+        "json",
+    )
+    assert result.returncode == ExitCode.OK, result.stdout[-3000:] + result.stderr[-2000:]
+    entries = kube_standin.calls(lab, NODES)[before:]
+    upgrades = [e for e in entries if _words(e)[:1] == ["upgrade"] and _words(e)[1] != "plan"]
+    order = [(e["host"], _words(e)[1]) for e in upgrades]
+    assert order == [
+        ("cp-1", "apply"),
+        ("cp-2", "node"),
+        ("cp-3", "node"),
+        ("gpu-1", "node"),
+        ("cpu-1", "node"),
+        ("cpu-2", "node"),
+    ]
+    for earlier, later in pairwise(upgrades):
+        assert later["start"] >= earlier["end"], (earlier, later)
+    for worker in ("cpu-1", "cpu-2", "gpu-1"):
+        node_upgrade = next(e for e in upgrades if e["host"] == worker)
+        drain = next(e for e in entries if _words(e)[:2] == ["drain", worker])
+        uncordon = next(e for e in entries if _words(e)[:2] == ["uncordon", worker])
+        assert drain["host"] == uncordon["host"] == "cp-1"
+        assert drain["end"] <= node_upgrade["start"] and uncordon["start"] >= node_upgrade["end"]
+    drains = [e for e in entries if _words(e)[:1] == ["drain"]]
+    uncordons = [e for e in entries if _words(e)[:1] == ["uncordon"]]
+    for uncordon, next_drain in zip(uncordons, drains[1:], strict=False):
+        assert next_drain["start"] >= uncordon["end"]  # one worker out at a time

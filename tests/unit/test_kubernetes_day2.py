@@ -1,0 +1,140 @@
+"""Day-2 kubernetes operations offline: the order of steps (a recording runner stands in for
+SSH), one-minor upgrade steps, batch sizes within the budget, refusals, and the CLI's errors."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
+from day2 import kubernetes as day2
+from roles.context import load
+
+
+@pytest.fixture
+def loaded(small_cluster, write_cluster):
+    small_cluster["hosts"]["cp-3"] = {"address": "10.0.0.23", "groups": ["control_plane"]}
+    for i in (2, 3, 4):
+        small_cluster["hosts"][f"cpu-{i}"] = {"address": f"10.0.0.7{i}", "groups": ["cpu_worker"]}
+    return load(write_cluster(small_cluster))
+
+
+class Recorder:
+    def __init__(self, fail_on: str | None = None):
+        self.calls: list[tuple[str, str]] = []
+        self.fail_on = fail_on
+
+    def __call__(self, loaded, host, command, timeout):
+        self.calls.append((host, command))
+        if self.fail_on and self.fail_on in command:
+            return False, "boom"
+        return True, '{"items": []}' if "get nodes" in command else ""
+
+
+def actions(outcome) -> list[tuple[str, str]]:
+    return [(step.host, step.action) for step in outcome.steps]
+
+
+def test_upgrade_order_first_then_control_plane_one_by_one_then_worker_batches(loaded):
+    outcome = day2.upgrade(loaded, "1.32.0", budget_percent=40, runner=Recorder())
+    steps = actions(outcome)
+    applies = [i for i, (h, a) in enumerate(steps) if a == "kubeadm upgrade apply"]
+    assert [steps[i][0] for i in applies] == ["cp-1"]
+    nodes = [(h, i) for i, (h, a) in enumerate(steps) if a == "kubeadm upgrade node"]
+    assert [h for h, _ in nodes] == ["cp-2", "cp-3", "gpu-1", "cpu-1", "cpu-2", "cpu-3", "cpu-4"]
+    assert applies[0] < nodes[0][1]
+    # cp-2 is healthy again before cp-3 starts.
+    cp2_health = steps.index(("cp-2", "wait for /healthz"))
+    assert cp2_health < dict(nodes)["cp-3"]
+    # Five workers at 40%: batches of two; a batch is drained before any of it is upgraded, and
+    # uncordoned before the next batch is drained.
+    drains = [i for i, (h, a) in enumerate(steps) if a.startswith("drain ")]
+    uncordons = [i for i, (h, a) in enumerate(steps) if a.startswith("uncordon ")]
+    assert [steps[i][1] for i in drains] == [
+        "drain gpu-1",
+        "drain cpu-1",
+        "drain cpu-2",
+        "drain cpu-3",
+        "drain cpu-4",
+    ]
+    assert drains[1] < dict(nodes)["gpu-1"] and uncordons[1] < drains[2]
+    assert all(steps[i][0] == "cp-1" for i in drains + uncordons)
+    assert "versions.kubernetes: 1.32.0" in outcome.notes[0]
+
+
+def test_upgrade_stops_at_the_first_failing_node(loaded):
+    runner = Recorder(fail_on="kubeadm upgrade node")
+    with pytest.raises(day2.KubernetesOperationError, match="cp-2: kubeadm upgrade node failed"):
+        day2.upgrade(loaded, "1.32.0", runner=runner)
+    assert not any(host == "cp-3" for host, _ in runner.calls)
+
+
+@pytest.mark.parametrize(
+    ("current", "target", "ok"),
+    [
+        ("1.31.4", "1.32.0", True),
+        ("1.31.4", "1.31.6", True),
+        ("1.31.4", "1.33.0", False),
+        ("1.31.4", "1.30.9", False),
+        ("1.31.4", "1.31.4", False),
+        ("1.31.4", "2.0.0", False),
+    ],
+)
+def test_one_minor_at_a_time(current, target, ok):
+    if ok:
+        day2.check_upgrade_step(current, target)
+    else:
+        with pytest.raises(day2.KubernetesOperationError):
+            day2.check_upgrade_step(current, target)
+
+
+def test_batch_size_stays_within_the_budget():
+    assert day2.batch_size(10, 20) == 2
+    assert day2.batch_size(3, 20) == 1  # never zero
+    assert day2.batch_size(1000, 5) == 50
+
+
+def test_node_remove_order_and_refusals(loaded):
+    runner = Recorder()
+    outcome = day2.remove_node(loaded, "cpu-2", runner=runner)
+    assert actions(outcome) == [
+        ("cp-1", "cordon cpu-2"),
+        ("cp-1", "drain cpu-2"),
+        ("cp-1", "delete node cpu-2"),
+        ("cpu-2", "kubeadm reset"),
+    ]
+    assert "--ignore-daemonsets" in runner.calls[1][1]
+    with pytest.raises(day2.KubernetesOperationError, match="first control-plane node"):
+        day2.remove_node(loaded, "cp-1", runner=Recorder())
+    with pytest.raises(day2.KubernetesOperationError, match="no host"):
+        day2.remove_node(loaded, "nope", runner=Recorder())
+
+
+def test_certificate_renewal_rolls_over_the_control_plane(loaded):
+    outcome = day2.renew_certificates(loaded, runner=Recorder())
+    steps = actions(outcome)
+    assert steps[0] == ("cp-1", "check certificate expiry")
+    renewals = [h for h, a in steps if a == "renew certificates"]
+    assert renewals == ["cp-1", "cp-2", "cp-3"]
+    assert steps.index(("cp-1", "wait for /healthz")) < steps.index(("cp-2", "renew certificates"))
+
+
+def test_parse_nodes_reads_readiness_versions_and_taints():
+    text = (
+        '{"items": [{"metadata": {"name": "gpu-1"}, "spec": {"taints": [{"key": '
+        '"gpuinfra.io/preflight", "value": "true", "effect": "NoSchedule"}]}, "status": '
+        '{"conditions": [{"type": "Ready", "status": "True"}], "nodeInfo": {"kubeletVersion": '
+        '"v1.31.4"}}}]}'
+    )
+    (node,) = day2.parse_nodes(text)
+    assert node.ready and node.version == "v1.31.4"
+    assert node.taints == ["gpuinfra.io/preflight=true:NoSchedule"]
+
+
+def test_cli_refuses_a_skipped_minor_with_one_line(loaded):
+    result = CliRunner().invoke(
+        app, ["kubernetes", "upgrade", str(loaded.source), "1.33.0", "--yes"]
+    )
+    assert result.exit_code == 1
+    assert "one minor version at a time" in result.stderr
+    assert "Traceback" not in result.output

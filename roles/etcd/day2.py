@@ -307,17 +307,99 @@ class RestoreResult:
     members: list[str]
     seconds: float
     health: str
+    stamp: str = ""
 
 
-def _stop_all(loaded: LoadedCluster, hosts: list[str]) -> None:
-    stopped = each(hosts, lambda h: run_on(loaded, h, "systemctl stop etcd", timeout=120))
-    failed = [h for h, r in stopped.items() if not r.ok]  # type: ignore[union-attr]
-    if failed:
-        raise EtcdOperationError(f"could not stop etcd on {', '.join(failed)}")
+# `! cmd` does not stop a `set -e` script: spell the check out.
+STOPPED = 'if systemctl is-active -q etcd; then echo "etcd is still running" >&2; exit 1; fi'
 
 
-def _start_all(loaded: LoadedCluster, hosts: list[str], timeout_s: int) -> None:
-    """Start every member at once (a bootstrap needs its quorum up together), then wait."""
+@dataclass(frozen=True)
+class RestorePaths:
+    """Where one member's restore works, all inside its data directory: on the same filesystem
+    as `member/` (the data directory is usually the etcd.disk mount point), so each swap is an
+    atomic rename and a mount point is never renamed. etcd ignores other names there."""
+
+    data_dir: str
+    stamp: str
+
+    @property
+    def member(self) -> str:
+        return f"{self.data_dir}/member"
+
+    @property
+    def staging(self) -> str:
+        """A complete new data directory: `etcdutl snapshot restore --data-dir` writes it."""
+        return f"{self.data_dir}/restore-{self.stamp}"
+
+    @property
+    def kept(self) -> str:
+        """The member's old data, renamed here by the swap and deleted only once the restored
+        cluster is healthy."""
+        return f"{self.data_dir}/member.before-restore-{self.stamp}"
+
+
+def stage_restore_command(
+    paths: RestorePaths, *, name: str, initial_cluster: str, token: str, peer_url: str
+) -> str:
+    """Unpack the snapshot into the staging directory; the running member is not touched."""
+    staging = shlex.quote(paths.staging)
+    return (
+        f"set -e; rm -rf {staging}; "
+        f"etcdutl snapshot restore {SNAPSHOT_ON_HOST} --name {shlex.quote(name)} "
+        f"--initial-cluster {shlex.quote(initial_cluster)} "
+        f"--initial-cluster-token {shlex.quote(token)} "
+        f"--initial-advertise-peer-urls {shlex.quote(peer_url)} "
+        f"--bump-revision {BUMP_REVISION} --mark-compacted --data-dir {staging} >/dev/null; "
+        f"test -d {staging}/member; chown -R etcd:etcd {staging}"
+    )
+
+
+def swap_restore_command(paths: RestorePaths) -> str:
+    """With etcd stopped: the old data aside (renamed, kept), the staged data in its place. The
+    emptied staging directory stays as the sign that this member was swapped."""
+    member, staging, kept = (shlex.quote(p) for p in (paths.member, paths.staging, paths.kept))
+    return (
+        f"set -e; test -d {staging}/member; {STOPPED}; "
+        f"if test -d {member}; then mv {member} {kept}; fi; "
+        f"mv {staging}/member {member}; rm -f {INITIAL_STATE_ENV}"
+    )
+
+
+def rollback_restore_command(paths: RestorePaths) -> str:
+    """With etcd stopped: where the swap happened (the staging directory is there and empty)
+    and old data was kept, drop the restored copy and put the old data back; a member that had
+    no data before keeps the restored copy (there is nothing to go back to); a member never
+    swapped is left alone. Then the staging directory goes. Safe on every member, and again."""
+    member, staging, kept = (shlex.quote(p) for p in (paths.member, paths.staging, paths.kept))
+    return (
+        f"set -e; if test -d {staging} && ! test -e {staging}/member && test -d {kept}; then "
+        f"{STOPPED}; rm -rf {member}; mv {kept} {member}; fi; "
+        f"if test -d {kept} && ! test -e {member}; then mv {kept} {member}; fi; "
+        f"rm -rf {staging}"
+    )
+
+
+def finish_restore_command(paths: RestorePaths) -> str:
+    """Once the restored cluster is healthy: the old data and the leftovers go."""
+    kept, staging = shlex.quote(paths.kept), shlex.quote(paths.staging)
+    return f"rm -rf {kept} {staging} {SNAPSHOT_ON_HOST}"
+
+
+def _failures(results: dict[str, object]) -> dict[str, Remote]:
+    return {h: r for h, r in results.items() if not r.ok}  # type: ignore[union-attr,misc]
+
+
+def _describe(failed: dict[str, Remote]) -> str:
+    return "; ".join(
+        f"{h}: {(r.stderr.strip() or r.stdout.strip() or 'failed')[-300:]}"
+        for h, r in failed.items()
+    )
+
+
+def _start_all(loaded: LoadedCluster, hosts: list[str], timeout_s: int) -> dict[str, Remote]:
+    """Start every member at once (a bootstrap needs its quorum up together), then wait; the
+    members that did not start or become healthy, with what they said."""
     started = each(
         hosts,
         lambda h: run_on(
@@ -330,61 +412,91 @@ def _start_all(loaded: LoadedCluster, hosts: list[str], timeout_s: int) -> None:
             timeout=timeout_s + 60,
         ),
     )
-    failed = {h: r for h, r in started.items() if not r.ok}  # type: ignore[union-attr]
-    if failed:
-        detail = "; ".join(f"{h}: {r.stderr.strip()[-300:]}" for h, r in failed.items())  # type: ignore[union-attr]
-        raise EtcdOperationError(f"members not healthy after the start: {detail}")
+    return _failures(started)
 
 
-def restore(loaded: LoadedCluster, snapshot_path: Path) -> RestoreResult:
-    """Rebuild the whole cluster from a snapshot: every member's data is replaced by the
-    snapshot's (with a new cluster ID), then all start together."""
+def restore(
+    loaded: LoadedCluster, snapshot_path: Path, *, stamp: str | None = None
+) -> RestoreResult:
+    """Rebuild the whole cluster from a snapshot, never leaving a member without its data:
+
+    1. copy the snapshot to every member and stage its restore into a new data directory on
+       EVERY member while etcd still runs; any failure: staging removed, nothing else changed;
+    2. only when all are staged: stop every member, swap on each (old data renamed, kept);
+    3. start all together and wait for a healthy cluster; then delete the old data.
+    A failed stop, swap or start rolls back: old data back in place, every member started.
+    """
     if not snapshot_path.is_file():
         raise EtcdOperationError(f"{snapshot_path}: no such snapshot file")
     started = time.monotonic()
     hosts = members(loaded)
+    stamp = stamp or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     topology = build_topology(loaded.cluster)
-    data = snapshot_path.read_bytes()
-    copied = each(
-        hosts,
-        lambda h: run_on(
-            loaded, h, f"umask 077; cat > {SNAPSHOT_ON_HOST}", stdin=data, timeout=600
-        ),
-    )
-    failed = [h for h, r in copied.items() if not r.ok]  # type: ignore[union-attr]
-    if failed:
-        raise EtcdOperationError(f"could not copy the snapshot to {', '.join(failed)}")
+    paths = {h: RestorePaths(settings(loaded, h).data_dir, stamp) for h in hosts}
+    timeout_s = settings(loaded, hosts[0]).health_timeout_s
 
-    def unpack(host: str) -> Remote:
-        cfg = settings(loaded, host)
-        address = str(loaded.cluster.hosts[host].address)
-        data_dir = shlex.quote(cfg.data_dir)
-        staging = f"{cfg.data_dir}/.restore"
-        return run_on(
-            loaded,
-            host,
-            f"set -e; rm -rf {staging}; "
-            f"etcdutl snapshot restore {SNAPSHOT_ON_HOST} "
-            f"--name {loaded.cluster.etcd_member(host)} "
-            f"--initial-cluster {topology.etcd_initial_cluster} "
-            f"--initial-cluster-token {loaded.cluster.name}-etcd "
-            f"--initial-advertise-peer-urls https://{address}:{ETCD_PEER_PORT} "
-            f"--bump-revision {BUMP_REVISION} --mark-compacted "
-            f"--data-dir {staging} >/dev/null; "
-            f"rm -rf {data_dir}/member; mv {staging}/member {data_dir}/member; rmdir {staging}; "
-            f"chown -R etcd:etcd {data_dir}/member; rm -f {SNAPSHOT_ON_HOST} {INITIAL_STATE_ENV}",
-            timeout=600,
+    def on_all(command_of: Callable[[str], str], timeout: float = 600) -> dict[str, Remote]:
+        return _failures(each(hosts, lambda h: run_on(loaded, h, command_of(h), timeout=timeout)))
+
+    def discard_staging() -> None:
+        on_all(lambda h: f"rm -rf {shlex.quote(paths[h].staging)} {SNAPSHOT_ON_HOST}")
+
+    data = snapshot_path.read_bytes()
+    copied = _failures(
+        each(
+            hosts,
+            lambda h: run_on(
+                loaded, h, f"umask 077; cat > {SNAPSHOT_ON_HOST}", stdin=data, timeout=600
+            ),
+        )
+    )
+    if copied:
+        discard_staging()
+        raise EtcdOperationError(
+            f"could not copy the snapshot to {_describe(copied)}; nothing was changed"
         )
 
-    _stop_all(loaded, hosts)
-    unpacked = each(hosts, unpack)
-    failed = [h for h, r in unpacked.items() if not r.ok]  # type: ignore[union-attr]
-    if failed:
-        detail = "; ".join(f"{h}: {unpacked[h].stderr.strip()[-300:]}" for h in failed)  # type: ignore[union-attr]
-        raise EtcdOperationError(f"restore failed (etcd is stopped everywhere): {detail}")
-    _start_all(loaded, hosts, settings(loaded, hosts[0]).health_timeout_s)
+    def stage(host: str) -> str:
+        address = str(loaded.cluster.hosts[host].address)
+        return stage_restore_command(
+            paths[host],
+            name=loaded.cluster.etcd_member(host),
+            initial_cluster=topology.etcd_initial_cluster,
+            token=f"{loaded.cluster.name}-etcd",
+            peer_url=f"https://{address}:{ETCD_PEER_PORT}",
+        )
+
+    staged = on_all(stage)
+    if staged:
+        discard_staging()
+        raise EtcdOperationError(
+            f"staging the restore failed on {_describe(staged)}; nothing was stopped or changed "
+            "on any member (staged copies removed)"
+        )
+
+    def roll_back(why: str) -> EtcdOperationError:
+        stopped = on_all(lambda h: "systemctl stop etcd", timeout=120)
+        reverted = on_all(lambda h: rollback_restore_command(paths[h]))
+        not_back = _start_all(loaded, hosts, timeout_s)
+        on_all(lambda h: f"rm -f {SNAPSHOT_ON_HOST}")
+        outcome = "rolled back: every member's old data is back in place and the cluster is " + (
+            "healthy" if not (stopped or reverted or not_back) else "NOT healthy: "
+        )
+        outcome += _describe({**stopped, **reverted, **not_back})
+        return EtcdOperationError(f"restore failed, {why}; {outcome}")
+
+    stopped = on_all(lambda h: "systemctl stop etcd", timeout=120)
+    if stopped:
+        raise roll_back(f"could not stop etcd on {_describe(stopped)}")
+    swapped = on_all(lambda h: swap_restore_command(paths[h]))
+    if swapped:
+        raise roll_back(f"the swap failed on {_describe(swapped)}")
+    unhealthy = _start_all(loaded, hosts, timeout_s)
+    if unhealthy:
+        raise roll_back(f"the restored cluster did not become healthy: {_describe(unhealthy)}")
+    on_all(lambda h: finish_restore_command(paths[h]))
     return RestoreResult(
-        str(snapshot_path), hosts, time.monotonic() - started, status(loaded).health
+        str(snapshot_path), hosts, time.monotonic() - started, status(loaded).health, stamp
     )
 
 
@@ -409,10 +521,46 @@ def _member_list(loaded: LoadedCluster, via: str) -> list[dict]:
     return data.get("members", [])
 
 
-def replace(loaded: LoadedCluster, host: str, *, override_gate: bool = False) -> ReplaceResult:
-    """Remove a failed member and add it back with an empty data directory: its host keeps its
-    name, address and certificates (run `gpuinfra apply --roles etcd --limit HOST` first on a
-    rebuilt host; that installs etcd without starting it as a new cluster once this has run)."""
+def stop_member_command() -> str:
+    """Stop etcd and prove it stopped: the data is touched only after this succeeded."""
+    return f"systemctl stop etcd && {{ {STOPPED}; }}"
+
+
+def set_aside_command(data_dir: str, kept: str) -> str:
+    """The member's old data renamed (not deleted), an empty data directory in its place."""
+    member, kept_q, data = (
+        shlex.quote(f"{data_dir}/member"),
+        shlex.quote(kept),
+        shlex.quote(data_dir),
+    )
+    return (
+        f"set -e; {STOPPED}; if test -d {member}; then mv {member} {kept_q}; fi; "
+        f"install -d -o etcd -g etcd -m 0700 {data}"
+    )
+
+
+def put_back_command(data_dir: str, kept: str) -> str:
+    """Undo set_aside_command while the member is still in the cluster (the gate failed)."""
+    member, kept_q = shlex.quote(f"{data_dir}/member"), shlex.quote(kept)
+    return f"set -e; if test -d {kept_q} && ! test -e {member}; then mv {kept_q} {member}; fi"
+
+
+def replace(
+    loaded: LoadedCluster, host: str, *, override_gate: bool = False, stamp: str | None = None
+) -> ReplaceResult:
+    """Replace a member with a new one on the same host (name, address and certificates kept)
+    and an empty data directory, in the order etcd supports safely:
+
+    stop it (its data is touched only once the stop succeeded), set its data aside (renamed,
+    deleted only once the new member is a healthy voter), gate the disk, remove the old member
+    (etcd refuses a second member with the same peer URL, so this must come first; the cluster
+    shrinks and its quorum with it), add the new one as a learner (no vote: a new member that
+    never catches up cannot cost the cluster its quorum), start it, promote it once it is in
+    sync, and wait for a healthy cluster.
+
+    A rebuilt host: run `gpuinfra apply --roles etcd --limit HOST` first; that installs etcd
+    without starting it as a new cluster once this has run.
+    """
     started = time.monotonic()
     hosts = members(loaded)
     if host not in hosts:
@@ -427,21 +575,25 @@ def replace(loaded: LoadedCluster, host: str, *, override_gate: bool = False) ->
         )
     via = healthy[0]
     name = loaded.cluster.etcd_member(host)
-    address = str(loaded.cluster.hosts[host].address)
+    peer_url = f"https://{loaded.cluster.hosts[host].address}:{ETCD_PEER_PORT}"
     cfg = settings(loaded, host)
-    old = next((m for m in _member_list(loaded, via) if m.get("name") == name or
-                f"https://{address}:{ETCD_PEER_PORT}" in m.get("peerURLs", [])), None)  # fmt: skip
+    stamp = stamp or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    kept = f"{cfg.data_dir}/member.before-replace-{stamp}"
+    old = next((m for m in _member_list(loaded, via)
+                if m.get("name") == name or peer_url in m.get("peerURLs", [])), None)  # fmt: skip
 
-    # The member's own data is gone or untrusted: stop it and clear the data directory.
-    cleared = run_on(
-        loaded,
-        host,
-        f"systemctl stop etcd; rm -rf {shlex.quote(cfg.data_dir)}/member && "
-        f"install -d -o etcd -g etcd -m 0700 {shlex.quote(cfg.data_dir)}",
-        timeout=120,
-    )
-    if not cleared.ok:
-        raise EtcdOperationError(f"{host}: could not clear the data directory: {cleared.stderr}")
+    stopped = run_on(loaded, host, stop_member_command(), timeout=120)
+    if not stopped.ok:
+        raise EtcdOperationError(
+            f"{host}: could not stop etcd ({(stopped.stderr or stopped.stdout).strip()[-300:]}); "
+            "nothing was changed: its data and its membership are as they were"
+        )
+    aside = run_on(loaded, host, set_aside_command(cfg.data_dir, kept), timeout=120)
+    if not aside.ok:
+        raise EtcdOperationError(
+            f"{host}: could not set the old data aside: {aside.stderr.strip()[-300:]}; "
+            "etcd there is stopped, still a member, its data untouched or at " + kept
+        )
     gate_run = run_on(loaded, host, fio_command(cfg.data_dir), timeout=600)
     gate = judge(
         host,
@@ -452,44 +604,86 @@ def replace(loaded: LoadedCluster, host: str, *, override_gate: bool = False) ->
         override_gate or cfg.disk_gate_override,
     )
     if gate.status in ("fail", "error"):
+        back = run_on(loaded, host, put_back_command(cfg.data_dir, kept), timeout=120)
+        where = "back in place" if back.ok else f"kept at {kept}"
         raise EtcdOperationError(
-            f"{host}: disk gate: {gate.detail}; etcd there is stopped with an empty data "
-            "directory and still a member: fix the disk or pass --override-gate"
+            f"{host}: disk gate: {gate.detail}; etcd there is stopped, still a member, its old "
+            f"data {where}: fix the disk or pass --override-gate"
         )
 
+    left_behind = f"the old member's data is kept at {host}:{kept}"
     if old is not None:
         removed = run_on(
             loaded, via, f"{ENV} etcdctl {LOCAL} member remove {format(old['ID'], 'x')}", timeout=30
         )
         if not removed.ok:
-            raise EtcdOperationError(f"{via}: member remove failed: {removed.stderr.strip()}")
+            back = run_on(loaded, host, put_back_command(cfg.data_dir, kept), timeout=120)
+            raise EtcdOperationError(
+                f"{via}: member remove failed: {removed.stderr.strip()}; {host} is stopped, "
+                f"still a member, its old data {'back in place' if back.ok else 'at ' + kept}"
+            )
     added = run_on(
         loaded,
         via,
-        f"{ENV} etcdctl {LOCAL} member add {name} --peer-urls=https://{address}:{ETCD_PEER_PORT}",
+        f"{ENV} etcdctl {LOCAL} member add {name} --learner --peer-urls={peer_url} -w json",
         timeout=30,
     )
-    if not added.ok:
-        raise EtcdOperationError(f"{via}: member add failed: {added.stderr.strip()}")
+    learner = (_json_or_none(added.stdout) or {}).get("member") if added.ok else None
+    if not learner:
+        raise EtcdOperationError(
+            f"{via}: member add failed: {added.stderr.strip()}; the old member is removed; "
+            + left_behind
+        )
+    new_id = format(learner["ID"], "x")
     joined = run_on(
         loaded,
         host,
         f"echo GPUINFRA_INITIAL_CLUSTER_STATE=existing > {INITIAL_STATE_ENV} && "
-        f"systemctl start etcd && {WAIT_HEALTHY} {cfg.health_timeout_s}; rc=$?; "
-        f"rm -f {INITIAL_STATE_ENV}; exit $rc",
+        f"systemctl start etcd; rc=$?; rm -f {INITIAL_STATE_ENV}; exit $rc",
         timeout=cfg.health_timeout_s + 120,
     )
     if not joined.ok:
-        raise EtcdOperationError(f"{host}: the new member did not become healthy: {joined.stderr}")
-    new = next((m for m in _member_list(loaded, via) if m.get("name") == name), None)
+        raise EtcdOperationError(
+            f"{host}: the new member (learner {new_id}) did not start: {joined.stderr.strip()}; "
+            "it has no vote, the cluster's quorum is unchanged; " + left_behind
+        )
+    _promote(loaded, via, new_id, cfg.health_timeout_s, left_behind)
+    healthy_again = run_on(
+        loaded, host, f"{WAIT_HEALTHY} {cfg.health_timeout_s}", timeout=cfg.health_timeout_s + 60
+    )
+    if not healthy_again.ok:
+        raise EtcdOperationError(
+            f"{host}: member {new_id} promoted but the cluster is not healthy: "
+            f"{healthy_again.stderr.strip()[-300:]}; " + left_behind
+        )
+    run_on(loaded, host, f"rm -rf {shlex.quote(kept)}", timeout=120)
     return ReplaceResult(
         name,
         host,
         format(old["ID"], "x") if old else None,
-        format(new["ID"], "x") if new else None,
+        new_id,
         gate,
         time.monotonic() - started,
     )
+
+
+def _promote(loaded: LoadedCluster, via: str, member_id: str, timeout_s: int, note: str) -> None:
+    """Promote a learner to a voter; etcd refuses until the learner has caught up with the
+    leader's log, so this asks again until it agrees or the time is up."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        promoted = run_on(
+            loaded, via, f"{ENV} etcdctl {LOCAL} member promote {member_id}", timeout=30
+        )
+        if promoted.ok:
+            return
+        if time.monotonic() > deadline:
+            raise EtcdOperationError(
+                f"{via}: learner {member_id} not promoted after {timeout_s}s: "
+                f"{promoted.stderr.strip()[-300:]}; it has no vote, the cluster's quorum is "
+                "unchanged; " + note
+            )
+        time.sleep(2)
 
 
 # ---------------------------------------------------------------- certificate rotation

@@ -237,3 +237,33 @@ def rotate_certs(
     if result.apply_errors:
         raise typer.Exit(ExitCode.ERROR)
     raise typer.Exit(HEALTH_EXIT[result.health])
+
+
+@app.command("rotate-ca")
+def rotate_ca(
+    cluster: ClusterArg,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
+    output: FormatOpt = OutputFormat.table,
+) -> None:
+    """Replace the etcd CA in three rolled-out steps (trust old+new, reissue every certificate
+    from the new CA, drop the old), members restarting one at a time. Resumes a stopped run."""
+    from roles.etcd.day2 import rotate_ca as rotate
+
+    with reporting():
+        loaded = load(cluster)
+    _confirm(yes, f"Replace the etcd CA of {loaded.cluster.name} (three rolling restarts)?")
+    result = _call(lambda: rotate(loaded))
+    if output is OutputFormat.json:
+        _json(asdict(result))
+    else:
+        for step in result.steps:
+            console.print(
+                f"{step.step}: {len(step.apply_status)} hosts applied in {step.seconds:.1f}s; "
+                f"cluster {step.health}",
+                markup=False,
+            )
+        console.print(
+            f"CA {result.old_ca_serial} replaced by {result.new_ca_serial} in "
+            f"{result.seconds:.1f}s",
+            markup=False,
+        )

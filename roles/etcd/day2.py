@@ -102,6 +102,8 @@ class MemberStatus:
     raft_term: int | None = None
     raft_index: int | None = None
     wal_fsync_p99_ms: float | None = None
+    data_dir_free_bytes: int | None = None
+    data_dir_size_bytes: int | None = None
     error: str | None = None
 
 
@@ -140,13 +142,54 @@ def wal_fsync_p99_ms(metrics: str) -> float | None:
     return None
 
 
-STATUS_SCRIPT = f"""{ENV}
+# etcd preallocates each WAL segment at 64 MiB: with less free than that on its data disk a
+# member cannot cut its next segment and stops (etcd's wal package, SegmentSizeBytes).
+DISK_FULL_BYTES = 64 * 2**20
+
+
+def status_script(data_dir: str) -> str:
+    """What `status` reads on one member: etcd's own view, its metrics, its data disk's free
+    space, and etcd's last error in the journal (why a member that stopped answering stopped)."""
+    return f"""{ENV}
 echo "== status"; etcdctl {LOCAL} endpoint status -w json 2>&1
 echo "== health"; etcdctl {LOCAL} endpoint health -w json 2>&1
 echo "== metrics"; curl -sf --max-time 3 http://127.0.0.1:{ETCD_METRICS_PORT}/metrics \
     | grep '^etcd_disk_wal_fsync_duration_seconds_bucket'
+echo "== disk"; df -B1 --output=size,avail {shlex.quote(data_dir)} 2>/dev/null | tail -n 1
+echo "== journal"; journalctl -u etcd -n 200 --no-pager -o cat 2>/dev/null \
+    | grep -iE 'no space left|"level":"(error|fatal|panic)"' | tail -n 1
 echo "== end"
 """
+
+
+def _size_text(value: int) -> str:
+    return f"{value / 2**20:.0f} MiB"
+
+
+def _disk_problem(entry: MemberStatus, data_dir: str) -> str | None:
+    if entry.data_dir_free_bytes is None or entry.data_dir_size_bytes is None:
+        return None
+    if entry.data_dir_free_bytes >= DISK_FULL_BYTES:
+        return None
+    return (
+        f"data disk full: {_size_text(entry.data_dir_free_bytes)} free of "
+        f"{_size_text(entry.data_dir_size_bytes)} at {data_dir} (etcd needs 64 MiB for its "
+        "next WAL segment)"
+    )
+
+
+def _journal_reason(line: str) -> str | None:
+    """The message (and error) of etcd's last error line in the journal, short."""
+    line = line.strip()
+    if not line:
+        return None
+    record = _json_or_none(line)
+    if isinstance(record, dict):
+        text = record.get("msg", "")
+        if record.get("error"):
+            text += f": {record['error']}"
+        return text[:300] or None
+    return line[-300:]
 
 
 def _sections(text: str) -> dict[str, str]:
@@ -172,7 +215,8 @@ def _json_or_none(text: str):
 def member_status(loaded: LoadedCluster, host: str) -> MemberStatus:
     cluster = loaded.cluster
     entry = MemberStatus(host, cluster.etcd_member(host), str(cluster.hosts[host].address), "down")
-    remote = run_on(loaded, host, STATUS_SCRIPT, timeout=30)
+    data_dir = settings(loaded, host).data_dir
+    remote = run_on(loaded, host, status_script(data_dir), timeout=30)
     if "== end" not in remote.stdout:
         entry.state = "unreachable"
         entry.error = (remote.stderr.strip().splitlines() or ["ssh failed"])[-1]
@@ -197,6 +241,19 @@ def member_status(loaded: LoadedCluster, host: str) -> MemberStatus:
     else:
         entry.error = (sections.get("status", "").strip().splitlines() or ["not answering"])[-1]
     entry.wal_fsync_p99_ms = wal_fsync_p99_ms(sections.get("metrics", ""))
+    disk = sections.get("disk", "").split()
+    if len(disk) == 2 and all(part.isdigit() for part in disk):
+        entry.data_dir_size_bytes, entry.data_dir_free_bytes = int(disk[0]), int(disk[1])
+    full = _disk_problem(entry, data_dir)
+    if entry.state != "healthy":
+        # Why a member is not serving: its disk, else etcd's own last error.
+        reason = full or _journal_reason(sections.get("journal", ""))
+        if reason:
+            entry.error = f"{entry.error}; {reason}" if entry.error else reason
+    elif full:
+        # Serving now, but it stops at its next WAL segment: not counted as healthy.
+        entry.state = "unhealthy"
+        entry.error = full
     return entry
 
 
@@ -216,7 +273,11 @@ def status(loaded: LoadedCluster) -> ClusterStatus:
     alarms: list[str] = []
     if healthy:
         answer = run_on(loaded, healthy[0].host, f"{ENV} etcdctl {LOCAL} alarm list", timeout=20)
-        alarms = [line.strip() for line in answer.stdout.splitlines() if line.strip()]
+        alarms = [
+            _name_alarm(line.strip(), entries)
+            for line in answer.stdout.splitlines()
+            if line.strip()
+        ]
     return ClusterStatus(
         cluster=loaded.cluster.name,
         health=health,
@@ -228,6 +289,17 @@ def status(loaded: LoadedCluster) -> ClusterStatus:
         alarms=alarms,
         certificates=expiry_report(loaded) if (loaded.state_dir / "etcd-pki").exists() else [],
     )
+
+
+def _name_alarm(line: str, entries: list[MemberStatus]) -> str:
+    """`memberID:<decimal> alarm:NOSPACE` with the member's name added."""
+    member_id = line.split("memberID:", 1)[1].split()[0] if "memberID:" in line else ""
+    if member_id.isdigit():
+        hex_id = format(int(member_id), "x")
+        name = next((m.name for m in entries if m.member_id == hex_id), None)
+        if name:
+            return f"{line} ({name})"
+    return line
 
 
 # ---------------------------------------------------------------- disk check
@@ -714,6 +786,98 @@ def rotate_certs(loaded: LoadedCluster) -> RotateResult:
     return RotateResult(
         before=before,
         after=expiry_report(loaded),
+        apply_status={name: str(h.status) for name, h in report.hosts.items()},
+        apply_errors={name: h.error for name, h in report.hosts.items() if h.error},
+        health=status(loaded).health,
+        seconds=time.monotonic() - started,
+    )
+
+
+@dataclass
+class CaRotationStep:
+    step: str  # trust-new, reissue, drop-old
+    apply_status: dict[str, str]
+    apply_errors: dict[str, str]
+    health: str
+    seconds: float
+
+
+@dataclass
+class CaRotationResult:
+    old_ca_serial: str | None
+    new_ca_serial: str | None
+    steps: list[CaRotationStep]
+    seconds: float
+
+
+CA_STEPS = ("trust-new", "reissue", "drop-old")
+
+
+def rotate_ca(loaded: LoadedCluster) -> CaRotationResult:
+    """Replace the etcd CA with no moment where a member or client distrusts another:
+
+    1. trust-new: make the next CA; every member and client trusts old and new (rolled out by
+       the role, members restarting one at a time, each waiting for a healthy cluster);
+    2. reissue: the new CA signs; every member and client certificate is reissued from it
+       (rolled out the same way; the old CA is still trusted for the ones not yet replaced);
+    3. drop-old: the old CA is no longer trusted (rolled out the same way).
+
+    Each step must end with every host applied and the cluster healthy before the next one
+    starts. A run stopped half way resumes where it stopped (the stage is read from the PKI
+    files: `ca-next.crt` or `ca-previous.crt` in `.state/etcd-pki/`).
+    """
+    from roles.etcd import pki
+    from roles.etcd.files import cluster_settings
+
+    started = time.monotonic()
+    cfg = cluster_settings(loaded)
+    old_ca = _ca_serial(loaded, "ca")
+    stage = pki.ca_rotation_stage(loaded)
+    todo = {"none": CA_STEPS, "trusting": CA_STEPS[1:], "reissued": CA_STEPS[2:]}[stage]
+    if stage == "reissued":
+        old_ca = _ca_serial(loaded, pki.PREVIOUS_CA)
+    steps: list[CaRotationStep] = []
+    try:
+        for step in todo:
+            if step == "trust-new":
+                pki.begin_ca_rotation(loaded, ca_days=cfg.ca_days)
+            elif step == "reissue":
+                pki.promote_next_ca(loaded)
+            else:
+                pki.drop_previous_ca(loaded)
+            steps.append(_roll_out(loaded, step))
+            last = steps[-1]
+            if last.apply_errors or last.health != "healthy":
+                detail = "; ".join(f"{h}: {e}" for h, e in last.apply_errors.items())
+                raise EtcdOperationError(
+                    f"CA rotation stopped after step {step}: cluster {last.health}"
+                    + (f"; {detail}" if detail else "")
+                    + "; run `gpuinfra etcd rotate-ca` again to resume from this step"
+                )
+    except pki.PkiError as exc:
+        raise EtcdOperationError(str(exc)) from None
+    return CaRotationResult(old_ca, _ca_serial(loaded, "ca"), steps, time.monotonic() - started)
+
+
+def _ca_serial(loaded: LoadedCluster, stem: str) -> str | None:
+    from cryptography import x509
+
+    from roles.etcd.pki import pki_dir
+
+    path = pki_dir(loaded) / f"{stem}.crt"
+    if not path.exists():
+        return None
+    return format(x509.load_pem_x509_certificate(path.read_bytes()).serial_number, "x")
+
+
+def _roll_out(loaded: LoadedCluster, step: str) -> CaRotationStep:
+    """One apply of the etcd role (members one at a time, then the clients) and a health check."""
+    from roles.runner import Mode, RunOptions, run
+
+    started = time.monotonic()
+    report = run(loaded, RunOptions(mode=Mode.apply, roles=("etcd",)))
+    return CaRotationStep(
+        step=step,
         apply_status={name: str(h.status) for name, h in report.hosts.items()},
         apply_errors={name: h.error for name, h in report.hosts.items() if h.error},
         health=status(loaded).health,

@@ -13,13 +13,18 @@ from __future__ import annotations
 import json
 import os
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from cli.exitcodes import ExitCode
 from lab import lifecycle
 from lab.topology import HostSpec, Topology
+from roles.etcd import pki
 from tests.integration.conftest import KEEP_ENV, boot_lab
 from tests.integration.roles_helpers import gpuinfra
 
@@ -100,3 +105,153 @@ def test_cluster_converges(converged):
     data = wait_healthy(converged)
     assert data["healthy_members"] == 3
     assert etcdctl(converged, "put hardening/probe yes").stdout.strip() == "OK"
+
+
+SERVED = (
+    'python3 -c "import json, socket, ssl; c = ssl.create_default_context('
+    "cafile='/etc/kubernetes/pki/etcd/ca.crt'); c.check_hostname = False; "
+    "c.load_cert_chain('/etc/kubernetes/pki/apiserver-etcd-client.crt', "
+    "'/etc/kubernetes/pki/apiserver-etcd-client.key'); "
+    "s = c.wrap_socket(socket.create_connection(('{address}', 2379), 5)); "
+    "p = s.getpeercert(); print(json.dumps([p['serialNumber'], p['notAfter']]))\""
+)
+
+
+def served(lab, member: str) -> tuple[int, datetime]:
+    """The serial and expiry of the certificate a member serves, read over TLS from cp-1."""
+    serial, not_after = json.loads(
+        lab.ssh("cp-1", SERVED.format(address=lab.address(member))).stdout
+    )
+    expiry = datetime.strptime(not_after, "%b %d %H:%M:%S %Y %Z").replace(tzinfo=UTC)
+    return int(serial, 16), expiry
+
+
+def state_cert(lab, stem: str) -> x509.Certificate:
+    path = lab.loaded.state_dir / "etcd-pki" / f"{stem}.crt"
+    return x509.load_pem_x509_certificate(path.read_bytes())
+
+
+def apply_etcd(lab) -> dict:
+    result = gpuinfra("apply", str(lab.inventory_path), "--roles", "etcd", "--yes", "--format",
+                      "json")  # fmt: skip
+    assert result.returncode == ExitCode.OK, result.stdout[-3000:] + result.stderr[-2000:]
+    return json.loads(result.stdout)
+
+
+RESTART = "Etcd | Restart etcd, one member at a time, each waiting for a healthy cluster"
+
+
+def restarted(report: dict) -> set[str]:
+    return {
+        member
+        for member in MEMBERS
+        if any(o["name"] == RESTART and o["changed"] for o in report["hosts"][member]["operations"])
+    }
+
+
+def test_apply_renews_a_member_certificate_inside_the_threshold(converged):
+    """etcd-2's server certificate in the PKI has 10 days left (under the 30-day default):
+    apply issues a new one, pushes it and restarts etcd-2 alone; the member then serves a
+    certificate valid for about a year. Today's main pushed the 10-day certificate as it was."""
+    lab = converged
+    wait_healthy(lab)
+    before_serial, _ = served(lab, "etcd-2")
+    root = lab.loaded.state_dir / "etcd-pki"
+    ca_key = serialization.load_pem_private_key((root / "ca.key").read_bytes(), None)
+    spec = pki.member_specs(lab.loaded, "etcd-2")[0]
+    key = ec.generate_private_key(ec.SECP256R1())
+    short = pki._leaf_certificate(spec, key, state_cert(lab, "ca"), ca_key, 10)
+    pki._write_pair(root, spec.stem, short, key)
+    # Positive control: the PKI now holds the short certificate the apply must replace.
+    assert state_cert(lab, "etcd-2/server").serial_number == short.serial_number
+
+    report = apply_etcd(lab)
+    assert restarted(report) == {"etcd-2"}, restarted(report)
+    renewed = state_cert(lab, "etcd-2/server")
+    assert renewed.serial_number not in (short.serial_number, before_serial)
+    serial, expiry = served(lab, "etcd-2")
+    assert serial == renewed.serial_number
+    days_left = (expiry - datetime.now(UTC)).days
+    RESULTS["renewed_days_left"] = days_left
+    assert days_left > 300, expiry
+    assert wait_healthy(lab)["healthy_members"] == 3
+
+
+# A client as a real one behaves (the API server retries): each write is one etcdctl call, and a
+# failed call is retried once after a second. "retry" lines say what the first attempt got;
+# "fail" means the cluster refused the same write twice, a second apart.
+WRITER = """\
+put() {{ {env} etcdctl --endpoints={eps} --command-timeout=5s put ca/$1 $1 >/dev/null; }}
+said() {{ tr '\\n' ' ' < /tmp/writer.err | tail -c 300; }}
+i=0
+while [ ! -e /tmp/writer.stop ]; do
+    i=$((i+1))
+    if put $i 2>/tmp/writer.err; then
+        echo ok
+    else
+        echo "retry $i $(date +%s.%N) $(said)"
+        sleep 1
+        if put $i 2>/tmp/writer.err; then echo ok; else echo "fail $i $(date +%s.%N) $(said)"; fi
+    fi
+done
+"""
+
+
+def test_rotate_ca_keeps_a_client_writing_and_ends_on_the_new_ca(converged):
+    """`etcd rotate-ca` while a writer on cp-1 writes through every step: no write refused
+    twice, every served certificate and every certificate in the PKI chains to the new CA, the
+    members and the client trust only the new CA, and a client certificate of the old CA is
+    refused while the new one is accepted."""
+    lab = converged
+    wait_healthy(lab)
+    old_ca = state_cert(lab, "ca")
+    client = "/etc/kubernetes/pki/apiserver-etcd-client"
+    lab.ssh("cp-1", f"cp {client}.crt /root/old-client.crt && cp {client}.key /root/old-client.key")
+    script = WRITER.format(env=CLIENT_ENV, eps=endpoints(lab))
+    lab.ssh("cp-1", f"rm -f /tmp/writer.stop; cat > /tmp/writer.sh <<'EOF'\n{script}EOF")
+    lab.ssh("cp-1", "nohup sh /tmp/writer.sh > /tmp/writer.log 2>&1 &")
+    try:
+        result = gpuinfra("etcd", "rotate-ca", str(lab.inventory_path), "--yes", "--format", "json")
+    finally:
+        lab.ssh("cp-1", "touch /tmp/writer.stop; sleep 12")
+    log = lab.ssh("cp-1", "cat /tmp/writer.log").stdout.splitlines()
+    counts = {
+        "writes_ok": sum(1 for line in log if line == "ok"),
+        "writes_retried": sum(1 for line in log if line.startswith("retry")),
+        "writes_failed": sum(1 for line in log if line.startswith("fail")),
+        "first_attempt_errors": [line for line in log if line.startswith("retry")][:5],
+    }
+    assert result.returncode == ExitCode.OK, result.stdout[-3000:] + result.stderr[-2000:]
+    rotation = json.loads(result.stdout)
+    RESULTS["rotate_ca"] = counts | {
+        "seconds": round(rotation["seconds"], 1),
+        "steps": {s["step"]: round(s["seconds"], 1) for s in rotation["steps"]},
+    }
+    assert [s["step"] for s in rotation["steps"]] == ["trust-new", "reissue", "drop-old"]
+    assert all(s["health"] == "healthy" and not s["apply_errors"] for s in rotation["steps"])
+    assert counts["writes_ok"] > 20 and counts["writes_failed"] == 0, counts
+
+    new_ca = state_cert(lab, "ca")
+    assert new_ca.serial_number != old_ca.serial_number
+    assert int(rotation["new_ca_serial"], 16) == new_ca.serial_number
+    for stem in [f"{m}/{kind}" for m in MEMBERS for kind in ("server", "peer")] + [
+        "clients/operator",
+        "clients/kube-apiserver-etcd-client",
+    ]:
+        state_cert(lab, stem).verify_directly_issued_by(new_ca)
+    for member in MEMBERS:
+        assert served(lab, member)[0] == state_cert(lab, f"{member}/server").serial_number
+        trusted = lab.ssh(member, "cat /etc/etcd/pki/ca.crt").stdout
+        assert x509.load_pem_x509_certificates(trusted.encode()) == [new_ca], member
+    client_trust = lab.ssh("cp-1", "cat /etc/kubernetes/pki/etcd/ca.crt").stdout
+    assert x509.load_pem_x509_certificates(client_trust.encode()) == [new_ca]
+    old_client = lab.ssh(
+        "cp-1",
+        "ETCDCTL_CACERT=/etc/kubernetes/pki/etcd/ca.crt ETCDCTL_CERT=/root/old-client.crt "
+        f"ETCDCTL_KEY=/root/old-client.key etcdctl --endpoints={endpoints(lab)} "
+        "--command-timeout=5s put ca/old-client x",
+        check=False,
+    )
+    assert old_client.returncode != 0, old_client.stdout
+    assert etcdctl(lab, "put ca/new-client x").stdout.strip() == "OK"
+    assert not (lab.loaded.state_dir / "etcd-pki" / "ca-previous.crt").exists()

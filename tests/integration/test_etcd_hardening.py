@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -255,3 +256,221 @@ def test_rotate_ca_keeps_a_client_writing_and_ends_on_the_new_ca(converged):
     assert old_client.returncode != 0, old_client.stdout
     assert etcdctl(lab, "put ca/new-client x").stdout.strip() == "OK"
     assert not (lab.loaded.state_dir / "etcd-pki" / "ca-previous.crt").exists()
+
+
+def local_get(lab, member: str, key: str) -> str:
+    """A key as one member holds it (serializable read from its own data)."""
+    return lab.ssh(
+        member,
+        "set -a; . /etc/etcd/etcdctl.env; etcdctl --endpoints=https://127.0.0.1:2379 "
+        f"get {key} --print-value-only --consistency=s",
+    ).stdout.strip()
+
+
+def db_inode(lab, member: str) -> str:
+    return lab.ssh(member, "stat -c %i /var/lib/etcd/member/snap/db").stdout.strip()
+
+
+def leftovers(lab, member: str) -> list[str]:
+    """Names in the data directory besides etcd's own (and ext4's lost+found), and a snapshot
+    copy left in /var/tmp."""
+    listing = "ls -A /var/lib/etcd; ls /var/tmp/gpuinfra-etcd-snapshot.db 2>/dev/null"
+    names = lab.ssh(member, listing, check=False).stdout.split()
+    return [n for n in names if n not in ("member", "lost+found")]
+
+
+def take_snapshot(lab, path: Path) -> None:
+    taken = gpuinfra("etcd", "snapshot", str(lab.inventory_path), "--out", str(path))
+    assert taken.returncode == ExitCode.OK, taken.stderr
+
+
+BROKEN_ETCDUTL = "#!/bin/sh\necho injected: etcdutl broken on this member >&2\nexit 1\n"
+
+
+def stand_in(lab, host: str, command: str, script: str) -> None:
+    """A failing stand-in for one command on one host, first on root's PATH (/usr/local/bin)."""
+    path = f"/usr/local/bin/{command}"
+    lab.ssh(host, f"cat > {path} <<'EOF'\n{script}EOF\nchmod 0755 {path}")
+
+
+def test_restore_that_cannot_stage_on_one_member_changes_nothing(converged, tmp_path):
+    """etcdutl fails on etcd-2 (a failing stand-in put first on its PATH, /usr/local/bin): the
+    restore stops before any member is stopped, every member keeps its own data (the same
+    database file, the key written after the snapshot still there), no staged copy is left and
+    the cluster serves. Today's main stopped every member and wiped the others' data first."""
+    lab = converged
+    wait_healthy(lab)
+    etcdctl(lab, "put restore/before-snapshot x")
+    snapshot = tmp_path / "snap.db"
+    take_snapshot(lab, snapshot)
+    etcdctl(lab, "put restore/after-snapshot kept")
+    inodes = {m: db_inode(lab, m) for m in MEMBERS}
+    stand_in(lab, "etcd-2", "etcdutl", BROKEN_ETCDUTL)
+    try:
+        result = gpuinfra("etcd", "restore", str(lab.inventory_path), str(snapshot), "--yes")
+    finally:
+        lab.ssh("etcd-2", "rm -f /usr/local/bin/etcdutl")
+    assert result.returncode == ExitCode.ERROR, result.stdout + result.stderr
+    assert "etcd-2" in result.stderr and "injected" in result.stderr, result.stderr
+    assert "nothing was stopped or changed" in result.stderr, result.stderr
+    for member in MEMBERS:
+        assert db_inode(lab, member) == inodes[member], member
+        assert local_get(lab, member, "restore/after-snapshot") == "kept", member
+        assert leftovers(lab, member) == [], member
+    wait_healthy(lab)
+    assert etcdctl(lab, "put restore/serves yes").stdout.strip() == "OK"
+    assert etcdctl(lab, "get restore/serves --print-value-only").stdout.strip() == "yes"
+
+
+def test_restore_rolls_back_when_a_member_does_not_start(converged, tmp_path):
+    """Every member stages and swaps, but etcd-2 cannot start (its unit masked for the test):
+    the restored cluster never becomes healthy, so the restore puts every member's old data
+    back and starts them. Once etcd-2 may start again, every member holds its old data (the
+    key written after the snapshot), nothing is left over, and the cluster serves."""
+    lab = converged
+    wait_healthy(lab)
+    original = lab.inventory_path.read_text()
+    data = yaml.safe_load(original)
+    data["group_vars"]["etcd"]["etcd"]["health_timeout_s"] = 20  # the failed start waits this
+    lab.inventory_path.write_text(yaml.safe_dump(data, sort_keys=False))
+    snapshot = tmp_path / "snap.db"
+    try:
+        take_snapshot(lab, snapshot)
+        etcdctl(lab, "put rollback/after-snapshot kept")
+        lab.ssh("etcd-2", "systemctl mask --runtime etcd")
+        started = time.monotonic()
+        result = gpuinfra("etcd", "restore", str(lab.inventory_path), str(snapshot), "--yes")
+        RESULTS["restore_rollback_seconds"] = round(time.monotonic() - started, 1)
+    finally:
+        lab.inventory_path.write_text(original)
+        lab.ssh("etcd-2", "systemctl unmask --runtime etcd; systemctl start etcd", check=False)
+    assert result.returncode == ExitCode.ERROR, result.stdout + result.stderr
+    assert "did not become healthy" in result.stderr and "rolled back" in result.stderr
+    assert "etcd-2" in result.stderr, result.stderr
+    wait_healthy(lab)
+    for member in MEMBERS:
+        assert local_get(lab, member, "rollback/after-snapshot") == "kept", member
+        assert leftovers(lab, member) == [], member
+    assert etcdctl(lab, "put rollback/serves yes").stdout.strip() == "OK"
+
+
+def test_a_full_restore_still_rebuilds_the_cluster(converged, tmp_path):
+    """Positive control for the two tests above: the same restore without a fault replaces
+    every member's data (the key written after the snapshot is gone) and leaves nothing."""
+    lab = converged
+    wait_healthy(lab)
+    etcdctl(lab, "put full/before x")
+    snapshot = tmp_path / "snap.db"
+    take_snapshot(lab, snapshot)
+    etcdctl(lab, "put full/after-snapshot gone")
+    started = time.monotonic()
+    result = gpuinfra("etcd", "restore", str(lab.inventory_path), str(snapshot), "--yes")
+    RESULTS["restore_seconds"] = round(time.monotonic() - started, 1)
+    assert result.returncode == ExitCode.OK, result.stdout + result.stderr
+    wait_healthy(lab)
+    for member in MEMBERS:
+        assert local_get(lab, member, "full/before") == "x", member
+        assert local_get(lab, member, "full/after-snapshot") == "", member
+        assert leftovers(lab, member) == [], member
+
+
+FAILING_STOP = """#!/bin/sh
+if [ "$1" = stop ] && [ "$2" = etcd ]; then
+    echo "injected: Failed to stop etcd.service" >&2
+    exit 1
+fi
+exec /usr/bin/systemctl "$@"
+"""
+
+
+def test_replace_whose_stop_fails_touches_no_data(converged):
+    """`systemctl stop etcd` fails on etcd-2 (a stand-in first on its PATH that refuses that one
+    call): replace stops there, etcd-2 keeps its data and its membership. Today's main went on
+    to delete the data directory after the failed stop."""
+    lab = converged
+    wait_healthy(lab)
+    ids = {m["name"]: m["member_id"] for m in status(lab)[1]["members"]}
+    inode = db_inode(lab, "etcd-2")
+    stand_in(lab, "etcd-2", "systemctl", FAILING_STOP)
+    try:
+        result = gpuinfra("etcd", "replace", str(lab.inventory_path), "etcd-2", "--yes")
+    finally:
+        lab.ssh("etcd-2", "rm -f /usr/local/bin/systemctl")
+    assert result.returncode == ExitCode.ERROR, result.stdout + result.stderr
+    assert "could not stop etcd" in result.stderr and "injected" in result.stderr
+    assert db_inode(lab, "etcd-2") == inode
+    data = wait_healthy(lab)
+    assert {m["name"]: m["member_id"] for m in data["members"]} == ids
+
+
+def test_replace_joins_as_a_learner_then_deletes_the_old_data(converged):
+    """The positive path: etcd-2 is replaced by a new member (new ID) that joined as a learner
+    and was promoted; it holds the cluster's data and its old data directory is gone."""
+    lab = converged
+    wait_healthy(lab)
+    etcdctl(lab, "put replace/before yes")
+    old_ids = {m["name"]: m["member_id"] for m in status(lab)[1]["members"]}
+    result = gpuinfra("etcd", "replace", str(lab.inventory_path), "etcd-2", "--yes", "--format",
+                      "json")  # fmt: skip
+    assert result.returncode == ExitCode.OK, result.stdout + result.stderr
+    replaced = json.loads(result.stdout)
+    RESULTS["replace_seconds"] = round(replaced["seconds"], 1)
+    assert replaced["old_id"] == old_ids["etcd-2"] and replaced["new_id"] != replaced["old_id"]
+    data = wait_healthy(lab)
+    ids = {m["name"]: m["member_id"] for m in data["members"]}
+    assert ids["etcd-2"] == replaced["new_id"]
+    assert {k: v for k, v in ids.items() if k != "etcd-2"} == {
+        k: v for k, v in old_ids.items() if k != "etcd-2"
+    }
+    listed = lab.ssh("etcd-1", "set -a; . /etc/etcd/etcdctl.env; etcdctl "
+                     "--endpoints=https://127.0.0.1:2379 member list -w json").stdout  # fmt: skip
+    assert not any(m.get("isLearner") for m in json.loads(listed)["members"])
+    assert local_get(lab, "etcd-2", "replace/before") == "yes"
+    assert leftovers(lab, "etcd-2") == []
+
+
+def test_one_member_with_a_full_data_disk(converged):
+    """Fault suite: etcd-3's data disk (256 MiB) filled to the last block, then ~80 MiB
+    written through the cluster so every member needs new space. Writes go on (two of three
+    members hold the quorum) and `etcd status` names etcd-3 and its full disk (exit 5,
+    degraded). Before the fault, the same status reports etcd-3 healthy (positive control)."""
+    lab = converged
+    data = wait_healthy(lab)
+    member = next(m for m in data["members"] if m["name"] == "etcd-3")
+    assert member["state"] == "healthy" and member["data_dir_free_bytes"] > 64 * 2**20
+    lab.ssh("etcd-3", "mountpoint -q /var/lib/etcd")  # its own disk, not the shared root
+    try:
+        fill = "dd if=/dev/zero of=/var/lib/etcd/filler bs=1M 2>/dev/null"
+        free = "df -B1 --output=avail /var/lib/etcd | tail -n 1"
+        lab.ssh("etcd-3", f'{fill}; test "$({free})" -lt 1048576')
+        writes = lab.ssh(
+            "cp-1",
+            "head -c 1000000 /dev/zero | tr '\\0' x > /tmp/big; ok=0; "
+            f"for i in $(seq 1 80); do {CLIENT_ENV} etcdctl --endpoints={endpoints(lab)} "
+            "--command-timeout=10s put fault/big$i < /tmp/big >/dev/null 2>&1 && ok=$((ok+1)); "
+            "done; echo $ok",
+            timeout=900,
+        )
+        big_ok = int(writes.stdout.strip())
+        after = etcdctl(lab, "put fault/after-full ok", check=False)
+        code, data = status(lab)
+        full = next(m for m in data["members"] if m["name"] == "etcd-3")
+        RESULTS["disk_full"] = {
+            "big_writes_ok": big_ok,
+            "write_after": after.returncode == 0,
+            "status_exit": code,
+            "health": data["health"],
+            "etcd-3": {k: full[k] for k in ("state", "data_dir_free_bytes", "error")},
+            "others": {m["name"]: m["state"] for m in data["members"] if m["name"] != "etcd-3"},
+            "alarms": data["alarms"],
+        }
+        assert big_ok == 80 and after.returncode == 0, RESULTS["disk_full"]
+        assert code == ExitCode.DEGRADED and data["health"] == "degraded", data
+        assert full["state"] != "healthy" and "data disk full" in full["error"], full
+        assert all(m["state"] == "healthy" for m in data["members"] if m["name"] != "etcd-3")
+    finally:
+        lab.ssh("etcd-3", "rm -f /var/lib/etcd/filler")
+        etcdctl(lab, "del fault/ --prefix", check=False)
+    # The member comes back on its own once there is room (systemd restarts it on failure).
+    lab.ssh("etcd-3", "systemctl reset-failed etcd; systemctl start etcd", check=False)
+    wait_healthy(lab, timeout=300)

@@ -2,7 +2,7 @@
 replace that never loses data, certificate renewal on apply, CA rotation with a client
 writing throughout, and one member's data disk full.
 
-The lab is its own and small: three etcd members (etcd-3 with a 256 MiB loop disk as its data
+The lab is its own and small: three etcd members (etcd-3 with a 512 MiB loop disk as its data
 disk, so it can be filled) and cp-1, the API server's stand-in holding the etcd client
 certificate and running the writer. Its name is `etcdh` (GPUINFRA_ETCDH_LAB_NAME overrides).
 Tests that break a member leave the cluster healthy again before they end.
@@ -33,7 +33,9 @@ pytestmark = pytest.mark.integration
 
 LAB = os.environ.get("GPUINFRA_ETCDH_LAB_NAME", "etcdh")
 MEMBERS = ["etcd-1", "etcd-2", "etcd-3"]
-SMALL_DISK = 256 * 2**20
+# Small enough to fill in seconds; large enough for a restore's staged copy beside the live
+# data (each holds two preallocated 64 MiB WAL segments: 256 MiB was seen to fail staging).
+SMALL_DISK = 512 * 2**20
 CLIENT_ENV = (
     "ETCDCTL_CACERT=/etc/kubernetes/pki/etcd/ca.crt "
     "ETCDCTL_CERT=/etc/kubernetes/pki/apiserver-etcd-client.crt "
@@ -430,7 +432,7 @@ def test_replace_joins_as_a_learner_then_deletes_the_old_data(converged):
 
 
 def test_one_member_with_a_full_data_disk(converged):
-    """Fault suite: etcd-3's data disk (256 MiB) filled to the last block, then ~80 MiB
+    """Fault suite: etcd-3's data disk (512 MiB) filled to the last block, then ~80 MiB
     written through the cluster so every member needs new space. Writes go on (two of three
     members hold the quorum) and `etcd status` names etcd-3 and its full disk (exit 5,
     degraded). Before the fault, the same status reports etcd-3 healthy (positive control)."""

@@ -178,6 +178,13 @@ def _disk_problem(entry: MemberStatus, data_dir: str) -> str | None:
     )
 
 
+def _etcdctl_error(output: str) -> str:
+    """etcdctl's own "Error: ..." line, else its last line that says anything."""
+    lines = [line.strip() for line in output.splitlines() if line.strip() not in ("", "[]", "{}")]
+    errors = [line for line in lines if line.startswith("Error")]
+    return (errors or lines or ["not answering"])[-1]
+
+
 def _journal_reason(line: str) -> str | None:
     """The message (and error) of etcd's last error line in the journal, short."""
     line = line.strip()
@@ -239,7 +246,7 @@ def member_status(loaded: LoadedCluster, host: str) -> MemberStatus:
         entry.state = "unhealthy"
         entry.error = (health[0].get("error") if health else None) or "no linearizable read"
     else:
-        entry.error = (sections.get("status", "").strip().splitlines() or ["not answering"])[-1]
+        entry.error = _etcdctl_error(sections.get("status", ""))
     entry.wal_fsync_p99_ms = wal_fsync_p99_ms(sections.get("metrics", ""))
     disk = sections.get("disk", "").split()
     if len(disk) == 2 and all(part.isdigit() for part in disk):
@@ -247,8 +254,8 @@ def member_status(loaded: LoadedCluster, host: str) -> MemberStatus:
     full = _disk_problem(entry, data_dir)
     if entry.state != "healthy":
         # Why a member is not serving: its disk, else etcd's own last error.
-        reason = full or _journal_reason(sections.get("journal", ""))
-        if reason:
+        reasons = [full, _journal_reason(sections.get("journal", ""))]
+        for reason in filter(None, reasons):
             entry.error = f"{entry.error}; {reason}" if entry.error else reason
     elif full:
         # Serving now, but it stops at its next WAL segment: not counted as healthy.

@@ -324,8 +324,14 @@ def test_restore_that_cannot_stage_on_one_member_changes_nothing(converged, tmp_
     assert etcdctl(lab, "get restore/serves --print-value-only").stdout.strip() == "yes"
 
 
+# A runtime drop-in: merged into the unit from /etc/systemd/system (`systemctl mask --runtime`
+# is not: /etc outranks /run for the unit file itself, so the mask was ignored).
+DROP_IN_DIR = "/run/systemd/system/etcd.service.d"
+
+
 def test_restore_rolls_back_when_a_member_does_not_start(converged, tmp_path):
-    """Every member stages and swaps, but etcd-2 cannot start (its unit masked for the test):
+    """Every member stages and swaps, but etcd-2 cannot start (a runtime drop-in whose
+    ExecStartPre fails, put there for the test):
     the restored cluster never becomes healthy, so the restore puts every member's old data
     back and starts them. Once etcd-2 may start again, every member holds its old data (the
     key written after the snapshot), nothing is left over, and the cluster serves."""
@@ -339,13 +345,15 @@ def test_restore_rolls_back_when_a_member_does_not_start(converged, tmp_path):
     try:
         take_snapshot(lab, snapshot)
         etcdctl(lab, "put rollback/after-snapshot kept")
-        lab.ssh("etcd-2", "systemctl mask --runtime etcd")
+        lab.ssh("etcd-2", f"mkdir -p {DROP_IN_DIR} && cat > {DROP_IN_DIR}/fail.conf <<'EOF'\n"
+                "[Service]\nExecStartPre=/bin/false\nEOF\nsystemctl daemon-reload")  # fmt: skip
         started = time.monotonic()
         result = gpuinfra("etcd", "restore", str(lab.inventory_path), str(snapshot), "--yes")
         RESULTS["restore_rollback_seconds"] = round(time.monotonic() - started, 1)
     finally:
         lab.inventory_path.write_text(original)
-        lab.ssh("etcd-2", "systemctl unmask --runtime etcd; systemctl start etcd", check=False)
+        lab.ssh("etcd-2", f"rm -rf {DROP_IN_DIR}; systemctl daemon-reload; "
+                "systemctl reset-failed etcd; systemctl start etcd", check=False)  # fmt: skip
     assert result.returncode == ExitCode.ERROR, result.stdout + result.stderr
     assert "did not become healthy" in result.stderr and "rolled back" in result.stderr
     assert "etcd-2" in result.stderr, result.stderr

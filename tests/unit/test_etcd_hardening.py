@@ -389,7 +389,7 @@ def test_status_names_the_member_whose_data_disk_is_full(monkeypatch, loaded):
 def test_status_says_why_a_member_stopped_answering(monkeypatch, loaded):
     down = Remote(
         True,
-        "== status\nError: connection refused\n== health\n== metrics\n"
+        "== status\nError: connection refused\n[]\n== health\n== metrics\n"
         "== disk\n536870912 400000000\n== journal\n"
         '{"level":"fatal","msg":"failed to save","error":"write wal: no space left on device"}\n'
         "== end\n",
@@ -406,7 +406,7 @@ def test_status_says_why_a_member_stopped_answering(monkeypatch, loaded):
     result = day2.status(loaded)
     etcd3 = result.members[2]
     assert etcd3.state == "down"
-    assert "connection refused" in etcd3.error
+    assert etcd3.error.startswith("Error: connection refused; ")
     assert "failed to save: write wal: no space left on device" in etcd3.error
 
 

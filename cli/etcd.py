@@ -194,16 +194,29 @@ def replace_member(
     override_gate: Annotated[
         bool, typer.Option("--override-gate", help="Rejoin even if its disk fails the gate.")
     ] = False,
+    discard_old_data: Annotated[
+        bool,
+        typer.Option(
+            "--discard-old-data",
+            help="Delete the old data once etcd stopped instead of keeping it until the new "
+            "member is healthy (a data disk too full to hold both).",
+        ),
+    ] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
     output: FormatOpt = OutputFormat.table,
 ) -> None:
-    """Remove a failed member, clear its data and add it back as a new member."""
+    """Replace a member by a new one on the same host: old data set aside, the new member
+    joined as a learner and promoted, the old data deleted once the cluster is healthy."""
     from roles.etcd.day2 import replace
 
     with reporting():
         loaded = load(cluster)
-    _confirm(yes, f"Remove {member} from etcd and clear its data directory?")
-    result = _call(lambda: replace(loaded, member, override_gate=override_gate))
+    _confirm(yes, f"Remove {member} from etcd and add it back with an empty data directory?")
+    result = _call(
+        lambda: replace(
+            loaded, member, override_gate=override_gate, discard_old_data=discard_old_data
+        )
+    )
     if output is OutputFormat.json:
         _json(asdict(result))
     else:

@@ -605,15 +605,14 @@ def stop_member_command() -> str:
     return f"systemctl stop etcd && {{ {STOPPED}; }}"
 
 
-def set_aside_command(data_dir: str, kept: str) -> str:
-    """The member's old data renamed (not deleted), an empty data directory in its place."""
-    member, kept_q, data = (
-        shlex.quote(f"{data_dir}/member"),
-        shlex.quote(kept),
-        shlex.quote(data_dir),
-    )
+def set_aside_command(data_dir: str, kept: str, *, discard: bool = False) -> str:
+    """The member's old data renamed (not deleted), an empty data directory in its place; with
+    `discard` (a disk too small to hold both) deleted instead. Either only with etcd stopped."""
+    member, kept_q = shlex.quote(f"{data_dir}/member"), shlex.quote(kept)
+    data = shlex.quote(data_dir)
+    move = f"rm -rf {member}" if discard else f"mv {member} {kept_q}"
     return (
-        f"set -e; {STOPPED}; if test -d {member}; then mv {member} {kept_q}; fi; "
+        f"set -e; {STOPPED}; if test -d {member}; then {move}; fi; "
         f"install -d -o etcd -g etcd -m 0700 {data}"
     )
 
@@ -625,7 +624,12 @@ def put_back_command(data_dir: str, kept: str) -> str:
 
 
 def replace(
-    loaded: LoadedCluster, host: str, *, override_gate: bool = False, stamp: str | None = None
+    loaded: LoadedCluster,
+    host: str,
+    *,
+    override_gate: bool = False,
+    discard_old_data: bool = False,
+    stamp: str | None = None,
 ) -> ReplaceResult:
     """Replace a member with a new one on the same host (name, address and certificates kept)
     and an empty data directory, in the order etcd supports safely:
@@ -636,6 +640,10 @@ def replace(
     shrinks and its quorum with it), add the new one as a learner (no vote: a new member that
     never catches up cannot cost the cluster its quorum), start it, promote it once it is in
     sync, and wait for a healthy cluster.
+
+    `discard_old_data`: the old data is deleted (still only after the stop succeeded) instead of
+    kept, for a data disk too full to hold it beside the new member's (a member that crashed on
+    a full disk).
 
     A rebuilt host: run `gpuinfra apply --roles etcd --limit HOST` first; that installs etcd
     without starting it as a new cluster once this has run.
@@ -667,7 +675,9 @@ def replace(
             f"{host}: could not stop etcd ({(stopped.stderr or stopped.stdout).strip()[-300:]}); "
             "nothing was changed: its data and its membership are as they were"
         )
-    aside = run_on(loaded, host, set_aside_command(cfg.data_dir, kept), timeout=120)
+    aside = run_on(
+        loaded, host, set_aside_command(cfg.data_dir, kept, discard=discard_old_data), timeout=120
+    )
     if not aside.ok:
         raise EtcdOperationError(
             f"{host}: could not set the old data aside: {aside.stderr.strip()[-300:]}; "
@@ -690,7 +700,11 @@ def replace(
             f"data {where}: fix the disk or pass --override-gate"
         )
 
-    left_behind = f"the old member's data is kept at {host}:{kept}"
+    left_behind = (
+        "the old member's data was discarded"
+        if discard_old_data
+        else f"the old member's data is kept at {host}:{kept}"
+    )
     if old is not None:
         removed = run_on(
             loaded, via, f"{ENV} etcdctl {LOCAL} member remove {format(old['ID'], 'x')}", timeout=30

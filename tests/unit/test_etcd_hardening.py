@@ -423,3 +423,13 @@ def test_status_command_exits_5_for_a_full_disk(monkeypatch, loaded):
     assert result.exit_code == ExitCode.DEGRADED
     members = {m["name"]: m for m in json.loads(result.output)["members"]}
     assert "data disk full" in members["etcd-3"]["error"]
+
+
+def test_discard_deletes_the_old_data_only_with_etcd_stopped(member_dir, tmp_path):
+    data, paths = member_dir
+    (tmp_path / "bin" / "systemctl").write_text("#!/bin/sh\nexit 0\n")  # "active"
+    refused = sh(day2.set_aside_command(str(data), paths.kept, discard=True))
+    assert refused.returncode != 0 and db(data) == "old"
+    (tmp_path / "bin" / "systemctl").write_text("#!/bin/sh\nexit 3\n")  # stopped
+    assert sh(day2.set_aside_command(str(data), paths.kept, discard=True)).returncode == 0
+    assert not (data / "member").exists() and not Path(paths.kept).exists()

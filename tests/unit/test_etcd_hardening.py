@@ -177,7 +177,8 @@ def test_rotate_ca_command_is_documented_in_help():
 
 @pytest.fixture
 def member_dir(tmp_path, monkeypatch) -> tuple[Path, RestorePaths]:
-    """A data directory holding a member, and systemctl answering "inactive" (etcd stopped)."""
+    """A data directory holding a member, systemctl answering "inactive" (etcd stopped) and an
+    install(1) stand-in (stand-ins: there is no systemd or etcd user on this machine)."""
     data = tmp_path / "etcd"
     (data / "member" / "snap").mkdir(parents=True)
     (data / "member" / "snap" / "db").write_text("old")
@@ -185,6 +186,9 @@ def member_dir(tmp_path, monkeypatch) -> tuple[Path, RestorePaths]:
     bin_dir.mkdir()
     (bin_dir / "systemctl").write_text("#!/bin/sh\nexit 3\n")
     (bin_dir / "systemctl").chmod(0o755)
+    # install(1) -o etcd needs an etcd user this machine does not have: make the folder only.
+    (bin_dir / "install").write_text('#!/bin/sh\nfor a; do last=$a; done\nmkdir -p "$last"\n')
+    (bin_dir / "install").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
     monkeypatch.setattr(day2, "INITIAL_STATE_ENV", str(tmp_path / "initial.env"))
     return data, RestorePaths(str(data), "STAMP")

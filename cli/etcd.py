@@ -169,7 +169,10 @@ def restore(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
     output: FormatOpt = OutputFormat.table,
 ) -> None:
-    """Rebuild the whole cluster from a snapshot: every member's data is replaced."""
+    """Rebuild the whole cluster from a snapshot, staged on every member first.
+
+    Members are stopped and swapped only when every member staged it; the old data is kept
+    until the restored cluster is healthy and put back if it does not become healthy."""
     from roles.etcd.day2 import restore as rebuild
 
     with reporting():
@@ -205,8 +208,10 @@ def replace_member(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
     output: FormatOpt = OutputFormat.table,
 ) -> None:
-    """Replace a member by a new one on the same host: old data set aside, the new member
-    joined as a learner and promoted, the old data deleted once the cluster is healthy."""
+    """Replace a member by a new one on the same host, joined as a learner.
+
+    The old data is set aside and deleted only once the new member is promoted and the
+    cluster healthy; nothing is changed when etcd there does not stop."""
     from roles.etcd.day2 import replace
 
     with reporting():
@@ -258,8 +263,10 @@ def rotate_ca(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
     output: FormatOpt = OutputFormat.table,
 ) -> None:
-    """Replace the etcd CA in three rolled-out steps (trust old+new, reissue every certificate
-    from the new CA, drop the old), members restarting one at a time. Resumes a stopped run."""
+    """Replace the etcd CA in three rolled-out steps; resumes a stopped run.
+
+    Trust old and new CA, reissue every certificate from the new one, drop the old one: each
+    step an apply with members restarting one at a time and a healthy cluster after it."""
     from roles.etcd.day2 import rotate_ca as rotate
 
     with reporting():

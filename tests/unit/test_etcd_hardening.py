@@ -169,7 +169,7 @@ def test_rotate_ca_stops_at_a_step_that_left_the_cluster_unhealthy(monkeypatch, 
 
 def test_rotate_ca_command_is_documented_in_help():
     result = CliRunner().invoke(app, ["etcd", "rotate-ca", "--help"])
-    assert result.exit_code == 0 and "drop the old" in result.output
+    assert result.exit_code == 0 and "three rolled-out steps" in result.output
 
 
 # ---------------------------------------------------------------- restore steps, for real

@@ -561,10 +561,18 @@ def restore(
         reverted = on_all(lambda h: rollback_restore_command(paths[h]))
         not_back = _start_all(loaded, hosts, timeout_s)
         on_all(lambda h: f"rm -f {SNAPSHOT_ON_HOST}")
-        outcome = "rolled back: every member's old data is back in place and the cluster is " + (
-            "healthy" if not (stopped or reverted or not_back) else "NOT healthy: "
-        )
-        outcome += _describe({**stopped, **reverted, **not_back})
+        if reverted:
+            kept = paths[next(iter(reverted))].kept
+            outcome = (
+                f"the rollback failed on {_describe(reverted)} (old data left at {kept} there)"
+            )
+        elif stopped or not_back:
+            outcome = (
+                "rolled back: every member's old data is back in place, but the cluster is NOT "
+                f"healthy: {_describe({**stopped, **not_back})}"
+            )
+        else:
+            outcome = "rolled back: every member's old data is back in place, cluster healthy"
         return EtcdOperationError(f"restore failed, {why}; {outcome}")
 
     stopped = on_all(lambda h: "systemctl stop etcd", timeout=120)

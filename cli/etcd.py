@@ -180,7 +180,10 @@ def restore(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
     output: FormatOpt = OutputFormat.table,
 ) -> None:
-    """Rebuild the whole cluster from a snapshot: every member's data is replaced."""
+    """Rebuild the whole cluster from a snapshot, staged on every member first.
+
+    Members are stopped and swapped only when every member staged it; the old data is kept
+    until the restored cluster is healthy and put back if it does not become healthy."""
     from day2.etcd import restore as rebuild
 
     with reporting():
@@ -205,16 +208,31 @@ def replace_member(
     override_gate: Annotated[
         bool, typer.Option("--override-gate", help="Rejoin even if its disk fails the gate.")
     ] = False,
+    discard_old_data: Annotated[
+        bool,
+        typer.Option(
+            "--discard-old-data",
+            help="Delete the old data once etcd stopped instead of keeping it until the new "
+            "member is healthy (a data disk too full to hold both).",
+        ),
+    ] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
     output: FormatOpt = OutputFormat.table,
 ) -> None:
-    """Remove a failed member, clear its data and add it back as a new member."""
+    """Replace a member by a new one on the same host, joined as a learner.
+
+    The old data is set aside and deleted only once the new member is promoted and the
+    cluster healthy; nothing is changed when etcd there does not stop."""
     from day2.etcd import replace
 
     with reporting():
         loaded = _load(cluster)
-    _confirm(yes, f"Remove {member} from etcd and clear its data directory?")
-    result = _call(lambda: replace(loaded, member, override_gate=override_gate))
+    _confirm(yes, f"Remove {member} from etcd and add it back with an empty data directory?")
+    result = _call(
+        lambda: replace(
+            loaded, member, override_gate=override_gate, discard_old_data=discard_old_data
+        )
+    )
     if output is OutputFormat.json:
         _json(asdict(result))
     else:
@@ -248,3 +266,35 @@ def rotate_certs(
     if result.apply_errors:
         raise typer.Exit(ExitCode.ERROR)
     raise typer.Exit(HEALTH_EXIT[result.health])
+
+
+@app.command("rotate-ca")
+def rotate_ca(
+    cluster: ClusterArg,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
+    output: FormatOpt = OutputFormat.table,
+) -> None:
+    """Replace the etcd CA in three rolled-out steps; resumes a stopped run.
+
+    Trust old and new CA, reissue every certificate from the new one, drop the old one: each
+    step an apply with members restarting one at a time and a healthy cluster after it."""
+    from day2.etcd import rotate_ca as rotate
+
+    with reporting():
+        loaded = _load(cluster)
+    _confirm(yes, f"Replace the etcd CA of {loaded.cluster.name} (three rolling restarts)?")
+    result = _call(lambda: rotate(loaded))
+    if output is OutputFormat.json:
+        _json(asdict(result))
+    else:
+        for step in result.steps:
+            console.print(
+                f"{step.step}: {len(step.apply_status)} hosts applied in {step.seconds:.1f}s; "
+                f"cluster {step.health}",
+                markup=False,
+            )
+        console.print(
+            f"CA {result.old_ca_serial} replaced by {result.new_ca_serial} in "
+            f"{result.seconds:.1f}s",
+            markup=False,
+        )

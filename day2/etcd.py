@@ -32,6 +32,9 @@ from roles.ssh import ssh_argv
 ENV = "set -a; . /etc/etcd/etcdctl.env; set +a;"
 LOCAL = f"--endpoints=https://127.0.0.1:{ETCD_CLIENT_PORT} --command-timeout=3s --dial-timeout=2s"
 SNAPSHOT_ON_HOST = "/var/tmp/gpuinfra-etcd-snapshot.db"
+# A snapshot streams the whole database (up to the 8 GiB quota) inside one etcdctl command:
+# LOCAL's 3 s timed out at 176 MiB in the lab.
+SNAPSHOT_LOCAL = f"--endpoints=https://127.0.0.1:{ETCD_CLIENT_PORT} --command-timeout=15m"
 # After a restore the revision jumps ahead so watchers (the API servers' caches) never see an
 # older revision again; etcd's restore guide for Kubernetes.
 BUMP_REVISION = 1_000_000_000
@@ -103,6 +106,8 @@ class MemberStatus:
     raft_term: int | None = None
     raft_index: int | None = None
     wal_fsync_p99_ms: float | None = None
+    data_dir_free_bytes: int | None = None
+    data_dir_size_bytes: int | None = None
     error: str | None = None
 
 
@@ -141,13 +146,61 @@ def wal_fsync_p99_ms(metrics: str) -> float | None:
     return None
 
 
-STATUS_SCRIPT = f"""{ENV}
+# etcd preallocates each WAL segment at 64 MiB: with less free than that on its data disk a
+# member cannot cut its next segment and stops (etcd's wal package, SegmentSizeBytes).
+DISK_FULL_BYTES = 64 * 2**20
+
+
+def status_script(data_dir: str) -> str:
+    """What `status` reads on one member: etcd's own view, its metrics, its data disk's free
+    space, and etcd's last error in the journal (why a member that stopped answering stopped)."""
+    return f"""{ENV}
 echo "== status"; etcdctl {LOCAL} endpoint status -w json 2>&1
 echo "== health"; etcdctl {LOCAL} endpoint health -w json 2>&1
 echo "== metrics"; curl -sf --max-time 3 http://127.0.0.1:{ETCD_METRICS_PORT}/metrics \
     | grep '^etcd_disk_wal_fsync_duration_seconds_bucket'
+echo "== disk"; df -B1 --output=size,avail {shlex.quote(data_dir)} 2>/dev/null | tail -n 1
+echo "== journal"; journalctl -u etcd -n 200 --no-pager -o cat 2>/dev/null \
+    | grep -iE 'no space left|"level":"(error|fatal|panic)"' | tail -n 1
 echo "== end"
 """
+
+
+def _size_text(value: int) -> str:
+    return f"{value / 2**20:.0f} MiB"
+
+
+def _disk_problem(entry: MemberStatus, data_dir: str) -> str | None:
+    if entry.data_dir_free_bytes is None or entry.data_dir_size_bytes is None:
+        return None
+    if entry.data_dir_free_bytes >= DISK_FULL_BYTES:
+        return None
+    return (
+        f"data disk full: {_size_text(entry.data_dir_free_bytes)} free of "
+        f"{_size_text(entry.data_dir_size_bytes)} at {data_dir} (etcd needs 64 MiB for its "
+        "next WAL segment)"
+    )
+
+
+def _etcdctl_error(output: str) -> str:
+    """etcdctl's own "Error: ..." line, else its last line that says anything."""
+    lines = [line.strip() for line in output.splitlines() if line.strip() not in ("", "[]", "{}")]
+    errors = [line for line in lines if line.startswith("Error")]
+    return (errors or lines or ["not answering"])[-1]
+
+
+def _journal_reason(line: str) -> str | None:
+    """The message (and error) of etcd's last error line in the journal, short."""
+    line = line.strip()
+    if not line:
+        return None
+    record = _json_or_none(line)
+    if isinstance(record, dict):
+        text = record.get("msg", "")
+        if record.get("error"):
+            text += f": {record['error']}"
+        return text[:300] or None
+    return line[-300:]
 
 
 def _sections(text: str) -> dict[str, str]:
@@ -173,7 +226,8 @@ def _json_or_none(text: str):
 def member_status(loaded: LoadedCluster, host: str) -> MemberStatus:
     cluster = loaded.cluster
     entry = MemberStatus(host, cluster.etcd_member(host), str(cluster.hosts[host].address), "down")
-    remote = run_on(loaded, host, STATUS_SCRIPT, timeout=30)
+    data_dir = settings(loaded, host).data_dir
+    remote = run_on(loaded, host, status_script(data_dir), timeout=30)
     if "== end" not in remote.stdout:
         entry.state = "unreachable"
         entry.error = (remote.stderr.strip().splitlines() or ["ssh failed"])[-1]
@@ -196,8 +250,21 @@ def member_status(loaded: LoadedCluster, host: str) -> MemberStatus:
         entry.state = "unhealthy"
         entry.error = (health[0].get("error") if health else None) or "no linearizable read"
     else:
-        entry.error = (sections.get("status", "").strip().splitlines() or ["not answering"])[-1]
+        entry.error = _etcdctl_error(sections.get("status", ""))
     entry.wal_fsync_p99_ms = wal_fsync_p99_ms(sections.get("metrics", ""))
+    disk = sections.get("disk", "").split()
+    if len(disk) == 2 and all(part.isdigit() for part in disk):
+        entry.data_dir_size_bytes, entry.data_dir_free_bytes = int(disk[0]), int(disk[1])
+    full = _disk_problem(entry, data_dir)
+    if entry.state != "healthy":
+        # Why a member is not serving: its disk, else etcd's own last error.
+        reasons = [full, _journal_reason(sections.get("journal", ""))]
+        for reason in filter(None, reasons):
+            entry.error = f"{entry.error}; {reason}" if entry.error else reason
+    elif full:
+        # Serving now, but it stops at its next WAL segment: not counted as healthy.
+        entry.state = "unhealthy"
+        entry.error = full
     return entry
 
 
@@ -217,7 +284,11 @@ def status(loaded: LoadedCluster) -> ClusterStatus:
     alarms: list[str] = []
     if healthy:
         answer = run_on(loaded, healthy[0].host, f"{ENV} etcdctl {LOCAL} alarm list", timeout=20)
-        alarms = [line.strip() for line in answer.stdout.splitlines() if line.strip()]
+        alarms = [
+            _name_alarm(line.strip(), entries)
+            for line in answer.stdout.splitlines()
+            if line.strip()
+        ]
     return ClusterStatus(
         cluster=loaded.cluster.name,
         health=health,
@@ -229,6 +300,17 @@ def status(loaded: LoadedCluster) -> ClusterStatus:
         alarms=alarms,
         certificates=expiry_report(loaded) if (loaded.state_dir / "etcd-pki").exists() else [],
     )
+
+
+def _name_alarm(line: str, entries: list[MemberStatus]) -> str:
+    """`memberID:<decimal> alarm:NOSPACE` with the member's name added."""
+    member_id = line.split("memberID:", 1)[1].split()[0] if "memberID:" in line else ""
+    if member_id.isdigit():
+        hex_id = format(int(member_id), "x")
+        name = next((m.name for m in entries if m.member_id == hex_id), None)
+        if name:
+            return f"{line} ({name})"
+    return line
 
 
 # ---------------------------------------------------------------- disk check
@@ -275,9 +357,9 @@ def snapshot(loaded: LoadedCluster, out: Path) -> SnapshotResult:
     taken = run_on(
         loaded,
         host,
-        f"{ENV} umask 077; etcdctl {LOCAL} snapshot save {SNAPSHOT_ON_HOST} >/dev/null && "
+        f"{ENV} umask 077; etcdctl {SNAPSHOT_LOCAL} snapshot save {SNAPSHOT_ON_HOST} >/dev/null && "
         f"etcdutl snapshot status {SNAPSHOT_ON_HOST} -w json",
-        timeout=300,
+        timeout=1200,
     )
     if not taken.ok:
         raise EtcdOperationError(f"{host}: snapshot failed: {taken.stderr.strip()}")
@@ -308,17 +390,99 @@ class RestoreResult:
     members: list[str]
     seconds: float
     health: str
+    stamp: str = ""
 
 
-def _stop_all(loaded: LoadedCluster, hosts: list[str]) -> None:
-    stopped = each(hosts, lambda h: run_on(loaded, h, "systemctl stop etcd", timeout=120))
-    failed = [h for h, r in stopped.items() if not r.ok]  # type: ignore[union-attr]
-    if failed:
-        raise EtcdOperationError(f"could not stop etcd on {', '.join(failed)}")
+# `! cmd` does not stop a `set -e` script: spell the check out.
+STOPPED = 'if systemctl is-active -q etcd; then echo "etcd is still running" >&2; exit 1; fi'
 
 
-def _start_all(loaded: LoadedCluster, hosts: list[str], timeout_s: int) -> None:
-    """Start every member at once (a bootstrap needs its quorum up together), then wait."""
+@dataclass(frozen=True)
+class RestorePaths:
+    """Where one member's restore works, all inside its data directory: on the same filesystem
+    as `member/` (the data directory is usually the etcd.disk mount point), so each swap is an
+    atomic rename and a mount point is never renamed. etcd ignores other names there."""
+
+    data_dir: str
+    stamp: str
+
+    @property
+    def member(self) -> str:
+        return f"{self.data_dir}/member"
+
+    @property
+    def staging(self) -> str:
+        """A complete new data directory: `etcdutl snapshot restore --data-dir` writes it."""
+        return f"{self.data_dir}/restore-{self.stamp}"
+
+    @property
+    def kept(self) -> str:
+        """The member's old data, renamed here by the swap and deleted only once the restored
+        cluster is healthy."""
+        return f"{self.data_dir}/member.before-restore-{self.stamp}"
+
+
+def stage_restore_command(
+    paths: RestorePaths, *, name: str, initial_cluster: str, token: str, peer_url: str
+) -> str:
+    """Unpack the snapshot into the staging directory; the running member is not touched."""
+    staging = shlex.quote(paths.staging)
+    return (
+        f"set -e; rm -rf {staging}; "
+        f"etcdutl snapshot restore {SNAPSHOT_ON_HOST} --name {shlex.quote(name)} "
+        f"--initial-cluster {shlex.quote(initial_cluster)} "
+        f"--initial-cluster-token {shlex.quote(token)} "
+        f"--initial-advertise-peer-urls {shlex.quote(peer_url)} "
+        f"--bump-revision {BUMP_REVISION} --mark-compacted --data-dir {staging} >/dev/null; "
+        f"test -d {staging}/member; chown -R etcd:etcd {staging}"
+    )
+
+
+def swap_restore_command(paths: RestorePaths) -> str:
+    """With etcd stopped: the old data aside (renamed, kept), the staged data in its place. The
+    emptied staging directory stays as the sign that this member was swapped."""
+    member, staging, kept = (shlex.quote(p) for p in (paths.member, paths.staging, paths.kept))
+    return (
+        f"set -e; test -d {staging}/member; {STOPPED}; "
+        f"if test -d {member}; then mv {member} {kept}; fi; "
+        f"mv {staging}/member {member}; rm -f {INITIAL_STATE_ENV}"
+    )
+
+
+def rollback_restore_command(paths: RestorePaths) -> str:
+    """With etcd stopped: where the swap happened (the staging directory is there and empty)
+    and old data was kept, drop the restored copy and put the old data back; a member that had
+    no data before keeps the restored copy (there is nothing to go back to); a member never
+    swapped is left alone. Then the staging directory goes. Safe on every member, and again."""
+    member, staging, kept = (shlex.quote(p) for p in (paths.member, paths.staging, paths.kept))
+    return (
+        f"set -e; if test -d {staging} && ! test -e {staging}/member && test -d {kept}; then "
+        f"{STOPPED}; rm -rf {member}; mv {kept} {member}; fi; "
+        f"if test -d {kept} && ! test -e {member}; then mv {kept} {member}; fi; "
+        f"rm -rf {staging}"
+    )
+
+
+def finish_restore_command(paths: RestorePaths) -> str:
+    """Once the restored cluster is healthy: the old data and the leftovers go."""
+    kept, staging = shlex.quote(paths.kept), shlex.quote(paths.staging)
+    return f"rm -rf {kept} {staging} {SNAPSHOT_ON_HOST}"
+
+
+def _failures(results: dict[str, object]) -> dict[str, Remote]:
+    return {h: r for h, r in results.items() if not r.ok}  # type: ignore[union-attr,misc]
+
+
+def _describe(failed: dict[str, Remote]) -> str:
+    return "; ".join(
+        f"{h}: {(r.stderr.strip() or r.stdout.strip() or 'failed')[-300:]}"
+        for h, r in failed.items()
+    )
+
+
+def _start_all(loaded: LoadedCluster, hosts: list[str], timeout_s: int) -> dict[str, Remote]:
+    """Start every member at once (a bootstrap needs its quorum up together), then wait; the
+    members that did not start or become healthy, with what they said."""
     started = each(
         hosts,
         lambda h: run_on(
@@ -331,61 +495,99 @@ def _start_all(loaded: LoadedCluster, hosts: list[str], timeout_s: int) -> None:
             timeout=timeout_s + 60,
         ),
     )
-    failed = {h: r for h, r in started.items() if not r.ok}  # type: ignore[union-attr]
-    if failed:
-        detail = "; ".join(f"{h}: {r.stderr.strip()[-300:]}" for h, r in failed.items())  # type: ignore[union-attr]
-        raise EtcdOperationError(f"members not healthy after the start: {detail}")
+    return _failures(started)
 
 
-def restore(loaded: LoadedCluster, snapshot_path: Path) -> RestoreResult:
-    """Rebuild the whole cluster from a snapshot: every member's data is replaced by the
-    snapshot's (with a new cluster ID), then all start together."""
+def restore(
+    loaded: LoadedCluster, snapshot_path: Path, *, stamp: str | None = None
+) -> RestoreResult:
+    """Rebuild the whole cluster from a snapshot, never leaving a member without its data:
+
+    1. copy the snapshot to every member and stage its restore into a new data directory on
+       EVERY member while etcd still runs; any failure: staging removed, nothing else changed;
+    2. only when all are staged: stop every member, swap on each (old data renamed, kept);
+    3. start all together and wait for a healthy cluster; then delete the old data.
+    A failed stop, swap or start rolls back: old data back in place, every member started.
+    """
     if not snapshot_path.is_file():
         raise EtcdOperationError(f"{snapshot_path}: no such snapshot file")
     started = time.monotonic()
     hosts = members(loaded)
+    stamp = stamp or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     topology = build_topology(loaded.cluster)
-    data = snapshot_path.read_bytes()
-    copied = each(
-        hosts,
-        lambda h: run_on(
-            loaded, h, f"umask 077; cat > {SNAPSHOT_ON_HOST}", stdin=data, timeout=600
-        ),
-    )
-    failed = [h for h, r in copied.items() if not r.ok]  # type: ignore[union-attr]
-    if failed:
-        raise EtcdOperationError(f"could not copy the snapshot to {', '.join(failed)}")
+    paths = {h: RestorePaths(settings(loaded, h).data_dir, stamp) for h in hosts}
+    timeout_s = settings(loaded, hosts[0]).health_timeout_s
 
-    def unpack(host: str) -> Remote:
-        cfg = settings(loaded, host)
-        address = str(loaded.cluster.hosts[host].address)
-        data_dir = shlex.quote(cfg.data_dir)
-        staging = f"{cfg.data_dir}/.restore"
-        return run_on(
-            loaded,
-            host,
-            f"set -e; rm -rf {staging}; "
-            f"etcdutl snapshot restore {SNAPSHOT_ON_HOST} "
-            f"--name {loaded.cluster.etcd_member(host)} "
-            f"--initial-cluster {topology.etcd_initial_cluster} "
-            f"--initial-cluster-token {loaded.cluster.name}-etcd "
-            f"--initial-advertise-peer-urls https://{address}:{ETCD_PEER_PORT} "
-            f"--bump-revision {BUMP_REVISION} --mark-compacted "
-            f"--data-dir {staging} >/dev/null; "
-            f"rm -rf {data_dir}/member; mv {staging}/member {data_dir}/member; rmdir {staging}; "
-            f"chown -R etcd:etcd {data_dir}/member; rm -f {SNAPSHOT_ON_HOST} {INITIAL_STATE_ENV}",
-            timeout=600,
+    def on_all(command_of: Callable[[str], str], timeout: float = 600) -> dict[str, Remote]:
+        return _failures(each(hosts, lambda h: run_on(loaded, h, command_of(h), timeout=timeout)))
+
+    def discard_staging() -> None:
+        on_all(lambda h: f"rm -rf {shlex.quote(paths[h].staging)} {SNAPSHOT_ON_HOST}")
+
+    data = snapshot_path.read_bytes()
+    copied = _failures(
+        each(
+            hosts,
+            lambda h: run_on(
+                loaded, h, f"umask 077; cat > {SNAPSHOT_ON_HOST}", stdin=data, timeout=600
+            ),
+        )
+    )
+    if copied:
+        discard_staging()
+        raise EtcdOperationError(
+            f"could not copy the snapshot to {_describe(copied)}; nothing was changed"
         )
 
-    _stop_all(loaded, hosts)
-    unpacked = each(hosts, unpack)
-    failed = [h for h, r in unpacked.items() if not r.ok]  # type: ignore[union-attr]
-    if failed:
-        detail = "; ".join(f"{h}: {unpacked[h].stderr.strip()[-300:]}" for h in failed)  # type: ignore[union-attr]
-        raise EtcdOperationError(f"restore failed (etcd is stopped everywhere): {detail}")
-    _start_all(loaded, hosts, settings(loaded, hosts[0]).health_timeout_s)
+    def stage(host: str) -> str:
+        address = str(loaded.cluster.hosts[host].address)
+        return stage_restore_command(
+            paths[host],
+            name=loaded.cluster.etcd_member(host),
+            initial_cluster=topology.etcd_initial_cluster,
+            token=f"{loaded.cluster.name}-etcd",
+            peer_url=f"https://{address}:{ETCD_PEER_PORT}",
+        )
+
+    staged = on_all(stage)
+    if staged:
+        discard_staging()
+        raise EtcdOperationError(
+            f"staging the restore failed on {_describe(staged)}; nothing was stopped or changed "
+            "on any member (staged copies removed)"
+        )
+
+    def roll_back(why: str) -> EtcdOperationError:
+        stopped = on_all(lambda h: "systemctl stop etcd", timeout=120)
+        reverted = on_all(lambda h: rollback_restore_command(paths[h]))
+        not_back = _start_all(loaded, hosts, timeout_s)
+        on_all(lambda h: f"rm -f {SNAPSHOT_ON_HOST}")
+        if reverted:
+            kept = paths[next(iter(reverted))].kept
+            outcome = (
+                f"the rollback failed on {_describe(reverted)} (old data left at {kept} there)"
+            )
+        elif stopped or not_back:
+            outcome = (
+                "rolled back: every member's old data is back in place, but the cluster is NOT "
+                f"healthy: {_describe({**stopped, **not_back})}"
+            )
+        else:
+            outcome = "rolled back: every member's old data is back in place, cluster healthy"
+        return EtcdOperationError(f"restore failed, {why}; {outcome}")
+
+    stopped = on_all(lambda h: "systemctl stop etcd", timeout=120)
+    if stopped:
+        raise roll_back(f"could not stop etcd on {_describe(stopped)}")
+    swapped = on_all(lambda h: swap_restore_command(paths[h]))
+    if swapped:
+        raise roll_back(f"the swap failed on {_describe(swapped)}")
+    unhealthy = _start_all(loaded, hosts, timeout_s)
+    if unhealthy:
+        raise roll_back(f"the restored cluster did not become healthy: {_describe(unhealthy)}")
+    on_all(lambda h: finish_restore_command(paths[h]))
     return RestoreResult(
-        str(snapshot_path), hosts, time.monotonic() - started, status(loaded).health
+        str(snapshot_path), hosts, time.monotonic() - started, status(loaded).health, stamp
     )
 
 
@@ -410,10 +612,54 @@ def _member_list(loaded: LoadedCluster, via: str) -> list[dict]:
     return data.get("members", [])
 
 
-def replace(loaded: LoadedCluster, host: str, *, override_gate: bool = False) -> ReplaceResult:
-    """Remove a failed member and add it back with an empty data directory: its host keeps its
-    name, address and certificates (run `gpuinfra apply --roles etcd --limit HOST` first on a
-    rebuilt host; that installs etcd without starting it as a new cluster once this has run)."""
+def stop_member_command() -> str:
+    """Stop etcd and prove it stopped: the data is touched only after this succeeded."""
+    return f"systemctl stop etcd && {{ {STOPPED}; }}"
+
+
+def set_aside_command(data_dir: str, kept: str, *, discard: bool = False) -> str:
+    """The member's old data renamed (not deleted), an empty data directory in its place; with
+    `discard` (a disk too small to hold both) deleted instead. Either only with etcd stopped."""
+    member, kept_q = shlex.quote(f"{data_dir}/member"), shlex.quote(kept)
+    data = shlex.quote(data_dir)
+    move = f"rm -rf {member}" if discard else f"mv {member} {kept_q}"
+    return (
+        f"set -e; {STOPPED}; if test -d {member}; then {move}; fi; "
+        f"install -d -o etcd -g etcd -m 0700 {data}"
+    )
+
+
+def put_back_command(data_dir: str, kept: str) -> str:
+    """Undo set_aside_command while the member is still in the cluster (the gate failed)."""
+    member, kept_q = shlex.quote(f"{data_dir}/member"), shlex.quote(kept)
+    return f"set -e; if test -d {kept_q} && ! test -e {member}; then mv {kept_q} {member}; fi"
+
+
+def replace(
+    loaded: LoadedCluster,
+    host: str,
+    *,
+    override_gate: bool = False,
+    discard_old_data: bool = False,
+    stamp: str | None = None,
+) -> ReplaceResult:
+    """Replace a member with a new one on the same host (name, address and certificates kept)
+    and an empty data directory, in the order etcd supports safely:
+
+    stop it (its data is touched only once the stop succeeded), set its data aside (renamed,
+    deleted only once the new member is a healthy voter), gate the disk, remove the old member
+    (etcd refuses a second member with the same peer URL, so this must come first; the cluster
+    shrinks and its quorum with it), add the new one as a learner (no vote: a new member that
+    never catches up cannot cost the cluster its quorum), start it, promote it once it is in
+    sync, and wait for a healthy cluster.
+
+    `discard_old_data`: the old data is deleted (still only after the stop succeeded) instead of
+    kept, for a data disk too full to hold it beside the new member's (a member that crashed on
+    a full disk).
+
+    A rebuilt host: run `gpuinfra apply --roles etcd --limit HOST` first; that installs etcd
+    without starting it as a new cluster once this has run.
+    """
     started = time.monotonic()
     hosts = members(loaded)
     if host not in hosts:
@@ -428,21 +674,27 @@ def replace(loaded: LoadedCluster, host: str, *, override_gate: bool = False) ->
         )
     via = healthy[0]
     name = loaded.cluster.etcd_member(host)
-    address = str(loaded.cluster.hosts[host].address)
+    peer_url = f"https://{loaded.cluster.hosts[host].address}:{ETCD_PEER_PORT}"
     cfg = settings(loaded, host)
-    old = next((m for m in _member_list(loaded, via) if m.get("name") == name or
-                f"https://{address}:{ETCD_PEER_PORT}" in m.get("peerURLs", [])), None)  # fmt: skip
+    stamp = stamp or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    kept = f"{cfg.data_dir}/member.before-replace-{stamp}"
+    old = next((m for m in _member_list(loaded, via)
+                if m.get("name") == name or peer_url in m.get("peerURLs", [])), None)  # fmt: skip
 
-    # The member's own data is gone or untrusted: stop it and clear the data directory.
-    cleared = run_on(
-        loaded,
-        host,
-        f"systemctl stop etcd; rm -rf {shlex.quote(cfg.data_dir)}/member && "
-        f"install -d -o etcd -g etcd -m 0700 {shlex.quote(cfg.data_dir)}",
-        timeout=120,
+    stopped = run_on(loaded, host, stop_member_command(), timeout=120)
+    if not stopped.ok:
+        raise EtcdOperationError(
+            f"{host}: could not stop etcd ({(stopped.stderr or stopped.stdout).strip()[-300:]}); "
+            "nothing was changed: its data and its membership are as they were"
+        )
+    aside = run_on(
+        loaded, host, set_aside_command(cfg.data_dir, kept, discard=discard_old_data), timeout=120
     )
-    if not cleared.ok:
-        raise EtcdOperationError(f"{host}: could not clear the data directory: {cleared.stderr}")
+    if not aside.ok:
+        raise EtcdOperationError(
+            f"{host}: could not set the old data aside: {aside.stderr.strip()[-300:]}; "
+            "etcd there is stopped, still a member, its data untouched or at " + kept
+        )
     gate_run = run_on(loaded, host, fio_command(cfg.data_dir), timeout=600)
     gate = judge(
         host,
@@ -453,44 +705,90 @@ def replace(loaded: LoadedCluster, host: str, *, override_gate: bool = False) ->
         override_gate or cfg.disk_gate_override,
     )
     if gate.status in ("fail", "error"):
+        back = run_on(loaded, host, put_back_command(cfg.data_dir, kept), timeout=120)
+        where = "back in place" if back.ok else f"kept at {kept}"
         raise EtcdOperationError(
-            f"{host}: disk gate: {gate.detail}; etcd there is stopped with an empty data "
-            "directory and still a member: fix the disk or pass --override-gate"
+            f"{host}: disk gate: {gate.detail}; etcd there is stopped, still a member, its old "
+            f"data {where}: fix the disk or pass --override-gate"
         )
 
+    left_behind = (
+        "the old member's data was discarded"
+        if discard_old_data
+        else f"the old member's data is kept at {host}:{kept}"
+    )
     if old is not None:
         removed = run_on(
             loaded, via, f"{ENV} etcdctl {LOCAL} member remove {format(old['ID'], 'x')}", timeout=30
         )
         if not removed.ok:
-            raise EtcdOperationError(f"{via}: member remove failed: {removed.stderr.strip()}")
+            back = run_on(loaded, host, put_back_command(cfg.data_dir, kept), timeout=120)
+            raise EtcdOperationError(
+                f"{via}: member remove failed: {removed.stderr.strip()}; {host} is stopped, "
+                f"still a member, its old data {'back in place' if back.ok else 'at ' + kept}"
+            )
     added = run_on(
         loaded,
         via,
-        f"{ENV} etcdctl {LOCAL} member add {name} --peer-urls=https://{address}:{ETCD_PEER_PORT}",
+        f"{ENV} etcdctl {LOCAL} member add {name} --learner --peer-urls={peer_url} -w json",
         timeout=30,
     )
-    if not added.ok:
-        raise EtcdOperationError(f"{via}: member add failed: {added.stderr.strip()}")
+    learner = (_json_or_none(added.stdout) or {}).get("member") if added.ok else None
+    if not learner:
+        raise EtcdOperationError(
+            f"{via}: member add failed: {added.stderr.strip()}; the old member is removed; "
+            + left_behind
+        )
+    new_id = format(learner["ID"], "x")
     joined = run_on(
         loaded,
         host,
         f"echo GPUINFRA_INITIAL_CLUSTER_STATE=existing > {INITIAL_STATE_ENV} && "
-        f"systemctl start etcd && {WAIT_HEALTHY} {cfg.health_timeout_s}; rc=$?; "
-        f"rm -f {INITIAL_STATE_ENV}; exit $rc",
+        f"systemctl start etcd; rc=$?; rm -f {INITIAL_STATE_ENV}; exit $rc",
         timeout=cfg.health_timeout_s + 120,
     )
     if not joined.ok:
-        raise EtcdOperationError(f"{host}: the new member did not become healthy: {joined.stderr}")
-    new = next((m for m in _member_list(loaded, via) if m.get("name") == name), None)
+        raise EtcdOperationError(
+            f"{host}: the new member (learner {new_id}) did not start: {joined.stderr.strip()}; "
+            "it has no vote, the cluster's quorum is unchanged; " + left_behind
+        )
+    _promote(loaded, via, new_id, cfg.health_timeout_s, left_behind)
+    healthy_again = run_on(
+        loaded, host, f"{WAIT_HEALTHY} {cfg.health_timeout_s}", timeout=cfg.health_timeout_s + 60
+    )
+    if not healthy_again.ok:
+        raise EtcdOperationError(
+            f"{host}: member {new_id} promoted but the cluster is not healthy: "
+            f"{healthy_again.stderr.strip()[-300:]}; " + left_behind
+        )
+    run_on(loaded, host, f"rm -rf {shlex.quote(kept)}", timeout=120)
     return ReplaceResult(
         name,
         host,
         format(old["ID"], "x") if old else None,
-        format(new["ID"], "x") if new else None,
+        new_id,
         gate,
         time.monotonic() - started,
     )
+
+
+def _promote(loaded: LoadedCluster, via: str, member_id: str, timeout_s: int, note: str) -> None:
+    """Promote a learner to a voter; etcd refuses until the learner has caught up with the
+    leader's log, so this asks again until it agrees or the time is up."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        promoted = run_on(
+            loaded, via, f"{ENV} etcdctl {LOCAL} member promote {member_id}", timeout=30
+        )
+        if promoted.ok:
+            return
+        if time.monotonic() > deadline:
+            raise EtcdOperationError(
+                f"{via}: learner {member_id} not promoted after {timeout_s}s: "
+                f"{promoted.stderr.strip()[-300:]}; it has no vote, the cluster's quorum is "
+                "unchanged; " + note
+            )
+        time.sleep(2)
 
 
 # ---------------------------------------------------------------- certificate rotation
@@ -517,6 +815,98 @@ def rotate_certs(loaded: LoadedCluster) -> RotateResult:
     return RotateResult(
         before=before,
         after=expiry_report(loaded),
+        apply_status={name: str(h.status) for name, h in report.hosts.items()},
+        apply_errors={name: h.error for name, h in report.hosts.items() if h.error},
+        health=status(loaded).health,
+        seconds=time.monotonic() - started,
+    )
+
+
+@dataclass
+class CaRotationStep:
+    step: str  # trust-new, reissue, drop-old
+    apply_status: dict[str, str]
+    apply_errors: dict[str, str]
+    health: str
+    seconds: float
+
+
+@dataclass
+class CaRotationResult:
+    old_ca_serial: str | None
+    new_ca_serial: str | None
+    steps: list[CaRotationStep]
+    seconds: float
+
+
+CA_STEPS = ("trust-new", "reissue", "drop-old")
+
+
+def rotate_ca(loaded: LoadedCluster) -> CaRotationResult:
+    """Replace the etcd CA with no moment where a member or client distrusts another:
+
+    1. trust-new: make the next CA; every member and client trusts old and new (rolled out by
+       the role, members restarting one at a time, each waiting for a healthy cluster);
+    2. reissue: the new CA signs; every member and client certificate is reissued from it
+       (rolled out the same way; the old CA is still trusted for the ones not yet replaced);
+    3. drop-old: the old CA is no longer trusted (rolled out the same way).
+
+    Each step must end with every host applied and the cluster healthy before the next one
+    starts. A run stopped half way resumes where it stopped (the stage is read from the PKI
+    files: `ca-next.crt` or `ca-previous.crt` in `.state/etcd-pki/`).
+    """
+    from roles.etcd import pki
+    from roles.etcd.files import cluster_settings
+
+    started = time.monotonic()
+    cfg = cluster_settings(loaded)
+    old_ca = _ca_serial(loaded, "ca")
+    stage = pki.ca_rotation_stage(loaded)
+    todo = {"none": CA_STEPS, "trusting": CA_STEPS[1:], "reissued": CA_STEPS[2:]}[stage]
+    if stage == "reissued":
+        old_ca = _ca_serial(loaded, pki.PREVIOUS_CA)
+    steps: list[CaRotationStep] = []
+    try:
+        for step in todo:
+            if step == "trust-new":
+                pki.begin_ca_rotation(loaded, ca_days=cfg.ca_days)
+            elif step == "reissue":
+                pki.promote_next_ca(loaded)
+            else:
+                pki.drop_previous_ca(loaded)
+            steps.append(_roll_out(loaded, step))
+            last = steps[-1]
+            if last.apply_errors or last.health != "healthy":
+                detail = "; ".join(f"{h}: {e}" for h, e in last.apply_errors.items())
+                raise EtcdOperationError(
+                    f"CA rotation stopped after step {step}: cluster {last.health}"
+                    + (f"; {detail}" if detail else "")
+                    + "; run `gpuinfra etcd rotate-ca` again to resume from this step"
+                )
+    except pki.PkiError as exc:
+        raise EtcdOperationError(str(exc)) from None
+    return CaRotationResult(old_ca, _ca_serial(loaded, "ca"), steps, time.monotonic() - started)
+
+
+def _ca_serial(loaded: LoadedCluster, stem: str) -> str | None:
+    from cryptography import x509
+
+    from roles.etcd.pki import pki_dir
+
+    path = pki_dir(loaded) / f"{stem}.crt"
+    if not path.exists():
+        return None
+    return format(x509.load_pem_x509_certificate(path.read_bytes()).serial_number, "x")
+
+
+def _roll_out(loaded: LoadedCluster, step: str) -> CaRotationStep:
+    """One apply of the etcd role (members one at a time, then the clients) and a health check."""
+    from roles.runner import Mode, RunOptions, run
+
+    started = time.monotonic()
+    report = run(loaded, RunOptions(mode=Mode.apply, roles=("etcd",)))
+    return CaRotationStep(
+        step=step,
         apply_status={name: str(h.status) for name, h in report.hosts.items()},
         apply_errors={name: h.error for name, h in report.hosts.items() if h.error},
         health=status(loaded).health,

@@ -41,6 +41,10 @@ class EtcdConfig(BaseModel):
     # Leaf certificates for a year (like kubeadm's); the CA for ten.
     cert_days: int = Field(365, ge=1)
     ca_days: int = Field(3650, ge=1)
+    # Renew a leaf on apply when fewer days than this are left: a month leaves a missed monthly
+    # apply (or a failed one) time to be noticed and rerun before anything expires, and it is
+    # the window in which `etcd certs` already warns. Members restart one at a time for it.
+    cert_renew_days: int = Field(30, ge=1)
     # Backups: a snapshot every hour kept for a day, on the member's root disk.
     backup_dir: str = "/var/backups/etcd"
     backup_schedule: str = "hourly"
@@ -54,4 +58,7 @@ class EtcdConfig(BaseModel):
             raise ValueError("source: mirror needs mirror_url")
         if self.election_timeout_ms < 5 * self.heartbeat_interval_ms:
             raise ValueError("election_timeout_ms must be at least 5x heartbeat_interval_ms")
+        if self.cert_days <= self.cert_renew_days:
+            # Otherwise every apply would renew every certificate and restart every member.
+            raise ValueError("cert_days must be greater than cert_renew_days")
         return self

@@ -5,7 +5,7 @@ from __future__ import annotations
 from inventory.model import LoadedCluster
 from inventory.topology import ETCD_CLIENT_PORT, ETCD_METRICS_PORT, ETCD_PEER_PORT
 from roles.etcd.config import EtcdConfig
-from roles.etcd.pki import KeyPair, ensure_pki
+from roles.etcd.pki import KeyPair, ensure_pki, trusted_cas
 from roles.etcd.release import binary_dir
 from roles.spec import HostContext, ManagedFile, host_config
 from roles.templates import render_template
@@ -50,7 +50,9 @@ def cluster_settings(loaded: LoadedCluster) -> EtcdConfig:
 
 def pki_pairs(loaded: LoadedCluster) -> dict[str, KeyPair]:
     cfg = cluster_settings(loaded)
-    return ensure_pki(loaded, cert_days=cfg.cert_days, ca_days=cfg.ca_days)
+    return ensure_pki(
+        loaded, cert_days=cfg.cert_days, ca_days=cfg.ca_days, renew_days=cfg.cert_renew_days
+    )
 
 
 def member_urls(ctx: HostContext) -> dict[str, str]:
@@ -114,7 +116,8 @@ def managed_files(ctx: HostContext) -> list[ManagedFile]:
         return ManagedFile("etcd", path, pem, mode="0600", user=user, group=user, secret=True)
 
     return [
-        ManagedFile("etcd", f"{PKI}/ca.crt", pairs["ca"].cert_pem),
+        # Every CA trusted now: one, or two while `etcd rotate-ca` runs.
+        ManagedFile("etcd", f"{PKI}/ca.crt", trusted_cas(ctx.loaded)),
         ManagedFile("etcd", f"{PKI}/server.crt", server.cert_pem),
         key(f"{PKI}/server.key", server.key_pem),
         ManagedFile("etcd", f"{PKI}/peer.crt", peer.cert_pem),
@@ -141,7 +144,7 @@ def client_files(ctx: HostContext) -> list[ManagedFile]:
     pairs = pki_pairs(ctx.loaded)
     client = pairs["clients/kube-apiserver-etcd-client"]
     return [
-        ManagedFile("etcd", f"{APISERVER_PKI}/etcd/ca.crt", pairs["ca"].cert_pem),
+        ManagedFile("etcd", f"{APISERVER_PKI}/etcd/ca.crt", trusted_cas(ctx.loaded)),
         ManagedFile("etcd", f"{APISERVER_PKI}/apiserver-etcd-client.crt", client.cert_pem),
         ManagedFile(
             "etcd",

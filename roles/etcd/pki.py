@@ -3,10 +3,16 @@ certificates, and client certificates for the API servers and operators.
 
 Everything lives in the cluster's state directory (`.state/etcd-pki/`, ignored by git): the
 folder is 0700 and every private key 0600 from its creation, written atomically under the state
-lock. Certificates are only (re)issued when missing, when their names no longer match the
-inventory, or when asked to rotate, and only by a command that may create state (apply, etcd
-day-2): plan and drift never write one, render shows a placeholder. The CA is never replaced
-here (a new CA means a full, coordinated restart of every member and client).
+lock. Leaf certificates are (re)issued when missing, when their names no longer match the
+inventory, when they were not signed by the current CA, when fewer than `renew_days` are left,
+or when asked to rotate, and only by a command that may create state (apply, etcd day-2): plan
+and drift never write one, render shows a placeholder.
+
+The CA is replaced only by `gpuinfra etcd rotate-ca`, in three steps that each end with a
+rolling restart (day2.rotate_ca): `begin_ca_rotation` makes the next CA (`ca-next`), trusted
+beside the current one; `promote_next_ca` makes it the signing CA and keeps the old one trusted
+(`ca-previous`), so every leaf is reissued; `drop_previous_ca` stops trusting the old one. What
+members and clients trust is `trusted_cas()`: every CA of those files that exists.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -36,8 +43,16 @@ PKI_DIR = "etcd-pki"
 # Client identities besides the members: the API servers (kubeadm's name for it) and the
 # operator certificate etcdctl uses in day-2 commands.
 CLIENTS = ("kube-apiserver-etcd-client", "operator")
-# Renew ahead of expiry: a certificate with less than this left is reported as expiring.
+# Renew ahead of expiry: a certificate with less than this left is reported as expiring (and
+# renewed on apply unless the inventory sets another etcd.cert_renew_days).
 EXPIRING_DAYS = 30
+# The CA files of a rotation in progress (see the module docstring).
+NEXT_CA = "ca-next"
+PREVIOUS_CA = "ca-previous"
+
+
+class PkiError(RuntimeError):
+    """The PKI on the controller is not in a state the asked step can start from."""
 
 
 @dataclass(frozen=True)
@@ -108,13 +123,17 @@ def ensure_pki(
     cert_days: int = 365,
     ca_days: int = 3650,
     rotate: bool = False,
+    renew_days: int = EXPIRING_DAYS,
+    now: dt.datetime | None = None,
 ) -> dict[str, KeyPair]:
-    """Every pair by stem, the CA as "ca". With `StateAccess.create`, make whatever is missing or
-    stale (all leaves when `rotate`) under the state lock; otherwise write nothing: a missing CA
-    is `StateMissing` (existing) or placeholders (placeholder), and a missing or stale leaf is a
-    placeholder, which plan and drift show as a change."""
+    """Every pair by stem, the signing CA as "ca". With `StateAccess.create`, make whatever is
+    missing, stale or within `renew_days` of expiry (all leaves when `rotate`) under the state
+    lock; otherwise write nothing: a missing CA is `StateMissing` (existing) or placeholders
+    (placeholder), and a leaf apply would (re)issue is a placeholder, which plan and drift show
+    as a change."""
     root = pki_dir(loaded)
     ca_cert_path = root / "ca.crt"
+    renew_before = (now or dt.datetime.now(dt.UTC)) + dt.timedelta(days=renew_days)
     if loaded.state_access is not StateAccess.create:
         if rotate:
             raise ValueError("rotating certificates needs StateAccess.create")
@@ -124,13 +143,18 @@ def ensure_pki(
             return {"ca": _placeholder("ca")} | {
                 s.stem: _placeholder(s.stem) for s in all_specs(loaded)
             }
-        return _read_pki(loaded, root)
+        return _read_pki(loaded, root, renew_before)
     with state_lock(loaded.state_dir):
-        return _make_pki(loaded, root, cert_days, ca_days, rotate)
+        return _make_pki(loaded, root, cert_days, ca_days, rotate, renew_before)
 
 
 def _make_pki(
-    loaded: LoadedCluster, root: Path, cert_days: int, ca_days: int, rotate: bool
+    loaded: LoadedCluster,
+    root: Path,
+    cert_days: int,
+    ca_days: int,
+    rotate: bool,
+    renew_before: dt.datetime,
 ) -> dict[str, KeyPair]:
     private_dir(root)
     ca_key_path, ca_cert_path = root / "ca.key", root / "ca.crt"
@@ -143,7 +167,7 @@ def _make_pki(
     pairs = {"ca": KeyPair(ca_cert_path.read_text(), ca_key_path.read_text())}
     for spec in all_specs(loaded):
         cert_path = root / f"{spec.stem}.crt"
-        if rotate or not _matches(cert_path, spec, ca_cert):
+        if rotate or not _matches(cert_path, spec, ca_cert, renew_before):
             key = ec.generate_private_key(ec.SECP256R1())
             cert = _leaf_certificate(spec, key, ca_cert, ca_key, cert_days)
             _write_pair(root, spec.stem, cert, key)
@@ -151,7 +175,7 @@ def _make_pki(
     return pairs
 
 
-def _read_pki(loaded: LoadedCluster, root: Path) -> dict[str, KeyPair]:
+def _read_pki(loaded: LoadedCluster, root: Path, renew_before: dt.datetime) -> dict[str, KeyPair]:
     """What the state holds, a placeholder for each leaf apply would (re)issue."""
     ca_cert_path, ca_key_path = root / "ca.crt", root / "ca.key"
     ca_cert = x509.load_pem_x509_certificate(ca_cert_path.read_bytes())
@@ -159,7 +183,7 @@ def _read_pki(loaded: LoadedCluster, root: Path) -> dict[str, KeyPair]:
     pairs = {"ca": KeyPair(ca_cert_path.read_text(), ca_key)}
     for spec in all_specs(loaded):
         cert_path = root / f"{spec.stem}.crt"
-        if _matches(cert_path, spec, ca_cert):
+        if _matches(cert_path, spec, ca_cert, renew_before):
             key_pem = cert_path.with_suffix(".key").read_text()
             pairs[spec.stem] = KeyPair(cert_path.read_text(), key_pem)
         else:
@@ -208,14 +232,78 @@ def expiry_report(loaded: LoadedCluster, now: dt.datetime | None = None) -> list
     return sorted(report, key=lambda e: (e.days_left, e.name))
 
 
-def _matches(cert_path: Path, spec: CertSpec, ca_cert: x509.Certificate) -> bool:
-    """An existing certificate is kept while it is signed by this CA and names what the
-    inventory says (an address change re-issues it)."""
+def trusted_cas(loaded: LoadedCluster) -> str:
+    """The CA bundle members and clients trust: the signing CA, and during a rotation the next
+    or the previous one too."""
+    root = pki_dir(loaded)
+    stems = ("ca", NEXT_CA, PREVIOUS_CA)
+    return "".join((root / f"{s}.crt").read_text() for s in stems if (root / f"{s}.crt").exists())
+
+
+def ca_rotation_stage(loaded: LoadedCluster) -> str:
+    """Where a CA rotation stands: "none", "trusting" (the next CA made and trusted, not yet
+    signing) or "reissued" (the new CA signs, the previous one is still trusted)."""
+    root = pki_dir(loaded)
+    if (root / f"{NEXT_CA}.crt").exists():
+        return "trusting"
+    if (root / f"{PREVIOUS_CA}.crt").exists():
+        return "reissued"
+    return "none"
+
+
+def begin_ca_rotation(loaded: LoadedCluster, *, ca_days: int = 3650) -> x509.Certificate:
+    """Step 1: make the next CA (its own name, so chains never confuse the two)."""
+    root = pki_dir(loaded)
+    stage = ca_rotation_stage(loaded)
+    if not (root / "ca.crt").exists():
+        raise PkiError(f"{root}: no etcd CA to rotate")
+    if stage == "reissued":
+        raise PkiError(f"{root}: {PREVIOUS_CA}.crt exists: the last rotation is not finished")
+    if stage == "none":
+        key = ec.generate_private_key(ec.SECP256R1())
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+        cert = _ca_certificate(key, f"{loaded.cluster.name} etcd CA {stamp}", ca_days)
+        _write_pair(root, NEXT_CA, cert, key)
+    return x509.load_pem_x509_certificate((root / f"{NEXT_CA}.crt").read_bytes())
+
+
+def promote_next_ca(loaded: LoadedCluster) -> None:
+    """Step 2: the next CA signs from now on; the old one stays trusted as the previous CA.
+    Each file move is atomic and the whole step can be run again after a crash."""
+    root = pki_dir(loaded)
+    next_key, next_cert = root / f"{NEXT_CA}.key", root / f"{NEXT_CA}.crt"
+    if not next_cert.exists():
+        raise PkiError(f"{root}: no {NEXT_CA}.crt: begin the rotation first")
+    if not (root / f"{PREVIOUS_CA}.crt").exists():
+        write_atomically(root / f"{PREVIOUS_CA}.crt", (root / "ca.crt").read_bytes(), 0o644)
+    if next_key.exists():
+        next_key.replace(root / "ca.key")
+    next_cert.replace(root / "ca.crt")
+
+
+def drop_previous_ca(loaded: LoadedCluster) -> None:
+    """Step 3: the old CA is no longer trusted anywhere once this is rolled out."""
+    root = pki_dir(loaded)
+    if ca_rotation_stage(loaded) == "trusting":
+        raise PkiError(f"{root}: {NEXT_CA}.crt exists: promote it before dropping the old CA")
+    (root / f"{PREVIOUS_CA}.crt").unlink(missing_ok=True)
+
+
+def _matches(
+    cert_path: Path, spec: CertSpec, ca_cert: x509.Certificate, renew_before: dt.datetime
+) -> bool:
+    """An existing certificate is kept while it is signed by this CA, is valid past
+    `renew_before` and names what the inventory says (an address change re-issues it)."""
     key_path = cert_path.with_suffix(".key")
     if not (cert_path.exists() and key_path.exists()):
         return False
     cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
-    if cert.issuer != ca_cert.subject:
+    if cert.not_valid_after_utc <= renew_before:
+        return False
+    try:
+        # The signature, not only the issuer's name: a new CA may carry the old one's name.
+        cert.verify_directly_issued_by(ca_cert)
+    except (ValueError, TypeError, InvalidSignature):
         return False
     try:
         sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
@@ -20,6 +21,10 @@ from inventory.loader import load
 from roles.junit import write_junit
 
 console = Console(highlight=False)
+
+# For tests that act at a given point of a run (tests/integration/test_faults.py kills the
+# controller when the N-th host x operation has finished): each step appends "done total".
+PROGRESS_FILE_ENV = "GPUINFRA_PROGRESS_FILE"
 
 LimitOpt = Annotated[
     str | None, typer.Option("--limit", help="Host or group names, comma-separated.")
@@ -165,6 +170,8 @@ def _run(cluster, mode, limit, roles, parallel, output, batch=None, fail_percent
         fail_percent=fail_percent,
         shard=shard_index,
     )
+    if os.environ.get(PROGRESS_FILE_ENV):
+        return run(loaded, options, _progress_to_file(Path(os.environ[PROGRESS_FILE_ENV])))
     if output is OutputFormat.json or not console.is_terminal:
         return run(loaded, options)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
@@ -175,6 +182,16 @@ def _run(cluster, mode, limit, roles, parallel, output, batch=None, fail_percent
             bar.update(task, description=f"{what} (host x operation)", completed=done, total=total)
 
         return run(loaded, options, progress)
+
+
+def _progress_to_file(path: Path):
+    """A progress callback appending "done total" lines to `path`, flushed at each step."""
+    stream = path.open("a", buffering=1)
+
+    def progress(what: str, done: int, total: int) -> None:
+        stream.write(f"{done} {total}\n")
+
+    return progress
 
 
 def _reboot(cluster, report, batch: str | None) -> None:

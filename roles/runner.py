@@ -6,6 +6,7 @@ import contextlib
 import difflib
 import functools
 import logging
+import socket
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -31,6 +32,13 @@ from roles.phases import PHASES, Phase
 from roles.render import HostContext, ManagedFile, host_contexts
 
 REDACTED = "(secret: content differs, not shown)"
+# A host that goes silent mid-run (partitioned, or powered off without closing its connections)
+# must fail, not hold the run: pyinfra finishes each operation on every host before the next,
+# and an SSH connection waiting for a command's output never notices a silent peer by itself.
+# Keepalives every KEEPALIVE_S put data in flight; unacknowledged for DEAD_PEER_S, the kernel
+# drops the connection and the host's operation fails (found by tests/integration/test_faults.py).
+KEEPALIVE_S = 5
+DEAD_PEER_S = 30
 
 
 class Mode(StrEnum):
@@ -278,6 +286,7 @@ def _run_batch(
     with contextlib.suppress(PyinfraError):  # every host failed to connect: reported below
         connect_all(state)
     _add_time(report, "connect", clock)
+    _detect_silent_hosts(state)
     for host in state.failed_hosts:
         entry = report.hosts[host.name]
         entry.status = HostStatus.unreachable
@@ -289,6 +298,21 @@ def _run_batch(
     # pyinfra keeps the state in a process-wide context and the host in a greenlet-local one.
     with ctx_state.use(state):
         _prepare_and_execute(state, options, active, phases, by_name, report, recorder)
+
+
+def _detect_silent_hosts(state) -> None:
+    """Keepalives and a TCP user timeout on each host's SSH connection (see DEAD_PEER_S)."""
+    for host in state.active_hosts:
+        client = getattr(host.connector, "client", None)
+        transport = client.get_transport() if client is not None else None
+        if transport is None:
+            continue
+        transport.set_keepalive(KEEPALIVE_S)
+        sock = transport.sock
+        # Through a bastion the transport runs over a channel, not a socket: the bastion's own
+        # connection carries the timeout then.
+        if getattr(sock, "family", None) in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, DEAD_PEER_S * 1000)
 
 
 def _prepare_and_execute(state, options, active, phases, by_name, report, recorder) -> None:

@@ -44,6 +44,7 @@ def prefetch_requests(managed: list[ManagedFile]) -> list[tuple[type, dict]]:
     requests: list[tuple[type, dict]] = [(Container, {}), (DebPackages, {}), (Hostname, {})]
     for f in managed:
         requests += [(File, {"path": f.path}), (Sha1File, {"path": f.path})]
+        requests.append((File, {"path": pending_marker(f.path)}))
     return requests
 
 
@@ -52,6 +53,16 @@ def _remember(meta: OperationMeta, managed: ManagedFile) -> None:
     if not hasattr(host, "_gpuinfra_files"):
         host._gpuinfra_files = {}
     host._gpuinfra_files[meta._hash] = managed
+
+
+# A written file whose restart or reload (the operations hanging off its change) has not run
+# yet is marked here; see `put_checked` and `clear_pending`.
+PENDING_DIR = "/var/lib/gpuinfra/pending"
+
+
+def pending_marker(dest: str) -> str:
+    """The marker of a file written by a run that has not yet finished the file's phase."""
+    return posixpath.join(PENDING_DIR, dest.strip("/").replace("%", "%25").replace("/", "%2F"))
 
 
 def staged_path(dest: str) -> str:
@@ -76,8 +87,14 @@ def put_checked(
     runs with `{path}` set to it, and a passing file is moved over the live one. A failing
     check removes the staged file, fails the operation and leaves the live config as it was,
     so a daemon restarted later never reads a broken file. A controller killed at any point
-    leaves the old file or the new one, at worst with a staged file the next run replaces."""
+    leaves the old file or the new one, at worst with a staged file the next run replaces.
+
+    The move also marks the file pending (`pending_marker`) until its phase has finished on the
+    host (`clear_pending`): a run stopped between a write and the restart hanging off it (a
+    killed controller, a lost host) leaves the mark, and the next run counts the up-to-date
+    file as changed again, so the restart runs then instead of never."""
     current = host.get_fact(File, path=dest)
+    marker = pending_marker(dest)
     digest = hashlib.sha1(content.encode()).hexdigest()
     if (
         current
@@ -86,6 +103,10 @@ def put_checked(
         and current.get("user") == user
         and current.get("group") == group
     ):
+        if host.get_fact(File, path=marker):
+            # Written by a run that stopped before the restart or reload hanging off it.
+            yield f"test -e {shlex.quote(marker)}"
+            return
         host.noop(f"{dest} is up to date")
         return
     staged = staged_path(dest)
@@ -100,7 +121,22 @@ def put_checked(
     if check is not None:
         validate = check.format(path=quoted_staged)
         yield f"{{ {validate} ; }} || {{ rc=$?; rm -f {quoted_staged}; exit $rc; }}"
-    yield f"mv -f {quoted_staged} {quoted_dest}"
+    yield (
+        f"mkdir -p {PENDING_DIR} && touch {shlex.quote(marker)} && "
+        f"mv -f {quoted_staged} {quoted_dest}"
+    )
+
+
+@operation()
+def clear_pending(paths: list[str]):
+    """The last operation of a phase on a host: its files' restarts and reloads have run, so
+    their pending marks go. Asked again while executing, it sees the marks this run made."""
+    markers = [pending_marker(path) for path in paths]
+    present = [marker for marker in markers if host.get_fact(File, path=marker)]
+    if not present:
+        host.noop("no restart pending")
+        return
+    yield "rm -f " + " ".join(shlex.quote(marker) for marker in present)
 
 
 @operation()

@@ -14,7 +14,8 @@ from enum import StrEnum
 from pathlib import Path
 
 import gevent
-from pyinfra.api import BaseStateCallback, Config, Inventory, State
+from paramiko import SSHException
+from pyinfra.api import BaseStateCallback, Config, Inventory, State, StringCommand
 from pyinfra.api import arguments as _arguments
 from pyinfra.api.connect import connect_all, disconnect_all
 from pyinfra.api.exceptions import PyinfraError
@@ -27,7 +28,7 @@ from pyinfra.facts.files import FileContents
 from inventory.model import LoadedCluster
 from roles.factcache import prepare_cache
 from roles.facts import RebootRequired
-from roles.operations import prefetch_requests
+from roles.operations import clear_pending, prefetch_requests
 from roles.phases import PHASES, Phase
 from roles.render import HostContext, ManagedFile, host_contexts
 
@@ -211,7 +212,8 @@ class _Recorder(BaseStateCallback):
 
     def operation_host_error(self, state, host, op_hash, retry_count=0, max_retries=0) -> None:
         results = state.get_results_for_host(host)
-        self.op_errors[(host.name, op_hash)] = getattr(results, "error", None) or "failed"
+        # A reason recorded earlier (a lost connection, see _skip_unchanged_while_clean) stays.
+        self.op_errors.setdefault((host.name, op_hash), getattr(results, "error", None) or "failed")
         self._step()
 
     def _step(self) -> None:
@@ -336,7 +338,7 @@ def _prepare_and_execute(state, options, active, phases, by_name, report, record
 
     recorder.total = sum(len(state.ops[h]) for h in active)
     recorder.op_phase = op_phase
-    _skip_unchanged_while_clean(state, active)
+    _skip_unchanged_while_clean(state, active, recorder)
     clock = time.monotonic()
     state.set_stage(StateStage.Execute)
     try:
@@ -353,7 +355,7 @@ def _prepare_and_execute(state, options, active, phases, by_name, report, record
     _disconnect(state)
 
 
-def _skip_unchanged_while_clean(state, hosts) -> None:
+def _skip_unchanged_while_clean(state, hosts, recorder: _Recorder | None = None) -> None:
     """Execute what prepare found to change, and not the rest again while nothing has run.
 
     pyinfra 3.10 runs every operation's body a second time while executing, asking each fact
@@ -363,23 +365,36 @@ def _skip_unchanged_while_clean(state, hosts) -> None:
     From a host's first command on, its remaining operations are evaluated again as pyinfra
     always does (an earlier change may have changed what they see). The roles' operations
     decide from facts of their own host; one that decided from another host's state while
-    preparing would keep that decision until its host's first command."""
+    preparing would keep that decision until its host's first command.
+
+    An operation asks for facts while executing: a host whose connection broke (rebooted,
+    partitioned) makes that raise, and pyinfra 3.10 would let the exception end the whole run
+    for every host ("Aborted.", no report). It fails that host's operation instead, with the
+    reason, and the other hosts go on (found by tests/integration/test_faults.py)."""
     touched: set[str] = set()
 
-    def guarded(name: str, generate, skip_while_clean: bool):
+    def guarded(name: str, op_hash: str, generate, skip_while_clean: bool):
         def commands():
             if skip_while_clean and name not in touched:
                 return
-            for command in generate():
-                touched.add(name)
-                yield command
+            try:
+                for command in generate():
+                    touched.add(name)
+                    yield command
+            except (EOFError, OSError, SSHException) as exc:
+                reason = f"connection lost ({type(exc).__name__}: {exc})".replace(": )", ")")
+                if recorder is not None:
+                    recorder.op_errors[(name, op_hash)] = reason
+                yield StringCommand("false")  # fails the operation on this host only
 
         return commands
 
     for host in hosts:
-        for op_data in state.ops[host].values():
+        for op_hash, op_data in state.ops[host].items():
             unchanged = op_data.operation_meta._maybe_is_change is False
-            op_data.command_generator = guarded(host.name, op_data.command_generator, unchanged)
+            op_data.command_generator = guarded(
+                host.name, op_hash, op_data.command_generator, unchanged
+            )
 
 
 def _prefetch(state, caches, phases, by_name) -> None:
@@ -414,6 +429,12 @@ def _prepare_phase(state, phase, index, targets, by_name, op_phase) -> None:
         try:
             with ctx_host.use(host):
                 phase.deploy(by_name[host.name])
+                written = getattr(host, "_gpuinfra_files", {})
+                paths = [
+                    written[op].path for op in state.ops[host] if op not in before and op in written
+                ]
+                # Last: clears what the phase's writes marked once its restarts have run.
+                clear_pending(name=f"{phase.role}: clear pending restarts", paths=paths)
         except Exception as exc:  # noqa: BLE001 (reported per host; the others go on)
             return exc
         finally:

@@ -423,6 +423,7 @@ class HostFault:
     inject: Callable[[LabCluster], None]
     clear: Callable[[LabCluster], None]
     expected_exit: tuple[int, ...]
+    cause: tuple[str, ...]  # the report's error for the host names one of these
 
 
 def reboot(lab: LabCluster, host: str) -> None:
@@ -469,6 +470,7 @@ def container_init(lab: LabCluster, host: str) -> int:
     return int(children[0])
 
 
+CONNECTION_LOST = ("connection lost", "unreachable", "timed out", "closed")
 FAULTS = {
     "reboot": HostFault(
         "reboot",
@@ -477,6 +479,7 @@ FAULTS = {
         lambda lab: reboot(lab, "cpu-1"),
         lambda lab: None,
         (ExitCode.ERROR, ExitCode.UNREACHABLE),
+        CONNECTION_LOST,
     ),
     "partition": HostFault(
         "partition",
@@ -485,6 +488,7 @@ FAULTS = {
         lambda lab: partition(lab, "lb-1", True),
         lambda lab: partition(lab, "lb-1", False),
         (ExitCode.ERROR, ExitCode.UNREACHABLE),
+        CONNECTION_LOST,
     ),
     "disk_full": HostFault(
         "disk_full",
@@ -493,6 +497,7 @@ FAULTS = {
         lambda lab: fill_disk(lab, "dns-1"),
         lambda lab: free_disk(lab, "dns-1"),
         (ExitCode.ERROR,),
+        ("no space left",),
     ),
 }
 
@@ -540,6 +545,7 @@ def test_a_host_fault_mid_apply_is_reported_and_a_later_apply_converges(
     assert run.report is not None, run.output
     assert run.returncode in spec.expected_exit, run.output
     assert faulted.get("status") in ("failed", "unreachable"), faulted
+    assert any(word in (faulted.get("error") or "").lower() for word in spec.cause), faulted
     assert others and set(others.values()) <= {"changed", "ok"}, others
     assert converge.returncode == ExitCode.OK, converge.output
     assert drift_code == ExitCode.OK, drift_report.get("hosts", {}).get(spec.host)

@@ -212,14 +212,27 @@ class _Recorder(BaseStateCallback):
 
     def operation_host_error(self, state, host, op_hash, retry_count=0, max_retries=0) -> None:
         results = state.get_results_for_host(host)
+        reason = getattr(results, "error", None) or "failed"
+        if not _connection_alive(host):
+            # pyinfra only logs why a command could not run; the dead connection is the why.
+            reason = CONNECTION_LOST
         # A reason recorded earlier (a lost connection, see _skip_unchanged_while_clean) stays.
-        self.op_errors.setdefault((host.name, op_hash), getattr(results, "error", None) or "failed")
+        self.op_errors.setdefault((host.name, op_hash), reason)
         self._step()
 
     def _step(self) -> None:
         self.done += 1
         if self.progress:
             self.progress("apply", self.done, self.total)
+
+
+CONNECTION_LOST = "connection lost (the host stopped answering: rebooted, powered off or cut off)"
+
+
+def _connection_alive(host) -> bool:
+    client = getattr(host.connector, "client", None)
+    transport = client.get_transport() if client is not None else None
+    return transport is not None and transport.is_active()
 
 
 def _explain_connect_error(error: Exception) -> str:

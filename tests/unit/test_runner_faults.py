@@ -48,3 +48,27 @@ def test_other_errors_still_propagate():
         pass
     else:
         raise AssertionError("a KeyError was swallowed")
+
+
+class Transport:
+    def __init__(self, active: bool):
+        self.active = active
+
+    def is_active(self) -> bool:
+        return self.active
+
+
+def connected_host(name: str, active: bool) -> Host:
+    host = Host(name)
+    client = SimpleNamespace(get_transport=lambda: Transport(active))
+    host.connector = SimpleNamespace(client=client)
+    return host
+
+
+def test_a_command_failing_on_a_dead_connection_is_reported_as_a_lost_connection():
+    state = SimpleNamespace(get_results_for_host=lambda host: SimpleNamespace(error=None))
+    recorder = _Recorder(None, 0)
+    recorder.operation_host_error(state, connected_host("cpu-1", False), "op1")
+    recorder.operation_host_error(state, connected_host("lb-1", True), "op1")
+    assert recorder.op_errors[("cpu-1", "op1")].startswith("connection lost")
+    assert recorder.op_errors[("lb-1", "op1")] == "failed"

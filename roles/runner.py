@@ -588,6 +588,9 @@ def _error_detail(name: str, error: str, meta: OperationMeta, files_by_op, op_ha
     output = getattr(meta, "_combined_output", None)
     if output is None or (managed is not None and managed.secret):
         return f"{name}: {error}"
+    if error.startswith("connection lost"):
+        # What the command wrote before the connection died is not why it failed.
+        return f"{name}: {error}"
     detail = " | ".join(line.strip() for line in output.stderr_lines[-3:] if line.strip())
     return f"{name}: {detail or error}"
 

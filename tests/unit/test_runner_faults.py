@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from roles.runner import _Recorder, _skip_unchanged_while_clean
+from roles.runner import CONNECTION_LOST, _error_detail, _Recorder, _skip_unchanged_while_clean
 
 
 class Host:
@@ -72,3 +72,12 @@ def test_a_command_failing_on_a_dead_connection_is_reported_as_a_lost_connection
     recorder.operation_host_error(state, connected_host("lb-1", True), "op1")
     assert recorder.op_errors[("cpu-1", "op1")].startswith("connection lost")
     assert recorder.op_errors[("lb-1", "op1")] == "failed"
+
+
+def test_a_lost_connection_is_the_reported_cause_not_the_commands_last_words():
+    output = SimpleNamespace(stderr_lines=["Created symlink /etc/systemd/system/x.service."])
+    meta = SimpleNamespace(_combined_output=output)
+    lost = _error_detail("Kernel | Enable units", CONNECTION_LOST, meta, {}, "op1")
+    assert lost == f"Kernel | Enable units: {CONNECTION_LOST}"
+    failed = _error_detail("Kernel | Enable units", "failed", meta, {}, "op1")
+    assert failed == "Kernel | Enable units: Created symlink /etc/systemd/system/x.service."

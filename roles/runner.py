@@ -581,6 +581,10 @@ def _read_reboot_required(state, active, report: RunReport) -> None:
         report.hosts[host.name].reboot_required = bool(greenlet.successful() and greenlet.value)
 
 
+# errno texts that say the host itself is broken, whatever the command was.
+HOST_CAUSES = ("No space left on device", "Read-only file system", "Input/output error")
+
+
 def _error_detail(name: str, error: str, meta: OperationMeta, files_by_op, op_hash: str) -> str:
     """The operation's name and the last lines its failing command wrote to stderr (what an
     operator needs: "sshd: Bad yes/without-password argument"), never for secret files."""
@@ -591,8 +595,14 @@ def _error_detail(name: str, error: str, meta: OperationMeta, files_by_op, op_ha
     if error.startswith("connection lost"):
         # What the command wrote before the connection died is not why it failed.
         return f"{name}: {error}"
-    detail = " | ".join(line.strip() for line in output.stderr_lines[-3:] if line.strip())
-    return f"{name}: {detail or error}"
+    lines = [line.strip() for line in output.stderr_lines if line.strip()]
+    detail = lines[-3:]
+    # A host-level cause (a full disk) is often far above the last lines (apt ends with
+    # "dpkg returned an error code"): name it first.
+    cause = next((line for line in lines if any(c in line for c in HOST_CAUSES)), None)
+    if cause is not None and cause not in detail:
+        detail.insert(0, cause)
+    return f"{name}: {' | '.join(detail) or error}"
 
 
 def _op_name(state, op_hash: str) -> str:

@@ -81,3 +81,20 @@ def test_a_lost_connection_is_the_reported_cause_not_the_commands_last_words():
     assert lost == f"Kernel | Enable units: {CONNECTION_LOST}"
     failed = _error_detail("Kernel | Enable units", "failed", meta, {}, "op1")
     assert failed == "Kernel | Enable units: Created symlink /etc/systemd/system/x.service."
+
+
+def test_a_full_disk_far_above_the_last_lines_is_named_first():
+    lines = [
+        "dpkg: error processing archive prometheus.deb (--unpack):",
+        " unable to create '/etc/prometheus/x.dpkg-new': No space left on device",
+        "Errors were encountered while processing:",
+        " prometheus.deb",
+        "needrestart is being skipped",
+        "E: Sub-process /usr/bin/dpkg returned an error code (1)",
+    ]
+    meta = SimpleNamespace(_combined_output=SimpleNamespace(stderr_lines=lines))
+    detail = _error_detail("Prometheus | Install", "failed", meta, {}, "op1")
+    assert detail.startswith(
+        "Prometheus | Install: unable to create '/etc/prometheus/x.dpkg-new': No space left"
+    )
+    assert detail.endswith("E: Sub-process /usr/bin/dpkg returned an error code (1)")

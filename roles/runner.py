@@ -599,7 +599,9 @@ def _error_detail(name: str, error: str, meta: OperationMeta, files_by_op, op_ha
     detail = lines[-3:]
     # A host-level cause (a full disk) is often far above the last lines (apt ends with
     # "dpkg returned an error code"): name it first.
-    cause = next((line for line in lines if any(c in line for c in HOST_CAUSES)), None)
+    # apt relays dpkg's messages on stdout: look for the cause in both streams.
+    every_line = [line.strip() for line in output.output_lines]
+    cause = next((line for line in every_line if any(c in line for c in HOST_CAUSES)), None)
     if cause is not None and cause not in detail:
         detail.insert(0, cause)
     return f"{name}: {' | '.join(detail) or error}"

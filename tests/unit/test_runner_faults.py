@@ -75,7 +75,8 @@ def test_a_command_failing_on_a_dead_connection_is_reported_as_a_lost_connection
 
 
 def test_a_lost_connection_is_the_reported_cause_not_the_commands_last_words():
-    output = SimpleNamespace(stderr_lines=["Created symlink /etc/systemd/system/x.service."])
+    said = ["Created symlink /etc/systemd/system/x.service."]
+    output = SimpleNamespace(stderr_lines=said, output_lines=said)
     meta = SimpleNamespace(_combined_output=output)
     lost = _error_detail("Kernel | Enable units", CONNECTION_LOST, meta, {}, "op1")
     assert lost == f"Kernel | Enable units: {CONNECTION_LOST}"
@@ -92,9 +93,19 @@ def test_a_full_disk_far_above_the_last_lines_is_named_first():
         "needrestart is being skipped",
         "E: Sub-process /usr/bin/dpkg returned an error code (1)",
     ]
-    meta = SimpleNamespace(_combined_output=SimpleNamespace(stderr_lines=lines))
+    output = SimpleNamespace(stderr_lines=lines, output_lines=lines)
+    meta = SimpleNamespace(_combined_output=output)
     detail = _error_detail("Prometheus | Install", "failed", meta, {}, "op1")
     assert detail.startswith(
         "Prometheus | Install: unable to create '/etc/prometheus/x.dpkg-new': No space left"
     )
     assert detail.endswith("E: Sub-process /usr/bin/dpkg returned an error code (1)")
+
+
+def test_a_full_disk_told_on_stdout_is_named_too():
+    """apt relays dpkg's "No space left on device" on stdout, its own "E:" line on stderr."""
+    stdout = ["unable to create '/etc/prometheus/x.dpkg-new': No space left on device"]
+    stderr = ["E: Sub-process /usr/bin/dpkg returned an error code (1)"]
+    output = SimpleNamespace(stderr_lines=stderr, output_lines=stdout + stderr)
+    detail = _error_detail("Install", "failed", SimpleNamespace(_combined_output=output), {}, "x")
+    assert detail == f"Install: {stdout[0]} | {stderr[0]}"

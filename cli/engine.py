@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
@@ -33,6 +34,10 @@ from cli.options import (
 # Seconds to wait for each host's SSH connection (pyinfra's connect and banner timeouts).
 DEFAULT_CONNECT_TIMEOUT = 10
 console = Console(highlight=False)
+
+# For tests that act at a given point of a run (tests/integration/test_faults.py kills the
+# controller when the N-th host x operation has finished): each step appends "done total".
+PROGRESS_FILE_ENV = "GPUINFRA_PROGRESS_FILE"
 
 
 def plan(
@@ -246,6 +251,8 @@ def _host_and_group_names(loaded) -> set[str]:
 def _run(loaded, options, output):
     from roles.runner import run
 
+    if os.environ.get(PROGRESS_FILE_ENV):
+        return run(loaded, options, _progress_to_file(Path(os.environ[PROGRESS_FILE_ENV])))
     if output is OutputFormat.json or not console.is_terminal:
         return run(loaded, options)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -258,6 +265,16 @@ def _run(loaded, options, output):
             bar.update(task, description=f"{what} (host x operation)", completed=done, total=total)
 
         return run(loaded, options, progress)
+
+
+def _progress_to_file(path: Path):
+    """A progress callback appending "done total" lines to `path`, flushed at each step."""
+    stream = path.open("a", buffering=1)
+
+    def progress(what: str, done: int, total: int) -> None:
+        stream.write(f"{done} {total}\n")
+
+    return progress
 
 
 def _reboot(cluster, report, batch: str | None) -> None:

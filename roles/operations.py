@@ -11,9 +11,8 @@ from pyinfra import host
 from pyinfra.api import FileUploadCommand, operation
 from pyinfra.api.operation import OperationMeta
 from pyinfra.facts.deb import DebPackages
-from pyinfra.facts.files import Directory, File, Sha1File
+from pyinfra.facts.files import File, Sha1File
 from pyinfra.facts.server import Hostname
-from pyinfra.operations import files
 
 from roles import record
 from roles.facts import Container, RebootReasons, UnitState
@@ -22,28 +21,19 @@ from roles.spec import ManagedFile
 
 
 def put_file(managed: ManagedFile) -> OperationMeta:
-    """Upload a rendered file; the runner turns a pending change into a unified diff. A file with
-    a `check` is validated before it replaces the live one (see `put_checked`)."""
-    if managed.check is not None:
-        meta = put_checked(
-            name=f"Write {managed.path}",
-            content=managed.content,
-            dest=managed.path,
-            check=managed.check,
-            mode=managed.mode,
-            user=managed.user,
-            group=managed.group,
-        )
-        remember_file(meta, managed)
-        return meta
-    meta = files.put(
+    """Upload a rendered file; the runner turns a pending change into a unified diff. Every file
+    is staged beside the live one and moved into place (see `put_checked`), validated first when
+    it has a `check`: pyinfra's `files.put` writes the live path in place over SFTP, so a
+    controller killed mid-upload would leave it truncated (found by tests/integration/
+    test_faults.py's review of pyinfra 3.10's ssh connector)."""
+    meta = put_checked(
         name=f"Write {managed.path}",
-        src=StringIO(managed.content),
+        content=managed.content,
         dest=managed.path,
+        check=managed.check,
+        mode=managed.mode,
         user=managed.user,
         group=managed.group,
-        mode=managed.mode,
-        create_remote_dir=True,
     )
     remember_file(meta, managed)
     return meta
@@ -56,14 +46,23 @@ def prefetch_requests(managed: list[ManagedFile]) -> list[tuple[type, dict]]:
     requests: list[tuple[type, dict]] = [(Container, {}), (DebPackages, {}), (Hostname, {})]
     for f in managed:
         requests += [(File, {"path": f.path}), (Sha1File, {"path": f.path})]
-        if f.check is None:  # files.put checks the directory it may create
-            requests.append((Directory, {"path": posixpath.dirname(f.path)}))
+        requests.append((File, {"path": pending_marker(f.path)}))
     return requests
 
 
 def remember_file(meta: OperationMeta, managed: ManagedFile) -> None:
     # Remembered by operation hash so the runner can diff exactly this file on this host.
     record.host(host.name).files[op_hash(meta)] = managed
+
+
+# A written file whose restart or reload (the operations hanging off its change) has not run
+# yet is marked here; see `put_checked` and `clear_pending`.
+PENDING_DIR = "/var/lib/gpuinfra/pending"
+
+
+def pending_marker(dest: str) -> str:
+    """The marker of a file written by a run that has not yet finished the file's phase."""
+    return posixpath.join(PENDING_DIR, dest.strip("/").replace("%", "%25").replace("/", "%2F"))
 
 
 def staged_path(dest: str) -> str:
@@ -75,13 +74,27 @@ def staged_path(dest: str) -> str:
 
 @operation()
 def put_checked(
-    content: str, dest: str, check: str, mode: str = "0644", user: str = "root", group: str = "root"
+    content: str,
+    dest: str,
+    check: str | None = None,
+    mode: str = "0644",
+    user: str = "root",
+    group: str = "root",
 ):
-    """Write a config file only after it passed its validator: the content goes to a staged path,
-    `check` runs with `{path}` set to it, and a passing file is moved over the live one
-    atomically. A failing check removes the staged file, fails the operation and leaves the live
-    config as it was, so a daemon restarted later never reads a broken file."""
+    """Replace a file atomically, validated first when `check` is given: the content goes to a
+    staged path beside the live one (created empty with its final owner and mode before any
+    byte is written, so a secret is never readable by others, not even for a moment), `check`
+    runs with `{path}` set to it, and a passing file is moved over the live one. A failing
+    check removes the staged file, fails the operation and leaves the live config as it was,
+    so a daemon restarted later never reads a broken file. A controller killed at any point
+    leaves the old file or the new one, at worst with a staged file the next run replaces.
+
+    The move also marks the file pending (`pending_marker`) until its phase has finished on the
+    host (`clear_pending`): a run stopped between a write and the restart hanging off it (a
+    killed controller, a lost host) leaves the mark, and the next run counts the up-to-date
+    file as changed again, so the restart runs then instead of never."""
     current = host.get_fact(File, path=dest)
+    marker = pending_marker(dest)
     digest = hashlib.sha1(content.encode()).hexdigest()
     if (
         current
@@ -90,16 +103,40 @@ def put_checked(
         and current.get("user") == user
         and current.get("group") == group
     ):
+        if host.get_fact(File, path=marker):
+            # Written by a run that stopped before the restart or reload hanging off it.
+            yield f"test -e {shlex.quote(marker)}"
+            return
         host.noop(f"{dest} is up to date")
         return
     staged = staged_path(dest)
     quoted_staged, quoted_dest = shlex.quote(staged), shlex.quote(dest)
     yield f"mkdir -p {shlex.quote(posixpath.dirname(dest))}"
+    # The upload truncates and fills the existing staged file, which keeps its owner and mode.
+    yield (
+        f"rm -f {quoted_staged} && (umask 077 && : > {quoted_staged}) && "
+        f"chown {user}:{group} {quoted_staged} && chmod {mode} {quoted_staged}"
+    )
     yield FileUploadCommand(StringIO(content), staged)
-    yield f"chown {user}:{group} {quoted_staged} && chmod {mode} {quoted_staged}"
-    validate = check.format(path=quoted_staged)
-    yield f"{{ {validate} ; }} || {{ rc=$?; rm -f {quoted_staged}; exit $rc; }}"
-    yield f"mv -f {quoted_staged} {quoted_dest}"
+    if check is not None:
+        validate = check.format(path=quoted_staged)
+        yield f"{{ {validate} ; }} || {{ rc=$?; rm -f {quoted_staged}; exit $rc; }}"
+    yield (
+        f"mkdir -p {PENDING_DIR} && touch {shlex.quote(marker)} && "
+        f"mv -f {quoted_staged} {quoted_dest}"
+    )
+
+
+@operation()
+def clear_pending(paths: list[str]):
+    """The last operation of a phase on a host: its files' restarts and reloads have run, so
+    their pending marks go. Asked again while executing, it sees the marks this run made."""
+    markers = [pending_marker(path) for path in paths]
+    present = [marker for marker in markers if host.get_fact(File, path=marker)]
+    if not present:
+        host.noop("no restart pending")
+        return
+    yield "rm -f " + " ".join(shlex.quote(marker) for marker in present)
 
 
 @operation()

@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterable, Iterator
 from importlib.metadata import version
 from typing import Any
 
+from paramiko import SSHException
+from pyinfra.api import StringCommand
 from pyinfra.api import arguments as _arguments
 from pyinfra.api import facts as _facts
 from pyinfra.api.operation import OperationMeta
@@ -52,6 +54,18 @@ def stderr_tail(meta: OperationMeta, lines: int = 3) -> list[str] | None:
     return [line.strip() for line in output.stderr_lines[-lines:] if line.strip()]
 
 
+def output_lines(meta: OperationMeta) -> list[str]:
+    """Every line an executed operation's commands wrote, stdout and stderr in order."""
+    output = meta._combined_output
+    return [line.strip() for line in output.output_lines] if output is not None else []
+
+
+def ssh_transport(host) -> Any:
+    """The paramiko transport of a host's pyinfra SSH connection, or None (not connected)."""
+    client = getattr(host.connector, "client", None)
+    return client.get_transport() if client is not None else None
+
+
 def conditions_hold(conditions: Any) -> bool:
     """Evaluate an operation's `_if` conditions before execution: pyinfra only checks them while
     executing, so a plan would count every handler ("restart if the file changed") as a change.
@@ -77,16 +91,29 @@ def conditions_hold(conditions: Any) -> bool:
         OperationMeta.did_change = original  # type: ignore[method-assign]
 
 
-def guard_commands(state, hosts: Iterable, skip: Callable[[Any, OperationMeta], bool]) -> None:
+def guard_commands(
+    state,
+    hosts: Iterable,
+    skip: Callable[[Any, OperationMeta], bool],
+    lost: Callable[[Any, OperationMeta, BaseException], None] | None = None,
+) -> None:
     """Wrap each operation's command generator: while `skip(host, meta)` is true when it runs,
     the operation yields nothing. (pyinfra 3.10 runs every operation's body again while
-    executing; the generator is the only place to intercept that.)"""
+    executing; the generator is the only place to intercept that.) A body that asks for a fact
+    over a broken connection (EOFError, OSError, SSHException) would end the whole run for
+    every host; with `lost`, it is told and that host's operation fails alone."""
 
     def guarded(host, meta, generate):
         def commands():
             if skip(host, meta):
                 return
-            yield from generate()
+            try:
+                yield from generate()
+            except (EOFError, OSError, SSHException) as exc:
+                if lost is None:
+                    raise
+                lost(host, meta, exc)
+                yield StringCommand("false")  # fails the operation on this host only
 
         return commands
 

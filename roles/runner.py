@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import logging
+import socket
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -22,10 +23,10 @@ from pyinfra.facts.files import FileContents
 from pyinfra.facts.server import RebootRequired
 
 from inventory.model import LoadedCluster
-from roles import record
+from roles import pyinfra_api, record
 from roles.context import host_contexts
 from roles.factcache import prepare_cache
-from roles.operations import prefetch_requests
+from roles.operations import clear_pending, prefetch_requests
 from roles.orchestrate import batch_size, group_policies, paced_hosts, plan_steps
 from roles.pacing import Pacer, Rate, reset_shared
 from roles.pyinfra_api import (
@@ -33,7 +34,9 @@ from roles.pyinfra_api import (
     found_unchanged,
     guard_commands,
     memoise_global_arguments,
+    output_lines,
     phase_position,
+    ssh_transport,
     stderr_tail,
     will_change,
 )
@@ -43,6 +46,16 @@ from roles.spec import HostContext, ManagedFile, Phase
 from roles.ssh import SSHSettings
 
 REDACTED = "(secret: content differs, not shown)"
+# A host that goes silent mid-run (partitioned, or powered off without closing its connections)
+# must fail, not hold the run: pyinfra finishes each operation on every host before the next,
+# and an SSH connection waiting for a command's output never notices a silent peer by itself.
+# Keepalives every KEEPALIVE_S put data in flight; unacknowledged for DEAD_PEER_S, the kernel
+# drops the connection and the host's operation fails (found by tests/integration/test_faults.py).
+KEEPALIVE_S = 5
+DEAD_PEER_S = 30
+CONNECTION_LOST = "connection lost (the host stopped answering: rebooted, powered off or cut off)"
+# errno texts that say the host itself is broken, whatever the command was.
+HOST_CAUSES = ("No space left on device", "Read-only file system", "Input/output error")
 
 
 class Mode(StrEnum):
@@ -232,13 +245,37 @@ class _Recorder(BaseStateCallback):
 
     def operation_host_error(self, state, host, op_hash, retry_count=0, max_retries=0) -> None:
         results = state.get_results_for_host(host)
-        self.op_errors[(host.name, op_hash)] = getattr(results, "error", None) or "failed"
+        reason = getattr(results, "error", None) or "failed"
+        if not _connection_alive(host):
+            # pyinfra only logs why a command could not run; the dead connection is the why.
+            reason = CONNECTION_LOST
+        # A reason recorded earlier (a lost connection, see _skip_unchanged_while_clean) stays.
+        self.op_errors.setdefault((host.name, op_hash), reason)
         self._step()
 
     def _step(self) -> None:
         self.done += 1
         if self.progress:
             self.progress("apply", self.done, self.total)
+
+
+def _connection_alive(host) -> bool:
+    transport = ssh_transport(host)
+    return transport is not None and transport.is_active()
+
+
+def _detect_silent_hosts(state) -> None:
+    """Keepalives and a TCP user timeout on each host's SSH connection (see DEAD_PEER_S)."""
+    for host in state.active_hosts:
+        transport = ssh_transport(host)
+        if transport is None:
+            continue
+        transport.set_keepalive(KEEPALIVE_S)
+        sock = transport.sock
+        # Through a bastion the transport runs over a channel, not a socket: the bastion's own
+        # connection carries the timeout then.
+        if getattr(sock, "family", None) in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, DEAD_PEER_S * 1000)
 
 
 def _explain_connect_error(error: Exception) -> str:
@@ -301,6 +338,7 @@ def _run_batch(
     with contextlib.suppress(PyinfraError):  # every host failed to connect: reported below
         connect_all(state)
     _add_time(report, "connect", clock)
+    _detect_silent_hosts(state)
     for host in state.failed_hosts:
         entry = report.hosts[host.name]
         entry.status = HostStatus.unreachable
@@ -337,7 +375,7 @@ def _prepare_and_execute(
 
     recorder.total = sum(len(state.ops[h]) for h in active)
     recorder.op_phase = op_phase
-    _skip_unchanged_while_clean(state, active)
+    _skip_unchanged_while_clean(state, active, recorder)
     clock = time.monotonic()
     state.set_stage(StateStage.Execute)
     try:
@@ -354,7 +392,7 @@ def _prepare_and_execute(
     _disconnect(state)
 
 
-def _skip_unchanged_while_clean(state, hosts) -> None:
+def _skip_unchanged_while_clean(state, hosts, recorder: _Recorder | None = None) -> None:
     """Execute what prepare found to change, and not the rest again while nothing has run.
 
     pyinfra 3.10 runs every operation's body a second time while executing, asking each fact
@@ -364,7 +402,12 @@ def _skip_unchanged_while_clean(state, hosts) -> None:
     From a host's first command on, its remaining operations are evaluated again as pyinfra
     always does (an earlier change may have changed what they see). The roles' operations
     decide from facts of their own host; one that decided from another host's state while
-    preparing would keep that decision until its host's first command."""
+    preparing would keep that decision until its host's first command.
+
+    An operation asks for facts while executing: a host whose connection broke (rebooted,
+    partitioned) makes that raise, and pyinfra 3.10 would let the exception end the whole run
+    for every host ("Aborted.", no report). It fails that host's operation instead, with the
+    reason, and the other hosts go on (found by tests/integration/test_faults.py)."""
     touched: set[str] = set()
 
     def skip(host, meta) -> bool:
@@ -375,7 +418,12 @@ def _skip_unchanged_while_clean(state, hosts) -> None:
         touched.add(host.name)  # its commands run now: later operations see a changed host
         return False
 
-    guard_commands(state, hosts, skip)
+    def lost(host, meta, exc: BaseException) -> None:
+        reason = f"connection lost ({type(exc).__name__}: {exc})".replace(": )", ")")
+        if recorder is not None:
+            recorder.op_errors[(host.name, pyinfra_api.op_hash(meta))] = reason
+
+    guard_commands(state, hosts, skip, lost)
 
 
 def _prefetch(state, caches, phases, by_name) -> None:
@@ -407,6 +455,12 @@ def _prepare_phase(state, phase, index, targets, by_name, op_phase, run_record) 
         try:
             with ctx_host.use(host), phase_position(host, index):
                 phase.deploy(by_name[host.name])
+                written = run_record.host(host.name).files
+                paths = [
+                    written[op].path for op in state.ops[host] if op not in before and op in written
+                ]
+                # Last: clears what the phase's writes marked once its restarts have run.
+                clear_pending(name=f"{phase.role}: clear pending restarts", paths=paths)
         except Exception as exc:  # noqa: BLE001 (reported per host; the others go on)
             return exc
         finally:
@@ -520,6 +574,14 @@ def _error_detail(name: str, error: str, meta, managed: ManagedFile | None) -> s
     tail = stderr_tail(meta)
     if tail is None or (managed is not None and managed.secret):
         return f"{name}: {error}"
+    if error.startswith("connection lost"):
+        # What the command wrote before the connection died is not why it failed.
+        return f"{name}: {error}"
+    # A host-level cause (a full disk) is often far above the last lines (apt ends with "dpkg
+    # returned an error code"), and apt relays dpkg's messages on stdout: name it first.
+    cause = next((ln for ln in output_lines(meta) if any(c in ln for c in HOST_CAUSES)), None)
+    if cause is not None and cause not in tail:
+        tail.insert(0, cause)
     return f"{name}: {' | '.join(tail) or error}"
 
 

@@ -8,6 +8,7 @@ checked as persisted files plus a note in the run report (the behaviour a contai
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -122,10 +123,15 @@ def test_hosts_outside_kubernetes_get_no_runtime(applied):
 
 
 def host_var_inventory(lab, tmp_path: Path, host: str, role: str, settings: dict) -> Path:
+    """The lab's inventory with one host's settings changed, beside a copy of its controller
+    state: an apply from a folder without the cluster's .state/ is refused (etcd's CA)."""
     data = yaml.safe_load(lab.inventory_path.read_text())
     data["hosts"][host]["vars"] = {role: settings}
     path = tmp_path / "cluster.yml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
+    state = lab.inventory_path.parent / ".state"
+    if state.is_dir() and not (tmp_path / ".state").exists():
+        shutil.copytree(state, tmp_path / ".state", ignore=shutil.ignore_patterns("*.lock"))
     return path
 
 

@@ -27,6 +27,7 @@ from lab import lifecycle
 from lab.topology import HostSpec, Topology
 from roles.etcd import pki
 from tests.integration.conftest import KEEP_ENV, boot_lab
+from tests.integration.etcd_helpers import CLIENT_ENV, endpoints, etcdctl, status, wait_healthy
 from tests.integration.roles_helpers import gpuinfra
 
 pytestmark = pytest.mark.integration
@@ -36,11 +37,6 @@ MEMBERS = ["etcd-1", "etcd-2", "etcd-3"]
 # Small enough to fill in seconds; large enough for a restore's staged copy beside the live
 # data (each holds two preallocated 64 MiB WAL segments: 256 MiB was seen to fail staging).
 SMALL_DISK = 512 * 2**20
-CLIENT_ENV = (
-    "ETCDCTL_CACERT=/etc/kubernetes/pki/etcd/ca.crt "
-    "ETCDCTL_CERT=/etc/kubernetes/pki/apiserver-etcd-client.crt "
-    "ETCDCTL_KEY=/etc/kubernetes/pki/apiserver-etcd-client.key"
-)
 RESULTS: dict[str, object] = {}  # measured figures, printed at the end of the module
 
 
@@ -72,36 +68,6 @@ def converged(lab):
     assert result.returncode == ExitCode.OK, result.stdout[-3000:] + result.stderr[-2000:]
     lab.ssh("cp-1", "DEBIAN_FRONTEND=noninteractive apt-get install -y -q etcd-client >/dev/null")
     return lab
-
-
-def endpoints(lab) -> str:
-    return ",".join(f"https://{lab.address(m)}:2379" for m in MEMBERS)
-
-
-def etcdctl(lab, args: str, *, check: bool = True, timeout: float = 60):
-    """etcdctl on cp-1 with the API server's client certificate, against every member."""
-    return lab.ssh(
-        "cp-1",
-        f"{CLIENT_ENV} etcdctl --endpoints={endpoints(lab)} --command-timeout=5s {args}",
-        check=check,
-        timeout=timeout,
-    )
-
-
-def status(lab) -> tuple[int, dict]:
-    result = gpuinfra("etcd", "status", str(lab.inventory_path), "--format", "json")
-    return result.returncode, json.loads(result.stdout)
-
-
-def wait_healthy(lab, timeout: float = 180) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        code, data = status(lab)
-        if code == ExitCode.OK and data["health"] == "healthy":
-            return data
-        if time.monotonic() > deadline:
-            raise AssertionError(f"cluster not healthy after {timeout}s: {data}")
-        time.sleep(3)
 
 
 def test_cluster_converges(converged):

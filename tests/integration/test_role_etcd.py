@@ -25,17 +25,13 @@ from cli.exitcodes import ExitCode
 from lab import lifecycle
 from lab.topology import HostSpec, Topology
 from tests.integration.conftest import KEEP_ENV, LAB_NAME, boot_lab
+from tests.integration.etcd_helpers import CLIENT_ENV, endpoints, etcdctl, status, wait_healthy
 
 pytestmark = pytest.mark.integration
 
 GPUINFRA = str(Path(sys.executable).parent / "gpuinfra")
 ETCD_LAB = os.environ.get("GPUINFRA_ETCD_LAB_NAME", f"{LAB_NAME}-etcd")
 MEMBERS = [f"etcd-{i}" for i in range(1, 6)]
-CLIENT_ENV = (
-    "ETCDCTL_CACERT=/etc/kubernetes/pki/etcd/ca.crt "
-    "ETCDCTL_CERT=/etc/kubernetes/pki/apiserver-etcd-client.crt "
-    "ETCDCTL_KEY=/etc/kubernetes/pki/apiserver-etcd-client.key"
-)
 RESULTS: dict[str, object] = {}  # measured figures, printed at the end of the module
 
 
@@ -62,36 +58,6 @@ def lab():
 
 def bootstrapped(lab) -> bool:
     return lab.ssh("etcd-1", "test -d /var/lib/etcd/member", check=False).returncode == 0
-
-
-def endpoints(lab) -> str:
-    return ",".join(f"https://{lab.address(m)}:2379" for m in MEMBERS)
-
-
-def etcdctl(lab, args: str, *, check: bool = True, timeout: float = 60):
-    """etcdctl on cp-1 with the API server's client certificate, against every member."""
-    return lab.ssh(
-        "cp-1",
-        f"{CLIENT_ENV} etcdctl --endpoints={endpoints(lab)} --command-timeout=5s {args}",
-        check=check,
-        timeout=timeout,
-    )
-
-
-def status(lab) -> tuple[int, dict]:
-    result = gpuinfra("etcd", "status", str(lab.inventory_path), "--format", "json")
-    return result.returncode, json.loads(result.stdout)
-
-
-def wait_healthy(lab, timeout: float = 180) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        code, data = status(lab)
-        if code == ExitCode.OK and data["health"] == "healthy":
-            return data
-        if time.monotonic() > deadline:
-            raise AssertionError(f"cluster not healthy after {timeout}s: {data}")
-        time.sleep(3)
 
 
 def test_disk_gate_failure_stops_the_etcd_phase(lab, tmp_path):

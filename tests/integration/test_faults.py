@@ -358,6 +358,9 @@ def test_sigkill_of_the_controller_leaves_whole_files_and_the_next_apply_converg
         if run.returncode is not None:  # the run ended before its kill point: nothing left
             kills.append({"point": share, "killed": False, "returncode": run.returncode})
             continue
+        # Rendered again: generated secrets are placeholders until an apply made the state
+        # (render never writes it), and the first killed apply has made it by now.
+        rendered = render(lab, tmp_path / f"render-{number}")
         check = check_files(lab, rendered, before)
         quiet_s = wait_quiet(lab, rendered)
         kills.append(

@@ -414,6 +414,7 @@ def shrink(lab, members: list[str]) -> None:
     lab.ssh("cp-1", f"{CLIENT_ENV} etcdctl --endpoints={eps} --command-timeout=60s defrag")
 
 
+@pytest.mark.faults  # part of the opt-in fault suite: pytest -m faults
 def test_one_member_with_a_full_data_disk(converged):
     """Fault suite: etcd-3's data disk (512 MiB) filled to the last block, then 80 MiB written
     through the cluster so every member needs new space. Writes go on (two of three members

@@ -53,7 +53,7 @@ class Pacer:
         self,
         rate: Rate,
         clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] | None = None,
     ):
         self.rate = rate
         self.slowdown = 1.0
@@ -78,7 +78,10 @@ class Pacer:
                     self._starts.append(now)
                     return waited
                 delay = self.window - (now - self._starts[0])
-            self._sleep(delay)
+            # time.sleep looked up now, not when this module was imported: the command line
+            # patches it for gevent only once it knows it connects, and a blocking sleep would
+            # freeze every host's greenlet, the ones that already have their slot too.
+            (self._sleep or time.sleep)(delay)
             waited += delay
 
     def slow_down(self) -> None:

@@ -61,15 +61,17 @@ def run_ssh(argv: list[str], command: str = "hostname") -> subprocess.CompletedP
 
 @contextlib.contextmanager
 def direct_traffic_dropped(lab: LabCluster, hosts: list[str]) -> Iterator[None]:
-    """Drop what the controller itself sends to `hosts` through the lab bridge (the output
-    hook: the bastion's own traffic to them is bridged, not sent by the machine)."""
+    """Drop the connections the controller itself opens to `hosts` through the lab bridge (the
+    output hook: the bastion's own traffic to them is bridged, not sent by the machine). Replies
+    to what the hosts opened stay allowed: they fetch packages from the lab's cache on the
+    machine."""
     state = read_state(lab.name)
     addresses = ", ".join(lab.address(h) for h in hosts)
     ruleset = (
         f"table inet {DROP_TABLE} {{\n"
         "  chain output {\n"
         "    type filter hook output priority filter; policy accept;\n"
-        f'    oifname "{state.names.bridge}" ip daddr {{ {addresses} }} drop\n'
+        f'    oifname "{state.names.bridge}" ip daddr {{ {addresses} }} ct state new drop\n'
         "  }\n"
         "}\n"
     )

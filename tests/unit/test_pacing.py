@@ -68,3 +68,22 @@ def test_push_back_widens_the_window_and_recovery_narrows_it():
     assert pacer.window == 5 * Pacer.MAX_SLOWDOWN
     pacer.recover()
     assert pacer.window == 5 * Pacer.MAX_SLOWDOWN / 2
+
+
+def test_waiting_yields_to_other_greenlets_when_gevent_patched_time_after_import():
+    """The CLI patches the standard library for gevent after roles.pacing is imported: a pacer
+    must sleep with the patched time.sleep, or the hosts that already have a slot stall too."""
+    import subprocess
+    import sys
+
+    script = (
+        "import roles.pacing as p, time\n"
+        "from gevent import monkey; monkey.patch_all()\n"
+        "import gevent\n"
+        "pacer = p.Pacer(p.Rate(1, 0.5)); pacer.acquire(); seen = []\n"
+        "g = gevent.spawn(lambda: seen.append(time.monotonic()))\n"
+        "start = time.monotonic(); pacer.acquire(); g.join()\n"
+        "print(seen[0] - start < 0.25)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.stdout.strip() == "True", result.stderr

@@ -101,9 +101,11 @@ def kubeadm(entries: list[dict], *words: str) -> list[dict]:
 
 
 def test_without_packages_the_role_stops_with_one_clear_message(lab, tmp_path):
-    """The default source (pkgs.k8s.io) is unreachable from lab hosts: the role stops on that
-    host with one line saying so and what to set instead (runs before the stand-in exists)."""
-    inventory = inventory_with(lab, tmp_path / "cluster.yml")
+    """A package repository the host cannot reach: the role stops on that host with one line
+    saying so and what to set instead (runs before the stand-in exists). The repository is the
+    host's own loopback on a port where nothing listens, never pkgs.k8s.io itself: lab hosts
+    only ever talk to the lab and the Debian mirror."""
+    inventory = inventory_with(lab, tmp_path / "cluster.yml", repo_url="http://127.0.0.1:9")
     report_path = tmp_path / "report.json"
     result = apply(inventory, report_path, "--limit", "cpu-1")
     assert result.returncode == ExitCode.ERROR, result.stdout[-2000:] + result.stderr[-2000:]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import shutil
 import subprocess
 
 import pytest
@@ -53,7 +52,6 @@ def test_a_missing_file_and_package_are_differences() -> None:
     ]
 
 
-@pytest.mark.skipif(shutil.which("sha256sum") is None, reason="needs coreutils")
 def test_the_remote_command_answers_in_the_format_compare_reads(tmp_path) -> None:
     """The command runs here, in a local shell, on a real file: what the hosts' sh would run."""
     target = tmp_path / "hosts"

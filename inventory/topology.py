@@ -164,3 +164,8 @@ def api_clients(cluster: Cluster) -> tuple[str, ...]:
     kubernetes Service, DNAT'd to an API server with the pod's own address as the source)."""
     networks = cluster.networks
     return collapse_sources([str(networks.node), str(networks.pod), *map(str, networks.admin)])
+
+
+def host_addresses(cluster: Cluster, names: Iterable[str]) -> tuple[str, ...]:
+    """The hosts' addresses as firewall sources (collapsed and sorted, see collapse_sources)."""
+    return collapse_sources(str(cluster.hosts[name].address) for name in names)

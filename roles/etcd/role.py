@@ -8,7 +8,7 @@ from inventory.topology import (
     ETCD_METRICS_PORT,
     ETCD_PEER_PORT,
     FirewallRule,
-    collapse_sources,
+    host_addresses,
 )
 from roles.etcd.config import EtcdConfig
 from roles.spec import Phase, Role, Rolling, lazy
@@ -16,9 +16,6 @@ from roles.spec import Phase, Role, Rolling, lazy
 
 def ports(loaded: LoadedCluster) -> dict[str, list[FirewallRule]]:
     cluster = loaded.cluster
-
-    def addresses(names) -> tuple[str, ...]:
-        return collapse_sources(str(cluster.hosts[name].address) for name in names)
 
     members = cluster.in_group("etcd")
     clients = set(cluster.in_group("control_plane")) | set(members)
@@ -28,14 +25,16 @@ def ports(loaded: LoadedCluster) -> dict[str, list[FirewallRule]]:
                 "etcd clients: control plane and members",
                 ETCD_CLIENT_PORT,
                 "tcp",
-                addresses(clients),
+                host_addresses(cluster, clients),
             ),
-            FirewallRule("etcd peers: members only", ETCD_PEER_PORT, "tcp", addresses(members)),
+            FirewallRule(
+                "etcd peers: members only", ETCD_PEER_PORT, "tcp", host_addresses(cluster, members)
+            ),
             FirewallRule(
                 "etcd metrics from monitoring",
                 ETCD_METRICS_PORT,
                 "tcp",
-                addresses(cluster.in_group("monitoring")),
+                host_addresses(cluster, cluster.in_group("monitoring")),
             ),
         ]
     }

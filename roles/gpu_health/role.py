@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 from inventory.model import LoadedCluster
-from inventory.topology import DCGM_EXPORTER_PORT, FirewallRule, collapse_sources
+from inventory.topology import DCGM_EXPORTER_PORT, FirewallRule, host_addresses
 from roles.gpu_health.config import GpuHealthConfig
 from roles.spec import Role, lazy
 
 
 def ports(loaded: LoadedCluster) -> dict[str, list[FirewallRule]]:
     cluster = loaded.cluster
-    scrapers = collapse_sources(
-        str(cluster.hosts[name].address) for name in cluster.in_group("monitoring")
-    )
+    scrapers = host_addresses(cluster, cluster.in_group("monitoring"))
     rule = FirewallRule("DCGM exporter from monitoring", DCGM_EXPORTER_PORT, "tcp", scrapers)
     return {"gpu_worker": [rule]}
 

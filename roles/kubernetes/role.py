@@ -11,7 +11,7 @@ from inventory.topology import (
     KUBELET_PORT,
     FirewallRule,
     api_clients,
-    collapse_sources,
+    host_addresses,
 )
 from roles.kubernetes.config import KubernetesConfig
 from roles.spec import Phase, Role, Rolling, lazy
@@ -24,9 +24,6 @@ NODE_GROUPS = CONTROL_PLANE_NODE_GROUPS + WORKER_GROUPS
 def ports(loaded: LoadedCluster) -> Mapping[str, Iterable[FirewallRule]]:
     cluster = loaded.cluster
 
-    def addresses(names: Iterable[str]) -> tuple[str, ...]:
-        return collapse_sources(str(cluster.hosts[name].address) for name in names)
-
     control_plane = cluster.in_group("control_plane")
     api = FirewallRule(
         "Kubernetes API from nodes, pods and admins", cluster.api.port, "tcp", api_clients(cluster)
@@ -37,11 +34,13 @@ def ports(loaded: LoadedCluster) -> Mapping[str, Iterable[FirewallRule]]:
         "kubelet from the control plane and monitoring",
         KUBELET_PORT,
         "tcp",
-        addresses(kubelet_clients) if control_plane else (),
+        host_addresses(cluster, kubelet_clients) if control_plane else (),
     )
     # BGP between every Kubernetes node: the routes to each node's pod block.
     nodes = [name for group in NODE_GROUPS for name in cluster.in_group(group)]
-    bgp = FirewallRule("Calico BGP between Kubernetes nodes", BGP_PORT, "tcp", addresses(nodes))
+    bgp = FirewallRule(
+        "Calico BGP between Kubernetes nodes", BGP_PORT, "tcp", host_addresses(cluster, nodes)
+    )
     rules: dict[str, list[FirewallRule]] = {group: [kubelet, bgp] for group in NODE_GROUPS}
     rules["control_plane"].insert(0, api)
     return rules

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from inventory.model import LoadedCluster
-from inventory.topology import HAPROXY_STATS_PORT, FirewallRule, api_clients, collapse_sources
+from inventory.topology import (
+    HAPROXY_STATS_PORT,
+    FirewallRule,
+    api_clients,
+    host_addresses,
+)
 from roles.loadbalancer.config import LoadBalancerConfig
 from roles.spec import Phase, Role, Rolling, lazy
 
@@ -21,11 +26,9 @@ def ports(loaded: LoadedCluster) -> dict[str, list[FirewallRule]]:
     ]
     if len(balancers) > 1:
         # keepalived's VRRP adverts (IP protocol 112): dropped, both balancers claim the VIP.
-        peers = collapse_sources(str(cluster.hosts[name].address) for name in balancers)
+        peers = host_addresses(cluster, balancers)
         rules.append(FirewallRule("VRRP between load balancers", None, "vrrp", peers))
-    scrapers = collapse_sources(
-        str(cluster.hosts[name].address) for name in cluster.in_group("monitoring")
-    )
+    scrapers = host_addresses(cluster, cluster.in_group("monitoring"))
     rules.append(FirewallRule("HAProxy stats from monitoring", HAPROXY_STATS_PORT, "tcp", scrapers))
     return {"loadbalancer": rules}
 

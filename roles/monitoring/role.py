@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 from inventory.model import LoadedCluster
-from inventory.topology import NODE_EXPORTER_PORT, PROMETHEUS_PORT, FirewallRule, collapse_sources
+from inventory.topology import (
+    NODE_EXPORTER_PORT,
+    PROMETHEUS_PORT,
+    FirewallRule,
+    collapse_sources,
+    host_addresses,
+)
 from roles.monitoring.config import MonitoringConfig
 from roles.spec import Phase, Role, lazy
 
 
 def ports(loaded: LoadedCluster) -> dict[str, list[FirewallRule]]:
     cluster = loaded.cluster
-    scrapers = collapse_sources(
-        str(cluster.hosts[name].address) for name in cluster.in_group("monitoring")
-    )
+    scrapers = host_addresses(cluster, cluster.in_group("monitoring"))
     admin = collapse_sources([str(cluster.networks.node), *map(str, cluster.networks.admin)])
     return {
         "all": [FirewallRule("node exporter from monitoring", NODE_EXPORTER_PORT, "tcp", scrapers)],

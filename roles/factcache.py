@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from inspect import getcallargs
 from typing import Any
 
@@ -28,7 +29,7 @@ from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
 from pyinfra.api.state import StateStage
 from pyinfra.connectors.util import CommandOutput, OutputLine
 
-from roles.pyinfra_api import MISSING_COMMAND_MARKER, commands_routed
+from roles.pyinfra_api import MISSING_COMMAND_MARKER, commands_routed, replayable_command
 
 FactRequest = tuple[type[FactBase], dict[str, Any]]
 
@@ -41,16 +42,41 @@ def _key(command: Any, arguments: dict[str, Any]) -> str:
     return repr((_command_text(command), sorted(arguments.items(), key=lambda item: item[0])))
 
 
-class PrepareCache:
-    """Outputs of successful commands on one host during the prepare stage."""
+@dataclass(frozen=True)
+class AskedCommand:
+    """A command whose output a deploy read while preparing, as the SSH channel carried it."""
 
-    def __init__(self, state, host):
+    text: str  # what pyinfra's connector sends (sudo, env and shell wrapping included)
+    success_codes: tuple[int, ...]
+    stdout: tuple[str, ...]
+
+
+class PrepareCache:
+    """Outputs of successful commands on one host during the prepare stage.
+
+    With `recording`, it also keeps every command the host's deploys asked for, in order, with
+    the output they were given (roles/fingerprint.py replays them to tell that nothing changed);
+    `replayable` turns False when one of them failed or cannot be replayed from its text."""
+
+    def __init__(self, state, host, recording: bool = False):
         self.state = state
         self.host = host
         self.outputs: dict[str, list[str]] = {}
         self.run_for_real = host.run_shell_command
         self.hits = 0
         self.misses = 0
+        self.asked: dict[str, AskedCommand] | None = {} if recording else None
+        self.replayable = recording
+
+    def _remember(self, key: str, command, arguments, stdout: list[str] | None) -> None:
+        if self.asked is None or key in self.asked:
+            return
+        text = replayable_command(self.state, self.host, command, arguments)
+        if stdout is None or text is None:
+            self.replayable = False
+            return
+        codes = tuple(arguments.get("_success_exit_codes") or (0,))
+        self.asked[key] = AskedCommand(text, codes, tuple(stdout))
 
     def run_shell_command(self, command, print_output=False, print_input=False, **arguments):
         if self.state.current_stage is not StateStage.Prepare:
@@ -58,11 +84,22 @@ class PrepareCache:
         key = _key(command, arguments)
         if key in self.outputs:
             self.hits += 1
+            self._remember(key, command, arguments, self.outputs[key])
             return True, CommandOutput([OutputLine("stdout", line) for line in self.outputs[key]])
         self.misses += 1
         status, output = self.run_for_real(command, print_output, print_input, **arguments)
         if status:
             self.outputs[key] = output.stdout_lines
+        self._remember(key, command, arguments, output.stdout_lines if status else None)
+        return status, output
+
+    def recorded_run(self, command, print_output=False, print_input=False, **arguments):
+        """Run for real in any stage, and keep the command with what it printed (a fact read
+        after the operations, such as whether a reboot is required, belongs to the record)."""
+        status, output = self.run_for_real(command, print_output, print_input, **arguments)
+        self._remember(
+            _key(command, arguments), command, arguments, output.stdout_lines if status else None
+        )
         return status, output
 
     def prefetch(self, requests: Iterable[FactRequest]) -> None:
@@ -132,9 +169,11 @@ def _fact_command(cls: type[FactBase], kwargs: dict[str, Any]) -> Any:
 
 
 @contextlib.contextmanager
-def prepare_cache(state, hosts: Iterable) -> Iterator[dict[Any, PrepareCache]]:
+def prepare_cache(
+    state, hosts: Iterable, recording: bool = False
+) -> Iterator[dict[Any, PrepareCache]]:
     """Route the hosts' commands through a PrepareCache while the block runs."""
-    caches = {host: PrepareCache(state, host) for host in hosts}
+    caches = {host: PrepareCache(state, host, recording) for host in hosts}
     with contextlib.ExitStack() as routes:
         for host, cache in caches.items():
             routes.enter_context(commands_routed(host, cache.run_shell_command))

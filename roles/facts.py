@@ -42,3 +42,28 @@ class RebootReasons(FactBase):
 
     def process(self, output: list[str]) -> list[str]:
         return [line.strip() for line in output if line.strip()]
+
+
+class Account(FactBase):
+    """A user's passwd entry (getent: local files and NSS alike), or None when there is none.
+    (pyinfra's Users fact reads every user's lastlog and groups: half a second on a host.)"""
+
+    def command(self, user: str) -> str:
+        return f"getent passwd {user} || true"
+
+    def process(self, output: list[str]) -> dict[str, str] | None:
+        fields = output[0].split(":") if output else []
+        if len(fields) != 7:
+            return None
+        return {"uid": fields[2], "gid": fields[3], "home": fields[5], "shell": fields[6]}
+
+
+class GroupEntry(FactBase):
+    """A group's entry: its gid, or None when there is no such group."""
+
+    def command(self, group: str) -> str:
+        return f"getent group {group} || true"
+
+    def process(self, output: list[str]) -> str | None:
+        fields = output[0].split(":") if output else []
+        return fields[2] if len(fields) == 4 else None

@@ -161,3 +161,27 @@ def memoise_global_arguments() -> None:
     if not _memoised:
         _arguments.all_global_arguments = functools.cache(_arguments.all_global_arguments)
         _memoised = True
+
+
+# Arguments that make a command's run more than its text on the SSH channel: a pseudo-terminal,
+# input written to it, or a password handed to sudo/su through an askpass helper.
+_NOT_REPLAYABLE = ("_get_pty", "_stdin", "_sudo_password", "_su_password")
+
+
+def replayable_command(state, host, command: Any, arguments: dict[str, Any]) -> str | None:
+    """The exact text pyinfra's SSH connector sends for `command` with these connector
+    arguments (pyinfra/connectors/ssh.py: run_shell_command builds it with
+    make_unix_command_for_host after taking out pty, timeout, stdin and the success codes), or
+    None when the command's run depends on more than that text and cannot be replayed."""
+    if any(arguments.get(name) for name in _NOT_REPLAYABLE):
+        return None
+    from pyinfra.connectors.util import make_unix_command_for_host
+
+    rest = {
+        key: value
+        for key, value in arguments.items()
+        if key not in ("_get_pty", "_timeout", "_stdin", "_success_exit_codes")
+    }
+    if not isinstance(command, StringCommand):
+        command = StringCommand(command)
+    return make_unix_command_for_host(state, host, command, **rest).get_raw_value()

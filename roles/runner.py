@@ -8,8 +8,6 @@ import logging
 import socket
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 
 import gevent
@@ -28,8 +26,9 @@ from roles.context import host_contexts
 from roles.factcache import prepare_cache
 from roles.operations import clear_pending, prefetch_requests
 from roles.orchestrate import batch_size, group_policies, paced_hosts, plan_steps
-from roles.pacing import Pacer, Rate, reset_shared
+from roles.pacing import Pacer, reset_shared
 from roles.pyinfra_api import (
+    commands_routed,
     conditions_hold,
     found_unchanged,
     guard_commands,
@@ -42,6 +41,15 @@ from roles.pyinfra_api import (
 )
 from roles.record import RunRecord
 from roles.registry import PHASES
+from roles.reports import (  # noqa: F401 (the report types, re-exported for callers)
+    HostReport,
+    HostStatus,
+    Mode,
+    OperationResult,
+    RunOptions,
+    RunReport,
+)
+from roles.selection import select_hosts, selected_hosts, shard_hosts  # noqa: F401
 from roles.spec import HostContext, ManagedFile, Phase
 from roles.ssh import SSHSettings
 
@@ -58,98 +66,7 @@ CONNECTION_LOST = "connection lost (the host stopped answering: rebooted, powere
 HOST_CAUSES = ("No space left on device", "Read-only file system", "Input/output error")
 
 
-class Mode(StrEnum):
-    plan = "plan"
-    apply = "apply"
-    drift = "drift"
-
-
-class HostStatus(StrEnum):
-    ok = "ok"  # matches the inventory (plan/drift) or converged without change (apply)
-    skipped = "skipped"  # not tried: a batched run stopped before its step
-    changed = "changed"  # apply changed it
-    drift = "drift"  # plan/drift: would change
-    failed = "failed"  # an operation failed
-    unreachable = "unreachable"  # no SSH connection (refused key, changed host key, down)
-
-
-@dataclass
-class OperationResult:
-    phase: str
-    name: str
-    changed: bool
-    diff: str | None = None  # unified diff of a managed file; secrets are redacted
-    error: str | None = None
-
-
-@dataclass
-class HostReport:
-    name: str
-    status: HostStatus = HostStatus.ok
-    error: str | None = None
-    operations: list[OperationResult] = field(default_factory=list)
-    seconds: float = 0.0
-    reboot_required: bool = False  # /run/reboot-required, read at the end of the run
-    notes: list[str] = field(default_factory=list)  # why operations did nothing on this host
-    # Results of checks a role ran while executing (the etcd disk gate: p99, pass/fail/override)
-    checks: list[dict] = field(default_factory=list)
-
-    @property
-    def changes(self) -> list[OperationResult]:
-        return [op for op in self.operations if op.changed]
-
-
-@dataclass
-class RunReport:
-    cluster: str
-    mode: Mode
-    hosts: dict[str, HostReport] = field(default_factory=dict)
-    phase_seconds: dict[str, float] = field(default_factory=dict)
-    seconds: float = 0.0
-    stopped: str | None = None  # why a batched run stopped early
-    notes: list[str] = field(default_factory=list)
-
-    def with_status(self, *statuses: HostStatus) -> list[HostReport]:
-        return [h for h in self.hosts.values() if h.status in statuses]
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    mode: Mode
-    limit: tuple[str, ...] = ()  # host or group names; empty: every host
-    roles: tuple[str, ...] = ()  # role names; empty: every role
-    parallel: int | None = None  # concurrent hosts; None: every host (within the nofile cap)
-    batch: str | None = None  # apply in rolling steps: "N" hosts or "P%" (roles/orchestrate.py)
-    rate: Rate | None = None  # at most N batch-policy hosts start per interval
-    fail_percent: float | None = None  # stop a batched run past this share of failed hosts
-    connect_timeout: int = 10
-    shard: tuple[int, int] | None = None  # (index, count): check only this share of the hosts
-
-
 Progress = Callable[[str, int, int], None]  # (what, done, total)
-
-
-def select_hosts(loaded: LoadedCluster, limit: Iterable[str]) -> list[str]:
-    """Hosts named by --limit (host names or group names), in inventory order."""
-    wanted = set(limit)
-    if not wanted:
-        return list(loaded.cluster.hosts)
-    return [
-        name
-        for name, host in loaded.cluster.hosts.items()
-        if name in wanted or wanted.intersection(host.groups)
-    ]
-
-
-def shard_hosts(hosts: list[str], index: int, count: int) -> list[str]:
-    """Shard `index` of `count` (0-based, as a Kubernetes Indexed Job numbers its pods): the
-    hosts whose position in name order is `index` modulo `count`. Every host falls in exactly
-    one shard, shards differ in size by one host at most, and the split depends only on the
-    host names, so runners that each take one index check the whole fleet once."""
-    if not 0 <= index < count:
-        raise ValueError(f"shard index {index} is not in 0..{count - 1}")
-    mine = set(sorted(hosts)[index::count])
-    return [name for name in hosts if name in mine]
 
 
 def select_phases(roles: Iterable[str]) -> list[Phase]:
@@ -170,17 +87,21 @@ def apply_steps(loaded: LoadedCluster, hosts: list[str], options: RunOptions) ->
     return plan_steps(hosts, groups_of, group_policies(PHASES), size, paced_per_step=paced)
 
 
-def run(loaded: LoadedCluster, options: RunOptions, progress: Progress | None = None) -> RunReport:
+def run(
+    loaded: LoadedCluster,
+    options: RunOptions,
+    progress: Progress | None = None,
+    record: bool = False,
+) -> RunReport:
+    """Plan, apply or check the hosts. With `record` (apply only: it writes `.state/`), every
+    host found converged gets its record for the drift fast path (roles/fingerprint.py); hosts
+    the apply changed are checked again, exactly, to find them converged."""
     started = time.monotonic()
+    asked: dict[str, tuple[str, ...]] = {}
     memoise_global_arguments()
     reset_shared()
     report = RunReport(cluster=loaded.cluster.name, mode=options.mode)
-    hosts = select_hosts(loaded, options.limit)
-    if options.shard:
-        selected = len(hosts)
-        hosts = shard_hosts(hosts, *options.shard)
-        index, count = options.shard
-        report.notes.append(f"shard {index}/{count}: {len(hosts)} of {selected} hosts")
+    hosts, report.notes = selected_hosts(loaded, options)
     phases = select_phases(options.roles)
     contexts = {ctx.name: ctx for ctx in host_contexts(loaded)}
     steps = apply_steps(loaded, hosts, options)
@@ -191,7 +112,15 @@ def run(loaded: LoadedCluster, options: RunOptions, progress: Progress | None = 
             groups_of = {name: loaded.cluster.hosts[name].groups for name in step}
             for _ in range(paced_hosts(step, groups_of, policies)):
                 pacer.acquire()
-        _run_batch(loaded, options, [contexts[h] for h in step], phases, report, progress)
+        _run_batch(
+            loaded,
+            options,
+            [contexts[h] for h in step],
+            phases,
+            report,
+            progress,
+            asked if record else None,
+        )
         failed = len(report.with_status(HostStatus.failed, HostStatus.unreachable))
         if (
             options.fail_percent is not None
@@ -209,8 +138,56 @@ def run(loaded: LoadedCluster, options: RunOptions, progress: Progress | None = 
             break
     if len(steps) > 1:
         report.notes.append(f"{len(steps)} steps: " + " | ".join(",".join(s) for s in steps))
+    if record:
+        _record_converged(loaded, options, report, asked, contexts)
     report.seconds = time.monotonic() - started
     return report
+
+
+def _record_converged(loaded, options, report: RunReport, asked, contexts) -> None:
+    """Keep the record of every host this run found converged, check the hosts an apply changed
+    once more (exactly: their facts are the ones that run recorded), and forget the records of
+    the hosts that are neither (their next drift checks them operation by operation)."""
+    from roles import fingerprint
+
+    common = fingerprint.common_digest(loaded)
+    kept = set()
+    for name, commands in asked.items():
+        entry = report.hosts[name]
+        if entry.status is not HostStatus.ok:
+            continue
+        ctx = contexts[name]
+        record = fingerprint.Record(
+            key=fingerprint.host_key(ctx, common),
+            roles=fingerprint.host_roles(ctx, options.roles),
+            commands=commands,
+            operations=tuple((op.phase, op.name) for op in entry.operations),
+            notes=tuple(entry.notes),
+            reboot_required=entry.reboot_required,
+            parts=tuple(common.split()),
+        )
+        fingerprint.save_record(loaded.state_dir, name, record)
+        kept.add(name)
+    changed = [h.name for h in report.with_status(HostStatus.changed)]
+    if options.mode is Mode.apply and changed:
+        clock = time.monotonic()
+        check_options = RunOptions(
+            mode=Mode.plan,
+            limit=tuple(changed),
+            roles=options.roles,
+            parallel=options.parallel,
+            connect_timeout=options.connect_timeout,
+        )
+        check = run(loaded, check_options, record=True)
+        _add_time(report, "converged check", clock)
+        kept.update(h for h in changed if check.hosts[h].status is HostStatus.ok)
+        still = [h for h in changed if check.hosts[h].status is not HostStatus.ok]
+        if still:
+            report.notes.append(
+                f"checked again after the apply, not converged: {', '.join(still)} "
+                "(`gpuinfra plan` shows what would still change)"
+            )
+    fingerprint.forget(loaded.state_dir, set(report.hosts) - kept)
 
 
 class _Recorder(BaseStateCallback):
@@ -311,6 +288,7 @@ def _run_batch(
     phases: list[Phase],
     report: RunReport,
     progress: Progress | None,
+    asked: dict[str, tuple] | None = None,
 ) -> None:
     names = [ctx.name for ctx in contexts]
     for name in names:
@@ -349,15 +327,35 @@ def _run_batch(
 
     # pyinfra keeps the state in a process-wide context and the host in a greenlet-local one.
     with ctx_state.use(state), record.recording() as run_record:
-        _prepare_and_execute(state, options, active, phases, by_name, report, recorder, run_record)
+        caches = _prepare_and_execute(
+            state, options, active, phases, by_name, report, recorder, run_record, asked is not None
+        )
+    if asked is not None:
+        asked.update(_asked_commands(caches, report))
+
+
+def _asked_commands(caches, report: RunReport) -> dict[str, tuple]:
+    """Per host whose run went through and whose commands can all be replayed: each command
+    its deploys asked, with its success codes and the digest of what it printed."""
+    from roles.fingerprint import output_digest
+
+    return {
+        host.name: tuple(
+            (asked.text, asked.success_codes, output_digest(asked.stdout))
+            for asked in cache.asked.values()
+        )
+        for host, cache in caches.items()
+        if cache.replayable
+        and report.hosts[host.name].status in (HostStatus.ok, HostStatus.changed)
+    }
 
 
 def _prepare_and_execute(
-    state, options, active, phases, by_name, report, recorder, run_record: RunRecord
-) -> None:
+    state, options, active, phases, by_name, report, recorder, run_record: RunRecord, recording
+):
     state.set_stage(StateStage.Prepare)
     op_phase: dict[str, str] = {}
-    with prepare_cache(state, active) as caches:
+    with prepare_cache(state, active, recording) as caches:
         clock = time.monotonic()
         _prefetch(state, caches, phases, by_name)
         _add_time(report, "prefetch", clock)
@@ -369,9 +367,9 @@ def _prepare_and_execute(
 
     _collect_plan(state, active, op_phase, report, run_record)
     if options.mode is not Mode.apply:
-        _read_reboot_required(state, active, report)
+        _read_reboot_required(state, active, report, caches)
         _disconnect(state)
-        return
+        return caches
 
     recorder.total = sum(len(state.ops[h]) for h in active)
     recorder.op_phase = op_phase
@@ -388,8 +386,9 @@ def _prepare_and_execute(
             report.phase_seconds.get(f"execute:{role}", 0.0) + seconds
         )
     _collect_results(state, active, op_phase, recorder, report, run_record)
-    _read_reboot_required(state, active, report)
+    _read_reboot_required(state, active, report, caches)
     _disconnect(state)
+    return caches
 
 
 def _skip_unchanged_while_clean(state, hosts, recorder: _Recorder | None = None) -> None:
@@ -553,12 +552,18 @@ def _collect_results(
             entry.status = HostStatus.ok
 
 
-def _read_reboot_required(state, active, report: RunReport) -> None:
+def _read_reboot_required(state, active, report: RunReport, caches=None) -> None:
     """Whether each host waits for a reboot, read after its operations ran (a kernel or boot
-    command line change marks it; `apply --reboot` acts on it)."""
+    command line change marks it; `apply --reboot` acts on it). A recording cache keeps it."""
 
     def read(host) -> bool:
-        with ctx_host.use(host):
+        cache = (caches or {}).get(host)
+        routed = (
+            commands_routed(host, cache.recorded_run)
+            if cache and cache.asked is not None
+            else contextlib.nullcontext()
+        )
+        with ctx_host.use(host), routed:
             return bool(host.get_fact(RebootRequired))
 
     hosts = [h for h in active if h not in state.failed_hosts]

@@ -8,16 +8,19 @@ unknown or changed key is refused on every path, never accepted or added.
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import shlex
 import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-
-import paramiko
+from typing import TYPE_CHECKING
 
 from inventory.model import LoadedCluster
+
+if TYPE_CHECKING:
+    import paramiko
 
 # The ssh_config entry that names the bastion: nodes jump through this alias, and the alias
 # matches no node, so the jump host never matches its own ProxyJump (no recursion).
@@ -192,6 +195,8 @@ class SSHSettings:
         ProxyJump hop's key is refused). Nothing but the key exchange and login happens."""
         if self.bastion is None:
             return None
+        import paramiko
+
         where = f"bastion {self.bastion.host}:{self.bastion.port}"
         client = paramiko.SSHClient()
         client.load_host_keys(str(self.known_hosts))
@@ -221,6 +226,8 @@ class SSHSettings:
     def connect(self, address: str) -> paramiko.SSHClient:
         """A connected paramiko client to one host that refuses unknown and changed host keys,
         through the bastion (its own key checked the same way) over a direct-tcpip channel."""
+        import paramiko
+
         sock = None
         hop = None
         if self.bastion is not None:
@@ -262,17 +269,28 @@ class SSHSettings:
         return client
 
 
-class _JumpedClient(paramiko.SSHClient):
-    """A client that closes its bastion connection with its own."""
+@functools.cache
+def _jumped_client_class():
+    """paramiko is imported only by what connects with it (the drift fast path uses OpenSSH)."""
+    import paramiko
 
-    def __init__(self, hop: paramiko.SSHClient | None) -> None:
-        super().__init__()
-        self._hop = hop
+    class JumpedClient(paramiko.SSHClient):
+        """A client that closes its bastion connection with its own."""
 
-    def close(self) -> None:
-        super().close()
-        if self._hop is not None:
-            self._hop.close()
+        def __init__(self, hop: paramiko.SSHClient | None) -> None:
+            super().__init__()
+            self._hop = hop
+
+        def close(self) -> None:
+            super().close()
+            if self._hop is not None:
+                self._hop.close()
+
+    return JumpedClient
+
+
+def _JumpedClient(hop):  # noqa: N802 (constructs the class above)
+    return _jumped_client_class()(hop)
 
 
 def _config_value(path: Path | None) -> str:

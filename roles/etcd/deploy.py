@@ -27,22 +27,15 @@ from roles.etcd.files import (
     settings,
 )
 from roles.facts import UnitState
-from roles.operations import put_file
+from roles.operations import put_file, system_account
 from roles.spec import HostContext
 
 
 @deploy("Etcd")
 def apply(ctx: HostContext) -> None:
     cfg = settings(ctx)
-    server.group(name="Create the etcd group", group="etcd", system=True)
-    server.user(
-        name="Create the etcd user",
-        user="etcd",
-        group="etcd",
-        system=True,
-        home=cfg.data_dir,
-        shell="/usr/sbin/nologin",
-        ensure_home=False,
+    system_account(
+        name="Create the etcd user and group", user="etcd", group="etcd", home=cfg.data_dir
     )
     tools = ["fio", "xfsprogs" if cfg.filesystem == "xfs" else "e2fsprogs"]
     apt.packages(name="Install filesystem tools and fio", packages=tools, no_recommends=True)

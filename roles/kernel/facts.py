@@ -24,8 +24,10 @@ class SysctlState(FactBase):
             lines.append(
                 f"if [ ! -e {path} ]; then printf '%s\\tabsent\\t\\n' {quoted}; "
                 f"else access=ro; [ -w {path} ] && access=rw; "
-                f"printf '%s\\t%s\\t%s\\n' {quoted} \"$access\" "
-                f"\"$(tr -s '[:space:]' ' ' < {path} | sed 's/ *$//')\"; fi"
+                # One cat per key (not tr and sed), the words joined by single spaces by the
+                # shell (dash's `read` gets one byte of a /proc/sys file).
+                f"v=$(cat {path}); "
+                f'set -f; set -- $v; printf \'%s\\t%s\\t%s\\n\' {quoted} "$access" "$*"; fi'
             )
         return "; ".join(lines) or "true"
 

@@ -27,7 +27,7 @@ def runs(monkeypatch):
     """What reached the run: the cluster each apply ran with."""
     seen = []
 
-    def record(loaded, options, progress=None):
+    def record(loaded, options, progress=None, record=False):
         seen.append(loaded)
         return RunReport(cluster=loaded.cluster.name, mode=Mode.apply)
 

@@ -17,7 +17,7 @@ from roles.runner import HostReport, HostStatus, Mode, RunOptions, run
 from tests.unit.loopback import loopback_cluster
 
 
-def failing_batch(loaded, options, contexts, phases, report, progress) -> None:
+def failing_batch(loaded, options, contexts, phases, report, progress, asked=None) -> None:
     for ctx in contexts:
         report.hosts[ctx.name] = HostReport(ctx.name, HostStatus.failed, error="stand-in failure")
 

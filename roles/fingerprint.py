@@ -1,0 +1,492 @@
+"""The drift fast path: one round trip per host that proves the host is as its last exact check
+found it, or hands the host to the exact check.
+
+A deploy's plan is a function of what it is given (the code, the inventory, the controller's
+`.state/`, the host's rendered files) and of the outputs of the commands its facts run on the
+host. When an exact check (an apply with nothing to change, or the check an apply runs after
+changing a host) finds a host converged, it keeps, under `.state/converged/<host>.json`:
+
+- the key: a digest of everything the deploys were given;
+- every command the host's deploys asked for while preparing, as the SSH channel carried it,
+  with a digest of its output;
+- the report that check made for the host (operations, notes, reboot flag).
+
+`gpuinfra drift` then sends each host one command that runs those same commands and prints the
+digests of their outputs, and compares them here. Same key and same outputs mean the same facts,
+so the deploys would decide the same: nothing to change, and the recorded report is that answer.
+Anything else (no record, another key, one output that differs, a command that fails) sends the
+host to the exact check, operation by operation, which finds and shows what differs.
+
+One output field is compared loosely: the access time pyinfra's file facts print (`stat`'s
+atime), which reading a file may move. No operation of the roles passes `atime` to pyinfra (a
+unit test reads their sources to keep it so), so no plan depends on it.
+
+Standard library only at import: a clean fleet's drift never imports pyinfra or paramiko.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import secrets
+import shlex
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from inventory.model import LoadedCluster
+from roles.context import host_context, host_files, topology_of
+from roles.registry import PHASES
+from roles.reports import HostReport, HostStatus, OperationResult
+from roles.spec import HostContext
+from roles.ssh import SSHSettings
+from roles.statefiles import write_secret_atomically
+
+FORMAT = 1  # bump when the record or the key changes meaning: old records are then ignored
+RECORDS = "converged"  # under the cluster's .state/
+# pyinfra's file facts (pyinfra/facts/files.py LINUX_STAT_COMMAND) print "... atime=N mtime=...".
+_ATIME = re.compile(r"^(user=\S* group=\S* mode=\S* atime=)-?[0-9]+( mtime=)")
+# Files under .state/ that say who runs, not what the deploys read.
+_STATE_IGNORED = {".lock", "apply.lock", RECORDS}
+
+
+@dataclass(frozen=True)
+class Record:
+    key: str
+    roles: tuple[str, ...]
+    # (command text, success exit codes, digest of its normalised stdout), in the order asked
+    commands: tuple[tuple[str, tuple[int, ...], str], ...]
+    operations: tuple[tuple[str, str], ...]  # (role, operation name) of the recorded report
+    notes: tuple[str, ...] = ()
+    reboot_required: bool = False
+    # What the key was made of (digests of the code, the cluster, the state): says which changed.
+    parts: tuple[str, ...] = ()
+
+    def to_json(self) -> bytes:
+        return json.dumps({"format": FORMAT, **asdict(self)}, indent=1).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Record | None:
+        try:
+            raw = json.loads(data)
+            if raw.pop("format", None) != FORMAT:
+                return None
+            return cls(
+                key=raw["key"],
+                roles=tuple(raw["roles"]),
+                commands=tuple((c, tuple(codes), d) for c, codes, d in raw["commands"]),
+                operations=tuple((role, name) for role, name in raw["operations"]),
+                notes=tuple(raw["notes"]),
+                reboot_required=bool(raw["reboot_required"]),
+                parts=tuple(raw.get("parts", ())),
+            )
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+# -- what the deploys were given ---------------------------------------------------------------
+
+_code_digest: str | None = None
+
+
+def code_digest() -> str:
+    """The roles' and the inventory layer's code and templates, and pyinfra's version."""
+    global _code_digest
+    if _code_digest is None:
+        from importlib.metadata import version
+
+        from roles.assets import TEMPLATES
+
+        root = Path(__file__).resolve().parents[1]
+        digest = hashlib.sha256(f"pyinfra {version('pyinfra')}\n".encode())
+        # The code is the Python of both packages (`inventory/` also holds inventories).
+        for folder, pattern in (
+            (root / "roles", "*.py"),
+            (root / "inventory", "*.py"),
+            (TEMPLATES, "*"),
+        ):
+            for path in sorted(folder.rglob(pattern)):
+                if path.is_file() and "__pycache__" not in path.parts:
+                    digest.update(f"{path.relative_to(folder.parent)}\n".encode())
+                    digest.update(hashlib.sha256(path.read_bytes()).digest())
+        _code_digest = digest.hexdigest()
+    return _code_digest
+
+
+def state_digest(state_dir: Path) -> str:
+    """The controller's state the deploys read (PKI, keys, serials, the operator kubeconfig)."""
+    digest = hashlib.sha256()
+    if state_dir.is_dir():
+        for path in sorted(state_dir.rglob("*")):
+            relative = path.relative_to(state_dir)
+            if relative.parts[0] in _STATE_IGNORED or path.name.endswith(".partial"):
+                continue
+            if path.is_file():
+                digest.update(f"{relative}\n".encode())
+                digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def cluster_digest(loaded: LoadedCluster) -> str:
+    return hashlib.sha256(loaded.cluster.model_dump_json().encode()).hexdigest()
+
+
+def host_key(ctx: HostContext, common: str) -> str:
+    """The key of one host: `common` (code, cluster, state), its settings and its files."""
+    digest = hashlib.sha256(f"{FORMAT}\n{common}\n{ctx.name}\n".encode())
+    for role, settings in sorted(ctx.settings.items()):
+        digest.update(f"{role} {settings.model_dump_json()}\n".encode())
+    for managed in host_files(ctx):
+        head = f"{managed.role} {managed.path} {managed.mode} {managed.user}:{managed.group} "
+        digest.update(head.encode() + hashlib.sha256(managed.content.encode()).digest())
+    return digest.hexdigest()
+
+
+def common_digest(loaded: LoadedCluster) -> str:
+    return f"{code_digest()} {cluster_digest(loaded)} {state_digest(loaded.state_dir)}"
+
+
+def host_roles(ctx: HostContext, wanted: Iterable[str] = ()) -> tuple[str, ...]:
+    """The roles with a phase on this host (of `wanted`; all when empty), in phase order."""
+    wanted = set(wanted)
+    roles = [
+        phase.role
+        for phase in PHASES
+        if (not wanted or phase.role in wanted) and phase.applies_to(ctx.host.groups)
+    ]
+    return tuple(dict.fromkeys(roles))
+
+
+# -- outputs ---------------------------------------------------------------------------------
+
+
+def output_digest(stdout: Iterable[str]) -> str:
+    """Digest of a command's stdout lines, with stat's access time masked (see the module)."""
+    digest = hashlib.sha256()
+    for line in stdout:
+        digest.update(_ATIME.sub(r"\1*\2", line).encode() + b"\n")
+    return digest.hexdigest()
+
+
+# Commands asked once per file or per unit, recognised by their exact text (rebuilt here for the
+# name and compared whole) and answered for all their names at once: a host's deploys ask about
+# 70 file facts and 10 unit states, each a shell and two or three processes on the host.
+# tests/unit/test_fingerprint.py checks the texts against pyinfra's and the roles' own facts,
+# and tests/integration/test_drift_fast.py checks on lab hosts that each batched answer is what
+# the commands print one by one.
+_STAT = "user=%U group=%G mode=%A atime=%X mtime=%Y ctime=%Z size=%s %N"
+_BSD_STAT = "user=%Su group=%Sg mode=%Sp atime=%a mtime=%m ctime=%c size=%z %N%SY"
+_NOCMD = "##PYINFRA_NOCMD##"
+UNIT_PROPERTIES = "--property=LoadState,ActiveState,UnitFileState"
+
+
+def _sh(inner: str) -> str:
+    return "sh -c " + shlex.quote(inner)
+
+
+def file_fact_text(path: str) -> str:
+    """pyinfra's File/Link/Directory fact (pyinfra/facts/files.py) for `path`, as sent."""
+    return _sh(
+        f"! (test -e {path} || test -L {path} ) || ( stat -c '{_STAT}' {path} 2> /dev/null || "
+        f"stat -f '{_BSD_STAT}' {path} || ls -ld {path} )"
+    )
+
+
+def sha1_fact_text(path: str) -> str:
+    """pyinfra's Sha1File fact for `path`, as sent."""
+    return _sh(
+        f"test -e {path} && ( sha1sum {path} 2> /dev/null || shasum {path} 2> /dev/null || "
+        f"sha1 {path} 2> /dev/null ) || true"
+    )
+
+
+def unit_state_text(unit: str) -> str:
+    """roles.facts.UnitState for `unit`, as sent."""
+    return _sh(f"systemctl show {UNIT_PROPERTIES} {unit} 2>/dev/null || true")
+
+
+def systemd_status_text(unit: str) -> str:
+    """pyinfra's SystemdStatus fact (pyinfra/facts/systemd.py) for one unit, as sent."""
+    return _sh(
+        "if command -v systemctl >/dev/null 2>&1; then ( systemctl show --all --property Id "
+        f"--property SubState {unit} ); else echo '{_NOCMD}'; fi"
+    )
+
+
+def _existing_then(tool: str) -> Callable[[list[str]], str]:
+    """A line per path, y or n (whether it exists: shell builtins), then `tool` on those that
+    do, as the single commands run it on each (one line of output per path)."""
+
+    def script(paths: list[str]) -> str:
+        return (
+            f"set --\nfor p in {' '.join(paths)}; do "
+            'if [ -e "$p" ] || [ -L "$p" ]; then echo y; set -- "$@" "$p"; else echo n; fi; '
+            f'done\n[ $# -eq 0 ] || {tool} -- "$@" </dev/null 2>/dev/null\n'
+        )
+
+    return script
+
+
+def _split_existing(lines: list[str], paths: list[str]) -> list[list[str]] | None:
+    flags, found = lines[: len(paths)], iter(lines[len(paths) :])
+    if len(flags) != len(paths) or flags.count("y") != len(lines) - len(paths):
+        return None  # a path appeared or vanished, or the tool could not read one
+    return [[next(found)] if flag == "y" else [] for flag in flags]
+
+
+def _split_blocks(lines: list[str], units: list[str]) -> list[list[str]] | None:
+    """`systemctl show` of several units: each unit's lines, a blank line between units."""
+    blocks: list[list[str]] = [[]]
+    for line in lines:
+        if line == "":
+            blocks.append([])
+        else:
+            blocks[-1].append(line)
+    return blocks if len(blocks) == len(units) and all(blocks) else None
+
+
+@dataclass(frozen=True)
+class _Group:
+    text: Callable[[str], str]  # the single command's text for one name
+    name: re.Pattern  # where the name is in that text
+    script: Callable[[list[str]], str]  # the shell answering for every name at once
+    split: Callable[[list[str], list[str]], list[list[str]] | None]  # -> each name's stdout
+
+
+_PATH = r"(/[A-Za-z0-9_./%+@:=,-]+)"
+_UNIT = r"([A-Za-z0-9@_.:-]+)"
+_GROUPS = {
+    "stat": _Group(
+        file_fact_text,
+        re.compile(rf"sh -c '! \(test -e {_PATH} "),
+        _existing_then(f"stat -c '{_STAT}'"),
+        _split_existing,
+    ),
+    "sha1": _Group(
+        sha1_fact_text,
+        re.compile(rf"sh -c 'test -e {_PATH} && \( sha1sum "),
+        _existing_then("sha1sum"),
+        _split_existing,
+    ),
+    "unit": _Group(
+        unit_state_text,
+        re.compile(rf"sh -c 'systemctl show {UNIT_PROPERTIES} {_UNIT} "),
+        lambda units: (
+            f"systemctl show {UNIT_PROPERTIES} {' '.join(units)} </dev/null 2>/dev/null\n"
+        ),
+        _split_blocks,
+    ),
+    "status": _Group(
+        systemd_status_text,
+        re.compile(rf"sh -c 'if command -v systemctl .* --property SubState {_UNIT} \)"),
+        lambda units: (
+            "command -v systemctl >/dev/null 2>&1 && systemctl show --all --property Id "
+            f"--property SubState {' '.join(units)} </dev/null 2>/dev/null\n"
+        ),
+        _split_blocks,
+    ),
+}
+
+
+def grouped(command: str) -> tuple[str, str] | None:
+    """(group, name) when `command` is exactly one group's text for that name."""
+    for kind, group in _GROUPS.items():
+        found = group.name.match(command)
+        if found is not None and group.text(found.group(1)) == command:
+            return kind, found.group(1)
+    return None
+
+
+def probe_script(commands: Iterable[str], marker: str) -> str:
+    """One shell script for one host. Each command runs as the SSH channel would run it (its
+    own `sh -c` text, no input), followed by a line with the marker, its index and its exit
+    code; the commands of a group (see `grouped`) are answered together, their section
+    ending with a line with the marker and the group's name."""
+    members: dict[str, list[str]] = {kind: [] for kind in _GROUPS}
+    parts = []
+    for index, command in enumerate(commands):
+        found = grouped(command)
+        if found is not None:
+            members[found[0]].append(found[1])
+            continue
+        parts.append(
+            f"( {command}\n) </dev/null 2>/dev/null\nprintf '\\n{marker} {index} %d\\n' $?\n"
+        )
+    for kind, names in members.items():
+        if names:
+            parts.append(_GROUPS[kind].script(names) + f"printf '\\n{marker} {kind} 0\\n'\n")
+    return "".join(parts)
+
+
+def read_probe(
+    output: bytes, marker: str, commands: Iterable[str] = ()
+) -> dict[int, tuple[int, list[str]]]:
+    """index -> (exit code, stdout lines), lines split as pyinfra's connector splits them. A
+    grouped command gets what its own text would have printed (exit 0: each group's single
+    commands end in `|| true` or cannot fail); a group whose answer does not add up answers
+    none of its commands, which sends the host to the exact check."""
+    sections: dict[str, tuple[int, list[str]]] = {}
+    section: list[str] = []
+    for raw in output.split(b"\n"):
+        line = raw.decode("utf-8", errors="replace")
+        if not line.startswith(marker + " "):
+            section.append(line)
+            continue
+        _, name, code = line.split(" ")
+        if section and section[-1] == "":  # the newline printed before the marker
+            section.pop()
+        sections[name] = (int(code), section)
+        section = []
+    answers = {int(name): answer for name, answer in sections.items() if name.isdigit()}
+    members: dict[str, list[tuple[int, str]]] = {kind: [] for kind in _GROUPS}
+    for index, command in enumerate(commands):
+        found = grouped(command)
+        if found is not None:
+            members[found[0]].append((index, found[1]))
+    for kind, wanted in members.items():
+        if not wanted or kind not in sections:
+            continue
+        split = _GROUPS[kind].split(sections[kind][1], [name for _, name in wanted])
+        for (index, _), stdout in zip(wanted, split or (), strict=False):
+            answers[index] = (0, stdout)
+    return answers
+
+
+def differences(record: Record, answers: dict[int, tuple[int, list[str]]]) -> list[str]:
+    """The recorded commands whose replay failed or printed something else (empty: none)."""
+    found = []
+    for index, (_, codes, digest) in enumerate(record.commands):
+        answer = answers.get(index)
+        if answer is None:
+            found.append(f"no answer to command {index}")
+        elif answer[0] not in codes:
+            found.append(f"command {index} exited {answer[0]}")
+        elif output_digest(answer[1]) != digest:
+            found.append(f"command {index} printed something else")
+    return found
+
+
+# -- records ---------------------------------------------------------------------------------
+
+
+def record_path(state_dir: Path, host: str) -> Path:
+    return state_dir / RECORDS / f"{host}.json"
+
+
+def load_record(state_dir: Path, host: str) -> Record | None:
+    try:
+        return Record.from_json(record_path(state_dir, host).read_bytes())
+    except OSError:
+        return None
+
+
+def save_record(state_dir: Path, host: str, record: Record) -> None:
+    """0600: a recorded command may name what is private to the cluster."""
+    folder = state_dir / RECORDS
+    folder.mkdir(mode=0o700, exist_ok=True)
+    write_secret_atomically(record_path(state_dir, host), record.to_json())
+
+
+def forget(state_dir: Path, hosts: Iterable[str]) -> None:
+    for host in hosts:
+        record_path(state_dir, host).unlink(missing_ok=True)
+
+
+# -- the fast check --------------------------------------------------------------------------
+
+
+@dataclass
+class FastCheck:
+    reports: dict[str, HostReport] = field(default_factory=dict)  # answered in one round trip
+    exact: dict[str, str] = field(default_factory=dict)  # host -> why it needs the exact check
+    seconds: float = 0.0
+
+
+# OpenSSH clients at once when --parallel does not say: each is a process of its own (about
+# 6 MiB and a few descriptors), unlike pyinfra's connections inside one process.
+DEFAULT_PARALLEL = 200
+
+
+def check(
+    loaded: LoadedCluster,
+    hosts: list[str],
+    roles: Iterable[str],
+    connect_timeout: int,
+    parallel: int | None = None,
+) -> FastCheck:
+    """Every host with a record: one ssh each (`parallel` at once), then the answers compared."""
+    started = time.monotonic()
+    result = FastCheck()
+    topology = topology_of(loaded)
+    common = common_digest(loaded)
+    ssh = SSHSettings.from_cluster(loaded, connect_timeout)
+    marker = f"gpuinfra-fingerprint-{secrets.token_hex(8)}"
+    wanted = tuple(roles)
+    probes: dict[str, Record] = {}
+    for name in hosts:
+        record = load_record(loaded.state_dir, name)
+        if record is None:
+            result.exact[name] = "no converged record"
+            continue
+        ctx = host_context(loaded, name, topology)
+        if host_key(ctx, common) != record.key:
+            result.exact[name] = "code, inventory or state changed since its record"
+            continue
+        if host_roles(ctx, wanted) != record.roles:
+            result.exact[name] = "other roles than its record"
+            continue
+        probes[name] = record
+
+    def probe(name: str) -> tuple[int, bytes, bytes, float]:
+        began = time.monotonic()
+        commands = [command for command, _, _ in probes[name].commands]
+        # The script goes on stdin: one argument of a remote command is limited to 128 KiB.
+        argv = [*ssh.argv(str(loaded.cluster.hosts[name].address)), "sh", "-s"]
+        pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+        with subprocess.Popen(argv, **pipes) as process:
+            output, errors = process.communicate(probe_script(commands, marker).encode())
+        return process.returncode, output, errors, time.monotonic() - began
+
+    workers = max(1, min(len(probes), parallel or DEFAULT_PARALLEL))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        answers = dict(zip(probes, pool.map(probe, probes), strict=True))
+    for name, record in probes.items():
+        code, output, errors, seconds = answers[name]
+        if code == 255:  # ssh itself failed: the exact check names why
+            result.exact[name] = "ssh: " + (errors.decode(errors="replace").strip() or "failed")
+            continue
+        commands = [command for command, _, _ in record.commands]
+        found = differences(record, read_probe(output, marker, commands))
+        if found:
+            result.exact[name] = f"differs from its record ({found[0]})"
+            continue
+        result.reports[name] = HostReport(
+            name,
+            HostStatus.ok,
+            operations=[OperationResult(role, op, False) for role, op in record.operations],
+            seconds=seconds,
+            reboot_required=record.reboot_required,
+            notes=list(record.notes),
+        )
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def summary(result: FastCheck, total: int) -> str:
+    why: dict[str, int] = {}
+    for reason in result.exact.values():
+        short = reason.split(" (", 1)[0]
+        why[short] = why.get(short, 0) + 1
+    text = (
+        f"{len(result.reports)} of {total} hosts matched their converged record "
+        f"(one round trip each, {result.seconds:.1f} s)"
+    )
+    if why:
+        text += "; checked operation by operation: " + ", ".join(
+            f"{count} {reason}" for reason, count in sorted(why.items())
+        )
+    return text

@@ -267,9 +267,13 @@ def apply_commands(stages: list[ApplyStage], timeout_s: int) -> list[str]:
 @operation()
 def cluster_objects_applied(first: bool, stages: list[ApplyStage], timeout_s: int):
     """Every role's Kubernetes objects (_cluster/kubernetes/, placed in apply stages), applied
-    server-side from the first control-plane node: when a placed file is about to change, or
-    `kubectl diff --server-side` finds a live object that differs (edited or deleted by hand),
-    or the API could not be asked (not initialised yet, or a kind it does not know yet)."""
+    server-side from the first control-plane node when `kubectl diff --server-side` of the
+    placed files finds a live object that differs (changed, edited or deleted by hand), or the
+    API cannot be asked (not initialised yet, or a kind it does not serve yet).
+
+    pyinfra runs this body twice: for the plan, before the files are written (so a placed file
+    that is about to change counts as a change: its diff against the live objects is not known
+    yet), and again when it executes, after the files were written, when the diff is exact."""
     if not first:
         host.noop("not the first control-plane node")
         return

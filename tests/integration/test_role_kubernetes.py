@@ -226,8 +226,9 @@ def test_cluster_objects_applied_server_side_once_then_only_on_drift(
     `kubectl apply --server-side --field-manager=gpuinfra --force-conflicts` on cp-1 only, once
     per stage (CRDs, then namespaces, then the rest, with a wait for the CRDs between), and
     together the stages held every object under _cluster/kubernetes/ but Calico's (its own step);
-    the second apply ran none. A hand edit of a placed file on cp-1, and a live object deleted
-    behind the role's back, each make plan report drift, and the next apply applies again.
+    the second apply ran none. A hand edit of a placed file on cp-1 makes plan report drift;
+    apply writes the file back and, the live objects being unchanged, applies nothing. A live
+    object deleted behind the role's back makes plan report drift and apply apply again.
     The team's label and taint are in gpu-1's placed join file, and in no other node's."""
     entries = kube_standin.calls(lab, NODES)
     applies = server_side_applies(entries)
@@ -274,11 +275,13 @@ def test_cluster_objects_applied_server_side_once_then_only_on_drift(
     assert any(name.endswith(f"Write {edited}") for name in drifted["cp-1"]), drifted
     assert any("Apply the cluster's objects" in name for name in drifted["cp-1"]), drifted
 
+    # apply writes the file back first, then asks kubectl diff with it: the live objects never
+    # changed, so nothing is applied.
     before = len(server_side_applies(kube_standin.calls(lab, NODES)))
     result = apply(standin_inventory, tmp_path / "report.json")
     assert result.returncode == ExitCode.OK, result.stdout[-3000:] + result.stderr[-2000:]
-    assert len(server_side_applies(kube_standin.calls(lab, NODES))) == before + len(stages)
     assert "name: edited" not in lab.ssh("cp-1", f"cat {edited}").stdout
+    assert len(server_side_applies(kube_standin.calls(lab, NODES))) == before
 
     # A live object deleted by hand (the placed files untouched): only `kubectl diff` sees it.
     lab.ssh(
@@ -292,6 +295,9 @@ def test_cluster_objects_applied_server_side_once_then_only_on_drift(
     assert list(drifted) == ["cp-1"] and all("Write" not in name for name in drifted["cp-1"])
     result = apply(standin_inventory, tmp_path / "report-2.json")
     assert result.returncode == ExitCode.OK, result.stdout[-3000:] + result.stderr[-2000:]
+    reapplied = server_side_applies(kube_standin.calls(lab, NODES))[before:]
+    assert [e["files"] for e in reapplied] == [[path] for path in stages]
+    assert "Namespace /gpuinfra-system" in reapplied[1]["applied"]
     planned = gpuinfra("plan", str(standin_inventory), "--roles", "kubernetes", "--format", "json")
     assert planned.returncode == ExitCode.OK, planned.stdout[-3000:]
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from inventory.model import LoadedCluster
 from roles.kubernetes.config import KubernetesConfig
-from roles.kubernetes.files import ADMIN_CONF, first_control_plane
+from roles.kubernetes.files import ADMIN_CONF, PATCHES_DIR, first_control_plane
 from roles.runner import Mode, RunOptions, run
 from roles.spec import host_config
 from roles.ssh import ssh_argv
@@ -234,12 +234,15 @@ def upgrade(
 
     session.step(first, "install kubeadm", package_commands(loaded, first, tag, ["kubeadm"]))
     session.step(first, "plan the upgrade", f"kubeadm upgrade plan {tag}")
-    session.step(first, "kubeadm upgrade apply", f"kubeadm upgrade apply {tag} -y", 1800)
+    # kubeadm keeps no patches in the cluster: without them the upgraded kube-scheduler would be
+    # upstream's, which has no Coscheduling plugin and refuses the profile (roles/fleet_policy).
+    patches = f"--patches {PATCHES_DIR}"
+    session.step(first, "kubeadm upgrade apply", f"kubeadm upgrade apply {tag} -y {patches}", 1800)
     _upgrade_kubelet(session, loaded, first, tag)
     session.step(first, "wait for /healthz", _wait(HEALTHZ))
     for host in control_plane[1:]:
         session.step(host, "install kubeadm", package_commands(loaded, host, tag, ["kubeadm"]))
-        session.step(host, "kubeadm upgrade node", "kubeadm upgrade node", 1800)
+        session.step(host, "kubeadm upgrade node", f"kubeadm upgrade node {patches}", 1800)
         _upgrade_kubelet(session, loaded, host, tag)
         session.step(host, "wait for /healthz", _wait(HEALTHZ))
     size = batch_size(len(workers), budget_percent)

@@ -4,7 +4,8 @@ and one `HostContext` per host. The engine's entry point for loading an inventor
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import functools
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -112,13 +113,31 @@ def _settings(loaded: LoadedCluster, name: str) -> dict[str, BaseModel]:
     }
 
 
-def host_context(loaded: LoadedCluster, name: str, topology: Topology | None = None) -> HostContext:
-    return HostContext(loaded, topology or topology_of(loaded), name, _settings(loaded, name))
+def host_context(
+    loaded: LoadedCluster,
+    name: str,
+    topology: Topology | None = None,
+    rendered: Callable[[], Mapping[str, str]] | None = None,
+) -> HostContext:
+    return HostContext(
+        loaded,
+        topology or topology_of(loaded),
+        name,
+        _settings(loaded, name),
+        rendered or _rendered_once(loaded),
+    )
 
 
 def host_contexts(loaded: LoadedCluster) -> list[HostContext]:
     topology = topology_of(loaded)
-    return [host_context(loaded, name, topology) for name in loaded.cluster.hosts]
+    rendered = _rendered_once(loaded)
+    return [host_context(loaded, name, topology, rendered) for name in loaded.cluster.hosts]
+
+
+def _rendered_once(loaded: LoadedCluster) -> Callable[[], Mapping[str, str]]:
+    """The cluster files, rendered on the first call only (schema checks take a while) and
+    only when a host's role asks for them."""
+    return functools.cache(lambda: cluster_files(loaded))
 
 
 def host_files(ctx: HostContext, roles: Iterable[str] = ()) -> list[ManagedFile]:

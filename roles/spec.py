@@ -47,6 +47,9 @@ class HostContext:
     topology: Topology
     name: str
     settings: Mapping[str, BaseModel] = field(default_factory=dict)  # role name -> config
+    # Every role's cluster-wide files (relative path under _cluster/ -> content), rendered on
+    # the first call and shared by every host of a load: the kubernetes role applies them.
+    cluster_files: Callable[[], Mapping[str, str]] = field(default=dict, compare=False)
 
     @property
     def cluster(self) -> Cluster:

@@ -4,8 +4,8 @@ metrics (device plugin, DCGM exporter, scrape jobs). The preflight gate and the 
 periodic check are gpu_health's (roles/gpu_health/gate.py and its manifest).
 
 Cluster-wide only (the record in role.py has no host phases): the kubernetes role applies the
-rendered objects with server-side apply and places the scheduler files. For that role:
-`team_of`, `node_labels`, `node_taints` and the label/taint constants below.
+rendered objects with server-side apply and places the scheduler files (`files.scheduler_files`).
+For that role: `team_of`, `node_labels`, `node_taints` and the label/taint constants below.
 """
 
 from __future__ import annotations

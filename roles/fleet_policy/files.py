@@ -8,6 +8,7 @@ is returned, so `gpuinfra render` never writes an object the API server would re
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -27,6 +28,8 @@ from roles.fleet_policy.teams import (
     team_namespaces,
 )
 from roles.gpu_health.expect import cluster_config as gpu_health_config
+from roles.kubernetes.config import KubernetesConfig
+from roles.spec import host_config
 from roles.templates import render_template
 
 KUBERNETES_DIR = "kubernetes/fleet-policy"
@@ -133,14 +136,15 @@ def scrape_jobs(cluster: Cluster, cfg: FleetPolicyConfig) -> list[dict[str, Any]
     return [job for job in jobs if job["targets"]]
 
 
-def cluster_files(loaded: LoadedCluster) -> dict[str, str]:
+def template_context(loaded: LoadedCluster) -> dict[str, Any]:
+    """What every fleet policy template is rendered with."""
     cluster = loaded.cluster
     cfg = fleet_config(loaded)
     health = gpu_health_config(loaded)
     version = gang.scheduler_plugins_version(
         cluster.versions.kubernetes, cfg.scheduler_plugins_version
     )
-    common: dict[str, Any] = {
+    return {
         "cluster_name": cluster.name,
         "cfg": cfg,
         "label_key": gpu_health.GPU_WORKER_LABEL_KEY,
@@ -154,11 +158,50 @@ def cluster_files(loaded: LoadedCluster) -> dict[str, str]:
         "pod_group_label": gang.POD_GROUP_LABEL,
         # The port the firewall opens to the monitoring hosts (gpu_health's record).
         "dcgm_port": DCGM_EXPORTER_PORT,
+        # kube-scheduler ignores --kube-api-qps/--kube-api-burst once it reads --config: the
+        # kubernetes role's client limits go into the configuration file instead.
+        "scheduler_client": scheduler_client(loaded),
     }
+
+
+def scheduler_client(loaded: LoadedCluster) -> KubernetesConfig:
+    """The kubernetes role's settings of the first control-plane node (its defaults without one):
+    the scheduler's client limits come from there."""
+    nodes = loaded.cluster.in_group("control_plane")
+    if not nodes:
+        return KubernetesConfig()
+    return host_config(loaded, nodes[0], "kubernetes", KubernetesConfig)
+
+
+@dataclass(frozen=True)
+class SchedulerFiles:
+    """What the kubernetes role puts on every control-plane node for gang scheduling."""
+
+    config_path: str  # where kube-scheduler reads `config` from (mounted by kubeadm)
+    config: str  # the KubeSchedulerConfiguration with the Coscheduling profile
+    patch: str  # kubeadm's kube-scheduler+strategic.yaml patch: the scheduler-plugins image
+    kubeadm: dict[str, Any]  # the ClusterConfiguration's `scheduler` section (extraArgs, volumes)
+
+
+def scheduler_files(loaded: LoadedCluster, context: dict[str, Any] | None = None) -> SchedulerFiles:
+    common = context or template_context(loaded)
+    kubeadm = render_template("fleet_policy/kubeadm-scheduler.yaml.j2", **common)
+    return SchedulerFiles(
+        config_path=common["cfg"].scheduler_config_path,
+        config=render_template("fleet_policy/kube-scheduler-config.yaml.j2", **common),
+        patch=render_template("fleet_policy/kube-scheduler+strategic.yaml.j2", **common),
+        kubeadm=yaml.safe_load(kubeadm)["scheduler"],
+    )
+
+
+def cluster_files(loaded: LoadedCluster) -> dict[str, str]:
+    cluster = loaded.cluster
+    common = template_context(loaded)
+    cfg: FleetPolicyConfig = common["cfg"]
     namespaces = [
         (namespace, team) for team in cluster.teams for namespace in team_namespaces(cluster, team)
     ]
-    exempt = [*SYSTEM_NAMESPACES, cfg.namespace, health.namespace]
+    exempt = [*SYSTEM_NAMESPACES, cfg.namespace, gpu_health_config(loaded).namespace]
     manifests = {
         NAMESPACE: render_template("fleet_policy/namespace.yaml.j2", **common),
         TEAMS: render_template(
@@ -174,11 +217,12 @@ def cluster_files(loaded: LoadedCluster) -> dict[str, str]:
         COSCHEDULING: render_template("fleet_policy/coscheduling.yaml.j2", **common),
     }
     check_manifests(manifests, cluster.versions.kubernetes)
+    scheduler = scheduler_files(loaded, common)
     return {
         **manifests,
-        SCHEDULER_CONFIG: render_template("fleet_policy/kube-scheduler-config.yaml.j2", **common),
+        SCHEDULER_CONFIG: scheduler.config,
         KUBEADM_SCHEDULER: render_template("fleet_policy/kubeadm-scheduler.yaml.j2", **common),
-        KUBEADM_PATCH: render_template("fleet_policy/kube-scheduler+strategic.yaml.j2", **common),
+        KUBEADM_PATCH: scheduler.patch,
         NODES: "# Rendered by gpuinfra (roles/fleet_policy): labels and taints per node, applied "
         "by the kubernetes role at join.\n"
         + yaml.safe_dump(node_placement(cluster), sort_keys=False),

@@ -1,8 +1,8 @@
 """Which team owns a node: the inventory's `teams:` section becomes node labels and taints.
 
-The kubernetes role applies these at join (kubelet `--node-labels` and `--register-with-taints`);
-the admission policy in templates/fleet_policy/teams.yaml.j2 keeps each team's pods off the others'
-nodes. Validation (inventory/validate.py) already refused a host in two teams.
+The kubernetes role applies these at join (kubeadm's nodeRegistration: taints and kubelet's
+`node-labels`); the admission policy in templates/fleet_policy/teams.yaml.j2 keeps each team's
+pods off the others' nodes. Validation (inventory/validate.py) already refused a host in two teams.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The kubernetes role's deploy: packages, kubeadm files, then init, joins and Calico.
 
 Two phases: the control plane, then the workers. On the control plane the first node runs
-`kubeadm init --upload-certs` once, Calico is applied from it, and the other nodes join one at
-a time (`_serial`), each waiting for /healthz (and Ready, with a CNI) before the next starts.
+`kubeadm init --upload-certs` once, Calico and then every role's cluster objects (server-side
+apply, CRDs first) are applied from it, and the other nodes join one at a time (`_serial`),
+each waiting for /healthz (and Ready, with a CNI) before the next starts.
 Workers join in parallel, paced by the run's shared rate limit (roles/pacing.py), which they
 acquire inside the join itself, so nodes that are already joined never wait.
 """
@@ -26,6 +27,7 @@ from roles.kubernetes.files import (
     REPO_KEY,
     REPO_SOURCES,
     SECRET_DIR,
+    apply_stages,
     first_control_plane,
     is_first_control_plane,
     managed_files,
@@ -131,6 +133,12 @@ def apply_control_plane(ctx: HostContext) -> None:
         cfg=cfg,
         resources=[CALICO_CONFIG, CALICO_RESOURCES],
         marker=f"{CONFIG_DIR}/calico-applied",
+    )
+    kube_ops.cluster_objects_applied(
+        name="Apply the cluster's objects (server-side, CRDs first)",
+        first=first,
+        stages=apply_stages(ctx.cluster_files()),
+        timeout_s=cfg.ready_timeout_s,
     )
     kube_ops.control_plane_joined(
         name="Join the control plane, one node at a time",

@@ -68,3 +68,22 @@ class FileExists(FactBase):
 
     def process(self, output: list[str]) -> bool:
         return bool(output) and output[0].strip() == "yes"
+
+
+class LiveObjectsDiffer(FactBase):
+    """`kubectl diff --server-side` of the placed object files against the live objects, as the
+    role's apply would send them: "same" (exit 0), "differs" (1) or "failed" (anything else:
+    no API, or a custom resource whose definition is not there yet). Its output (which would
+    show a Secret's data) is thrown away; only the exit status is read."""
+
+    def command(self, kubeconfig: str, paths: tuple[str, ...], field_manager: str) -> str:
+        files = " ".join(f"-f {shlex.quote(path)}" for path in paths)
+        return (
+            f"kubectl --kubeconfig {shlex.quote(kubeconfig)} --request-timeout=30s diff "
+            f"--server-side --field-manager={shlex.quote(field_manager)} --force-conflicts "
+            f"{files} >/dev/null 2>&1; echo $?"
+        )
+
+    def process(self, output: list[str]) -> str:
+        status = output[-1].strip() if output else ""
+        return {"0": "same", "1": "differs"}.get(status, "failed")

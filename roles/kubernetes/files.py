@@ -5,12 +5,15 @@ models in `models.py` as it is rendered."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
 
 import yaml
 
 from inventory.model import Cluster, LoadedCluster
-from roles import gpu_health
+from roles import fleet_policy, gpu_health
+from roles.fleet_policy.files import SchedulerFiles, scheduler_files
 from roles.kubernetes import models as m
 from roles.kubernetes.config import KubernetesConfig
 from roles.spec import HostContext, ManagedFile, host_config
@@ -23,6 +26,11 @@ INIT_CONFIG = KUBEADM_CONFIG
 JOIN_CONFIG = KUBEADM_CONFIG
 PATCHES_DIR = f"{CONFIG_DIR}/patches"
 KUBELET_PATCH = f"{PATCHES_DIR}/kubeletconfiguration+merge.yaml"
+# kubeadm's patch of the static kube-scheduler pod (target kube-scheduler, strategic merge):
+# the scheduler-plugins image, which has Coscheduling compiled in (roles/fleet_policy).
+SCHEDULER_PATCH = f"{PATCHES_DIR}/kube-scheduler+strategic.yaml"
+# The cluster's Kubernetes objects (every role's _cluster/kubernetes/ files), in apply stages.
+CLUSTER_OBJECTS_DIR = f"{CONFIG_DIR}/cluster"
 # The join step writes the filled-in copy here (0700) and removes it after the join.
 SECRET_DIR = f"{CONFIG_DIR}/private"
 MANIFESTS_DIR = f"{CONFIG_DIR}/manifests"
@@ -240,16 +248,23 @@ def controller_manager_flags(cfg: KubernetesConfig) -> list[Flag]:
     ]
 
 
-def scheduler_flags(cfg: KubernetesConfig) -> list[Flag]:
+def scheduler_flags(scheduler: SchedulerFiles) -> list[Flag]:
+    """The scheduler's flags from the fleet policy's kubeadm section: only `config` (the
+    Coscheduling profile). kube-scheduler ignores --kube-api-qps/--kube-api-burst/--profiling
+    once it reads a configuration file; that file sets them (clientConnection, enableProfiling)."""
+    reasons = {
+        "config": "the default profile with Coscheduling (gang scheduling, roles/fleet_policy); "
+        "it also sets the client's qps/burst and enableProfiling: false (CIS 1.4.1), which "
+        "kube-scheduler no longer takes as flags with --config"
+    }
     return [
-        Flag(
-            "kube-api-qps",
-            str(cfg.scheduler_qps),
-            "default 50: binding a large gang of pods at once waits on the client's limit",
-        ),
-        Flag("kube-api-burst", str(cfg.scheduler_burst), "default 100"),
-        Flag("profiling", "false", "CIS benchmark 1.4.1"),
+        Flag(arg["name"], arg["value"], reasons.get(arg["name"], "roles/fleet_policy"))
+        for arg in scheduler.kubeadm.get("extraArgs", [])
     ]
+
+
+def scheduler_volumes(scheduler: SchedulerFiles) -> list[m.HostPathMount]:
+    return [m.HostPathMount(**volume) for volume in scheduler.kubeadm.get("extraVolumes", [])]
 
 
 def cert_sans(ctx: HostContext) -> list[str]:
@@ -271,6 +286,7 @@ def _args(flags: list[Flag]) -> list[m.Arg]:
 
 def cluster_configuration(ctx: HostContext, cfg: KubernetesConfig) -> m.ClusterConfiguration:
     cluster = ctx.cluster
+    scheduler = scheduler_files(ctx.loaded)
     audit_volumes = [
         m.HostPathMount(
             name="audit-policy",
@@ -308,12 +324,16 @@ def cluster_configuration(ctx: HostContext, cfg: KubernetesConfig) -> m.ClusterC
             certSANs=cert_sans(ctx),
         ),
         controllerManager=m.ControlPlaneComponent(extraArgs=_args(controller_manager_flags(cfg))),
-        scheduler=m.ControlPlaneComponent(extraArgs=_args(scheduler_flags(cfg))),
+        scheduler=m.ControlPlaneComponent(
+            extraArgs=_args(scheduler_flags(scheduler)), extraVolumes=scheduler_volumes(scheduler)
+        ),
     )
 
 
 def node_labels(ctx: HostContext, cfg: KubernetesConfig) -> dict[str, str]:
+    """kubelet's --node-labels: the inventory's own, the team's (`teams:`), the GPU's."""
     labels = dict(cfg.node_labels)
+    labels.update(fleet_policy.node_labels(ctx.cluster, ctx.name))
     gpu = ctx.host.gpu
     if "gpu_worker" in ctx.host.groups and gpu is not None:
         labels[gpu_health.GPU_WORKER_LABEL_KEY] = gpu_health.GPU_WORKER_LABEL_VALUE
@@ -324,19 +344,29 @@ def node_labels(ctx: HostContext, cfg: KubernetesConfig) -> dict[str, str]:
 
 def registration_taints(ctx: HostContext) -> list[m.Taint] | None:
     """GPU workers register with the preflight taint, so no pod lands before their GPUs passed
-    the health checks (Kubespray taints after the join: pods can land first). Control-plane
-    nodes keep kubeadm's own taint (None); other workers register untainted."""
+    the health checks (Kubespray taints after the join: pods can land first); a team's workers
+    with the team's taint, so only its pods land there from the first moment. Control-plane
+    nodes keep kubeadm's own taint (None; validation keeps them out of teams); other workers
+    register untainted."""
+    taints = []
     if "gpu_worker" in ctx.host.groups:
-        return [
+        taints.append(
             m.Taint(
                 key=gpu_health.PREFLIGHT_TAINT_KEY,
                 value=gpu_health.PREFLIGHT_TAINT_VALUE,
                 effect=gpu_health.PREFLIGHT_TAINT_EFFECT,
             )
-        ]
-    if "control_plane" in ctx.host.groups:
+        )
+    team = fleet_policy.team_of(ctx.cluster, ctx.name)
+    if team is not None:
+        taints.append(
+            m.Taint(
+                key=fleet_policy.TEAM_TAINT_KEY, value=team, effect=fleet_policy.TEAM_TAINT_EFFECT
+            )
+        )
+    if not taints and "control_plane" in ctx.host.groups:
         return None
-    return []
+    return taints
 
 
 def node_registration(ctx: HostContext, cfg: KubernetesConfig) -> m.NodeRegistration:
@@ -622,13 +652,21 @@ def managed_files(ctx: HostContext) -> list[ManagedFile]:
         resources = dump(calico_resources(ctx.loaded, cfg), _calico_header(cfg))
         files.append(ManagedFile("kubernetes", CALICO_RESOURCES, resources))
         files.append(ManagedFile("kubernetes", CALICO_CONFIG, calico_config_map(ctx.loaded, cfg)))
+        scheduler = scheduler_files(ctx.loaded)
+        files.append(ManagedFile("kubernetes", scheduler.config_path, scheduler.config))
+        files.append(ManagedFile("kubernetes", SCHEDULER_PATCH, scheduler.patch))
+        # On every control-plane node (the same paths on each, as pyinfra needs); applied from
+        # the first one only (operations.cluster_objects_applied).
+        for stage in apply_stages(ctx.cluster_files()):
+            managed = ManagedFile("kubernetes", stage.path, stage.content, mode="0600")
+            files.append(replace(managed, secret=stage.secret))
     if is_first_control_plane(ctx):
         header = reasons_header(
             f"kubeadm init of {ctx.cluster.name} on {ctx.name}",
             {
                 "kube-apiserver": api_server_flags(ctx, cfg),
                 "kube-controller-manager": controller_manager_flags(cfg),
-                "kube-scheduler": scheduler_flags(cfg),
+                "kube-scheduler": scheduler_flags(scheduler_files(ctx.loaded)),
             },
         )
         documents: list[m.Strict] = [
@@ -647,13 +685,88 @@ def managed_files(ctx: HostContext) -> list[ManagedFile]:
         text = dump([join_configuration(ctx, cfg)], header)
         files.append(ManagedFile("kubernetes", JOIN_CONFIG, text, mode="0600"))
     for managed in files:
-        if (
-            managed.path.startswith(CONFIG_DIR)
-            and managed.path.endswith(".yaml")
-            and (managed.path != CALICO_CONFIG)
-        ):
+        if managed.path in (INIT_CONFIG, KUBELET_PATCH, CALICO_RESOURCES):
             validate_documents(managed.content)
     return files
+
+
+# ---------------------------------------------------------------- cluster objects
+
+# Where the Kubernetes objects of every role are under _cluster/; Calico's are applied by the
+# Calico step instead (its IPPool and BGPConfiguration need the CRDs of the upstream manifest).
+OBJECTS_PREFIX = "kubernetes/"
+CALICO_PREFIX = "kubernetes/calico/"
+
+
+@dataclass(frozen=True)
+class ApplyStage:
+    """One file of cluster objects, applied in name order: CRDs before the objects that use
+    them (the PodGroup CRD before everything else), namespaces before what lives in them."""
+
+    path: str
+    content: str
+    kinds: str  # what the stage holds, for its header
+    secret: bool = False
+    crds: bool = False  # waited for (condition Established) before the next stage
+
+
+STAGES = (
+    ("00-crds.yaml", "custom resource definitions", {"CustomResourceDefinition"}),
+    ("10-namespaces.yaml", "namespaces", {"Namespace"}),
+    ("20-objects.yaml", "objects", None),  # every other kind
+)
+
+
+def cluster_objects(rendered: Mapping[str, str]) -> list[tuple[str, dict[str, Any]]]:
+    """(_cluster/ path, object) of every Kubernetes object the kubernetes role applies, in path
+    and document order."""
+    return [
+        (path, obj)
+        for path in sorted(rendered)
+        if path.startswith(OBJECTS_PREFIX) and not path.startswith(CALICO_PREFIX)
+        for obj in yaml.safe_load_all(rendered[path])
+        if obj
+    ]
+
+
+def apply_stages(rendered: Mapping[str, str]) -> list[ApplyStage]:
+    """The objects of `rendered` (every role's cluster files) split into the apply stages, each
+    object under a comment naming the _cluster/ file it comes from; empty stages left out."""
+    staged: list[list[tuple[str, dict[str, Any]]]] = [[] for _ in STAGES]
+    for path, obj in cluster_objects(rendered):
+        first = next(
+            i for i, (_, _, kinds) in enumerate(STAGES) if kinds is None or obj.get("kind") in kinds
+        )
+        staged[first].append((path, obj))
+    stages = []
+    for (name, kinds, _), taken in zip(STAGES, staged, strict=True):
+        if not taken:
+            continue
+        header = (
+            f"# Managed by gpuinfra: the cluster's {kinds}, applied with `kubectl apply "
+            f"--server-side --field-manager={FIELD_MANAGER}` from the first control-plane node,\n"
+            f"# in file name order ({CLUSTER_OBJECTS_DIR}). Rendered under _cluster/ by every "
+            "role; edit the inventory, not this file.\n"
+        )
+        documents = [
+            f"# from _cluster/{path}\n" + yaml.safe_dump(obj, sort_keys=False, width=1000)
+            for path, obj in taken
+        ]
+        stages.append(
+            ApplyStage(
+                path=f"{CLUSTER_OBJECTS_DIR}/{name}",
+                content=header + "---\n".join(documents),
+                kinds=kinds,
+                secret=any(obj.get("kind") == "Secret" for _, obj in taken),
+                crds=name.startswith("00-"),
+            )
+        )
+    return stages
+
+
+# Server-side apply records this manager as the owner of every field the role sets; a field
+# another manager owns is taken over (--force-conflicts): the inventory is the source of truth.
+FIELD_MANAGER = "gpuinfra"
 
 
 def _patch_header() -> str:

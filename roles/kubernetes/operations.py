@@ -28,8 +28,14 @@ from pyinfra.facts.files import Sha1File
 from roles.container_runtime.operations import KeyFingerprints, fetch_key_commands
 from roles.kubernetes import models as m
 from roles.kubernetes.config import KubernetesConfig
-from roles.kubernetes.facts import ApiAnswers, FileExists, HeldPackages, KubeBinaries
-from roles.kubernetes.files import ADMIN_CONF, KUBELET_CONF, SECRET_DIR
+from roles.kubernetes.facts import (
+    ApiAnswers,
+    FileExists,
+    HeldPackages,
+    KubeBinaries,
+    LiveObjectsDiffer,
+)
+from roles.kubernetes.files import ADMIN_CONF, FIELD_MANAGER, KUBELET_CONF, SECRET_DIR, ApplyStage
 from roles.operations import report_note, wait_for
 from roles.pacing import Pacer, Rate, shared_pacer
 
@@ -234,6 +240,63 @@ def calico_applied(first: bool, cfg: KubernetesConfig, resources: list[str], mar
     for path in resources:
         yield f"kubectl --kubeconfig {ADMIN_CONF} apply -f {shlex.quote(path)}"
     yield f"rm -f {marker}.* && touch {marker}.{digest}"
+
+
+# ---------------------------------------------------------------- cluster objects
+
+KUBECTL = f"kubectl --kubeconfig {ADMIN_CONF}"
+SERVER_SIDE_APPLY = (
+    f"{KUBECTL} apply --server-side --field-manager={FIELD_MANAGER} --force-conflicts"
+)
+
+
+def apply_commands(stages: list[ApplyStage], timeout_s: int) -> list[str]:
+    """One server-side apply per stage, in order; after the CRDs, a wait until the API serves
+    them (a PodGroup or any other custom resource in a later stage is refused before that)."""
+    commands = []
+    for stage in stages:
+        quoted = shlex.quote(stage.path)
+        commands.append(f"{SERVER_SIDE_APPLY} -f {quoted}")
+        if stage.crds:
+            commands.append(
+                f"{KUBECTL} wait --for condition=established --timeout={timeout_s}s -f {quoted}"
+            )
+    return commands
+
+
+@operation()
+def cluster_objects_applied(first: bool, stages: list[ApplyStage], timeout_s: int):
+    """Every role's Kubernetes objects (_cluster/kubernetes/, placed in apply stages), applied
+    server-side from the first control-plane node when `kubectl diff --server-side` of the
+    placed files finds a live object that differs (changed, edited or deleted by hand), or the
+    API cannot be asked (not initialised yet, or a kind it does not serve yet).
+
+    pyinfra runs this body twice: for the plan, before the files are written (so a placed file
+    that is about to change counts as a change: its diff against the live objects is not known
+    yet), and again when it executes, after the files were written, when the diff is exact."""
+    if not first:
+        host.noop("not the first control-plane node")
+        return
+    if not stages:
+        host.noop("no cluster objects to apply")
+        return
+    changing = [
+        stage.path
+        for stage in stages
+        if host.get_fact(Sha1File, path=stage.path)
+        != hashlib.sha1(stage.content.encode()).hexdigest()
+    ]
+    if not changing and host.get_fact(ApiAnswers, kubeconfig=ADMIN_CONF)["healthy"]:
+        live = host.get_fact(
+            LiveObjectsDiffer,
+            kubeconfig=ADMIN_CONF,
+            paths=tuple(stage.path for stage in stages),
+            field_manager=FIELD_MANAGER,
+        )
+        if live == "same":
+            host.noop("the cluster's objects are applied: the live objects match the files")
+            return
+    yield from apply_commands(stages, timeout_s)
 
 
 # ---------------------------------------------------------------- join secrets

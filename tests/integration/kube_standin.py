@@ -5,9 +5,13 @@ package repository, no release downloads, no image registry).
 The stand-in records every call (arguments, start and end time, host) as one JSON line in
 /var/log/kube-standin.log and writes the files kubeadm would write (admin.conf, kubelet.conf,
 pki/ca.crt ...), so the role's real code path (facts, init, joins, waits) runs unchanged against
-it. `kubeadm token create` and `upload-certs` invent a token and a key like kubeadm does and
-list them in /var/lib/kube-standin/issued, so a test can search every output for them. It
-refuses a join or init file that still holds a GPUINFRA_ placeholder or no token.
+it. Its kubectl keeps the objects of `apply --server-side --field-manager=gpuinfra
+--force-conflicts` as the "live" ones (each object's text, by kind, namespace and name, in
+/var/lib/kube-standin/live.json) and answers `diff` (exit 1 when a file's object differs from
+the live one) and `wait` (exit 1 while an object is not live) from them. `kubeadm token
+create` and `upload-certs` invent a token and a key like kubeadm does and list them in
+/var/lib/kube-standin/issued, so a test can search every output for them. It refuses a join or
+init file that still holds a GPUINFRA_ placeholder or no token.
 """
 
 from __future__ import annotations
@@ -146,19 +150,55 @@ record(2)
 '''
 
 KUBECTL = r'''#!/usr/bin/python3
-"""Stand-in kubectl (gpuinfra lab tests): /healthz answers when a kubeconfig exists."""
-import json, os, socket, sys, time
+"""Stand-in kubectl (gpuinfra lab tests): /healthz answers when a kubeconfig exists; apply,
+diff and wait keep "live" objects in a file, each object's text by kind/namespace/name."""
+import json, os, re, socket, sys, time
 
 started = time.time()
 argv = sys.argv[1:]
+LIVE = "/var/lib/kube-standin/live.json"
 
 
-def record(rc):
+def record(rc, **extra):
     entry = {"host": socket.gethostname(), "tool": "kubectl", "argv": argv, "start": started,
-             "end": time.time(), "rc": rc}
+             "end": time.time(), "rc": rc, **extra}
     with open("/var/log/kube-standin.log", "a") as log:
         log.write(json.dumps(entry) + "\n")
     sys.exit(rc)
+
+
+def files():
+    return [argv[i + 1] for i, a in enumerate(argv) if a == "-f"]
+
+
+def objects(path):
+    """(kind namespace/name, text without comments) of each document; no YAML parser on a lab
+    host, so the identity is read from the top-level kind and the metadata block."""
+    found = []
+    for doc in re.split(r"(?m)^---\s*$", open(path).read()):
+        text = "\n".join(l for l in doc.splitlines() if l.strip() and not l.startswith("#"))
+        if not text:
+            continue
+        kind = re.search(r"(?m)^kind: *(\S+)", text)
+        meta = re.search(r"(?m)^metadata:\n((?:[ ].*\n?)*)", text)
+        block = meta[1] if meta else ""
+        name = re.search(r"(?m)^  name: *(\S+)", block)
+        space = re.search(r"(?m)^  namespace: *(\S+)", block)
+        key = f"{kind[1] if kind else '?'} {space[1] if space else ''}/{name[1] if name else '?'}"
+        found.append((key, text))
+    return found
+
+
+def live():
+    try:
+        return json.load(open(LIVE))
+    except (OSError, ValueError):
+        return {}
+
+
+def server_side_flags():
+    return ("--server-side" in argv and "--field-manager=gpuinfra" in argv
+            and "--force-conflicts" in argv)
 
 
 words = [a for a in argv if not a.startswith("-")]
@@ -181,6 +221,26 @@ if words[:2] == ["get", "node"] and "jsonpath" in " ".join(argv):
 if words[:2] == ["get", "nodes"]:
     print(json.dumps({"items": []}))
     sys.exit(0)
+if words[:1] == ["apply"]:
+    if not server_side_flags():
+        record(0, applied=[])  # a client-side apply (Calico's): recorded, nothing kept
+    state = live()
+    applied = []
+    for path in files():
+        for key, text in objects(path):
+            state[key] = text
+            applied.append(key)
+    os.makedirs(os.path.dirname(LIVE), exist_ok=True)
+    json.dump(state, open(LIVE, "w"))
+    record(0, applied=applied, files=files())
+if words[:1] == ["diff"]:
+    state = live()
+    differs = [key for path in files() for key, text in objects(path) if state.get(key) != text]
+    record(1 if differs else 0, differs=differs)
+if words[:1] == ["wait"]:
+    state = live()
+    missing = [key for path in files() for key, _ in objects(path) if key not in state]
+    record(1 if missing else 0, missing=missing)
 record(0)
 '''
 
@@ -235,6 +295,7 @@ def issued_secrets(lab, host: str) -> list[str]:
 
 # Calls that change a cluster; a converged second apply makes none of them.
 CHANGING = {
+    ("apply",),
     ("init",),
     ("join",),
     ("token", "create"),

@@ -25,6 +25,8 @@ import yaml
 from cli.exitcodes import ExitCode
 from lab import lifecycle
 from lab.topology import HostSpec, Topology
+from roles.context import cluster_files, load
+from roles.kubernetes.files import CLUSTER_OBJECTS_DIR, STAGES, cluster_objects
 from tests.integration import kube_standin
 from tests.integration.conftest import KEEP_ENV, LAB_NAME, boot_lab
 from tests.integration.roles_helpers import gpuinfra, pending
@@ -40,6 +42,7 @@ JOIN_RATE_SECONDS = 3.0  # join_rate "1/3s": one worker per 3 s
 # on the controller just before the join file is uploaded, one or two SSH round trips earlier,
 # and those vary per host. This margin covers that, never the rate itself.
 START_JITTER_S = 0.5
+TEAM = "research"
 
 
 def kube_topology() -> Topology:
@@ -63,9 +66,11 @@ def lab():
         lifecycle.down(KUBE_LAB)
 
 
-def inventory_with(lab, path: Path, **settings) -> Path:
+def inventory_with(lab, path: Path, teams: dict | None = None, **settings) -> Path:
     data = yaml.safe_load(lab.inventory_path.read_text())
     data.setdefault("group_vars", {}).setdefault("all", {})["kubernetes"] = settings
+    if teams:
+        data["teams"] = teams
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 
@@ -73,7 +78,8 @@ def inventory_with(lab, path: Path, **settings) -> Path:
 @pytest.fixture(scope="module")
 def standin_inventory(lab) -> Path:
     """The lab's inventory with `source: preinstalled` (the stand-in is the host image's
-    kubeadm) and a join rate of one worker per 3 s; the stand-in installed, logs cleared."""
+    kubeadm), a join rate of one worker per 3 s and gpu-1 in a team of its own; the stand-in
+    installed, logs cleared."""
     version = lab.loaded.cluster.versions.kubernetes
     for node in NODES:
         # A kept lab starts over: nothing joined, nothing recorded.
@@ -82,6 +88,7 @@ def standin_inventory(lab) -> Path:
     return inventory_with(
         lab,
         lab.inventory_path.with_name("kube.yml"),
+        teams={TEAM: {"hosts": ["gpu-1"]}},
         source="preinstalled",
         join_rate=f"1/{JOIN_RATE_SECONDS:g}s",
     )
@@ -190,6 +197,107 @@ def test_second_apply_makes_no_changing_call(lab, standin_inventory, tmp_path):
         if h["status"] != "ok"
     }
     assert changed == {}
+    planned = gpuinfra("plan", str(standin_inventory), "--roles", "kubernetes", "--format", "json")
+    assert planned.returncode == ExitCode.OK, planned.stdout[-3000:]
+
+
+def server_side_applies(entries: list[dict]) -> list[dict]:
+    return [
+        e
+        for e in entries
+        if e["tool"] == "kubectl" and kube_standin.words(e)[:1] == ["apply"] and e.get("files")
+    ]
+
+
+def object_keys(inventory: Path) -> list[str]:
+    """What the stand-in calls each Kubernetes object the role should apply ("Kind ns/name")."""
+    rendered = cluster_files(load(inventory))
+    keys = []
+    for _path, obj in cluster_objects(rendered):
+        meta = obj["metadata"]
+        keys.append(f"{obj['kind']} {meta.get('namespace', '')}/{meta.get('name', '?')}")
+    return keys
+
+
+def test_cluster_objects_applied_server_side_once_then_only_on_drift(
+    lab, standin_inventory, tmp_path
+):
+    """Against the stand-in's kubectl, after the applies above: the first apply ran
+    `kubectl apply --server-side --field-manager=gpuinfra --force-conflicts` on cp-1 only, once
+    per stage (CRDs, then namespaces, then the rest, with a wait for the CRDs between), and
+    together the stages held every object under _cluster/kubernetes/ but Calico's (its own step);
+    the second apply ran none. A hand edit of a placed file on cp-1 makes plan report drift;
+    apply writes the file back and, the live objects being unchanged, applies nothing. A live
+    object deleted behind the role's back makes plan report drift and apply apply again.
+    The team's label and taint are in gpu-1's placed join file, and in no other node's."""
+    entries = kube_standin.calls(lab, NODES)
+    applies = server_side_applies(entries)
+    stages = [f"{CLUSTER_OBJECTS_DIR}/{name}" for name, _, _ in STAGES]
+    assert [(e["host"], e["files"]) for e in applies] == [("cp-1", [path]) for path in stages]
+    assert all(e["rc"] == 0 for e in applies)
+    for entry in applies:
+        assert {"--server-side", "--field-manager=gpuinfra", "--force-conflicts"} <= set(
+            entry["argv"]
+        )
+    wanted = object_keys(standin_inventory)
+    applied = [key for e in applies for key in e["applied"]]
+    assert sorted(applied) == sorted(wanted) and len(set(applied)) == len(applied)
+    assert any(key.startswith("CustomResourceDefinition /podgroups.") for key in applied)
+    assert applies[0]["applied"] == ["CustomResourceDefinition /podgroups.scheduling.x-k8s.io"]
+    waits = [e for e in entries if e["tool"] == "kubectl" and kube_standin.words(e)[:1] == ["wait"]]
+    assert (
+        waits and applies[0]["end"] <= waits[0]["start"] <= waits[0]["end"] <= applies[1]["start"]
+    )
+    # The second apply of test_second_apply_makes_no_changing_call asked (diff) and applied nothing.
+    diffs = [e for e in entries if e["tool"] == "kubectl" and kube_standin.words(e)[:1] == ["diff"]]
+    assert diffs and diffs[-1]["rc"] == 0 and diffs[-1]["start"] > applies[-1]["end"]
+
+    join = lab.ssh("gpu-1", "cat /etc/kubernetes/gpuinfra/kubeadm.yaml").stdout
+    registration = yaml.safe_load(join)["nodeRegistration"]
+    assert {"key": "gpuinfra.io/team", "value": TEAM, "effect": "NoSchedule"} in registration[
+        "taints"
+    ]
+    labels = {a["name"]: a["value"] for a in registration["kubeletExtraArgs"]}["node-labels"]
+    assert f"gpuinfra.io/team={TEAM}" in labels.split(",")
+    for node in ("cpu-1", "cp-2"):  # negative control: teamless nodes
+        assert (
+            "gpuinfra.io/team"
+            not in lab.ssh(node, "cat /etc/kubernetes/gpuinfra/kubeadm.yaml").stdout
+        )
+
+    edited = stages[1]  # the namespaces: one object's name changed by hand
+    lab.ssh("cp-1", f"sed -i 's/name: gpuinfra-system$/name: edited/' {edited}")
+    assert "name: edited" in lab.ssh("cp-1", f"cat {edited}").stdout
+    planned = gpuinfra("plan", str(standin_inventory), "--roles", "kubernetes", "--format", "json")
+    assert planned.returncode == ExitCode.DRIFT, planned.stdout[-3000:] + planned.stderr[-2000:]
+    drifted = pending(json.loads(planned.stdout))
+    assert set(drifted) == {"cp-1"}, drifted
+    assert any(name.endswith(f"Write {edited}") for name in drifted["cp-1"]), drifted
+    assert any("Apply the cluster's objects" in name for name in drifted["cp-1"]), drifted
+
+    # apply writes the file back first, then asks kubectl diff with it: the live objects never
+    # changed, so nothing is applied.
+    before = len(server_side_applies(kube_standin.calls(lab, NODES)))
+    result = apply(standin_inventory, tmp_path / "report.json")
+    assert result.returncode == ExitCode.OK, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "name: edited" not in lab.ssh("cp-1", f"cat {edited}").stdout
+    assert len(server_side_applies(kube_standin.calls(lab, NODES))) == before
+
+    # A live object deleted by hand (the placed files untouched): only `kubectl diff` sees it.
+    lab.ssh(
+        "cp-1",
+        "python3 -c \"import json; p='/var/lib/kube-standin/live.json'; s=json.load(open(p)); "
+        "s.pop('Namespace /gpuinfra-system'); json.dump(s, open(p, 'w'))\"",
+    )
+    planned = gpuinfra("plan", str(standin_inventory), "--roles", "kubernetes", "--format", "json")
+    assert planned.returncode == ExitCode.DRIFT, planned.stdout[-3000:] + planned.stderr[-2000:]
+    drifted = pending(json.loads(planned.stdout))
+    assert list(drifted) == ["cp-1"] and all("Write" not in name for name in drifted["cp-1"])
+    result = apply(standin_inventory, tmp_path / "report-2.json")
+    assert result.returncode == ExitCode.OK, result.stdout[-3000:] + result.stderr[-2000:]
+    reapplied = server_side_applies(kube_standin.calls(lab, NODES))[before:]
+    assert [e["files"] for e in reapplied] == [[path] for path in stages]
+    assert "Namespace /gpuinfra-system" in reapplied[1]["applied"]
     planned = gpuinfra("plan", str(standin_inventory), "--roles", "kubernetes", "--format", "json")
     assert planned.returncode == ExitCode.OK, planned.stdout[-3000:]
 

@@ -138,3 +138,17 @@ def test_cli_refuses_a_skipped_minor_with_one_line(loaded):
     assert result.exit_code == 1
     assert "one minor version at a time" in result.stderr
     assert "Traceback" not in result.output
+
+
+def test_control_plane_upgrades_pass_the_patches_directory_workers_do_not_need_it(loaded):
+    """kubeadm keeps no patches in the cluster: the control plane's upgrade must name the
+    directory again, or kube-scheduler comes back as upstream's image, without Coscheduling."""
+    runner = Recorder()
+    day2.upgrade(loaded, "1.32.0", budget_percent=40, runner=runner)
+    upgrades = {
+        host: command for host, command in runner.calls if command.startswith("kubeadm upgrade ")
+    }
+    patches = "--patches /etc/kubernetes/gpuinfra/patches"
+    assert upgrades["cp-1"] == f"kubeadm upgrade apply v1.32.0 -y {patches}"
+    assert upgrades["cp-2"] == upgrades["cp-3"] == f"kubeadm upgrade node {patches}"
+    assert upgrades["cpu-1"] == "kubeadm upgrade node"

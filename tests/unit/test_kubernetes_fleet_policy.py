@@ -1,0 +1,319 @@
+"""How the kubernetes role applies the fleet policy, offline: team labels and taints in kubelet's
+registration, the Coscheduling scheduler wired into kubeadm (configuration file, volume, image
+patch), and every role's cluster objects placed in apply stages and applied server-side, CRDs
+first, only when a file or a live object differs (the operation against facts keyed by their
+arguments)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import yaml
+from pyinfra.context import ctx_host
+from pyinfra.facts.files import Sha1File
+
+from roles.context import cluster_files, host_context, load
+from roles.fleet_policy import files as fleet_files
+from roles.fleet_policy import gang
+from roles.kubernetes import operations as kube_ops
+from roles.kubernetes.facts import ApiAnswers, LiveObjectsDiffer
+from roles.kubernetes.files import (
+    ADMIN_CONF,
+    CLUSTER_OBJECTS_DIR,
+    INIT_CONFIG,
+    JOIN_CONFIG,
+    SCHEDULER_PATCH,
+    ApplyStage,
+    apply_stages,
+    cluster_objects,
+    managed_files,
+)
+
+TEAM = "research"
+
+
+@pytest.fixture
+def loaded(small_cluster, write_cluster):
+    small_cluster["teams"] = {TEAM: {"hosts": ["gpu-1"]}}
+    return load(write_cluster(small_cluster))
+
+
+def files_of(loaded, name: str) -> dict[str, str]:
+    return {f.path: f.content for f in managed_files(host_context(loaded, name))}
+
+
+def kubeadm_documents(text: str) -> dict[str, dict]:
+    return {doc["kind"]: doc for doc in yaml.safe_load_all(text) if doc}
+
+
+def registration(loaded, name: str, path: str) -> tuple[list[dict] | None, dict[str, str]]:
+    """A node's registration taints and kubelet labels, from its placed kubeadm file."""
+    docs = kubeadm_documents(files_of(loaded, name)[path])
+    kind = "InitConfiguration" if "InitConfiguration" in docs else "JoinConfiguration"
+    node = docs[kind]["nodeRegistration"]
+    extra = {arg["name"]: arg["value"] for arg in node["kubeletExtraArgs"]}
+    labels = dict(item.split("=", 1) for item in extra.get("node-labels", "").split(",") if item)
+    return node.get("taints"), labels
+
+
+# ---------------------------------------------------------------- teams at registration
+
+
+def test_a_team_worker_registers_with_its_team_label_and_taint_a_teamless_one_without(loaded):
+    taints, labels = registration(loaded, "gpu-1", JOIN_CONFIG)
+    team_taint = {"key": "gpuinfra.io/team", "value": TEAM, "effect": "NoSchedule"}
+    preflight = {"key": "gpuinfra.io/preflight", "value": "true", "effect": "NoSchedule"}
+    assert taints == [preflight, team_taint]
+    assert labels["gpuinfra.io/team"] == TEAM
+
+    taints, labels = registration(loaded, "cpu-1", JOIN_CONFIG)  # in no team
+    assert taints == [] and "gpuinfra.io/team" not in labels
+    # The first control-plane node keeps kubeadm's own taint (none given) and no team label.
+    taints, labels = registration(loaded, "cp-1", INIT_CONFIG)
+    assert taints is None and "gpuinfra.io/team" not in labels
+
+
+def test_a_cpu_worker_of_a_team_is_tainted_by_the_team_only(small_cluster, write_cluster):
+    small_cluster["teams"] = {"inference": {"hosts": ["cpu-1"]}}
+    loaded = load(write_cluster(small_cluster))
+    taints, labels = registration(loaded, "cpu-1", JOIN_CONFIG)
+    assert taints == [{"key": "gpuinfra.io/team", "value": "inference", "effect": "NoSchedule"}]
+    assert labels == {"gpuinfra.io/team": "inference"}
+
+
+def test_registration_agrees_with_the_fleet_policys_nodes_file(loaded):
+    """The kubelet registration and _cluster/fleet-policy/nodes.yaml say the same per node."""
+    placement = yaml.safe_load(cluster_files(loaded)[fleet_files.NODES])["hosts"]
+    taints, labels = registration(loaded, "gpu-1", JOIN_CONFIG)
+    as_flags = [f"{t['key']}={t['value']}:{t['effect']}" for t in taints]
+    assert as_flags == placement["gpu-1"]["taints"]
+    assert placement["gpu-1"]["labels"].items() <= labels.items()
+
+
+# ---------------------------------------------------------------- the scheduler
+
+
+def test_every_control_plane_node_gets_the_scheduler_configuration_and_image_patch(loaded):
+    rendered = cluster_files(loaded)
+    config_path = fleet_files.fleet_config(loaded).scheduler_config_path
+    for node in ("cp-1", "cp-2"):
+        placed = files_of(loaded, node)
+        assert placed[config_path] == rendered[fleet_files.SCHEDULER_CONFIG]
+        assert placed[SCHEDULER_PATCH] == rendered[fleet_files.KUBEADM_PATCH]
+    for node in ("gpu-1", "cpu-1"):
+        placed = files_of(loaded, node)
+        assert config_path not in placed and SCHEDULER_PATCH not in placed
+    # kubeadm reads the patch from the directory its init and join files name.
+    init = kubeadm_documents(files_of(loaded, "cp-1")[INIT_CONFIG])["InitConfiguration"]
+    assert SCHEDULER_PATCH.startswith(init["patches"]["directory"] + "/")
+    join = kubeadm_documents(files_of(loaded, "cp-2")[JOIN_CONFIG])["JoinConfiguration"]
+    assert join["patches"]["directory"] == init["patches"]["directory"]
+
+
+def test_cluster_configuration_points_the_scheduler_at_its_configuration(loaded):
+    path = fleet_files.fleet_config(loaded).scheduler_config_path
+    docs = kubeadm_documents(files_of(loaded, "cp-1")[INIT_CONFIG])
+    scheduler = docs["ClusterConfiguration"]["scheduler"]
+    assert scheduler["extraArgs"] == [{"name": "config", "value": path}]
+    assert scheduler["extraVolumes"] == [
+        {
+            "name": "gpuinfra-scheduler-config",
+            "hostPath": path,
+            "mountPath": path,
+            "readOnly": True,
+            "pathType": "File",
+        }
+    ]
+    # The flags kube-scheduler ignores with --config are settings of the file instead.
+    config = yaml.safe_load(files_of(loaded, "cp-1")[path])
+    assert config["clientConnection"]["qps"] == 100 and config["clientConnection"]["burst"] == 200
+    assert config["enableProfiling"] is False
+
+
+def test_the_scheduler_image_is_the_release_built_for_the_kubernetes_minor(
+    small_cluster, write_cluster
+):
+    for kubernetes, release in (("1.31.4", "v0.31.8"), ("1.32.1", "v0.32.7")):
+        small_cluster["versions"] = {**small_cluster.get("versions", {}), "kubernetes": kubernetes}
+        loaded = load(write_cluster(small_cluster))
+        patch = yaml.safe_load(files_of(loaded, "cp-1")[SCHEDULER_PATCH])
+        image = patch["spec"]["containers"][0]["image"]
+        assert image == f"{gang.SCHEDULER_PLUGINS_IMAGE}:{release}"
+
+
+# ---------------------------------------------------------------- the cluster objects
+
+
+def object_names(stage: ApplyStage) -> list[str]:
+    return [f"{doc['kind']}/{doc['metadata']['name']}" for doc in yaml.safe_load_all(stage.content)]
+
+
+def test_stages_hold_every_object_once_crds_first_then_namespaces(loaded):
+    rendered = cluster_files(loaded)
+    stages = apply_stages(rendered)
+    assert [s.path for s in stages] == [
+        f"{CLUSTER_OBJECTS_DIR}/00-crds.yaml",
+        f"{CLUSTER_OBJECTS_DIR}/10-namespaces.yaml",
+        f"{CLUSTER_OBJECTS_DIR}/20-objects.yaml",
+    ]
+    assert object_names(stages[0]) == ["CustomResourceDefinition/podgroups.scheduling.x-k8s.io"]
+    assert stages[0].crds and not any(stage.crds for stage in stages[1:])
+    assert {name.split("/")[0] for name in object_names(stages[1])} == {"Namespace"}
+    assert not any(
+        name.split("/")[0] in ("Namespace", "CustomResourceDefinition")
+        for name in object_names(stages[2])
+    )
+    staged = [doc for stage in stages for doc in yaml.safe_load_all(stage.content)]
+    wanted = [obj for _, obj in cluster_objects(rendered)]
+    assert sorted(map(repr, staged)) == sorted(map(repr, wanted))
+    # Every Kubernetes object under _cluster/ but Calico's, which the Calico step applies after
+    # the upstream manifest that defines its kinds.
+    sources = {path for path in rendered if path.startswith("kubernetes/")}
+    assert {path for path, _ in cluster_objects(rendered)} == sources - {
+        "kubernetes/calico/calico-config.yaml",
+        "kubernetes/calico/calico-resources.yaml",
+    }
+    assert "kubernetes/fleet-policy/coscheduling.yaml" in sources
+    assert "kubernetes/gpu-health.yaml" in sources
+
+
+def test_stages_are_placed_on_every_control_plane_node_0600_and_only_there(loaded):
+    stages = apply_stages(cluster_files(loaded))
+    for node in ("cp-1", "cp-2"):
+        placed = {f.path: f for f in managed_files(host_context(loaded, node))}
+        for stage in stages:
+            assert placed[stage.path].content == stage.content
+            assert placed[stage.path].mode == "0600"
+    assert not any(path.startswith(CLUSTER_OBJECTS_DIR) for path in files_of(loaded, "gpu-1"))
+
+
+def test_a_secret_among_the_objects_makes_its_stage_secret():
+    rendered = {
+        "kubernetes/x.yaml": yaml.safe_dump_all(
+            [
+                {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}},
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "n"}},
+            ]
+        )
+    }
+    stages = {stage.path.rsplit("/", 1)[1]: stage for stage in apply_stages(rendered)}
+    assert stages["20-objects.yaml"].secret and not stages["10-namespaces.yaml"].secret
+    assert "00-crds.yaml" not in stages  # no empty stage
+
+
+class KeyedHost:
+    """pyinfra's current host for an operation: facts keyed by their arguments, so a lookup of
+    the wrong path (or with a wrong argument) fails instead of getting someone else's answer."""
+
+    def __init__(self, facts: dict[tuple, Any]):
+        self.name = "cp-1"
+        self.facts = facts
+        self.asked: list[tuple] = []
+        self.noops: list[str] = []
+
+    def get_fact(self, fact: type, **kwargs: Any) -> Any:
+        key = (fact, tuple(sorted(kwargs.items())))
+        self.asked.append(key)
+        return self.facts[key]
+
+    def noop(self, message: str) -> None:
+        self.noops.append(message)
+
+
+@contextmanager
+def keyed_host(facts: dict[tuple, Any]) -> Iterator[KeyedHost]:
+    host = KeyedHost(facts)
+    with ctx_host.use(host):
+        yield host
+
+
+def sha1(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
+def placed_facts(stages: list[ApplyStage], healthy: bool, live: str) -> dict[tuple, Any]:
+    facts: dict[tuple, Any] = {
+        (Sha1File, (("path", stage.path),)): sha1(stage.content) for stage in stages
+    }
+    facts[(ApiAnswers, (("kubeconfig", ADMIN_CONF),))] = {"kubeconfig": True, "healthy": healthy}
+    paths = tuple(stage.path for stage in stages)
+    facts[
+        (
+            LiveObjectsDiffer,
+            (("field_manager", "gpuinfra"), ("kubeconfig", ADMIN_CONF), ("paths", paths)),
+        )
+    ] = live
+    return facts
+
+
+def run(facts: dict[tuple, Any], first: bool, stages: list[ApplyStage]) -> tuple[list, KeyedHost]:
+    with keyed_host(facts) as host:
+        done = [
+            str(c)
+            for c in kube_ops.cluster_objects_applied._inner(
+                first=first, stages=stages, timeout_s=300
+            )
+        ]
+    return done, host
+
+
+SSA = (
+    "kubectl --kubeconfig /etc/kubernetes/admin.conf apply --server-side "
+    "--field-manager=gpuinfra --force-conflicts -f "
+)
+
+
+def test_apply_runs_server_side_per_stage_crds_first_and_waits_for_them(loaded):
+    stages = apply_stages(cluster_files(loaded))
+    facts = placed_facts(stages, healthy=True, live="same")
+    facts[(Sha1File, (("path", stages[2].path),))] = "0" * 40  # a file about to change
+    done, host = run(facts, True, stages)
+    assert done == [
+        SSA + f"{CLUSTER_OBJECTS_DIR}/00-crds.yaml",
+        "kubectl --kubeconfig /etc/kubernetes/admin.conf wait --for condition=established "
+        f"--timeout=300s -f {CLUSTER_OBJECTS_DIR}/00-crds.yaml",
+        SSA + f"{CLUSTER_OBJECTS_DIR}/10-namespaces.yaml",
+        SSA + f"{CLUSTER_OBJECTS_DIR}/20-objects.yaml",
+    ]
+    assert not any(key[0] is LiveObjectsDiffer for key in host.asked)  # no need to ask the API
+
+
+def test_apply_is_a_noop_when_files_and_live_objects_match_and_runs_when_live_ones_differ(
+    loaded,
+):
+    stages = apply_stages(cluster_files(loaded))
+    done, host = run(placed_facts(stages, healthy=True, live="same"), True, stages)
+    assert done == [] and host.noops
+    assert any(key[0] is LiveObjectsDiffer for key in host.asked)
+    for live in ("differs", "failed"):  # edited or deleted by hand; a kind not served yet
+        done, _ = run(placed_facts(stages, healthy=True, live=live), True, stages)
+        assert len(done) == 4 and all(c.startswith("kubectl") for c in done)
+    # No API to ask (kubeadm init runs first in this very run): apply after it.
+    done, _ = run(placed_facts(stages, healthy=False, live="same"), True, stages)
+    assert len(done) == 4
+
+
+def test_apply_runs_on_the_first_control_plane_node_only(loaded):
+    stages = apply_stages(cluster_files(loaded))
+    done, host = run({}, False, stages)
+    assert done == [] and host.asked == [] and host.noops
+
+
+def test_live_objects_fact_reads_kubectl_diffs_exit_status_and_discards_its_output():
+    fact = LiveObjectsDiffer()
+    command = fact.command(ADMIN_CONF, ("/a b.yaml", "/c.yaml"), "gpuinfra")
+    assert command.startswith(
+        "kubectl --kubeconfig /etc/kubernetes/admin.conf --request-timeout=30s diff "
+        "--server-side --field-manager=gpuinfra --force-conflicts -f '/a b.yaml' -f /c.yaml"
+    )
+    assert ">/dev/null 2>&1; echo $?" in command  # a Secret's data never reaches a report
+    assert [fact.process([out]) for out in ("0", "1", "2", "")] == [
+        "same",
+        "differs",
+        "failed",
+        "failed",
+    ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 from collections.abc import Callable, Iterable, Iterator
 from importlib.metadata import version
 from typing import Any
@@ -161,6 +162,28 @@ def memoise_global_arguments() -> None:
     if not _memoised:
         _arguments.all_global_arguments = functools.cache(_arguments.all_global_arguments)
         _memoised = True
+
+
+_name_keeper: list[Callable[[str, str, str], None]] = []
+
+
+def keep_operation_names(keep: Callable[[str, str, str], None]) -> None:
+    """Have `keep(host name, operation hash, name)` called for every operation a host's deploy
+    adds from now on: pyinfra 3.10 (api/operation.py) gets the hash from
+    solve_operation_consistency and merges the names of every host's operation with that hash
+    into one set, which cannot say which name was whose."""
+    module = importlib.import_module("pyinfra.api.operation")
+    if not _name_keeper:
+        solve = module.solve_operation_consistency
+
+        def solve_and_keep(names, state, host):
+            op_order, op_hash = solve(names, state, host)
+            _name_keeper[0](host.name, op_hash, sorted(names)[0])
+            return op_order, op_hash
+
+        module.solve_operation_consistency = solve_and_keep
+        _name_keeper.append(keep)
+    _name_keeper[0] = keep
 
 
 # Arguments that make a command's run more than its text on the SSH channel: a pseudo-terminal,

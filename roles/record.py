@@ -20,6 +20,9 @@ class HostRecord:
     checks: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None  # a deploy that raised while preparing
     prepare_seconds: float = 0.0
+    # operation hash -> the name this host's deploy gave it (pyinfra keeps one set of names per
+    # hash for all hosts, and hosts whose phases differ share hashes for other operations)
+    op_names: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

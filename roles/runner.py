@@ -99,6 +99,7 @@ def run(
     started = time.monotonic()
     asked: dict[str, tuple[str, ...]] = {}
     memoise_global_arguments()
+    pyinfra_api.keep_operation_names(_keep_operation_name)
     reset_shared()
     report = RunReport(cluster=loaded.cluster.name, mode=options.mode)
     hosts, report.notes = selected_hosts(loaded, options)
@@ -490,11 +491,8 @@ def _collect_plan(state, active, op_phase, report: RunReport, run_record: RunRec
             continue
         entry.notes = list(host_record.notes)
         files_by_op = host_record.files
-        for op_hash in state.get_op_order():
-            op_data = state.ops[host].get(op_hash)
-            if op_data is None:
-                continue
-            name = _op_name(state, op_hash)
+        for op_hash, op_data in _host_operations(state, host):
+            name = host_record.op_names.get(op_hash) or _op_name(state, op_hash)
             changed = will_change(op_data.operation_meta) and conditions_hold(
                 op_data.global_arguments.get("_if")
             )
@@ -516,11 +514,8 @@ def _collect_results(
         host_record = run_record.host(host.name)
         planned = {op.name: op for op in entry.operations}
         entry.operations = []
-        for op_hash in state.get_op_order():
-            op_data = state.ops[host].get(op_hash)
-            if op_data is None:
-                continue
-            name = _op_name(state, op_hash)
+        for op_hash, op_data in _host_operations(state, host):
+            name = host_record.op_names.get(op_hash) or _op_name(state, op_hash)
             meta = op_data.operation_meta
             error = recorder.op_errors.get((host.name, op_hash))
             if error is not None:
@@ -588,6 +583,17 @@ def _error_detail(name: str, error: str, meta, managed: ManagedFile | None) -> s
     if cause is not None and cause not in tail:
         tail.insert(0, cause)
     return f"{name}: {' | '.join(tail) or error}"
+
+
+def _keep_operation_name(host: str, op_hash: str, name: str) -> None:
+    record.host(host).op_names[op_hash] = name
+
+
+def _host_operations(state, host):
+    """The host's operations in the order its deploys added them: pyinfra's global order
+    interleaves every host's, so it changes with the set of hosts in the run, and a host's
+    report must not (the drift fast path reports a host as a run of the whole fleet did)."""
+    return list(state.ops[host].items())
 
 
 def _op_name(state, op_hash: str) -> str:

@@ -7,6 +7,7 @@ here, naming the function, before it can fail a run on real hosts.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import re
 from pathlib import Path
@@ -149,3 +150,57 @@ def test_no_other_module_uses_pyinfra_private_names():
         if private_import.search(text) or private_attr.search(text) or "loop_position" in text:
             offenders.append(str(path.relative_to(REPO)))
     assert offenders == []
+
+
+def test_a_replayable_command_is_the_text_the_ssh_connector_sends(offline, monkeypatch):
+    """What the drift fast path records: the exact string pyinfra's SSH connector hands to
+    exec_command, caught here at the paramiko client it would use."""
+    from pyinfra.connectors.ssh import SSHConnector
+
+    state, host = offline
+    sent = []
+
+    class Channel:
+        def recv_exit_status(self):
+            return 0
+
+    class Stream(list):
+        channel = Channel()
+
+        def close(self):
+            pass
+
+    class Client:
+        def exec_command(self, command, get_pty=False):
+            sent.append(command)
+            return Stream(), Stream(), Stream()
+
+    connector = SSHConnector(state, host)
+    connector.client = Client()
+    arguments = {"_sudo": True, "_sudo_user": "etcd", "_env": {"A": "1"}, "_timeout": 5}
+    connector.run_shell_command(pyinfra_api.StringCommand("echo", "'a b'"), **arguments)
+    assert sent == [pyinfra_api.replayable_command(state, host, "echo 'a b'", arguments)]
+    assert "sudo" in sent[0] and "A=1" in sent[0]
+    for unreplayable in ({"_get_pty": True}, {"_stdin": "x"}, {"_sudo_password": "p"}):
+        assert pyinfra_api.replayable_command(state, host, "true", unreplayable) is None
+
+
+def test_each_host_keeps_its_own_operation_name():
+    """Two hosts add different operations at the same position (so with the same hash): pyinfra
+    merges their names into one set; the kept names tell them apart."""
+    operation_module = importlib.import_module("pyinfra.api.operation")  # `operation` is shadowed
+
+    inventory = Inventory((["node-1", "node-2"], {}))
+    state = State(inventory, Config())
+    state.set_stage(StateStage.Prepare)
+    kept = {}
+    pyinfra_api.keep_operation_names(lambda host, h, name: kept.update({host: (h, name)}))
+
+    def add(host):  # both hosts add at this same line: the same hash
+        with ctx_state.use(state), ctx_host.use(host):
+            return operation_module.solve_operation_consistency({f"Op of {host.name}"}, state, host)
+
+    hashes = {add(host)[1] for host in inventory}
+    assert len(hashes) == 1
+    op_hash = hashes.pop()
+    assert kept == {"node-1": (op_hash, "Op of node-1"), "node-2": (op_hash, "Op of node-2")}

@@ -1,0 +1,152 @@
+"""The drift fast path on the lab: after an apply, each converged host is checked in one round
+trip and reported exactly as the operation-by-operation check reports it; a host that differs,
+or whose inventory changed, is checked operation by operation; drift writes nothing."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cli.exitcodes import ExitCode
+from roles import fingerprint
+from roles.context import load
+from roles.ssh import ssh_argv
+
+GPUINFRA = str(Path(sys.executable).parent / "gpuinfra")
+
+pytestmark = pytest.mark.integration
+
+
+def gpuinfra(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [GPUINFRA, *args], capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL
+    )
+
+
+def drift(inventory: Path, *flags: str) -> tuple[int, dict]:
+    result = gpuinfra("drift", str(inventory), "--format", "json", *flags)
+    assert result.returncode in (0, 3), result.stdout[-3000:] + result.stderr[-3000:]
+    return result.returncode, json.loads(result.stdout)
+
+
+def answer(report: dict) -> dict:
+    """What a drift says of each host, without timings."""
+    return {
+        name: {
+            "status": host["status"],
+            "operations": [(op["phase"], op["name"], op["changed"]) for op in host["operations"]],
+            "reboot_required": host["reboot_required"],
+            "notes": host["notes"],
+        }
+        for name, host in report["hosts"].items()
+    }
+
+
+@pytest.fixture(scope="module")
+def converged(lab):
+    """The lab with every role applied: the apply keeps each converged host's record."""
+    result = gpuinfra("apply", str(lab.inventory_path), "--yes", "--format", "json")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return lab
+
+
+def test_a_converged_fleet_is_checked_in_one_round_trip_per_host_with_the_same_answer(converged):
+    code, fast = drift(converged.inventory_path)
+    assert code == ExitCode.OK
+    total = len(converged.hosts)
+    assert f"{total} of {total} hosts matched their converged record" in " ".join(fast["notes"])
+    assert "prepare:base" not in fast["phase_seconds"]  # no host went through pyinfra
+    code, exact = drift(converged.inventory_path, "--exact")
+    assert code == ExitCode.OK
+    assert "fast check" not in exact["phase_seconds"]
+    assert answer(fast) == answer(exact)
+
+
+def test_each_batched_answer_is_what_its_command_prints_alone(converged):
+    """The grouped file and unit facts (roles/fingerprint.py) against each command run on its
+    own over ssh, on hosts of every kind the lab has: control for the batching itself."""
+    loaded = load(converged.inventory_path)
+    for host in ("etcd-1", "lb-1", "gpu-1"):
+        record = fingerprint.load_record(loaded.state_dir, host)
+        assert record is not None, host
+        commands = [command for command, _, _ in record.commands]
+        grouped = [i for i, c in enumerate(commands) if fingerprint.grouped(c) is not None]
+        assert len(grouped) > len(commands) / 2, (host, len(grouped), len(commands))
+        script = fingerprint.probe_script(commands, "m-test")
+        argv = [*ssh_argv(loaded, host), "sh", "-s"]
+        probe = subprocess.run(argv, input=script.encode(), capture_output=True, check=True)
+        answers = fingerprint.read_probe(probe.stdout, "m-test", commands)
+        for index in grouped:
+            alone = subprocess.run([*ssh_argv(loaded, host), commands[index]], capture_output=True)
+            expected = (alone.returncode, alone.stdout.decode().splitlines())
+            assert answers.get(index) == expected, (host, commands[index])
+
+
+def test_a_host_that_differs_is_checked_operation_by_operation_and_shown(converged, tmp_path):
+    lab = converged
+    edited, chmodded = "cpu-1", "dns-1"
+    lab.ssh(edited, "echo '10.9.9.9 rogue' >> /etc/hosts")
+    lab.ssh(chmodded, "chmod 0600 /etc/hostname")
+    try:
+        code, fast = drift(lab.inventory_path)
+        assert code == ExitCode.DRIFT
+        drifted = {n for n, h in fast["hosts"].items() if h["status"] == "drift"}
+        assert drifted == {edited, chmodded}
+        notes = " ".join(fast["notes"])
+        assert f"{len(lab.hosts) - 2} of {len(lab.hosts)} hosts matched" in notes
+        assert "2 differs from its record" in notes
+        diffs = [op["diff"] or "" for op in fast["hosts"][edited]["operations"] if op["changed"]]
+        assert any("-10.9.9.9 rogue" in d for d in diffs)
+        _, exact = drift(lab.inventory_path, "--exact")
+        assert answer(fast) == answer(exact)
+    finally:
+        fixed = gpuinfra(
+            "apply", str(lab.inventory_path), "--limit", f"{edited},{chmodded}", "--yes"
+        )
+        assert fixed.returncode == ExitCode.OK, fixed.stdout[-2000:]
+    code, after = drift(lab.inventory_path)
+    assert code == ExitCode.OK
+    assert f"{len(lab.hosts)} of {len(lab.hosts)} hosts matched" in " ".join(after["notes"])
+
+
+def state_digest(folder: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(folder.rglob("*")):
+        digest.update(str(path.relative_to(folder)).encode())
+        if path.is_file():
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def test_drift_writes_nothing_and_an_inventory_change_means_the_exact_check(converged, tmp_path):
+    state = converged.inventory_path.parent / ".state"
+    before = state_digest(state)
+    drift(converged.inventory_path)
+    assert state_digest(state) == before
+
+    # The same cluster with one setting changed (journald's cap), and the same records.
+    copy = tmp_path / "changed"
+    copy.mkdir()
+    shutil.copytree(state, copy / ".state")
+    data = yaml.safe_load(converged.inventory_path.read_text())  # key paths are absolute
+    data["group_vars"]["all"]["base"]["journald_max_use"] = "123M"
+    (copy / "cluster.yml").write_text(yaml.safe_dump(data, sort_keys=False))
+    code, report = drift(copy)
+    assert code == ExitCode.DRIFT
+    notes = " ".join(report["notes"])
+    assert f"0 of {len(converged.hosts)} hosts matched" in notes
+    assert "code, inventory or state changed since its record" in notes
+    changed = {
+        op["name"]
+        for host in report["hosts"].values()
+        for op in host["operations"]
+        if op["changed"]
+    }
+    assert any("journald" in name for name in changed), changed

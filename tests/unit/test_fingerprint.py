@@ -1,0 +1,202 @@
+"""The drift fast path (roles/fingerprint.py): the batched answers are the single commands'
+answers, the key moves with everything a deploy is given, and nothing but atime is compared
+loosely. Commands run with this machine's own shell and coreutils, as a host runs them."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from pyinfra.api import StringCommand
+from pyinfra.connectors.util import make_unix_command
+from pyinfra.facts.files import File, Sha1File
+from pyinfra.facts.systemd import SystemdStatus
+
+from roles import fingerprint
+from roles.context import host_context, load
+from roles.factcache import _fact_command
+from roles.facts import UnitState
+from roles.fingerprint import Record
+from tests.unit.loopback import loopback_cluster
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def sent(cls, **kwargs) -> str:
+    """The text pyinfra's SSH connector sends for a fact with no connector arguments."""
+    return make_unix_command(StringCommand(_fact_command(cls, kwargs))).get_raw_value()
+
+
+@pytest.mark.parametrize(
+    ("cls", "kwargs", "kind", "text"),
+    [
+        (File, {"path": "/etc/hosts"}, "stat", fingerprint.file_fact_text),
+        (Sha1File, {"path": "/etc/ssh/sshd_config.d/50-gpuinfra.conf"}, "sha1", None),
+        (SystemdStatus, {"services": "chrony.service"}, "status", None),
+        (UnitState, {"unit": "etcd-backup.timer"}, "unit", None),
+    ],
+)
+def test_each_group_recognises_exactly_the_text_its_fact_sends(cls, kwargs, kind, text):
+    command = sent(cls, **kwargs)
+    name = next(iter(kwargs.values()))
+    assert fingerprint.grouped(command) == (kind, name)
+    # One character more or less and the command is run as it is, not grouped.
+    assert fingerprint.grouped(command.replace("2>", "2 >", 1)) is None
+    assert fingerprint.grouped(command + " ") is None
+
+
+def test_a_path_with_shell_characters_is_never_grouped():
+    assert fingerprint.grouped(sent(File, path="/tmp/a b")) is None
+    assert fingerprint.grouped(sent(File, path="/tmp/$(x)")) is None
+
+
+def run_probe(commands: list[str]) -> dict[int, tuple[int, list[str]]]:
+    marker = "m-test"
+    script = fingerprint.probe_script(commands, marker)
+    output = subprocess.run(["sh", "-s"], input=script.encode(), capture_output=True).stdout
+    return fingerprint.read_probe(output, marker, commands)
+
+
+def alone(command: str) -> tuple[int, list[str]]:
+    result = subprocess.run(["sh", "-c", command], capture_output=True, stdin=subprocess.DEVNULL)
+    return result.returncode, result.stdout.decode().splitlines()
+
+
+@pytest.fixture
+def files(tmp_path) -> dict[str, Path]:
+    (tmp_path / "plain").write_text("plain\n")
+    (tmp_path / "secret").write_text("k")
+    (tmp_path / "secret").chmod(0o600)
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "plain")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    return {p.name: p for p in tmp_path.iterdir()} | {"missing": tmp_path / "missing"}
+
+
+def test_batched_file_facts_answer_what_each_command_prints_alone(files):
+    commands = [sent(File, path=str(path)) for path in files.values()]
+    commands += [sent(Sha1File, path=str(files[n])) for n in ("plain", "secret", "missing")]
+    commands.append("echo raw; exit 4")
+    answers = run_probe(commands)
+    assert sorted(answers) == list(range(len(commands)))
+    for index, command in enumerate(commands):
+        assert answers[index] == alone(command), command
+    assert answers[len(commands) - 1] == (4, ["raw"])
+
+
+def test_a_group_that_does_not_add_up_answers_none_of_its_commands(files):
+    """sha1sum cannot hash a directory: the group's answer is short by one line, so none of its
+    commands is answered and the host goes to the exact check (never a guessed answer)."""
+    commands = [sent(Sha1File, path=str(files[n])) for n in ("plain", "dir")]
+    commands.append(sent(File, path=str(files["plain"])))
+    answers = run_probe(commands)
+    assert 0 not in answers and 1 not in answers
+    assert answers[2] == alone(commands[2])  # the other group is answered
+
+
+def test_only_the_access_time_is_compared_loosely():
+    line = "user=root group=root mode=-rw-r--r-- atime=100 mtime=200 ctime=300 size=5 '/etc/x'"
+    digest = fingerprint.output_digest([line])
+    assert fingerprint.output_digest([line.replace("atime=100", "atime=999")]) == digest
+    assert fingerprint.output_digest([line.replace("mtime=200", "mtime=201")]) != digest
+    assert fingerprint.output_digest([line.replace("mode=-rw-r--r--", "mode=-rw-------")]) != (
+        digest
+    )
+    # Outside stat's line shape, "atime=" is text like any other.
+    assert fingerprint.output_digest(["atime=1"]) != fingerprint.output_digest(["atime=2"])
+
+
+def test_no_operation_of_the_roles_sets_or_reads_access_times():
+    """Why atime may be masked: a deploy that passed `atime` to pyinfra's files.file (the only
+    operation that reads it) would decide from it."""
+    found = [
+        str(path.relative_to(REPO))
+        for path in (REPO / "roles").rglob("*.py")
+        if path.name != "fingerprint.py" and re.search(r"\batime\b", path.read_text())
+    ]
+    assert found == []
+
+
+def test_differences_name_failed_missing_and_changed_answers():
+    record = Record(
+        key="k",
+        roles=("base",),
+        commands=(
+            ("a", (0,), fingerprint.output_digest(["x"])),
+            ("b", (0, 1), fingerprint.output_digest([])),
+            ("c", (0,), fingerprint.output_digest(["y"])),
+        ),
+        operations=(),
+    )
+    assert fingerprint.differences(record, {0: (0, ["x"]), 1: (1, []), 2: (0, ["y"])}) == []
+    found = fingerprint.differences(record, {0: (0, ["x2"]), 1: (2, [])})
+    assert found == [
+        "command 0 printed something else",
+        "command 1 exited 2",
+        "no answer to command 2",
+    ]
+
+
+def test_a_record_reads_back_and_another_format_is_ignored(tmp_path):
+    record = Record(
+        key="k",
+        roles=("base", "kernel"),
+        commands=(("sh -c 'uname -n'", (0,), "d"),),
+        operations=(("base", "Write /etc/hosts"),),
+        notes=("chrony: skipped in a container",),
+        reboot_required=True,
+        parts=("a", "b", "c"),
+    )
+    fingerprint.save_record(tmp_path, "h1", record)
+    assert fingerprint.load_record(tmp_path, "h1") == record
+    path = fingerprint.record_path(tmp_path, "h1")
+    assert path.stat().st_mode & 0o777 == 0o600
+    path.write_bytes(path.read_bytes().replace(b'"format": 1', b'"format": 0'))
+    assert fingerprint.load_record(tmp_path, "h1") is None
+    path.write_text("{not json")
+    assert fingerprint.load_record(tmp_path, "h1") is None
+    assert fingerprint.load_record(tmp_path, "h2") is None
+
+
+def key_of(cluster: Path, host: str = "cpu-1") -> str:
+    loaded = load(cluster)
+    return fingerprint.host_key(host_context(loaded, host), fingerprint.common_digest(loaded))
+
+
+def test_the_key_moves_with_the_inventory_and_the_state_not_with_locks_or_records(tmp_path):
+    cluster = loopback_cluster(tmp_path / "c")
+    first = key_of(cluster)
+    assert key_of(cluster) == first
+    state = cluster / ".state"
+    state.mkdir(mode=0o700)
+    (state / "apply.lock").write_text("pid 1")
+    (state / ".lock").touch()
+    fingerprint.save_record(state, "cpu-1", Record("k", (), (), ()))
+    assert key_of(cluster) == first
+    (state / "dns").mkdir()
+    (state / "dns" / "serials.json").write_text("{}")
+    assert key_of(cluster) != first
+    (state / "dns" / "serials.json").unlink()
+    assert key_of(cluster) == first
+    text = (cluster / "cluster.yml").read_text()
+    (cluster / "cluster.yml").write_text(text.replace("name: loop", "name: loop2", 1))
+    assert key_of(cluster) != first
+
+
+def test_the_key_moves_with_a_managed_file(tmp_path, monkeypatch):
+    """A rendered file can change with nothing else changed (a certificate renewed near its
+    expiry, a zone's serial on a new day): the key digests every managed file's content."""
+    cluster = loopback_cluster(tmp_path / "c")
+    first = key_of(cluster)
+    render = fingerprint.host_files
+
+    def renewed(ctx):
+        return [
+            replace(f, content="other\n") if f.path == "/etc/hostname" else f for f in render(ctx)
+        ]
+
+    monkeypatch.setattr(fingerprint, "host_files", renewed)
+    assert key_of(cluster) != first

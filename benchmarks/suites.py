@@ -23,7 +23,10 @@ from roles.context import load
 BIN = Path(sys.executable).parent
 GPUINFRA = str(BIN / "gpuinfra")
 LAB = os.environ.get("BENCH_LAB", "bench")
-ENGINES = ("gpuinfra", "pyinfra", "ansible", "floor")
+# gpuinfra-exact: `gpuinfra drift --exact`, every host operation by operation (the path a host
+# takes when it has no converged record or differs from it); gpuinfra: the default fast path.
+EXACT = "gpuinfra-exact"
+ENGINES = ("gpuinfra", EXACT, "pyinfra", "ansible", "floor")
 # `--baseline DIR`: another checkout of gpuinfra (e.g. `git archive` of an older commit) run
 # as a fourth engine in the same rounds, for before/after figures of an engine change.
 BASELINE = "gpuinfra-baseline"
@@ -107,7 +110,7 @@ class Engines:
         self.log = log
         self.loaded = load(self.inventory)
         self.hosts = len(self.loaded.cluster.hosts)
-        engines = ENGINES if self.hosts <= ANSIBLE_MAX_HOSTS else ("gpuinfra", "pyinfra", "floor")
+        engines = tuple(e for e in ENGINES if e != "ansible" or self.hosts <= ANSIBLE_MAX_HOSTS)
         self.names = engines + ((BASELINE,) if baseline else ())
         self.skipped = {} if "ansible" in self.names else {
             "ansible": f"not run past {ANSIBLE_MAX_HOSTS} hosts: forks = {self.hosts} would "
@@ -142,12 +145,13 @@ class Engines:
         )
 
     def measure(self, engine: str) -> Measurement:
-        if engine in ("gpuinfra", BASELINE):
+        if engine in ("gpuinfra", EXACT, BASELINE):
             entry = [GPUINFRA]
             if engine == BASELINE:
                 entry = [sys.executable, "-c", "import sys; sys.path.insert(0, '.'); "
                          "from cli.main import app; app()"]  # fmt: skip
             argv = [*entry, "drift", str(self.inventory.resolve()), "--format", "json"]
+            argv += ["--exact"] if engine == EXACT else []
             cwd = self.baseline if engine == BASELINE else None
             measurement, output = run_measured(engine, self.hosts, argv, cwd=cwd)
             measurement.changes = _gpuinfra_changes(output)

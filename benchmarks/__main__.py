@@ -30,6 +30,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--scale-sizes", default="1000 7500", help="host counts of the scale suite's inventories"
     )
+    parser.add_argument(
+        "--cold-cache",
+        action="store_true",
+        help="bootstrap once more before the others, with the lab's package cache emptied",
+    )
+    parser.add_argument(
+        "--ansible-max-hosts",
+        type=int,
+        default=suites.ANSIBLE_MAX_HOSTS,
+        help="run ansible-playbook --check only on labs of at most this many hosts",
+    )
     parser.add_argument("--quick", action="store_true", help="10 hosts, one run each, no bootstrap")
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
     parser.add_argument("--work", type=Path, default=Path("build/bench"))
@@ -66,6 +77,11 @@ def main(argv: list[str] | None = None) -> int:
 
         if wanted & {"bootstrap", "drift"}:
             results["machine"] = _machine()
+        suites.ANSIBLE_MAX_HOSTS = args.ansible_max_hosts
+        if "bootstrap" in wanted and args.cold_cache:
+            cold = suites.bootstrap_cold(args.work / "bootstrap-cold", log)
+            results["bootstrap_cold"] = {**cold, "date": time.strftime("%Y-%m-%d %H:%M UTC")}
+            results_path.write_text(json.dumps(results, indent=2))
         if "bootstrap" in wanted:
             results["bootstrap"] = suites.bootstrap(
                 args.repeats, args.work / "bootstrap", log, args.baseline

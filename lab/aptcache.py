@@ -115,6 +115,15 @@ def ensure_running(mirror: Mirror) -> int:
     raise LabError(f"apt-cacher-ng did not answer on {LISTEN}:{PORT}; see {RUN_DIR / 'log'}")
 
 
+def empty() -> None:
+    """Stop the cache and remove every package it holds (the next `lab up` starts it again,
+    empty: what a fresh machine's first bootstrap sees)."""
+    pid = _running_pid()
+    if pid is not None:
+        processes.stop([pid], deadline_s=5)
+    shutil.rmtree(CACHE_DIR, ignore_errors=True)
+
+
 def _running_pid() -> int | None:
     try:
         pid = int((RUN_DIR / "pid").read_text().split()[0])

@@ -53,7 +53,7 @@ def plan(
     """Show what apply would change, per host and operation; changes nothing."""
     connecting()
     from roles.context import load
-    from roles.runner import Mode
+    from roles.reports import Mode
 
     with reporting():
         loaded = load(cluster)
@@ -106,7 +106,7 @@ def apply(
     from roles.etcd.trust import TrustRefused
     from roles.junit import write_junit
     from roles.pacing import Rate
-    from roles.runner import Mode
+    from roles.reports import Mode
     from roles.statefiles import write_atomically
 
     with reporting():
@@ -230,7 +230,7 @@ def _options(
 ):
     """RunOptions from the command line, with the checks that need the inventory (exit 2)."""
     from roles.registry import PHASES
-    from roles.runner import RunOptions
+    from roles.reports import RunOptions
 
     with reporting():
         known_roles = {phase.role for phase in PHASES}
@@ -330,7 +330,7 @@ def _reboot(cluster, report, batch: str | None) -> None:
     from roles.orchestrate import batch_size, group_policies, plan_steps
     from roles.reboot import Rebooter
     from roles.registry import PHASES
-    from roles.runner import HostStatus
+    from roles.reports import HostStatus
 
     waiting = [
         host.name
@@ -358,7 +358,7 @@ def _reboot(cluster, report, batch: str | None) -> None:
 
 
 def _exit_code(report) -> ExitCode:
-    from roles.runner import HostStatus
+    from roles.reports import HostStatus
 
     if report.with_status(HostStatus.failed):
         return ExitCode.ERROR

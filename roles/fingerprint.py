@@ -422,20 +422,17 @@ def check(
     started = time.monotonic()
     result = FastCheck()
     topology = topology_of(loaded)
-    common = common_digest(loaded)
     ssh = SSHSettings.from_cluster(loaded, connect_timeout)
     marker = f"gpuinfra-fingerprint-{secrets.token_hex(8)}"
     wanted = tuple(roles)
     probes: dict[str, Record] = {}
+    contexts = {}
     for name in hosts:
         record = load_record(loaded.state_dir, name)
         if record is None:
             result.exact[name] = "no converged record"
             continue
-        ctx = host_context(loaded, name, topology)
-        if host_key(ctx, common) != record.key:
-            result.exact[name] = "code, inventory or state changed since its record"
-            continue
+        contexts[name] = ctx = host_context(loaded, name, topology)
         if host_roles(ctx, wanted) != record.roles:
             result.exact[name] = "other roles than its record"
             continue
@@ -453,7 +450,15 @@ def check(
 
     workers = max(1, min(len(probes), parallel or DEFAULT_PARALLEL))
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        answers = dict(zip(probes, pool.map(probe, probes), strict=True))
+        running = {name: pool.submit(probe, name) for name in probes}
+        # The keys (every host's files rendered) are computed while the hosts answer; a host
+        # whose key differs is checked exactly whatever it answers.
+        common = common_digest(loaded)
+        for name, record in list(probes.items()):
+            if host_key(contexts[name], common) != record.key:
+                result.exact[name] = "code, inventory or state changed since its record"
+                del probes[name]
+        answers = {name: running[name].result() for name in probes}
     for name, record in probes.items():
         code, output, errors, seconds = answers[name]
         if code == 255:  # ssh itself failed: the exact check names why

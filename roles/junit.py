@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from roles.runner import RunReport
+    from roles.reports import RunReport
 
 
 def write_junit(report: RunReport, path: Path) -> None:
-    from roles.runner import HostStatus
+    from roles.reports import HostStatus
 
     suite = ET.Element("testsuite", name=f"gpuinfra {report.mode} {report.cluster}")
     tests = failures = errors = skipped = 0

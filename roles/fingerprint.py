@@ -409,6 +409,9 @@ class FastCheck:
 # OpenSSH clients at once when --parallel does not say: each is a process of its own (about
 # 6 MiB and a few descriptors), unlike pyinfra's connections inside one process.
 DEFAULT_PARALLEL = 200
+KEEPALIVE_S = 5
+# A host whose commands have not all answered by then is left to the exact check.
+PROBE_TIMEOUT_S = 120
 
 
 def check(
@@ -442,10 +445,20 @@ def check(
         began = time.monotonic()
         commands = [command for command, _, _ in probes[name].commands]
         # The script goes on stdin: one argument of a remote command is limited to 128 KiB.
+        # A silent peer is dropped as the exact check drops one (roles/runner.py DEAD_PEER_S).
+        alive = ["-o", f"ServerAliveInterval={KEEPALIVE_S}", "-o", "ServerAliveCountMax=6"]
         argv = [*ssh.argv(str(loaded.cluster.hosts[name].address)), "sh", "-s"]
+        argv[1:1] = alive
         pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
         with subprocess.Popen(argv, **pipes) as process:
-            output, errors = process.communicate(probe_script(commands, marker).encode())
+            try:
+                output, errors = process.communicate(
+                    probe_script(commands, marker).encode(), timeout=PROBE_TIMEOUT_S
+                )
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.communicate()
+                return -1, b"", b"no answer in %d s" % PROBE_TIMEOUT_S, time.monotonic() - began
         return process.returncode, output, errors, time.monotonic() - began
 
     workers = max(1, min(len(probes), parallel or DEFAULT_PARALLEL))
@@ -461,7 +474,7 @@ def check(
         answers = {name: running[name].result() for name in probes}
     for name, record in probes.items():
         code, output, errors, seconds = answers[name]
-        if code == 255:  # ssh itself failed: the exact check names why
+        if code in (255, -1):  # ssh failed, or the host never answered: the exact check says why
             result.exact[name] = "ssh: " + (errors.decode(errors="replace").strip() or "failed")
             continue
         commands = [command for command, _, _ in record.commands]

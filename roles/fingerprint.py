@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from inventory.model import LoadedCluster
-from roles.context import host_context, host_files, topology_of
+from roles.context import host_contexts, host_files
 from roles.registry import PHASES
 from roles.reports import HostReport, HostStatus, OperationResult
 from roles.spec import HostContext
@@ -424,18 +424,18 @@ def check(
     """Every host with a record: one ssh each (`parallel` at once), then the answers compared."""
     started = time.monotonic()
     result = FastCheck()
-    topology = topology_of(loaded)
     ssh = SSHSettings.from_cluster(loaded, connect_timeout)
     marker = f"gpuinfra-fingerprint-{secrets.token_hex(8)}"
     wanted = tuple(roles)
     probes: dict[str, Record] = {}
+    every = {ctx.name: ctx for ctx in host_contexts(loaded)}  # cluster files rendered once
     contexts = {}
     for name in hosts:
         record = load_record(loaded.state_dir, name)
         if record is None:
             result.exact[name] = "no converged record"
             continue
-        contexts[name] = ctx = host_context(loaded, name, topology)
+        contexts[name] = ctx = every[name]
         if host_roles(ctx, wanted) != record.roles:
             result.exact[name] = "other roles than its record"
             continue

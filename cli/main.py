@@ -72,6 +72,8 @@ class OneLineErrors(TyperGroup):
 
     def __init__(self, **attrs: Any) -> None:
         super().__init__(**attrs)
+        if self.commands:  # registered on `app` itself: they would be lost, say where they go
+            raise RuntimeError(f"list {', '.join(self.commands)} in cli.main.COMMANDS instead")
         self.commands = LazyCommands(COMMANDS)  # type: ignore[assignment]
 
     def main(self, *args, standalone_mode: bool = True, **kwargs):  # type: ignore[override]

@@ -104,3 +104,16 @@ print("patched")
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "patched"
+
+
+def test_every_listed_command_is_built_under_its_name() -> None:
+    from typer.main import get_command
+
+    from cli.main import COMMANDS, app
+
+    root = get_command(app)
+    assert list(root.list_commands(None)) == list(COMMANDS)
+    for name in COMMANDS:
+        command = root.get_command(None, name)
+        assert command is not None and command.name == name
+        assert command.help, f"{name} has no help text"

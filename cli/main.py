@@ -38,7 +38,8 @@ COMMANDS: dict[str, str] = {
 
 class LazyCommands(Mapping[str, Command]):
     """The top-level commands by name, each built by typer on first lookup, exactly as
-    `add_typer` and `command` would build it."""
+    `add_typer` and `command` would build it (with Typer's default markup and exception
+    settings, which `app` keeps)."""
 
     def __init__(self, targets: Mapping[str, str]) -> None:
         self._targets = targets

@@ -64,7 +64,7 @@ clean:
 # BENCH_SIZES="100" reruns one size; results merge into docs/benchmarks/results.json.
 BENCH_SIZES ?= 10 50 100 200
 BENCH_REPEATS ?= 3
-BENCH_SUITES ?= bootstrap,drift,scale
+BENCH_SUITES ?= bootstrap,drift,scale,cli
 BENCH_ARGS ?=
 .PHONY: bench bench-quick
 bench: install

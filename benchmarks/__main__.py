@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import report, scale, suites
+from benchmarks import commandline, report, scale, suites
 from roles.limits import raise_open_files_limit
 
 
@@ -25,7 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="10 50 100 200", help="host counts for drift")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each engine per size")
     parser.add_argument(
-        "--suites", default="bootstrap,drift", help="comma-separated: bootstrap, drift, scale"
+        "--suites",
+        default="bootstrap,drift",
+        help="comma-separated: bootstrap, drift, scale, cli",
     )
     parser.add_argument(
         "--scale-sizes", default="1000 7500", help="host counts of the scale suite's inventories"
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     results_path = args.out / "results.json"
     results = json.loads(results_path.read_text()) if results_path.exists() else {}
     if not args.report_only:
-        if os.geteuid() != 0:
+        if wanted & {"bootstrap", "drift"} and os.geteuid() != 0:
             print("benchmarks boot lab hosts and need root", file=sys.stderr)
             return 2
         raise_open_files_limit()  # inherited by all three engines alike
@@ -94,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
             results.setdefault("scale", {}).update(
                 scale.scale(sizes_of_scale, args.repeats, args.work / "scale", log)
             )
+            results_path.write_text(json.dumps(results, indent=2))
+        if "cli" in wanted:
+            results["cli_machine"] = _machine()
+            results["cli"] = commandline.command_line(log)
             results_path.write_text(json.dumps(results, indent=2))
         if "drift" in wanted:
             drift = results.setdefault("drift", {})

@@ -16,6 +16,7 @@ TARGET_BOOTSTRAP_SECONDS = 300
 # Issue 18: gpuinfra drift within 1.5x of one ssh command per host (benchmarks/floor.py).
 TARGET_FLOOR_RATIO = 1.5
 TARGET_VALIDATE_SECONDS = 3  # issue 18: a 7,500-host inventory
+TARGET_CLI_CPU_SECONDS = 0.3  # issue 18: `--help` and `inventory validate inventory/sample`
 TARGET_NOOP_APPLY_SECONDS = 15
 
 
@@ -300,6 +301,15 @@ def markdown(results: dict) -> str:
             f"(CPU {largest['validate_median_cpu_seconds']:.2f} s) | "
             f"{_status(largest['validate_median_seconds'] < TARGET_VALIDATE_SECONDS)} |"
         )
+    command_line = results.get("cli")
+    if command_line:
+        lines += _cli_section(command_line, results.get("cli_machine", {}))
+        for entry in command_line.values():
+            cpu = entry["median_cpu_seconds"]
+            targets.append(
+                f"| `{entry['command']}` under {TARGET_CLI_CPU_SECONDS} s of CPU | {cpu:.2f} s "
+                f"(median of {entry['runs']}) | {_status(cpu < TARGET_CLI_CPU_SECONDS)} |"
+            )
     if targets:
         lines += ["## Targets", "", "| target | measured | status |", "| --- | --- | --- |"]
         lines += targets + [""]
@@ -344,6 +354,28 @@ def _scale_section(at_scale: dict, projected: dict | None, machine: dict) -> lis
         "",
     ]
     return lines
+
+
+def _cli_section(command_line: dict, machine: dict) -> list[str]:
+    """CPU seconds of two commands that connect to nothing (benchmarks/commandline.py)."""
+    lines = [
+        "## The command line (benchmarks/commandline.py, no hosts)",
+        "",
+        f"Run {machine.get('date', '?')}, load average at the start "
+        f"{machine.get('load_average_at_start', '?')} on {machine.get('cpus', '?')} CPUs. "
+        "CPU seconds (user + system) of the command, its bytecode caches written; the two "
+        "commands alternate, run after run.",
+        "",
+        "| command | runs | CPU s median (min to max) | wall s median | load |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for entry in command_line.values():
+        lines.append(
+            f"| `{entry['command']}` | {entry['runs']} | {entry['median_cpu_seconds']:.3f} "
+            f"({entry['min_cpu_seconds']:.3f} to {entry['max_cpu_seconds']:.3f}) | "
+            f"{entry['median_seconds']:.3f} | {statistics.median(entry['load_before']):.1f} |"
+        )
+    return [*lines, ""]
 
 
 def plots(results: dict, out: Path) -> list[Path]:

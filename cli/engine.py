@@ -10,10 +10,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from cli import connecting
+from cli.consoles import DeferredConsole
 from cli.errors import UserError, reporting, stderr
 from cli.exitcodes import ExitCode
 from cli.options import (
@@ -33,7 +32,7 @@ from cli.options import (
 
 # Seconds to wait for each host's SSH connection (pyinfra's connect and banner timeouts).
 DEFAULT_CONNECT_TIMEOUT = 10
-console = Console(highlight=False)
+console = DeferredConsole(highlight=False)
 
 # For tests that act at a given point of a run (tests/integration/test_faults.py kills the
 # controller when the N-th host x operation has finished): each step appends "done total".
@@ -303,7 +302,7 @@ def _run(loaded, options, output, record: bool = False):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
-    with Progress(*columns, TimeElapsedColumn(), console=console, transient=True) as bar:
+    with Progress(*columns, TimeElapsedColumn(), console=console.get(), transient=True) as bar:
         task = bar.add_task(f"{options.mode} {loaded.cluster.name}", total=None)
 
         def progress(what: str, done: int, total: int) -> None:
@@ -373,6 +372,8 @@ def _emit(report, output: OutputFormat, show_diff: bool) -> None:
     if output is OutputFormat.json:
         typer.echo(json.dumps(asdict(report), indent=2))
         return
+    from rich.table import Table
+
     table = Table(title=f"{report.mode} {report.cluster}: {len(report.hosts)} hosts")
     for column in ("host", "status", "changes", "seconds", "reboot", "detail"):
         table.add_column(column)

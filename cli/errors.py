@@ -7,15 +7,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import typer
-from rich.console import Console
 
+from cli.consoles import DeferredConsole
 from cli.exitcodes import ExitCode
 from cli.options import state
 from inventory.errors import InventoryInvalid
 from roles.applylock import LockHeld
 from roles.statefiles import StateMissing
 
-stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+stderr = DeferredConsole(stderr=True, highlight=False, soft_wrap=True)
 
 
 class UserError(Exception):

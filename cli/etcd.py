@@ -8,15 +8,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
+from cli.consoles import DeferredConsole
 from cli.errors import UserError, reporting
 from cli.exitcodes import ExitCode
 from cli.options import ClusterArg, FormatOpt, OutputFormat
 
 app = typer.Typer(help="Day-2 operations on the external etcd cluster.", no_args_is_help=True)
-console = Console(highlight=False)
+console = DeferredConsole(highlight=False)
 
 HEALTH_EXIT = {"healthy": ExitCode.OK, "degraded": ExitCode.DEGRADED, "lost": ExitCode.UNHEALTHY}
 
@@ -64,6 +63,8 @@ def status(cluster: ClusterArg, output: FormatOpt = OutputFormat.table) -> None:
     if output is OutputFormat.json:
         _json(asdict(result))
     else:
+        from rich.table import Table
+
         table = Table(title=f"etcd {result.cluster}: {result.health}")
         for column in ("member", "address", "state", "leader", "db", "in use", "fsync p99",
                        "detail"):  # fmt: skip
@@ -101,6 +102,8 @@ def certs(cluster: ClusterArg, output: FormatOpt = OutputFormat.table) -> None:
     if output is OutputFormat.json:
         _json([asdict(e) | {"status": e.status} for e in report])
     else:
+        from rich.table import Table
+
         table = Table(title=f"etcd certificates of {loaded.cluster.name}")
         for column in ("certificate", "expires", "days left", "status", "serial"):
             table.add_column(column)
@@ -136,6 +139,8 @@ def check_disk(
     if output is OutputFormat.json:
         _json([asdict(r) for r in results])
     else:
+        from rich.table import Table
+
         table = Table(title="etcd disk gate (fio fdatasync p99)")
         for column in ("member", "path", "p99", "limit", "result", "detail"):
             table.add_column(column)

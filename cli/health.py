@@ -7,9 +7,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
+from cli.consoles import DeferredConsole
 from cli.errors import UserError, reporting, stderr
 from cli.exitcodes import ExitCode
 from cli.options import ClusterArg, FormatOpt, OutputFormat
@@ -21,7 +20,7 @@ if TYPE_CHECKING:
 app = typer.Typer(
     help="GPU health: passive and active checks, fleet sampling, cordoning.", no_args_is_help=True
 )
-stdout = Console(highlight=False, soft_wrap=True)
+stdout = DeferredConsole(highlight=False, soft_wrap=True)
 
 STYLE = {"ok": "green", "degraded": "yellow", "failed": "bold red", "skipped": "dim"}
 NODE_EXIT = {
@@ -232,6 +231,8 @@ def _verdict(text: str) -> str:
 
 
 def render_node(report: NodeReport) -> None:
+    from rich.table import Table
+
     table = Table(
         title=f"{report.host}: {_verdict(report.verdict.value)} (active tests: {report.backend})"
     )
@@ -250,6 +251,8 @@ def render_node(report: NodeReport) -> None:
 
 
 def render_fleet(report: FleetReport) -> None:
+    from rich.table import Table
+
     table = Table(title=f"{len(report.hosts)} of {report.gpu_workers} GPU workers checked")
     for column in ("host", "status", "why", "cordon"):
         table.add_column(column)

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
+from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
+from cli.consoles import DeferredConsole
 from cli.errors import UserError, reporting
 from cli.exitcodes import ExitCode
 from cli.options import ClusterArg, FormatOpt, OutputFormat
-from roles.context import load
 
 app = typer.Typer(
     help="Day-2 operations on the Kubernetes cluster (kubeadm).", no_args_is_help=True
@@ -22,9 +21,16 @@ certs_app = typer.Typer(help="Control-plane certificates.", no_args_is_help=True
 node_app = typer.Typer(help="Add or remove nodes.", no_args_is_help=True)
 app.add_typer(certs_app, name="certs")
 app.add_typer(node_app, name="node")
-console = Console(highlight=False)
+console = DeferredConsole(highlight=False)
 
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")]
+
+
+def _load(cluster: Path):
+    # Imported here: `gpuinfra --help` must not pay for the inventory's model.
+    from roles.context import load
+
+    return load(cluster)
 
 
 def _call(work):
@@ -46,6 +52,8 @@ def _emit_outcome(outcome, output: OutputFormat) -> None:
     if output is OutputFormat.json:
         typer.echo(json.dumps(asdict(outcome), indent=2))
         return
+    from rich.table import Table
+
     table = Table(title=outcome.operation)
     for column in ("#", "node", "step", "result"):
         table.add_column(column)
@@ -62,11 +70,13 @@ def status(cluster: ClusterArg, output: FormatOpt = OutputFormat.table) -> None:
     from day2.kubernetes import status as cluster_status
 
     with reporting():
-        loaded = load(cluster)
+        loaded = _load(cluster)
     result = _call(lambda: cluster_status(loaded))
     if output is OutputFormat.json:
         typer.echo(json.dumps(asdict(result), indent=2))
     else:
+        from rich.table import Table
+
         table = Table(title=f"kubernetes {result.cluster}: {len(result.nodes)} nodes")
         for column in ("node", "ready", "version", "schedulable", "taints"):
             table.add_column(column)
@@ -91,7 +101,7 @@ def certs_renew(cluster: ClusterArg, yes: YesOpt = False, output: FormatOpt = Ou
     from day2.kubernetes import renew_certificates
 
     with reporting():
-        loaded = load(cluster)
+        loaded = _load(cluster)
     _confirm(yes, f"Renew the certificates of every control-plane node of {loaded.cluster.name}?")
     _emit_outcome(_call(lambda: renew_certificates(loaded)), output)
 
@@ -111,7 +121,7 @@ def upgrade(
     from day2.kubernetes import upgrade as run_upgrade
 
     with reporting():
-        loaded = load(cluster)
+        loaded = _load(cluster)
         if not 0 < budget <= 100:
             raise UserError(f"--budget {budget:g}: a percentage in (0, 100]")
     _confirm(yes, f"Upgrade {loaded.cluster.name} to {version}?")
@@ -129,7 +139,7 @@ def node_add(
     from roles.runner import HostStatus
 
     with reporting():
-        loaded = load(cluster)
+        loaded = _load(cluster)
     report = _call(lambda: add_nodes(loaded, nodes))
     if output is OutputFormat.json:
         typer.echo(json.dumps(asdict(report), indent=2))
@@ -153,6 +163,6 @@ def node_remove(
     from day2.kubernetes import remove_node
 
     with reporting():
-        loaded = load(cluster)
+        loaded = _load(cluster)
     _confirm(yes, f"Remove {node} from {loaded.cluster.name} (drain, delete, kubeadm reset)?")
     _emit_outcome(_call(lambda: remove_node(loaded, node)), output)

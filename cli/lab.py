@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
+from cli.consoles import DeferredConsole
 from cli.errors import UserError, reporting, stderr
 from cli.exitcodes import ExitCode
 from cli.options import FormatOpt, OutputFormat
@@ -34,8 +33,8 @@ if TYPE_CHECKING:
 app = typer.Typer(
     help="A multi-host lab of real Debian 13 hosts on this machine.", no_args_is_help=True
 )
-console = Console(highlight=False)
-progress_console = Console(stderr=True, highlight=False)
+console = DeferredConsole(highlight=False)
+progress_console = DeferredConsole(stderr=True, highlight=False)
 
 
 class TopologyName(StrEnum):
@@ -139,7 +138,7 @@ def _boot_progress(total: int | None, *, enabled: bool) -> Iterator[lifecycle.Pr
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = (TextColumn("booting"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=progress_console, transient=True) as bar:
+    with Progress(*columns, console=progress_console.get(), transient=True) as bar:
         task = bar.add_task("boot", total=total)
 
         def on_host(host: str, event: str) -> None:
@@ -174,6 +173,8 @@ def status(name: NameOpt = DEFAULT_NAME, output: FormatOpt = OutputFormat.table)
     if output is OutputFormat.json:
         typer.echo(json.dumps(asdict(result), indent=2))
         return
+    from rich.table import Table
+
     table = Table(title=f"lab {result.name} ({result.subnet} on {result.bridge})")
     for column in ("host", "address", "groups", "state", "memory"):
         table.add_column(column, justify="right" if column == "memory" else "left")

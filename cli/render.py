@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from cli.errors import reporting, stderr
 from cli.options import ClusterArg
@@ -36,6 +35,8 @@ def render(
             "`gpuinfra apply` creates them",
             markup=False,
         )
+    from rich.console import Console
+
     Console(highlight=False).print(
         f"rendered {result.files} files for {result.hosts} hosts into {out}", markup=False
     )

@@ -9,16 +9,15 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from cli import connecting
+from cli.consoles import DeferredConsole
 from cli.errors import UserError, reporting
 from cli.exitcodes import ExitCode
 from cli.options import ClusterArg, FormatOpt, OutputFormat
 from roles.verify import DEFAULT_PROCESSES, available_suites, verify
 
-console = Console(highlight=False)
+console = DeferredConsole(highlight=False)
 
 
 def verify_command(
@@ -96,6 +95,8 @@ def _exit_code(report) -> ExitCode:
 
 
 def _print(report, cluster: str, seconds: float) -> None:
+    from rich.table import Table
+
     table = Table(title=f"verify {cluster}")
     for column in ("role", "host", "passed", "failed", "skipped"):
         table.add_column(column)

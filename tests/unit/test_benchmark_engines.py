@@ -70,3 +70,25 @@ def test_projection_fits_a_line_through_the_sizes_and_shards_the_fleet():
     assert p["one_process_seconds"] == round(2 + 0.05 * 7500)
     text = markdown({"drift": drift})
     assert "| 100 hosts | gpuinfra |" in text and "Projection to 7500 hosts" in text
+
+
+def test_the_command_line_figures_are_reported_against_the_target():
+    def entry(command, cpu):
+        return {"command": command, "runs": 3, "cpu_seconds": cpu, "median_cpu_seconds": cpu[1],
+                "min_cpu_seconds": min(cpu), "max_cpu_seconds": max(cpu),
+                "median_seconds": 0.4, "load_before": [1.0, 2.0, 3.0]}  # fmt: skip
+
+    text = markdown(
+        {
+            "cli": {
+                "help": entry("gpuinfra --help", [0.2, 0.21, 0.25]),
+                "validate": entry("gpuinfra inventory validate inventory/sample", [0.3, 0.31, 0.4]),
+            }
+        }
+    )
+    assert "| `gpuinfra --help` | 3 | 0.210 (0.200 to 0.250) | 0.400 | 2.0 |" in text
+    assert "| `gpuinfra --help` under 0.3 s of CPU | 0.21 s (median of 3) | met |" in text
+    assert (
+        "| `gpuinfra inventory validate inventory/sample` under 0.3 s of CPU | 0.31 s "
+        "(median of 3) | not met |" in text
+    )

@@ -301,15 +301,16 @@ def grouped(command: str) -> tuple[str, str] | None:
     return None
 
 
-def probe_script(commands: Iterable[str], marker: str) -> str:
+def probe_script(commands: Iterable[str], marker: str, batched: bool = True) -> str:
     """One shell script for one host. Each command runs as the SSH channel would run it (its
     own `sh -c` text, no input), followed by a line with the marker, its index and its exit
     code; the commands of a group (see `grouped`) are answered together, their section
-    ending with a line with the marker and the group's name."""
+    ending with a line with the marker and the group's name (each on its own when not
+    `batched`: what the batched answers are checked against)."""
     members: dict[str, list[str]] = {kind: [] for kind in _GROUPS}
     parts = []
     for index, command in enumerate(commands):
-        found = grouped(command)
+        found = grouped(command) if batched else None
         if found is not None:
             members[found[0]].append(found[1])
             continue

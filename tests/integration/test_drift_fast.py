@@ -83,10 +83,12 @@ def test_each_batched_answer_is_what_its_command_prints_alone(converged):
         argv = [*ssh_argv(loaded, host), "sh", "-s"]
         probe = subprocess.run(argv, input=script.encode(), capture_output=True, check=True)
         answers = fingerprint.read_probe(probe.stdout, "m-test", commands)
+        # Every command on its own (its own `sh -c`, as the SSH channel runs it), in one ssh.
+        script = fingerprint.probe_script(commands, "m-alone", batched=False)
+        alone = subprocess.run(argv, input=script.encode(), capture_output=True, check=True)
+        expected = fingerprint.read_probe(alone.stdout, "m-alone")
         for index in grouped:
-            alone = subprocess.run([*ssh_argv(loaded, host), commands[index]], capture_output=True)
-            expected = (alone.returncode, alone.stdout.decode().splitlines())
-            assert answers.get(index) == expected, (host, commands[index])
+            assert answers.get(index) == expected[index], (host, commands[index])
 
 
 def test_a_host_that_differs_is_checked_operation_by_operation_and_shown(converged, tmp_path):

@@ -183,12 +183,12 @@ def drift(
     with reporting():
         loaded = load(cluster)
     options = _options(loaded, Mode.drift, limit, roles, parallel, connect_timeout, shard=shard)
-    loaded = _read_only(loaded, roles)
     if exact:
+        loaded = _read_only(loaded, roles)
         connecting()
         report = _run(loaded, options, output)
     else:
-        report = _drift(loaded, options, output)
+        report = _drift(loaded, options, output, roles)
     if report_path:
         report_path.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(report_path, json.dumps(asdict(report), indent=2).encode())
@@ -262,8 +262,10 @@ def _host_and_group_names(loaded) -> set[str]:
     return set(cluster.hosts) | {g for host in cluster.hosts.values() for g in host.groups}
 
 
-def _drift(loaded, options, output):
-    """The fast path first (roles/fingerprint.py), then the exact check for the hosts it left."""
+def _drift(loaded, options, output, roles):
+    """The fast path first (roles/fingerprint.py), then the exact check for the hosts it left.
+    The hosts with a record are asked before the state is checked and the keys are computed
+    (both only read the controller's files), so that their answers are on their way."""
     import time
     from dataclasses import replace
 
@@ -273,9 +275,15 @@ def _drift(loaded, options, output):
 
     started = time.monotonic()
     hosts, notes = selected_hosts(loaded, options)
-    fast = fingerprint.check(
+    probes = fingerprint.Probes(
         loaded, hosts, options.roles, options.connect_timeout, options.parallel
     )
+    try:
+        loaded = _read_only(loaded, roles)
+    except BaseException:
+        probes.cancel()
+        raise
+    fast = probes.finish(loaded)
     rest = [name for name in hosts if name in fast.exact]
     if rest:
         connecting()

@@ -150,13 +150,14 @@ def common_digest(loaded: LoadedCluster) -> str:
     return f"{code_digest()} {cluster_digest(loaded)} {state_digest(loaded.state_dir)}"
 
 
-def host_roles(ctx: HostContext, wanted: Iterable[str] = ()) -> tuple[str, ...]:
-    """The roles with a phase on this host (of `wanted`; all when empty), in phase order."""
-    wanted = set(wanted)
+def host_roles(groups: Iterable[str], wanted: Iterable[str] = ()) -> tuple[str, ...]:
+    """The roles with a phase on a host of these groups (of `wanted`; all when empty), in
+    phase order."""
+    wanted, groups = set(wanted), list(groups)
     roles = [
         phase.role
         for phase in PHASES
-        if (not wanted or phase.role in wanted) and phase.applies_to(ctx.host.groups)
+        if (not wanted or phase.role in wanted) and phase.applies_to(groups)
     ]
     return tuple(dict.fromkeys(roles))
 
@@ -415,46 +416,53 @@ KEEPALIVE_S = 5
 PROBE_TIMEOUT_S = 120
 
 
-def check(
-    loaded: LoadedCluster,
-    hosts: list[str],
-    roles: Iterable[str],
-    connect_timeout: int,
-    parallel: int | None = None,
-) -> FastCheck:
-    """Every host with a record: one ssh each (`parallel` at once), then the answers compared."""
-    started = time.monotonic()
-    result = FastCheck()
-    ssh = SSHSettings.from_cluster(loaded, connect_timeout)
-    marker = f"gpuinfra-fingerprint-{secrets.token_hex(8)}"
-    wanted = tuple(roles)
-    probes: dict[str, Record] = {}
-    every = {ctx.name: ctx for ctx in host_contexts(loaded)}  # cluster files rendered once
-    contexts = {}
-    for name in hosts:
-        record = load_record(loaded.state_dir, name)
-        if record is None:
-            result.exact[name] = "no converged record"
-            continue
-        contexts[name] = ctx = every[name]
-        if host_roles(ctx, wanted) != record.roles:
-            result.exact[name] = "other roles than its record"
-            continue
-        probes[name] = record
+class Probes:
+    """Every selected host with a record asked at once, one ssh each (`parallel` at a time),
+    started before the caller has finished its own checks; `finish` computes the keys while
+    the hosts answer, then compares."""
 
-    def probe(name: str) -> tuple[int, bytes, bytes, float]:
+    def __init__(
+        self,
+        loaded: LoadedCluster,
+        hosts: list[str],
+        roles: Iterable[str],
+        connect_timeout: int,
+        parallel: int | None = None,
+    ):
+        self.started = time.monotonic()
+        self.result = FastCheck()
+        self.records: dict[str, Record] = {}
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.marker = f"gpuinfra-fingerprint-{secrets.token_hex(8)}"
+        self.ssh = SSHSettings.from_cluster(loaded, connect_timeout)
+        self.addresses = {name: str(loaded.cluster.hosts[name].address) for name in hosts}
+        wanted = tuple(roles)
+        for name in hosts:
+            record = load_record(loaded.state_dir, name)
+            if record is None:
+                self.result.exact[name] = "no converged record"
+            elif host_roles(loaded.cluster.hosts[name].groups, wanted) != record.roles:
+                self.result.exact[name] = "other roles than its record"
+            else:
+                self.records[name] = record
+        workers = max(1, min(len(self.records), parallel or DEFAULT_PARALLEL))
+        self.pool = ThreadPoolExecutor(max_workers=workers)
+        self.running = {name: self.pool.submit(self._probe, name) for name in self.records}
+
+    def _probe(self, name: str) -> tuple[int, bytes, bytes, float]:
         began = time.monotonic()
-        commands = [command for command, _, _ in probes[name].commands]
+        commands = [command for command, _, _ in self.records[name].commands]
         # The script goes on stdin: one argument of a remote command is limited to 128 KiB.
         # A silent peer is dropped as the exact check drops one (roles/runner.py DEAD_PEER_S).
         alive = ["-o", f"ServerAliveInterval={KEEPALIVE_S}", "-o", "ServerAliveCountMax=6"]
-        argv = [*ssh.argv(str(loaded.cluster.hosts[name].address)), "sh", "-s"]
+        argv = [*self.ssh.argv(self.addresses[name]), "sh", "-s"]
         argv[1:1] = alive
         pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
         with subprocess.Popen(argv, **pipes) as process:
+            self.processes[name] = process
             try:
                 output, errors = process.communicate(
-                    probe_script(commands, marker).encode(), timeout=PROBE_TIMEOUT_S
+                    probe_script(commands, self.marker).encode(), timeout=PROBE_TIMEOUT_S
                 )
             except subprocess.TimeoutExpired:
                 process.kill()
@@ -462,37 +470,60 @@ def check(
                 return -1, b"", b"no answer in %d s" % PROBE_TIMEOUT_S, time.monotonic() - began
         return process.returncode, output, errors, time.monotonic() - began
 
-    workers = max(1, min(len(probes), parallel or DEFAULT_PARALLEL))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        running = {name: pool.submit(probe, name) for name in probes}
-        # The keys (every host's files rendered) are computed while the hosts answer; a host
-        # whose key differs is checked exactly whatever it answers.
+    def cancel(self) -> None:
+        """Stop asking (the caller found the command cannot go on)."""
+        for future in self.running.values():
+            future.cancel()
+        for process in list(self.processes.values()):
+            if process.poll() is None:
+                process.kill()
+        self.pool.shutdown(wait=True)
+
+    def finish(self, loaded: LoadedCluster) -> FastCheck:
+        """The keys (every host's files rendered from `loaded`, which must not create state),
+        then each host's answers against its record."""
+        result = self.result
+        contexts = {ctx.name: ctx for ctx in host_contexts(loaded)}  # cluster files once
         common = common_digest(loaded)
-        for name, record in list(probes.items()):
+        for name, record in list(self.records.items()):
             if host_key(contexts[name], common) != record.key:
+                # Checked exactly, whatever it answers.
                 result.exact[name] = "code, inventory or state changed since its record"
-                del probes[name]
-        answers = {name: running[name].result() for name in probes}
-    for name, record in probes.items():
-        code, output, errors, seconds = answers[name]
-        if code in (255, -1):  # ssh failed, or the host never answered: the exact check says why
-            result.exact[name] = "ssh: " + (errors.decode(errors="replace").strip() or "failed")
-            continue
-        commands = [command for command, _, _ in record.commands]
-        found = differences(record, read_probe(output, marker, commands))
-        if found:
-            result.exact[name] = f"differs from its record ({found[0]})"
-            continue
-        result.reports[name] = HostReport(
-            name,
-            HostStatus.ok,
-            operations=[OperationResult(role, op, False) for role, op in record.operations],
-            seconds=seconds,
-            reboot_required=record.reboot_required,
-            notes=list(record.notes),
-        )
-    result.seconds = time.monotonic() - started
-    return result
+                del self.records[name]
+        answers = {name: self.running[name].result() for name in self.records}
+        self.pool.shutdown(wait=True)
+        for name, record in self.records.items():
+            code, output, errors, seconds = answers[name]
+            if code in (255, -1):  # ssh failed, or no answer in time: the exact check says why
+                text = errors.decode(errors="replace").strip() or "failed"
+                result.exact[name] = f"ssh: {text}"
+                continue
+            commands = [command for command, _, _ in record.commands]
+            found = differences(record, read_probe(output, self.marker, commands))
+            if found:
+                result.exact[name] = f"differs from its record ({found[0]})"
+                continue
+            result.reports[name] = HostReport(
+                name,
+                HostStatus.ok,
+                operations=[OperationResult(role, op, False) for role, op in record.operations],
+                seconds=seconds,
+                reboot_required=record.reboot_required,
+                notes=list(record.notes),
+            )
+        result.seconds = time.monotonic() - self.started
+        return result
+
+
+def check(
+    loaded: LoadedCluster,
+    hosts: list[str],
+    roles: Iterable[str],
+    connect_timeout: int,
+    parallel: int | None = None,
+) -> FastCheck:
+    """`Probes` started and finished on the same (read-only) cluster."""
+    return Probes(loaded, hosts, roles, connect_timeout, parallel).finish(loaded)
 
 
 def summary(result: FastCheck, total: int) -> str:

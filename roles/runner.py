@@ -160,7 +160,7 @@ def _record_converged(loaded, options, report: RunReport, asked, contexts) -> No
         ctx = contexts[name]
         record = fingerprint.Record(
             key=fingerprint.host_key(ctx, common),
-            roles=fingerprint.host_roles(ctx, options.roles),
+            roles=fingerprint.host_roles(ctx.host.groups, options.roles),
             commands=commands,
             operations=tuple((op.phase, op.name) for op in entry.operations),
             notes=tuple(entry.notes),

@@ -202,15 +202,19 @@ def _split(value: str | None) -> tuple[str, ...]:
     return tuple(v.strip() for v in value.split(",") if v.strip()) if value else ()
 
 
-def _read_only(loaded, roles: str | None):
+def _read_only(loaded, roles: str | None, checked: bool = True):
     """The cluster for plan and drift: its state must be there (never created), and a note
-    when an apply is running on it."""
+    when an apply is running on it. Not `checked`: the caller renders every host's files
+    itself, which finds a missing secret as the check would (the drift fast path)."""
+    from inventory.model import StateAccess
     from roles.applylock import current_holder
     from roles.clusterstate import require_state
 
     holder = current_holder(loaded.state_dir)
     if holder is not None:
         stderr.print(f"note: an apply is running on this cluster: {holder.describe()}")
+    if not checked:
+        return loaded.with_state_access(StateAccess.existing)
     with reporting():
         return require_state(loaded, _split(roles))
 
@@ -279,13 +283,19 @@ def _drift(loaded, options, output, roles):
         loaded, hosts, options.roles, options.connect_timeout, options.parallel
     )
     try:
-        loaded = _read_only(loaded, roles)
+        # The keys render every host's files: a missing secret stops the command there, with
+        # the message require_state gives (exit 2), before any exact check.
+        with reporting():
+            fast = probes.finish(_read_only(loaded, roles, checked=False))
     except BaseException:
         probes.cancel()
         raise
-    fast = probes.finish(loaded)
     rest = [name for name in hosts if name in fast.exact]
     if rest:
+        from roles.clusterstate import require_state
+
+        with reporting():
+            loaded = require_state(loaded, _split(roles))
         connecting()
         exact = _run(loaded, replace(options, limit=tuple(rest), shard=None), output)
     else:

@@ -302,12 +302,27 @@ def grouped(command: str) -> tuple[str, str] | None:
     return None
 
 
+def unwrapped(command: str) -> str | None:
+    """The script of a command sent as `sh -c '<script>'` (what pyinfra sends without sudo or
+    env), exactly: the probe, itself a `sh` with no arguments, runs it in a subshell, which is
+    what `sh -c` does in a new process (the same $0, no positional parameters, nothing kept
+    after it), without the cost of starting `sh` again for each command on the host."""
+    try:
+        parts = shlex.split(command)
+    except ValueError:
+        return None
+    if len(parts) == 3 and parts[:2] == ["sh", "-c"] and _sh(parts[2]) == command:
+        return parts[2]
+    return None
+
+
 def probe_script(commands: Iterable[str], marker: str, batched: bool = True) -> str:
     """One shell script for one host. Each command runs as the SSH channel would run it (its
     own `sh -c` text, no input), followed by a line with the marker, its index and its exit
     code; the commands of a group (see `grouped`) are answered together, their section
-    ending with a line with the marker and the group's name (each on its own when not
-    `batched`: what the batched answers are checked against)."""
+    ending with a line with the marker and the group's name, and the others run `unwrapped`
+    (each exactly as sent, in its own `sh -c`, when not `batched`: what the batched answers
+    are checked against)."""
     members: dict[str, list[str]] = {kind: [] for kind in _GROUPS}
     parts = []
     for index, command in enumerate(commands):
@@ -315,9 +330,8 @@ def probe_script(commands: Iterable[str], marker: str, batched: bool = True) -> 
         if found is not None:
             members[found[0]].append(found[1])
             continue
-        parts.append(
-            f"( {command}\n) </dev/null 2>/dev/null\nprintf '\\n{marker} {index} %d\\n' $?\n"
-        )
+        body = (unwrapped(command) if batched else None) or command
+        parts.append(f"( {body}\n) </dev/null 2>/dev/null\nprintf '\\n{marker} {index} %d\\n' $?\n")
     for kind, names in members.items():
         if names:
             parts.append(_GROUPS[kind].script(names) + f"printf '\\n{marker} {kind} 0\\n'\n")

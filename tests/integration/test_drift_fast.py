@@ -70,8 +70,9 @@ def test_a_converged_fleet_is_checked_in_one_round_trip_per_host_with_the_same_a
 
 
 def test_each_batched_answer_is_what_its_command_prints_alone(converged):
-    """The grouped file and unit facts (roles/fingerprint.py) against each command run on its
-    own over ssh, on hosts of every kind the lab has: control for the batching itself."""
+    """The grouped file and unit facts and the commands run without their own `sh -c`
+    (roles/fingerprint.py) against each command run on its own as the SSH channel runs it, on
+    hosts of every kind the lab has: control for the batching itself."""
     loaded = load(converged.inventory_path)
     for host in ("etcd-1", "lb-1", "gpu-1"):
         record = fingerprint.load_record(loaded.state_dir, host)
@@ -87,7 +88,7 @@ def test_each_batched_answer_is_what_its_command_prints_alone(converged):
         script = fingerprint.probe_script(commands, "m-alone", batched=False)
         alone = subprocess.run(argv, input=script.encode(), capture_output=True, check=True)
         expected = fingerprint.read_probe(alone.stdout, "m-alone")
-        for index in grouped:
+        for index in range(len(commands)):  # grouped, and unwrapped from their `sh -c`
             assert answers.get(index) == expected[index], (host, commands[index])
 
 

@@ -200,3 +200,26 @@ def test_the_key_moves_with_a_managed_file(tmp_path, monkeypatch):
 
     monkeypatch.setattr(fingerprint, "host_files", renewed)
     assert key_of(cluster) != first
+
+
+def test_only_an_exact_sh_c_text_is_unwrapped():
+    assert fingerprint.unwrapped("sh -c 'uname -n'") == "uname -n"
+    quoted = fingerprint._sh("printf '%s\\n' \"$x\"; exit 3")
+    assert fingerprint.unwrapped(quoted) == "printf '%s\\n' \"$x\"; exit 3"
+    assert fingerprint.unwrapped("sudo -H -n sh -c 'id'") is None
+    assert fingerprint.unwrapped('sh -c "id"') is None  # not the quoting pyinfra sends
+    assert fingerprint.unwrapped("sh -c 'id' extra") is None
+    assert fingerprint.unwrapped("sh -c 'unterminated") is None
+
+
+def test_unwrapped_commands_answer_what_their_sh_c_answers(tmp_path):
+    """Exit codes, output, $0, positional parameters and what a command leaves behind."""
+    commands = [
+        fingerprint._sh('echo $0 $# "$*"; exit 5'),
+        fingerprint._sh("x=1; cd /; pwd; set -e; false; echo never"),
+        fingerprint._sh("echo ${x:-unset}; pwd"),
+        fingerprint._sh(f"cat {tmp_path}/missing 2>/dev/null || echo missing"),
+    ]
+    answers = run_probe(commands)
+    for index, command in enumerate(commands):
+        assert answers[index] == alone(command), command

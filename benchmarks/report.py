@@ -7,6 +7,7 @@ import statistics
 from pathlib import Path
 
 from benchmarks.suites import BASELINE, ENGINES, EXACT
+from roles.fingerprint import DEFAULT_PARALLEL
 
 FLEET = 7500  # the fleet size the projection is for
 HOSTS_PER_SHARD = 200  # the largest lab measured: a shard never goes past measured ground
@@ -297,7 +298,10 @@ def markdown(results: dict) -> str:
             "Parallelism measured (hosts being prepared at once, on average, by size): "
             f"{p['parallelism'] or 'not recorded in these runs'}. The lab's hosts share the "
             "controller's CPUs, so the wall-time line is an upper bound for real hosts; the CPU "
-            "line is the controller's own cost.",
+            "line is the controller's own cost. The memory line is mostly the OpenSSH clients "
+            "of the fast path, one per host asked at once; it asks at most "
+            f"{DEFAULT_PARALLEL} hosts at a time (`--parallel`), so one process stays near the "
+            f"{DEFAULT_PARALLEL}-host figure rather than the line's.",
             "",
             "| how | hosts per process | projected wall s | CPU s per process | MiB |",
             "| --- | --- | --- | --- | --- |",

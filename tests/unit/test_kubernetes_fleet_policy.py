@@ -7,13 +7,10 @@ arguments)."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
 import yaml
-from pyinfra.context import ctx_host
 from pyinfra.facts.files import Sha1File
 
 from roles.context import cluster_files, host_context, load
@@ -32,6 +29,7 @@ from roles.kubernetes.files import (
     cluster_objects,
     managed_files,
 )
+from tests.unit.fake_host import KeyedHost, keyed_host
 
 TEAM = "research"
 
@@ -203,32 +201,6 @@ def test_a_secret_among_the_objects_makes_its_stage_secret():
     stages = {stage.path.rsplit("/", 1)[1]: stage for stage in apply_stages(rendered)}
     assert stages["20-objects.yaml"].secret and not stages["10-namespaces.yaml"].secret
     assert "00-crds.yaml" not in stages  # no empty stage
-
-
-class KeyedHost:
-    """pyinfra's current host for an operation: facts keyed by their arguments, so a lookup of
-    the wrong path (or with a wrong argument) fails instead of getting someone else's answer."""
-
-    def __init__(self, facts: dict[tuple, Any]):
-        self.name = "cp-1"
-        self.facts = facts
-        self.asked: list[tuple] = []
-        self.noops: list[str] = []
-
-    def get_fact(self, fact: type, **kwargs: Any) -> Any:
-        key = (fact, tuple(sorted(kwargs.items())))
-        self.asked.append(key)
-        return self.facts[key]
-
-    def noop(self, message: str) -> None:
-        self.noops.append(message)
-
-
-@contextmanager
-def keyed_host(facts: dict[tuple, Any]) -> Iterator[KeyedHost]:
-    host = KeyedHost(facts)
-    with ctx_host.use(host):
-        yield host
 
 
 def sha1(text: str) -> str:

@@ -95,18 +95,19 @@ def conditions_hold(conditions: Any) -> bool:
 def guard_commands(
     state,
     hosts: Iterable,
-    skip: Callable[[Any, OperationMeta], bool],
+    skip: Callable[[Any, OperationMeta, dict], bool],
     lost: Callable[[Any, OperationMeta, BaseException], None] | None = None,
 ) -> None:
-    """Wrap each operation's command generator: while `skip(host, meta)` is true when it runs,
+    """Wrap each operation's command generator: while `skip(host, meta, global arguments)` is
+    true when it runs,
     the operation yields nothing. (pyinfra 3.10 runs every operation's body again while
     executing; the generator is the only place to intercept that.) A body that asks for a fact
     over a broken connection (EOFError, OSError, SSHException) would end the whole run for
     every host; with `lost`, it is told and that host's operation fails alone."""
 
-    def guarded(host, meta, generate):
+    def guarded(host, meta, arguments, generate):
         def commands():
-            if skip(host, meta):
+            if skip(host, meta, arguments):
                 return
             try:
                 yield from generate()
@@ -121,7 +122,7 @@ def guard_commands(
     for host in hosts:
         for op_data in state.ops[host].values():
             op_data.command_generator = guarded(
-                host, op_data.operation_meta, op_data.command_generator
+                host, op_data.operation_meta, op_data.global_arguments, op_data.command_generator
             )
 
 

@@ -410,10 +410,14 @@ def _skip_unchanged_while_clean(state, hosts, recorder: _Recorder | None = None)
     reason, and the other hosts go on (found by tests/integration/test_faults.py)."""
     touched: set[str] = set()
 
-    def skip(host, meta) -> bool:
+    def skip(host, meta, arguments) -> bool:
         if host.name in touched:
             return False
-        if found_unchanged(meta):
+        # A handler whose trigger did not fire ("refresh package lists if the sources
+        # changed") has commands but none to run: it leaves the host untouched too (it used to
+        # mark every host of a no-op apply touched at the base role's first handler, and every
+        # later operation then asked its facts again: 14 of the default lab's 21 s).
+        if found_unchanged(meta) or not conditions_hold(arguments.get("_if")):
             return True
         touched.add(host.name)  # its commands run now: later operations see a changed host
         return False

@@ -121,7 +121,7 @@ def test_execution_skips_what_prepare_found_unchanged_until_a_command_runs():
             yield from commands
 
         meta = SimpleNamespace(_maybe_is_change=will_change)
-        return SimpleNamespace(operation_meta=meta, command_generator=generate)
+        return SimpleNamespace(operation_meta=meta, command_generator=generate, global_arguments={})
 
     class Host(SimpleNamespace):
         __hash__ = object.__hash__
@@ -148,3 +148,45 @@ def test_execution_skips_what_prepare_found_unchanged_until_a_command_runs():
     assert evaluated == ["dirty.b", "dirty.c", "dirty.d"]
     assert ran[("dirty", "b")] == ["write"] and ran[("dirty", "c")] == ["fix"]
     assert ran[("clean", "a")] == ran[("clean", "b")] == ran[("dirty", "a")] == []
+
+
+def test_a_handler_whose_trigger_did_not_fire_leaves_the_host_clean():
+    """A handler ("refresh package lists if the sources changed") always has commands, but
+    with its condition false nothing runs: later operations stay skipped (found by profiling
+    the default lab's no-op apply, where every host was re-evaluated from the base role on)."""
+    from types import SimpleNamespace
+
+    from roles.runner import _skip_unchanged_while_clean
+
+    evaluated: list[str] = []
+
+    def op(name: str, will_change: bool, condition=None):
+        def generate():
+            evaluated.append(name)
+            yield f"run {name}"
+
+        arguments = {"_if": [condition]} if condition else {}
+        meta = SimpleNamespace(_maybe_is_change=will_change)
+        return SimpleNamespace(
+            operation_meta=meta, command_generator=generate, global_arguments=arguments
+        )
+
+    class Host(SimpleNamespace):
+        __hash__ = object.__hash__
+
+    host = Host(name="h")
+    state = SimpleNamespace(
+        ops={
+            host: {
+                "refresh": op("refresh", True, condition=lambda: False),
+                "later": op("later", False),
+                "fires": op("fires", True, condition=lambda: True),
+                "after": op("after", False),
+            }
+        }
+    )
+    _skip_unchanged_while_clean(state, [host])
+    ran = {key: list(data.command_generator()) for key, data in state.ops[host].items()}
+    assert ran["refresh"] == [] and ran["later"] == []
+    assert ran["fires"] == ["run fires"] and ran["after"] == ["run after"]
+    assert evaluated == ["fires", "after"]

@@ -88,7 +88,7 @@ def test_guarded_commands_yield_nothing_while_skipped(offline):
     state, host = offline
     meta = server.shell(name="Change", commands=["echo one"])
     skipping = {"on": True}
-    pyinfra_api.guard_commands(state, [host], lambda h, m: skipping["on"])
+    pyinfra_api.guard_commands(state, [host], lambda h, m, a: skipping["on"])
     generate = state.ops[host][pyinfra_api.op_hash(meta)].command_generator
     assert list(generate()) == []
     skipping["on"] = False

@@ -14,7 +14,7 @@ class Host:
 
 def op(generate, maybe_change=True, op_hash="op1"):
     meta = SimpleNamespace(_maybe_is_change=maybe_change, _hash=op_hash)
-    return SimpleNamespace(operation_meta=meta, command_generator=generate)
+    return SimpleNamespace(operation_meta=meta, command_generator=generate, global_arguments={})
 
 
 def test_a_fact_lost_with_the_connection_fails_only_that_operation():

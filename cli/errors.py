@@ -54,3 +54,20 @@ def _traceback_if_verbose() -> None:
         import traceback
 
         traceback.print_exc(file=sys.stderr)
+
+
+def load_cluster(cluster):
+    """The cluster with its role settings. Imported here: `gpuinfra --help` must not pay for
+    the inventory's model."""
+    from roles.context import load
+
+    return load(cluster)
+
+
+def day2_call(work, error: type[Exception]):
+    """Run a day-2 flow: its own `error` is one line with exit code 1, bad input exit 2."""
+    with reporting():
+        try:
+            return work()
+        except error as exc:
+            raise UserError(str(exc), ExitCode.ERROR) from None

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from cli.consoles import DeferredConsole
-from cli.errors import UserError, reporting
+from cli.errors import UserError, day2_call, load_cluster, reporting
 from cli.exitcodes import ExitCode
 from cli.options import ClusterArg, FormatOpt, OutputFormat
 
@@ -20,21 +20,13 @@ console = DeferredConsole(highlight=False)
 HEALTH_EXIT = {"healthy": ExitCode.OK, "degraded": ExitCode.DEGRADED, "lost": ExitCode.UNHEALTHY}
 
 
-def _load(cluster: Path):
-    # Imported here: `gpuinfra --help` must not pay for the inventory's model.
-    from roles.context import load
-
-    return load(cluster)
+_load = load_cluster
 
 
 def _call(work):
     from day2.etcd import EtcdOperationError
 
-    with reporting():
-        try:
-            return work()
-        except EtcdOperationError as exc:
-            raise UserError(str(exc), ExitCode.ERROR) from None
+    return day2_call(work, EtcdOperationError)
 
 
 def _json(data) -> None:

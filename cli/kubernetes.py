@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from cli.consoles import DeferredConsole
-from cli.errors import UserError, reporting
+from cli.errors import UserError, day2_call, load_cluster, reporting
 from cli.exitcodes import ExitCode
 from cli.options import ClusterArg, FormatOpt, OutputFormat
 
@@ -26,21 +25,13 @@ console = DeferredConsole(highlight=False)
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")]
 
 
-def _load(cluster: Path):
-    # Imported here: `gpuinfra --help` must not pay for the inventory's model.
-    from roles.context import load
-
-    return load(cluster)
+_load = load_cluster
 
 
 def _call(work):
     from day2.kubernetes import KubernetesOperationError
 
-    with reporting():
-        try:
-            return work()
-        except KubernetesOperationError as exc:
-            raise UserError(str(exc), ExitCode.ERROR) from None
+    return day2_call(work, KubernetesOperationError)
 
 
 def _confirm(yes: bool, question: str) -> None:

@@ -529,17 +529,6 @@ class Probes:
         return result
 
 
-def check(
-    loaded: LoadedCluster,
-    hosts: list[str],
-    roles: Iterable[str],
-    connect_timeout: int,
-    parallel: int | None = None,
-) -> FastCheck:
-    """`Probes` started and finished on the same (read-only) cluster."""
-    return Probes(loaded, hosts, roles, connect_timeout, parallel).finish(loaded)
-
-
 def summary(result: FastCheck, total: int) -> str:
     why: dict[str, int] = {}
     for reason in result.exact.values():

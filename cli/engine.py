@@ -208,13 +208,14 @@ def _read_only(loaded, roles: str | None, checked: bool = True):
     itself, which finds a missing secret as the check would (the drift fast path)."""
     from inventory.model import StateAccess
     from roles.applylock import current_holder
-    from roles.clusterstate import require_state
 
     holder = current_holder(loaded.state_dir)
     if holder is not None:
         stderr.print(f"note: an apply is running on this cluster: {holder.describe()}")
     if not checked:
         return loaded.with_state_access(StateAccess.existing)
+    from roles.clusterstate import require_state  # the PKI: cryptography, only when checking
+
     with reporting():
         return require_state(loaded, _split(roles))
 

@@ -6,13 +6,18 @@ A deploy's plan is a function of what it is given (the code, the inventory, the 
 host. When an exact check (an apply with nothing to change, or the check an apply runs after
 changing a host) finds a host converged, it keeps, under `.state/converged/<host>.json`:
 
-- the key: a digest of everything the deploys were given;
+- the key: a digest of everything the deploys were given, and the inputs: the same without the
+  rendered files, with the moment until which the clock cannot change those files
+  (roles/clock.py);
 - every command the host's deploys asked for while preparing, as the SSH channel carried it,
   with a digest of its output;
 - the report that check made for the host (operations, notes, reboot flag).
 
 `gpuinfra drift` then sends each host one command that runs those same commands and prints the
-digests of their outputs, and compares them here. Same key and same outputs mean the same facts,
+digests of their outputs, and compares them here. Until that moment the inputs stand for the key
+(the files are a function of them: the test of this module keeps the rendering from reading
+anything else), so a clean fleet's drift renders nothing; after it, the files are rendered again
+and the key compared. Same key and same outputs mean the same facts,
 so the deploys would decide the same: nothing to change, and the recorded report is that answer.
 Anything else (no record, another key, one output that differs, a command that fails) sends the
 host to the exact check, operation by operation, which finds and shows what differs.
@@ -28,17 +33,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import secrets
 import shlex
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from inventory.model import LoadedCluster
+from inventory.model import LoadedCluster, StateAccess
+from roles import clock
 from roles.context import host_contexts, host_files
 from roles.registry import PHASES
 from roles.reports import HostReport, HostStatus, OperationResult
@@ -46,7 +54,7 @@ from roles.spec import HostContext
 from roles.ssh import SSHSettings
 from roles.statefiles import write_secret_atomically
 
-FORMAT = 1  # bump when the record or the key changes meaning: old records are then ignored
+FORMAT = 2  # bump when the record or the key changes meaning: old records are then ignored
 RECORDS = "converged"  # under the cluster's .state/
 # pyinfra's file facts (pyinfra/facts/files.py LINUX_STAT_COMMAND) print "... atime=N mtime=...".
 _ATIME = re.compile(r"^(user=\S* group=\S* mode=\S* atime=)-?[0-9]+( mtime=)")
@@ -65,6 +73,8 @@ class Record:
     reboot_required: bool = False
     # What the key was made of (digests of the code, the cluster, the state): says which changed.
     parts: tuple[str, ...] = ()
+    inputs: str = ""  # the key without the rendered files (inputs_key)
+    valid_until: float | None = None  # epoch seconds: when the clock may change the files
 
     def to_json(self) -> bytes:
         return json.dumps({"format": FORMAT, **asdict(self)}, indent=1).encode()
@@ -82,7 +92,9 @@ class Record:
                 operations=tuple((role, name) for role, name in raw["operations"]),
                 notes=tuple(raw["notes"]),
                 reboot_required=bool(raw["reboot_required"]),
-                parts=tuple(raw.get("parts", ())),
+                parts=tuple(raw["parts"]),
+                inputs=raw["inputs"],
+                valid_until=raw["valid_until"],
             )
         except (ValueError, KeyError, TypeError):
             return None
@@ -94,27 +106,47 @@ _code_digest: str | None = None
 
 
 def code_digest() -> str:
-    """The roles' and the inventory layer's code and templates, and pyinfra's version."""
+    """The roles' and the inventory layer's code and templates, Python's version and every
+    installed distribution's name and version (pyinfra's, Jinja's, pydantic's...)."""
     global _code_digest
     if _code_digest is None:
-        from importlib.metadata import version
-
-        from roles.assets import TEMPLATES
-
-        root = Path(__file__).resolve().parents[1]
-        digest = hashlib.sha256(f"pyinfra {version('pyinfra')}\n".encode())
-        # The code is the Python of both packages (`inventory/` also holds inventories).
-        for folder, pattern in (
-            (root / "roles", "*.py"),
-            (root / "inventory", "*.py"),
-            (TEMPLATES, "*"),
-        ):
-            for path in sorted(folder.rglob(pattern)):
-                if path.is_file() and "__pycache__" not in path.parts:
-                    digest.update(f"{path.relative_to(folder.parent)}\n".encode())
-                    digest.update(hashlib.sha256(path.read_bytes()).digest())
+        digest = hashlib.sha256(f"{sys.version}\n{' '.join(_distributions())}\n".encode())
+        for name, path in code_files():
+            digest.update(f"{name}\n".encode())
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
         _code_digest = digest.hexdigest()
     return _code_digest
+
+
+def code_files() -> list[tuple[str, Path]]:
+    """(name, path) of each file of the roles' and the inventory layer's code and templates:
+    the Python of both packages (`inventory/` also holds inventories) and every template."""
+    from roles.assets import TEMPLATES
+
+    root = Path(__file__).resolve().parents[1]
+    found = []
+    for folder, pattern in (
+        (root / "roles", "*.py"),
+        (root / "inventory", "*.py"),
+        (TEMPLATES, "*"),
+    ):
+        for path in sorted(folder.rglob(pattern)):
+            if path.is_file() and "__pycache__" not in path.parts:
+                found.append((str(path.relative_to(folder.parent)), path))
+    return found
+
+
+def _distributions() -> list[str]:
+    """The installed distributions as their metadata folders are named ("pyinfra-3.5.1.dist-info"):
+    a directory listing per path entry, where importlib.metadata would parse each one."""
+    found = []
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        found += (f"{entry}/{n}" for n in names if n.endswith((".dist-info", ".egg-info")))
+    return sorted(found)
 
 
 def state_digest(state_dir: Path) -> str:
@@ -135,6 +167,18 @@ def cluster_digest(loaded: LoadedCluster) -> str:
     return hashlib.sha256(loaded.cluster.model_dump_json().encode()).hexdigest()
 
 
+def inputs_key(common: str, name: str) -> str:
+    """What a host's files and settings are made from: `common` (code, cluster, state) and its
+    name; with the clock's horizon, it stands for `host_key` (see the module)."""
+    return hashlib.sha256(f"{FORMAT}\n{common}\n{name}\ninputs\n".encode()).hexdigest()
+
+
+def inputs_stand(record: Record, common: str, name: str) -> bool:
+    """Whether the record's inputs stand for its key: the same inputs, and the clock not yet
+    at the moment it may change the files."""
+    return record.inputs == inputs_key(common, name) and not clock.expired(record.valid_until)
+
+
 def host_key(ctx: HostContext, common: str) -> str:
     """The key of one host: `common` (code, cluster, state), its settings and its files."""
     digest = hashlib.sha256(f"{FORMAT}\n{common}\n{ctx.name}\n".encode())
@@ -148,6 +192,35 @@ def host_key(ctx: HostContext, common: str) -> str:
 
 def common_digest(loaded: LoadedCluster) -> str:
     return f"{code_digest()} {cluster_digest(loaded)} {state_digest(loaded.state_dir)}"
+
+
+@dataclass(frozen=True)
+class Keys:
+    key: str
+    inputs: str
+    valid_until: float | None
+
+
+def record_keys(loaded: LoadedCluster, names: Iterable[str]) -> dict[str, Keys]:
+    """Each host's keys, its files rendered afresh as drift renders them (the state as it is,
+    nothing made: StateMissing when a piece is missing) while the clock is watched: the
+    cluster files first (every host's horizon includes theirs), then each host's own."""
+    names = list(names)
+    if not names:
+        return {}
+    loaded = loaded.with_state_access(StateAccess.existing)
+    common = common_digest(loaded)
+    contexts = {ctx.name: ctx for ctx in host_contexts(loaded)}
+    keys = {}
+    with clock.watching() as shared:
+        contexts[names[0]].cluster_files()
+    for name in names:
+        with clock.watching() as horizon:
+            key = host_key(contexts[name], common)
+        if shared.until is not None:
+            horizon.limit(shared.until)
+        keys[name] = Keys(key, inputs_key(common, name), horizon.until)
+    return keys
 
 
 def host_roles(groups: Iterable[str], wanted: Iterable[str] = ()) -> tuple[str, ...]:
@@ -494,16 +567,19 @@ class Probes:
         self.pool.shutdown(wait=True)
 
     def finish(self, loaded: LoadedCluster) -> FastCheck:
-        """The keys (every host's files rendered from `loaded`, which must not create state),
-        then each host's answers against its record."""
+        """The keys (from the inputs while the clock cannot change the files; else the files
+        rendered from `loaded`, which must not create state), then each host's answers against
+        its record."""
         result = self.result
-        contexts = {ctx.name: ctx for ctx in host_contexts(loaded)}  # cluster files once
         common = common_digest(loaded)
-        for name, record in list(self.records.items()):
-            if host_key(contexts[name], common) != record.key:
-                # Checked exactly, whatever it answers.
-                result.exact[name] = "code, inventory or state changed since its record"
-                del self.records[name]
+        rendered = [n for n, r in self.records.items() if not inputs_stand(r, common, n)]
+        if rendered:
+            contexts = {ctx.name: ctx for ctx in host_contexts(loaded)}  # cluster files once
+            for name in rendered:
+                if host_key(contexts[name], common) != self.records[name].key:
+                    # Checked exactly, whatever it answers.
+                    result.exact[name] = "code, inventory or state changed since its record"
+                    del self.records[name]
         answers = {name: self.running[name].result() for name in self.records}
         self.pool.shutdown(wait=True)
         for name, record in self.records.items():

@@ -151,21 +151,22 @@ def _record_converged(loaded, options, report: RunReport, asked, contexts) -> No
     the hosts that are neither (their next drift checks them operation by operation)."""
     from roles import fingerprint
 
-    common = fingerprint.common_digest(loaded)
+    converged = [name for name in asked if report.hosts[name].status is HostStatus.ok]
+    keys = fingerprint.record_keys(loaded, converged)
+    parts = tuple(fingerprint.common_digest(loaded).split())
     kept = set()
-    for name, commands in asked.items():
+    for name in converged:
         entry = report.hosts[name]
-        if entry.status is not HostStatus.ok:
-            continue
-        ctx = contexts[name]
         record = fingerprint.Record(
-            key=fingerprint.host_key(ctx, common),
-            roles=fingerprint.host_roles(ctx.host.groups, options.roles),
-            commands=commands,
+            key=keys[name].key,
+            roles=fingerprint.host_roles(contexts[name].host.groups, options.roles),
+            commands=asked[name],
             operations=tuple((op.phase, op.name) for op in entry.operations),
             notes=tuple(entry.notes),
             reboot_required=entry.reboot_required,
-            parts=tuple(common.split()),
+            parts=parts,
+            inputs=keys[name].inputs,
+            valid_until=keys[name].valid_until,
         )
         fingerprint.save_record(loaded.state_dir, name, record)
         kept.add(name)

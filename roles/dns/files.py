@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from inventory.topology import DNSRecord
+from roles import clock
 from roles.dns.config import DnsConfig
 from roles.dns.secrets import TSIG_ALGORITHM, TSIG_KEY_NAME, tsig_secret, zone_serial
 from roles.spec import HostContext, ManagedFile
@@ -60,7 +62,9 @@ class RenderedZone:
     serial: int
 
 
-def render_zone(ctx: HostContext, zone: Zone, today: datetime.date | None = None) -> RenderedZone:
+def render_zone(
+    ctx: HostContext, zone: Zone, today: Callable[[], datetime.date] = clock.today
+) -> RenderedZone:
     """The zone file; its serial comes from the digest of everything else in it."""
     cfg = ctx.config(DnsConfig)
     servers = [ctx.topology.dns_primary, *ctx.topology.dns_secondaries]
@@ -78,8 +82,7 @@ def render_zone(ctx: HostContext, zone: Zone, today: datetime.date | None = None
 
     digest = hashlib.sha256(text(0).encode()).hexdigest()
     loaded = ctx.loaded
-    day = today or datetime.date.today()
-    serial = zone_serial(loaded.state_dir, zone.name, digest, day, loaded.state_access)
+    serial = zone_serial(loaded.state_dir, zone.name, digest, today, loaded.state_access)
     return RenderedZone(text(serial), serial)
 
 

@@ -7,9 +7,11 @@ import base64
 import datetime
 import json
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 
 from inventory.model import StateAccess
+from roles import clock
 from roles.statefiles import kept_secret, private_dir, state_lock, write_secret_atomically
 
 TSIG_KEY_NAME = "gpuinfra-transfer"
@@ -45,20 +47,21 @@ def zone_serial(
     state_dir: Path,
     zone: str,
     digest: str,
-    today: datetime.date,
+    today: Callable[[], datetime.date] = clock.today,
     access: StateAccess = StateAccess.create,
 ) -> int:
     """The zone's serial: unchanged while its records (digest) are, the next one otherwise.
     Rendering the same inventory twice thus gives the same file, and a plan after an apply
-    shows no change. Only apply (`StateAccess.create`) records a new serial; plan and render
-    compute the one apply would record."""
+    shows no change; the date is read only for a new serial (roles/clock.py). Only apply
+    (`StateAccess.create`) records a new serial; plan and render compute the one apply would
+    record."""
     path = dns_state_dir(state_dir) / "serials.json"
 
     def serial_from(serials: dict) -> int:
         entry = serials.get(zone)
         if entry and entry["digest"] == digest:
             return int(entry["serial"])
-        return next_serial(int(entry["serial"]) if entry else None, today)
+        return next_serial(int(entry["serial"]) if entry else None, today())
 
     if access is not StateAccess.create:
         return serial_from(_read_serials(path))

@@ -30,6 +30,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from inventory.model import LoadedCluster, StateAccess
+from roles import clock
 from roles.statefiles import (
     PLACEHOLDER,
     StateMissing,
@@ -133,7 +134,7 @@ def ensure_pki(
     as a change."""
     root = pki_dir(loaded)
     ca_cert_path = root / "ca.crt"
-    renew_before = (now or dt.datetime.now(dt.UTC)) + dt.timedelta(days=renew_days)
+    renewal = _Renewal(now or clock.now_utc(), dt.timedelta(days=renew_days))
     if loaded.state_access is not StateAccess.create:
         if rotate:
             raise ValueError("rotating certificates needs StateAccess.create")
@@ -143,9 +144,9 @@ def ensure_pki(
             return {"ca": _placeholder("ca")} | {
                 s.stem: _placeholder(s.stem) for s in all_specs(loaded)
             }
-        return _read_pki(loaded, root, renew_before)
+        return _read_pki(loaded, root, renewal)
     with state_lock(loaded.state_dir):
-        return _make_pki(loaded, root, cert_days, ca_days, rotate, renew_before)
+        return _make_pki(loaded, root, cert_days, ca_days, rotate, renewal)
 
 
 def _make_pki(
@@ -154,7 +155,7 @@ def _make_pki(
     cert_days: int,
     ca_days: int,
     rotate: bool,
-    renew_before: dt.datetime,
+    renewal: _Renewal,
 ) -> dict[str, KeyPair]:
     private_dir(root)
     ca_key_path, ca_cert_path = root / "ca.key", root / "ca.crt"
@@ -167,7 +168,7 @@ def _make_pki(
     pairs = {"ca": KeyPair(ca_cert_path.read_text(), ca_key_path.read_text())}
     for spec in all_specs(loaded):
         cert_path = root / f"{spec.stem}.crt"
-        if rotate or not _matches(cert_path, spec, ca_cert, renew_before):
+        if rotate or not _matches(cert_path, spec, ca_cert, renewal):
             key = ec.generate_private_key(ec.SECP256R1())
             cert = _leaf_certificate(spec, key, ca_cert, ca_key, cert_days)
             _write_pair(root, spec.stem, cert, key)
@@ -175,7 +176,7 @@ def _make_pki(
     return pairs
 
 
-def _read_pki(loaded: LoadedCluster, root: Path, renew_before: dt.datetime) -> dict[str, KeyPair]:
+def _read_pki(loaded: LoadedCluster, root: Path, renewal: _Renewal) -> dict[str, KeyPair]:
     """What the state holds, a placeholder for each leaf apply would (re)issue."""
     ca_cert_path, ca_key_path = root / "ca.crt", root / "ca.key"
     ca_cert = x509.load_pem_x509_certificate(ca_cert_path.read_bytes())
@@ -183,7 +184,7 @@ def _read_pki(loaded: LoadedCluster, root: Path, renew_before: dt.datetime) -> d
     pairs = {"ca": KeyPair(ca_cert_path.read_text(), ca_key)}
     for spec in all_specs(loaded):
         cert_path = root / f"{spec.stem}.crt"
-        if _matches(cert_path, spec, ca_cert, renew_before):
+        if _matches(cert_path, spec, ca_cert, renewal):
             key_pem = cert_path.with_suffix(".key").read_text()
             pairs[spec.stem] = KeyPair(cert_path.read_text(), key_pem)
         else:
@@ -289,17 +290,25 @@ def drop_previous_ca(loaded: LoadedCluster) -> None:
     (root / f"{PREVIOUS_CA}.crt").unlink(missing_ok=True)
 
 
-def _matches(
-    cert_path: Path, spec: CertSpec, ca_cert: x509.Certificate, renew_before: dt.datetime
-) -> bool:
+@dataclass(frozen=True)
+class _Renewal:
+    """A certificate is renewed once it expires within `window` of `now`."""
+
+    now: dt.datetime
+    window: dt.timedelta
+
+
+def _matches(cert_path: Path, spec: CertSpec, ca_cert: x509.Certificate, renewal: _Renewal) -> bool:
     """An existing certificate is kept while it is signed by this CA, is valid past
-    `renew_before` and names what the inventory says (an address change re-issues it)."""
+    the renewal window and names what the inventory says (an address change re-issues it)."""
     key_path = cert_path.with_suffix(".key")
     if not (cert_path.exists() and key_path.exists()):
         return False
     cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
-    if cert.not_valid_after_utc <= renew_before:
+    if cert.not_valid_after_utc <= renewal.now + renewal.window:
         return False
+    # Kept from this reading of the clock until its renewal window opens (roles/clock.py).
+    clock.holds_until(cert.not_valid_after_utc - renewal.window)
     try:
         # The signature, not only the issuer's name: a new CA may carry the old one's name.
         cert.verify_directly_issued_by(ca_cert)

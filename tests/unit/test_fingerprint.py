@@ -4,8 +4,12 @@ loosely. Commands run with this machine's own shell and coreutils, as a host run
 
 from __future__ import annotations
 
+import ast
+import json
 import re
 import subprocess
+import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,10 +20,11 @@ from pyinfra.facts.files import File, Sha1File
 from pyinfra.facts.systemd import SystemdStatus
 
 from roles import fingerprint
-from roles.context import host_context, load
+from roles.context import host_context, host_files, load
 from roles.factcache import _fact_command
 from roles.facts import UnitState
 from roles.fingerprint import Record
+from roles.statefiles import StateMissing
 from tests.unit.loopback import loopback_cluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -149,12 +154,14 @@ def test_a_record_reads_back_and_another_format_is_ignored(tmp_path):
         notes=("chrony: skipped in a container",),
         reboot_required=True,
         parts=("a", "b", "c"),
+        inputs="i",
+        valid_until=1.5,
     )
     fingerprint.save_record(tmp_path, "h1", record)
     assert fingerprint.load_record(tmp_path, "h1") == record
     path = fingerprint.record_path(tmp_path, "h1")
     assert path.stat().st_mode & 0o777 == 0o600
-    path.write_bytes(path.read_bytes().replace(b'"format": 1', b'"format": 0'))
+    path.write_bytes(path.read_bytes().replace(b'"format": 2', b'"format": 1'))
     assert fingerprint.load_record(tmp_path, "h1") is None
     path.write_text("{not json")
     assert fingerprint.load_record(tmp_path, "h1") is None
@@ -223,3 +230,160 @@ def test_unwrapped_commands_answer_what_their_sh_c_answers(tmp_path):
     answers = run_probe(commands)
     for index, command in enumerate(commands):
         assert answers[index] == alone(command), command
+
+
+# -- the inputs stand for the rendered files -------------------------------------------------
+
+# Rendering every host of a copy of the sample inventory in a fresh interpreter, the second time
+# as drift renders (existing state only), with an audit hook on every file and directory opened.
+_RENDERING = """
+import json, shutil, sys
+from pathlib import Path
+from roles import fingerprint
+from roles.context import host_context, host_files, load
+
+folder = Path(sys.argv[1])
+loaded = load(folder)
+for name in loaded.cluster.hosts:  # makes the state, as apply does
+    host_files(host_context(loaded, name))
+fingerprint.code_digest()  # reads the code itself: kept for the process
+opened = []
+watched = {"open", "os.listdir", "os.scandir"}
+sys.addaudithook(lambda event, args: event in watched and opened.append(args[0]))
+keys = fingerprint.record_keys(loaded, list(loaded.cluster.hosts))
+opened = [p.decode() if isinstance(p, bytes) else str(p) for p in opened if not isinstance(p, int)]
+code = [m.__file__ for m in list(sys.modules.values()) if getattr(m, "__file__", None)]
+until = {name: found.valid_until for name, found in keys.items()}
+print(json.dumps({"opened": opened, "code": code, "until": until}))
+"""
+
+
+@pytest.fixture(scope="module")
+def rendering(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("sample")
+    (folder / "cluster.yml").write_bytes((REPO / "inventory/sample/cluster.yml").read_bytes())
+    argv = [sys.executable, "-c", _RENDERING, str(folder)]
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=True)
+    return folder, json.loads(done.stdout)
+
+
+def test_rendering_reads_nothing_the_inputs_do_not_digest(rendering):
+    """Every file the rendering of every host opens is the cluster's state (state_digest), the
+    code and templates (code_files) or an installed distribution's or Python's own file (their
+    versions are in code_digest): the inputs key covers all of it."""
+    folder, seen = rendering
+    code = {str(path) for _, path in fingerprint.code_files()}
+    state = folder / ".state"
+    installed = [Path(sys.prefix), Path(sys.base_prefix)]
+    outside = [
+        path
+        for path in seen["opened"]
+        if not (
+            path in code
+            or Path(path).is_relative_to(state)
+            or any(Path(path).is_relative_to(root) for root in installed)
+            or Path(path).name == "__pycache__"
+        )
+    ]
+    assert seen["opened"], "the audit hook saw nothing: the test would prove nothing"
+    assert any(Path(p).is_relative_to(state) for p in seen["opened"])  # the hook sees state reads
+    assert outside == []
+
+
+# Reading the clock or the environment: allowed in roles/clock.py only, among the modules loaded
+# when rendering.
+_CLOCK_OR_ENVIRONMENT = re.compile(
+    r"\b(datetime\.now|date\.today|utcnow|time\.time|time\.localtime|time\.gmtime|"
+    r"os\.environ|getenv)\b"
+)
+
+
+# (module, function) that read them and never while rendering, each with why.
+_NOT_RENDERING = {
+    # Issuing a certificate (apply only): it is written to `.state/`, which the key digests.
+    ("roles/etcd/pki.py", "_validity"),
+    # `gpuinfra etcd certs` and the CA rotation commands (day 2), not a rendering.
+    ("roles/etcd/pki.py", "expiry_report"),
+    ("roles/etcd/pki.py", "begin_ca_rotation"),
+    # Reading an Ansible inventory: its result is the cluster, which the key digests.
+    ("inventory/ansible_import.py", "_read_with_ansible"),
+    # The GPU checks' clock, on the GPU nodes.
+    ("roles/gpu_health/checks.py", "run_checks"),
+}
+
+
+def _clock_readers(path: Path) -> list[tuple[str, str]]:
+    """(function, what) for each clock or environment read in a module's source."""
+    source = path.read_text()
+    spans = [
+        (node.lineno, node.end_lineno, node.name)
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+    ]
+    found = []
+    for match in _CLOCK_OR_ENVIRONMENT.finditer(source):
+        line = source.count("\n", 0, match.start()) + 1
+        inner = [(end - start, name) for start, end, name in spans if start <= line <= end]
+        found.append((min(inner)[1] if inner else "<module>", match.group(0)))
+    return found
+
+
+def test_the_modules_that_render_read_the_clock_only_through_roles_clock(rendering):
+    _, seen = rendering
+    ours = [
+        Path(path)
+        for path in seen["code"]
+        if Path(path).is_relative_to(REPO) and not Path(path).is_relative_to(Path(sys.prefix))
+    ]
+    assert REPO / "roles/etcd/pki.py" in ours and REPO / "roles/dns/files.py" in ours
+    readers = [
+        f"{path.relative_to(REPO)} {function}: {what}"
+        for path in ours
+        if path != REPO / "roles/clock.py"
+        for function, what in _clock_readers(path)
+        if (str(path.relative_to(REPO)), function) not in _NOT_RENDERING
+    ]
+    assert readers == [], readers
+    planted = REPO / "roles/clock.py"  # the positive control: the scan sees clock.py's reads
+    assert ("today", "date.today") in _clock_readers(planted)
+
+
+def test_a_kept_certificate_sets_the_horizon_and_a_clean_zone_none(rendering):
+    """etcd members' files hold their certificates, kept until the renewal window opens: their
+    records stand until then; a host with neither certificates nor zones has no horizon."""
+    folder, seen = rendering
+    until = seen["until"]
+    loaded = load(folder)
+    members = loaded.cluster.in_group("etcd")
+    window = 30 * 86400
+    assert members and all(until[name] is not None for name in members)
+    assert all(until[name] > time.time() + window for name in members)
+    plain = [n for n in loaded.cluster.in_group("cpu_worker") if n not in members]
+    assert plain and all(until[name] is None for name in plain)
+
+
+def test_the_inputs_stand_for_the_key_until_the_horizon_or_a_change(tmp_path, monkeypatch):
+    cluster = loopback_cluster(tmp_path / "c")
+    with pytest.raises(StateMissing):  # keys are made as drift renders: no state is made
+        fingerprint.record_keys(load(cluster), ["etcd-1"])
+    made = load(cluster)  # as apply has made it
+    for name in made.cluster.hosts:
+        host_files(host_context(made, name))
+    keys = fingerprint.record_keys(load(cluster), ["etcd-1", "cpu-1"])
+    common = fingerprint.common_digest(load(cluster))
+
+    def record(name):
+        found = keys[name]
+        return Record(found.key, (), (), (), inputs=found.inputs, valid_until=found.valid_until)
+
+    assert fingerprint.inputs_stand(record("cpu-1"), common, "cpu-1")
+    assert fingerprint.inputs_stand(record("etcd-1"), common, "etcd-1")
+    assert not fingerprint.inputs_stand(record("cpu-1"), common, "etcd-1")
+    horizon = keys["etcd-1"].valid_until
+    monkeypatch.setattr(time, "time", lambda: horizon)
+    assert not fingerprint.inputs_stand(record("etcd-1"), common, "etcd-1")
+    assert fingerprint.inputs_stand(record("cpu-1"), common, "cpu-1")
+    (cluster / ".state" / "dns" / "extra").write_text("x")
+    assert not fingerprint.inputs_stand(
+        record("cpu-1"), fingerprint.common_digest(load(cluster)), "cpu-1"
+    )

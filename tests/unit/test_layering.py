@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "role toolkit",
         [
             r"roles",
-            r"roles\.(spec|templates|assets|pacing|facts|operations|record|pyinfra_api|ssh|limits|statefiles)",
+            r"roles\.(spec|templates|assets|pacing|facts|operations|record|pyinfra_api|ssh|limits|statefiles|clock)",
         ],
     ),
     ("roles", [rf"roles\.{name}(\..*)?" for name in ROLE_PACKAGES]),

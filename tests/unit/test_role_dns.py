@@ -9,6 +9,7 @@ import stat
 
 import pytest
 
+from roles import clock
 from roles.context import host_contexts, host_files, load
 from roles.dns.facts import ServedSerial
 from roles.dns.files import (
@@ -58,11 +59,23 @@ def test_next_serial_always_grows(previous, expected):
 
 
 def test_zone_serial_changes_only_with_the_records(tmp_path):
-    first = zone_serial(tmp_path, "example.test", "digest-a", DAY)
-    assert zone_serial(tmp_path, "example.test", "digest-a", DAY + datetime.timedelta(3)) == first
-    second = zone_serial(tmp_path, "example.test", "digest-b", DAY)
+    first = zone_serial(tmp_path, "example.test", "digest-a", lambda: DAY)
+    later = DAY + datetime.timedelta(3)
+    assert zone_serial(tmp_path, "example.test", "digest-a", lambda: later) == first
+    second = zone_serial(tmp_path, "example.test", "digest-b", lambda: DAY)
     assert second == first + 1
-    assert zone_serial(tmp_path, "other.test", "digest-b", DAY) == 2026112100
+    assert zone_serial(tmp_path, "other.test", "digest-b", lambda: DAY) == 2026112100
+
+
+def test_the_date_is_read_only_for_a_new_serial(tmp_path):
+    """The drift fast path keys a zone's host on its inputs while the clock cannot change the
+    zone (roles/clock.py): the serial of unchanged records must not read the date."""
+    with clock.watching() as new:
+        zone_serial(tmp_path, "example.test", "digest-a")
+    assert new.until is not None
+    with clock.watching() as unchanged:
+        zone_serial(tmp_path, "example.test", "digest-a")
+    assert unchanged.until is None
 
 
 def test_tsig_key_is_made_once_and_kept_private(tmp_path):

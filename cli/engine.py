@@ -410,11 +410,11 @@ def _emit(report, output: OutputFormat, show_diff: bool) -> None:
         )
     console.print(table)
     if show_diff:
-        from rich.syntax import Syntax
-
         for host in report.hosts.values():
             for op in host.changes:
                 if op.diff:
+                    from rich.syntax import Syntax  # pygments: only when there is a diff
+
                     console.print(f"[bold]{host.name}[/]: {op.name}")
                     console.print(
                         Syntax(op.diff, "diff", background_color="default", word_wrap=True)

@@ -39,6 +39,7 @@ import secrets
 import shlex
 import subprocess
 import sys
+import sysconfig
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -137,15 +138,16 @@ def code_files() -> list[tuple[str, Path]]:
 
 
 def _distributions() -> list[str]:
-    """The installed distributions as their metadata folders are named ("pyinfra-3.5.1.dist-info"):
-    a directory listing per path entry, where importlib.metadata would parse each one."""
+    """The installed distributions as their metadata folders are named ("pyinfra-3.5.1.dist-info")
+    in the interpreter's site-packages: a listing, where importlib.metadata would parse each
+    one. Not the rest of sys.path: its first entry is the script's folder or the working one."""
     found = []
-    for entry in sys.path:
+    for folder in dict.fromkeys(sysconfig.get_path(name) for name in ("purelib", "platlib")):
         try:
-            names = os.listdir(entry or ".")
+            names = os.listdir(folder)
         except OSError:
             continue
-        found += (f"{entry}/{n}" for n in names if n.endswith((".dist-info", ".egg-info")))
+        found += (f"{folder}/{n}" for n in names if n.endswith((".dist-info", ".egg-info")))
     return sorted(found)
 
 
@@ -291,13 +293,13 @@ def systemd_status_text(unit: str) -> str:
     )
 
 
-def _existing_then(tool: str) -> Callable[[list[str]], str]:
+def _existing_then(kind: str, tool: str) -> Callable[[dict[str, list[str]]], str]:
     """A line per path, y or n (whether it exists: shell builtins), then `tool` on those that
     do, as the single commands run it on each (one line of output per path)."""
 
-    def script(paths: list[str]) -> str:
+    def script(names: dict[str, list[str]]) -> str:
         return (
-            f"set --\nfor p in {' '.join(paths)}; do "
+            f"set --\nfor p in {' '.join(names[kind])}; do "
             'if [ -e "$p" ] || [ -L "$p" ]; then echo y; set -- "$@" "$p"; else echo n; fi; '
             f'done\n[ $# -eq 0 ] || {tool} -- "$@" </dev/null 2>/dev/null\n'
         )
@@ -305,11 +307,15 @@ def _existing_then(tool: str) -> Callable[[list[str]], str]:
     return script
 
 
-def _split_existing(lines: list[str], paths: list[str]) -> list[list[str]] | None:
-    flags, found = lines[: len(paths)], iter(lines[len(paths) :])
-    if len(flags) != len(paths) or flags.count("y") != len(lines) - len(paths):
-        return None  # a path appeared or vanished, or the tool could not read one
-    return [[next(found)] if flag == "y" else [] for flag in flags]
+def _split_existing(kind: str) -> Callable[[list[str], dict[str, list[str]]], _Answers | None]:
+    def split(lines: list[str], names: dict[str, list[str]]) -> _Answers | None:
+        paths = names[kind]
+        flags, found = lines[: len(paths)], iter(lines[len(paths) :])
+        if len(flags) != len(paths) or flags.count("y") != len(lines) - len(paths):
+            return None  # a path appeared or vanished, or the tool could not read one
+        return {kind: [[next(found)] if flag == "y" else [] for flag in flags]}
+
+    return split
 
 
 def _split_blocks(lines: list[str], units: list[str]) -> list[list[str]] | None:
@@ -323,46 +329,75 @@ def _split_blocks(lines: list[str], units: list[str]) -> list[list[str]] | None:
     return blocks if len(blocks) == len(units) and all(blocks) else None
 
 
+# The properties both systemd facts ask for, in one `systemctl show` of every unit either asks
+# about: systemctl prints a unit's properties in its own order whatever the order asked, and an
+# explicitly asked property even when empty (a block then filtered to one fact's properties is
+# what that fact's own command prints; the lab test compares them on real hosts).
+_UNIT_KEYS = ("LoadState", "ActiveState", "UnitFileState")
+_STATUS_KEYS = ("Id", "SubState")
+
+
+def _systemd_script(names: dict[str, list[str]]) -> str:
+    units = " ".join([*names["unit"], *names["status"]])
+    asked = ",".join(dict.fromkeys([*_STATUS_KEYS, *_UNIT_KEYS]))
+    return (
+        "command -v systemctl >/dev/null 2>&1 && "
+        f"systemctl show --all --property={asked} {units} </dev/null 2>/dev/null\n"
+    )
+
+
+def _split_systemd(lines: list[str], names: dict[str, list[str]]) -> _Answers | None:
+    units, statuses = names["unit"], names["status"]
+    blocks = _split_blocks(lines, [*units, *statuses])
+    if blocks is None:
+        return None
+
+    def only(block: list[str], keys: tuple[str, ...]) -> list[str]:
+        return [line for line in block if line.split("=", 1)[0] in keys]
+
+    return {
+        "unit": [only(block, _UNIT_KEYS) for block in blocks[: len(units)]],
+        "status": [only(block, _STATUS_KEYS) for block in blocks[len(units) :]],
+    }
+
+
+_Answers = dict[str, list[list[str]]]  # group -> each of its names' stdout, in order
+
+
 @dataclass(frozen=True)
 class _Group:
     text: Callable[[str], str]  # the single command's text for one name
     name: re.Pattern  # where the name is in that text
-    script: Callable[[list[str]], str]  # the shell answering for every name at once
-    split: Callable[[list[str], list[str]], list[list[str]] | None]  # -> each name's stdout
+
+
+@dataclass(frozen=True)
+class _Section:
+    """The part of the probe answering one or more groups for all their names at once."""
+
+    groups: tuple[str, ...]
+    script: Callable[[dict[str, list[str]]], str]  # names by group -> shell
+    split: Callable[[list[str], dict[str, list[str]]], _Answers | None]
 
 
 _PATH = r"(/[A-Za-z0-9_./%+@:=,-]+)"
 _UNIT = r"([A-Za-z0-9@_.:-]+)"
 _GROUPS = {
-    "stat": _Group(
-        file_fact_text,
-        re.compile(rf"sh -c '! \(test -e {_PATH} "),
-        _existing_then(f"stat -c '{_STAT}'"),
-        _split_existing,
-    ),
-    "sha1": _Group(
-        sha1_fact_text,
-        re.compile(rf"sh -c 'test -e {_PATH} && \( sha1sum "),
-        _existing_then("sha1sum"),
-        _split_existing,
-    ),
+    "stat": _Group(file_fact_text, re.compile(rf"sh -c '! \(test -e {_PATH} ")),
+    "sha1": _Group(sha1_fact_text, re.compile(rf"sh -c 'test -e {_PATH} && \( sha1sum ")),
     "unit": _Group(
-        unit_state_text,
-        re.compile(rf"sh -c 'systemctl show {UNIT_PROPERTIES} {_UNIT} "),
-        lambda units: (
-            f"systemctl show {UNIT_PROPERTIES} {' '.join(units)} </dev/null 2>/dev/null\n"
-        ),
-        _split_blocks,
+        unit_state_text, re.compile(rf"sh -c 'systemctl show {UNIT_PROPERTIES} {_UNIT} ")
     ),
     "status": _Group(
         systemd_status_text,
         re.compile(rf"sh -c 'if command -v systemctl .* --property SubState {_UNIT} \)"),
-        lambda units: (
-            "command -v systemctl >/dev/null 2>&1 && systemctl show --all --property Id "
-            f"--property SubState {' '.join(units)} </dev/null 2>/dev/null\n"
-        ),
-        _split_blocks,
     ),
+}
+_SECTIONS = {
+    "stat": _Section(
+        ("stat",), _existing_then("stat", f"stat -c '{_STAT}'"), _split_existing("stat")
+    ),
+    "sha1": _Section(("sha1",), _existing_then("sha1", "sha1sum"), _split_existing("sha1")),
+    "systemd": _Section(("unit", "status"), _systemd_script, _split_systemd),
 }
 
 
@@ -393,7 +428,7 @@ def probe_script(commands: Iterable[str], marker: str, batched: bool = True) -> 
     """One shell script for one host. Each command runs as the SSH channel would run it (its
     own `sh -c` text, no input), followed by a line with the marker, its index and its exit
     code; the commands of a group (see `grouped`) are answered together, their section
-    ending with a line with the marker and the group's name, and the others run `unwrapped`
+    ending with a line with the marker and the section's name, and the others run `unwrapped`
     (each exactly as sent, in its own `sh -c`, when not `batched`: what the batched answers
     are checked against)."""
     members: dict[str, list[str]] = {kind: [] for kind in _GROUPS}
@@ -405,9 +440,9 @@ def probe_script(commands: Iterable[str], marker: str, batched: bool = True) -> 
             continue
         body = (unwrapped(command) if batched else None) or command
         parts.append(f"( {body}\n) </dev/null 2>/dev/null\nprintf '\\n{marker} {index} %d\\n' $?\n")
-    for kind, names in members.items():
-        if names:
-            parts.append(_GROUPS[kind].script(names) + f"printf '\\n{marker} {kind} 0\\n'\n")
+    for name, section in _SECTIONS.items():
+        if any(members[group] for group in section.groups):
+            parts.append(section.script(members) + f"printf '\\n{marker} {name} 0\\n'\n")
     return "".join(parts)
 
 
@@ -436,12 +471,16 @@ def read_probe(
         found = grouped(command)
         if found is not None:
             members[found[0]].append((index, found[1]))
-    for kind, wanted in members.items():
-        if not wanted or kind not in sections:
+    names = {kind: [name for _, name in wanted] for kind, wanted in members.items()}
+    for name, section in _SECTIONS.items():
+        if name not in sections:
             continue
-        split = _GROUPS[kind].split(sections[kind][1], [name for _, name in wanted])
-        for (index, _), stdout in zip(wanted, split or (), strict=False):
-            answers[index] = (0, stdout)
+        split = section.split(sections[name][1], names)
+        if split is None:
+            continue
+        for group in section.groups:
+            for (index, _), stdout in zip(members[group], split[group], strict=True):
+                answers[index] = (0, stdout)
     return answers
 
 

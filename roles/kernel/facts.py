@@ -14,29 +14,40 @@ def sysctl_path(name: str) -> str:
 class SysctlState(FactBase):
     """name -> (access, value): access is "rw", "ro" (read-only here, e.g. global sysctls in a
     container) or "absent" (the module providing it is not loaded); value has its whitespace
-    folded to single spaces."""
+    folded to single spaces.
+
+    One process for every key: the shell's builtins say each file's access, then one `grep`
+    prints every line of every file as "path:line" (a `cat` per key cost a process each; dash's
+    `read` gets one byte of a /proc/sys file)."""
 
     def command(self, names: list[str]) -> str:
+        if not names:
+            return "true"
         lines = []
         for name in names:
             path = shlex.quote(sysctl_path(name))
             quoted = shlex.quote(name)
             lines.append(
-                f"if [ ! -e {path} ]; then printf '%s\\tabsent\\t\\n' {quoted}; "
-                f"else access=ro; [ -w {path} ] && access=rw; "
-                # One cat per key (not tr and sed), the words joined by single spaces by the
-                # shell (dash's `read` gets one byte of a /proc/sys file).
-                f"v=$(cat {path}); "
-                f'set -f; set -- $v; printf \'%s\\t%s\\t%s\\n\' {quoted} "$access" "$*"; fi'
+                f"if [ ! -e {path} ]; then a=absent; elif [ -w {path} ]; then a=rw; else a=ro; fi; "
+                f"printf '%s\\t%s\\n' {quoted} \"$a\""
             )
-        return "; ".join(lines) or "true"
+        paths = " ".join(shlex.quote(sysctl_path(name)) for name in names)
+        return "; ".join(lines) + f"; grep -a -s -H '' {paths} || true"
 
     def process(self, output: list[str]) -> dict[str, tuple[str, str]]:
-        state = {}
+        access: dict[str, str] = {}
+        words: dict[str, list[str]] = {}
         for line in output:
-            name, access, value = (line.split("\t") + ["", ""])[:3]
-            state[name] = (access, value.strip())
-        return state
+            if line.startswith("/proc/sys/"):
+                path, _, value = line.partition(":")
+                words.setdefault(path, []).extend(value.split())
+            elif "\t" in line:
+                name, _, found = line.partition("\t")
+                access[name] = found.strip()
+        return {
+            name: (found, " ".join(words.get(sysctl_path(name), [])) if found != "absent" else "")
+            for name, found in access.items()
+        }
 
 
 class KernelModules(FactBase):
@@ -70,21 +81,33 @@ class ActiveSwap(FactBase):
 
 class SysfsValues(FactBase):
     """path -> (access, value) for each file matching a glob; a bracketed choice
-    ("always [madvise] never") is read as the chosen word."""
+    ("always [madvise] never") is read as the chosen word. One `grep` reads every file (a
+    `cat` per file cost a process per CPU for the CPU governors)."""
 
     def command(self, pattern: str) -> str:
         return (
-            f'for f in {pattern}; do [ -e "$f" ] || continue; access=ro; '
-            '[ -w "$f" ] && access=rw; printf \'%s\\t%s\\t%s\\n\' "$f" "$access" "$(cat "$f")"; '
-            "done"
+            f'set --; for f in {pattern}; do [ -e "$f" ] || continue; '
+            'if [ -w "$f" ]; then a=rw; else a=ro; fi; '
+            'printf \'access\\t%s\\t%s\\n\' "$f" "$a"; set -- "$@" "$f"; done; '
+            "[ $# -eq 0 ] || grep -a -s -H '' \"$@\" || true"
         )
 
     def process(self, output: list[str]) -> dict[str, tuple[str, str]]:
-        values = {}
+        access: dict[str, str] = {}
+        lines: dict[str, list[str]] = {}
         for line in output:
-            path, access, value = (line.split("\t") + ["", ""])[:3]
-            values[path] = (access, chosen_value(value))
-        return values
+            if line.startswith("access\t"):
+                _, path, found = (line.split("\t") + ["", ""])[:3]
+                access[path] = found
+                continue
+            # "path:line" from grep: the longest path it starts with (a path may hold ":").
+            path = max((p for p in access if line.startswith(p + ":")), key=len, default=None)
+            if path is not None:
+                lines.setdefault(path, []).append(line[len(path) + 1 :])
+        return {
+            path: (found, chosen_value(" ".join(lines.get(path, []))))
+            for path, found in access.items()
+        }
 
 
 def chosen_value(text: str) -> str:

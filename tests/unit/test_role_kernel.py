@@ -3,6 +3,10 @@ operations run against fake facts (a fake host object stands in for pyinfra's)."
 
 from __future__ import annotations
 
+import os
+import subprocess
+from pathlib import Path
+
 import pytest
 from typer.testing import CliRunner
 
@@ -21,6 +25,7 @@ from roles.kernel.facts import (
     SysfsValues,
     chosen_value,
     is_swap_entry,
+    sysctl_path,
 )
 from tests.unit.conftest import SAMPLE
 
@@ -124,9 +129,21 @@ def test_bad_kernel_settings_name_the_key(small_cluster, write_cluster, setting,
 
 
 def test_sysctl_state_reads_access_and_folds_whitespace():
-    state = SysctlState().process(["vm.swappiness\tro\t60", "net.x\tabsent\t", "a.b\trw\t1 2"])
-    assert state == {"vm.swappiness": ("ro", "60"), "net.x": ("absent", ""), "a.b": ("rw", "1 2")}
-    assert "/proc/sys/net/ipv4/ip_forward" in SysctlState().command(["net.ipv4.ip_forward"])
+    """The command run by this machine's sh on its own /proc/sys: several words (the port
+    range's tab), a key no module provides, and what Python reads from the same files."""
+    names = ["net.ipv4.ip_local_port_range", "kernel.printk", "vm.swappiness", "no.such.key"]
+    done = subprocess.run(
+        ["sh", "-c", SysctlState().command(names)], capture_output=True, text=True, check=True
+    )
+    state = SysctlState().process(done.stdout.splitlines())
+    expected = {"no.such.key": ("absent", "")}
+    for name in names[:3]:
+        path = Path(sysctl_path(name))
+        access = "rw" if os.access(path, os.W_OK) else "ro"
+        expected[name] = (access, " ".join(path.read_text().split()))
+    assert state == expected
+    assert len(state["net.ipv4.ip_local_port_range"][1].split(" ")) == 2
+    assert SysctlState().command([]) == "true"
 
 
 def test_module_and_swap_facts():
@@ -144,8 +161,32 @@ def test_module_and_swap_facts():
 def test_sysfs_values_read_the_bracketed_choice():
     assert chosen_value("always [madvise] never") == "madvise"
     assert chosen_value("performance") == "performance"
-    values = SysfsValues().process(["/sys/x\tro\talways madvise [never]"])
-    assert values == {"/sys/x": ("ro", "never")}
+
+
+def test_sysfs_values_read_every_matching_file_with_this_machines_sh(tmp_path):
+    """The command run by this machine's sh on files shaped like sysfs ones (a ":" in a path,
+    a bracketed choice, an empty file, a glob matching nothing), against Python's reading."""
+    files = {
+        "cpu0/governor": "performance\n",
+        "0000:00:01.0/governor": "always [madvise] never\n",
+        "cpu2/governor": "",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True)
+        (tmp_path / name).write_text(text)
+    pattern = f"{tmp_path}/*/governor"
+    done = subprocess.run(
+        ["sh", "-c", SysfsValues().command(pattern)], capture_output=True, text=True, check=True
+    )
+    found = SysfsValues().process(done.stdout.splitlines())
+    assert found == {
+        str(tmp_path / name): ("rw" if os.access(tmp_path / name, os.W_OK) else "ro", value)
+        for name, value in zip(files, ["performance", "madvise", ""], strict=True)
+    }
+    empty = subprocess.run(
+        ["sh", "-c", SysfsValues().command(f"{tmp_path}/none*/x")], capture_output=True, text=True
+    )
+    assert empty.returncode == 0 and SysfsValues().process(empty.stdout.splitlines()) == {}
 
 
 def test_package_version_and_hold():

@@ -69,6 +69,25 @@ def test_a_converged_fleet_is_checked_in_one_round_trip_per_host_with_the_same_a
     assert answer(fast) == answer(exact)
 
 
+def imported(*args: str) -> set[str]:
+    """The modules a gpuinfra command imports (Python's -X importtime, on stderr)."""
+    argv = [sys.executable, "-X", "importtime", GPUINFRA, *args]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+    lines = [line.split("|")[-1] for line in result.stderr.splitlines() if "|" in line]
+    return {line.strip() for line in lines if line.startswith(" ")}
+
+
+def test_a_clean_fleets_drift_renders_nothing_and_imports_no_engine(converged):
+    """The converged hosts' inputs stand for their files (roles/clock.py): no Jinja, no
+    certificate parsing, no pyinfra or paramiko. The exact check of the same fleet imports
+    them (the control: the probe sees those imports when they happen)."""
+    engines = {"jinja2", "cryptography", "pyinfra", "paramiko"}
+    fast = imported("drift", str(converged.inventory_path), "--format", "json")
+    assert "roles.fingerprint" in fast and not engines & fast
+    exact = imported("drift", str(converged.inventory_path), "--format", "json", "--exact")
+    assert engines <= exact
+
+
 def test_each_batched_answer_is_what_its_command_prints_alone(converged):
     """The grouped file and unit facts and the commands run without their own `sh -c`
     (roles/fingerprint.py) against each command run on its own as the SSH channel runs it, on

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 
-@dataclass
+@dataclass(eq=False)  # removed from the watchers by identity: nested watches may be equal
 class Horizon:
     """The earliest moment (epoch seconds) a clock reading seen while watching could read
     differently; None while the clock was not read."""

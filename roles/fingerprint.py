@@ -39,7 +39,6 @@ import secrets
 import shlex
 import subprocess
 import sys
-import sysconfig
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -51,9 +50,9 @@ from roles import clock
 from roles.context import host_contexts, host_files
 from roles.registry import PHASES
 from roles.reports import HostReport, HostStatus, OperationResult
-from roles.spec import HostContext
+from roles.spec import HostContext, ManagedFile
 from roles.ssh import SSHSettings
-from roles.statefiles import write_secret_atomically
+from roles.statefiles import PLACEHOLDER, StateMissing, write_secret_atomically
 
 FORMAT = 2  # bump when the record or the key changes meaning: old records are then ignored
 RECORDS = "converged"  # under the cluster's .state/
@@ -104,6 +103,7 @@ class Record:
 # -- what the deploys were given ---------------------------------------------------------------
 
 _code_digest: str | None = None
+_ROOT = Path(__file__).resolve().parents[1]
 
 
 def code_digest() -> str:
@@ -139,15 +139,18 @@ def code_files() -> list[tuple[str, Path]]:
 
 def _distributions() -> list[str]:
     """The installed distributions as their metadata folders are named ("pyinfra-3.5.1.dist-info")
-    in the interpreter's site-packages: a listing, where importlib.metadata would parse each
-    one. Not the rest of sys.path: its first entry is the script's folder or the working one."""
+    on the import path: a listing, where importlib.metadata would parse each one. Not the
+    working folder or this checkout (the first entry of sys.path is one or the other depending on
+    how gpuinfra was started): gpuinfra's own code is in code_files."""
     found = []
-    for folder in dict.fromkeys(sysconfig.get_path(name) for name in ("purelib", "platlib")):
+    for entry in dict.fromkeys(sys.path):
+        if not entry or Path(entry).resolve() == _ROOT:
+            continue
         try:
-            names = os.listdir(folder)
+            names = os.listdir(entry)
         except OSError:
             continue
-        found += (f"{folder}/{n}" for n in names if n.endswith((".dist-info", ".egg-info")))
+        found += (f"{entry}/{n}" for n in names if n.endswith((".dist-info", ".egg-info")))
     return sorted(found)
 
 
@@ -181,12 +184,13 @@ def inputs_stand(record: Record, common: str, name: str) -> bool:
     return record.inputs == inputs_key(common, name) and not clock.expired(record.valid_until)
 
 
-def host_key(ctx: HostContext, common: str) -> str:
-    """The key of one host: `common` (code, cluster, state), its settings and its files."""
+def host_key(ctx: HostContext, common: str, files: list[ManagedFile] | None = None) -> str:
+    """The key of one host: `common` (code, cluster, state), its settings and its files
+    (rendered now unless given)."""
     digest = hashlib.sha256(f"{FORMAT}\n{common}\n{ctx.name}\n".encode())
     for role, settings in sorted(ctx.settings.items()):
         digest.update(f"{role} {settings.model_dump_json()}\n".encode())
-    for managed in host_files(ctx):
+    for managed in host_files(ctx) if files is None else files:
         head = f"{managed.role} {managed.path} {managed.mode} {managed.user}:{managed.group} "
         digest.update(head.encode() + hashlib.sha256(managed.content.encode()).digest())
     return digest.hexdigest()
@@ -203,26 +207,43 @@ class Keys:
     valid_until: float | None
 
 
-def record_keys(loaded: LoadedCluster, names: Iterable[str]) -> dict[str, Keys]:
+def record_keys(
+    loaded: LoadedCluster, names: Iterable[str]
+) -> tuple[dict[str, Keys], dict[str, str]]:
     """Each host's keys, its files rendered afresh as drift renders them (the state as it is,
-    nothing made: StateMissing when a piece is missing) while the clock is watched: the
-    cluster files first (every host's horizon includes theirs), then each host's own."""
+    nothing made) while the clock is watched: the cluster files first (every host's horizon
+    includes theirs), then each host's own. A host whose files need state that is missing
+    (a role not applied yet) or hold a placeholder for what only apply makes (a certificate
+    that entered its renewal window since) gets no keys: (keys, host -> why not)."""
     names = list(names)
     if not names:
-        return {}
+        return {}, {}
     loaded = loaded.with_state_access(StateAccess.existing)
     common = common_digest(loaded)
     contexts = {ctx.name: ctx for ctx in host_contexts(loaded)}
-    keys = {}
-    with clock.watching() as shared:
-        contexts[names[0]].cluster_files()
+    keys: dict[str, Keys] = {}
+    unkeyed: dict[str, str] = {}
+    try:
+        with clock.watching() as shared:
+            contexts[names[0]].cluster_files()
+    except StateMissing as missing:
+        return {}, dict.fromkeys(names, str(missing))
     for name in names:
-        with clock.watching() as horizon:
-            key = host_key(contexts[name], common)
+        try:
+            with clock.watching() as horizon:
+                files = host_files(contexts[name])
+        except StateMissing as missing:
+            unkeyed[name] = str(missing)
+            continue
+        held = [managed.path for managed in files if PLACEHOLDER in managed.content]
+        if held:
+            unkeyed[name] = f"{held[0]} would be made by the next apply"
+            continue
         if shared.until is not None:
             horizon.limit(shared.until)
+        key = host_key(contexts[name], common, files)
         keys[name] = Keys(key, inputs_key(common, name), horizon.until)
-    return keys
+    return keys, unkeyed
 
 
 def host_roles(groups: Iterable[str], wanted: Iterable[str] = ()) -> tuple[str, ...]:

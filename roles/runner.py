@@ -152,10 +152,15 @@ def _record_converged(loaded, options, report: RunReport, asked, contexts) -> No
     from roles import fingerprint
 
     converged = [name for name in asked if report.hosts[name].status is HostStatus.ok]
-    keys = fingerprint.record_keys(loaded, converged)
+    keys, unkeyed = fingerprint.record_keys(loaded, converged)
     parts = tuple(fingerprint.common_digest(loaded).split())
     kept = set()
-    for name in converged:
+    if unkeyed:
+        report.notes.append(
+            "not recorded for drift's one round trip (checked operation by operation until "
+            f"an apply records them): {', '.join(sorted(unkeyed))} ({next(iter(unkeyed.values()))})"
+        )
+    for name in keys:
         entry = report.hosts[name]
         record = fingerprint.Record(
             key=keys[name].key,
@@ -182,6 +187,7 @@ def _record_converged(loaded, options, report: RunReport, asked, contexts) -> No
         )
         check = run(loaded, check_options, record=True)
         _add_time(report, "converged check", clock)
+        report.notes += [note for note in check.notes if note.startswith("not recorded")]
         kept.update(h for h in changed if check.hosts[h].status is HostStatus.ok)
         still = [h for h in changed if check.hosts[h].status is not HostStatus.ok]
         if still:

@@ -19,12 +19,12 @@ from pyinfra.connectors.util import make_unix_command
 from pyinfra.facts.files import File, Sha1File
 from pyinfra.facts.systemd import SystemdStatus
 
-from roles import fingerprint
+from roles import clock, fingerprint
 from roles.context import host_context, host_files, load
+from roles.etcd.pki import pki_dir
 from roles.factcache import _fact_command
 from roles.facts import UnitState
 from roles.fingerprint import Record
-from roles.statefiles import StateMissing
 from tests.unit.loopback import loopback_cluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -239,7 +239,7 @@ def test_unwrapped_commands_answer_what_their_sh_c_answers(tmp_path):
 _RENDERING = """
 import json, shutil, sys
 from pathlib import Path
-from roles import fingerprint
+from roles import clock, fingerprint
 from roles.context import host_context, host_files, load
 
 folder = Path(sys.argv[1])
@@ -250,7 +250,8 @@ fingerprint.code_digest()  # reads the code itself: kept for the process
 opened = []
 watched = {"open", "os.listdir", "os.scandir"}
 sys.addaudithook(lambda event, args: event in watched and opened.append(args[0]))
-keys = fingerprint.record_keys(loaded, list(loaded.cluster.hosts))
+keys, unkeyed = fingerprint.record_keys(loaded, list(loaded.cluster.hosts))
+assert not unkeyed, unkeyed
 opened = [p.decode() if isinstance(p, bytes) else str(p) for p in opened if not isinstance(p, int)]
 code = [m.__file__ for m in list(sys.modules.values()) if getattr(m, "__file__", None)]
 until = {name: found.valid_until for name, found in keys.items()}
@@ -293,8 +294,9 @@ def test_rendering_reads_nothing_the_inputs_do_not_digest(rendering):
 # Reading the clock or the environment: allowed in roles/clock.py only, among the modules loaded
 # when rendering.
 _CLOCK_OR_ENVIRONMENT = re.compile(
-    r"\b(datetime\.now|date\.today|utcnow|time\.time|time\.localtime|time\.gmtime|"
-    r"os\.environ|getenv)\b"
+    r"\b(datetime\.now|datetime\.today|date\.today|utcnow|time\.time|time\.time_ns|"
+    r"time\.localtime|time\.gmtime|time\.strftime|time\.ctime|time\.asctime|environ|getenv|"
+    r"expanduser|Path\.home|gethostname|getpass|getlogin)\b"
 )
 
 
@@ -309,6 +311,9 @@ _NOT_RENDERING = {
     ("inventory/ansible_import.py", "_read_with_ansible"),
     # The GPU checks' clock, on the GPU nodes.
     ("roles/gpu_health/checks.py", "run_checks"),
+    # The inventory's SSH key and known_hosts paths (`~` allowed): the connection's, never a
+    # rendering's (the audit hook sees any file a rendering would read through it).
+    ("inventory/model.py", "resolve"),
 }
 
 
@@ -364,12 +369,21 @@ def test_a_kept_certificate_sets_the_horizon_and_a_clean_zone_none(rendering):
 
 def test_the_inputs_stand_for_the_key_until_the_horizon_or_a_change(tmp_path, monkeypatch):
     cluster = loopback_cluster(tmp_path / "c")
-    with pytest.raises(StateMissing):  # keys are made as drift renders: no state is made
-        fingerprint.record_keys(load(cluster), ["etcd-1"])
+    keys, unkeyed = fingerprint.record_keys(load(cluster), ["etcd-1"])
+    assert keys == {} and "run `gpuinfra apply` first" in unkeyed["etcd-1"]  # nothing made
     made = load(cluster)  # as apply has made it
     for name in made.cluster.hosts:
         host_files(host_context(made, name))
-    keys = fingerprint.record_keys(load(cluster), ["etcd-1", "cpu-1"])
+    keys, unkeyed = fingerprint.record_keys(load(cluster), ["etcd-1", "cpu-1"])
+    assert unkeyed == {}
+    pki = pki_dir(made)
+    leaf = pki / "etcd-1" / "peer.crt"
+    kept = leaf.read_bytes()
+    leaf.unlink()  # what apply would issue again: rendered as a placeholder, never recorded
+    _, unkeyed = fingerprint.record_keys(load(cluster), ["etcd-1", "cpu-1"])
+    assert list(unkeyed) == ["etcd-1"] and "next apply" in unkeyed["etcd-1"]
+    leaf.write_bytes(kept)  # back to the state the keys below were made from
+    keys, _ = fingerprint.record_keys(load(cluster), ["etcd-1", "cpu-1"])
     common = fingerprint.common_digest(load(cluster))
 
     def record(name):
@@ -387,3 +401,11 @@ def test_the_inputs_stand_for_the_key_until_the_horizon_or_a_change(tmp_path, mo
     assert not fingerprint.inputs_stand(
         record("cpu-1"), fingerprint.common_digest(load(cluster)), "cpu-1"
     )
+
+
+def test_nested_clock_watches_each_see_what_is_read_inside_them():
+    with clock.watching() as outer:
+        with clock.watching() as inner:
+            pass
+        clock.today()
+    assert outer.until is not None and inner.until is None

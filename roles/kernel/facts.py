@@ -36,18 +36,30 @@ class SysctlState(FactBase):
 
     def process(self, output: list[str]) -> dict[str, tuple[str, str]]:
         access: dict[str, str] = {}
-        words: dict[str, list[str]] = {}
         for line in output:
-            if line.startswith("/proc/sys/"):
-                path, _, value = line.partition(":")
-                words.setdefault(path, []).extend(value.split())
-            elif "\t" in line:
+            if "\t" in line and not line.startswith("/proc/sys/"):
                 name, _, found = line.partition("\t")
                 access[name] = found.strip()
+        lines = grep_lines(output, [sysctl_path(name) for name in access])
+
+        def value(name: str) -> str:
+            return " ".join(" ".join(lines.get(sysctl_path(name), [])).split())
+
         return {
-            name: (found, " ".join(words.get(sysctl_path(name), [])) if found != "absent" else "")
+            name: (found, "" if found == "absent" else value(name))
             for name, found in access.items()
         }
+
+
+def grep_lines(output: list[str], paths: list[str]) -> dict[str, list[str]]:
+    """path -> its lines, from `grep -H ''` output ("path:line") among other lines: each line
+    goes to the longest of `paths` it starts with (a path may hold ":")."""
+    found: dict[str, list[str]] = {}
+    for line in output:
+        path = max((p for p in paths if line.startswith(p + ":")), key=len, default=None)
+        if path is not None:
+            found.setdefault(path, []).append(line[len(path) + 1 :])
+    return found
 
 
 class KernelModules(FactBase):
@@ -94,16 +106,13 @@ class SysfsValues(FactBase):
 
     def process(self, output: list[str]) -> dict[str, tuple[str, str]]:
         access: dict[str, str] = {}
-        lines: dict[str, list[str]] = {}
         for line in output:
             if line.startswith("access\t"):
                 _, path, found = (line.split("\t") + ["", ""])[:3]
                 access[path] = found
-                continue
-            # "path:line" from grep: the longest path it starts with (a path may hold ":").
-            path = max((p for p in access if line.startswith(p + ":")), key=len, default=None)
-            if path is not None:
-                lines.setdefault(path, []).append(line[len(path) + 1 :])
+        lines = grep_lines(
+            [line for line in output if not line.startswith("access\t")], list(access)
+        )
         return {
             path: (found, chosen_value(" ".join(lines.get(path, []))))
             for path, found in access.items()

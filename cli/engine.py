@@ -284,8 +284,9 @@ def _drift(loaded, options, output, roles):
         loaded, hosts, options.roles, options.connect_timeout, options.parallel
     )
     try:
-        # The keys render every host's files: a missing secret stops the command there, with
-        # the message require_state gives (exit 2), before any exact check.
+        # When a host's inputs changed, its files are rendered for its key: a missing secret
+        # stops the command there, with the message require_state gives (exit 2), before any
+        # exact check (a secret gone also changes the inputs).
         with reporting():
             fast = probes.finish(_read_only(loaded, roles, checked=False))
     except BaseException:

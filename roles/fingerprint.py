@@ -208,18 +208,18 @@ class Keys:
 
 
 def record_keys(
-    loaded: LoadedCluster, names: Iterable[str]
+    loaded: LoadedCluster, names: Iterable[str], common: str
 ) -> tuple[dict[str, Keys], dict[str, str]]:
     """Each host's keys, its files rendered afresh as drift renders them (the state as it is,
     nothing made) while the clock is watched: the cluster files first (every host's horizon
     includes theirs), then each host's own. A host whose files need state that is missing
     (a role not applied yet) or hold a placeholder for what only apply makes (a certificate
-    that entered its renewal window since) gets no keys: (keys, host -> why not)."""
+    that entered its renewal window since) gets no keys: (keys, host -> why not). `common` is
+    common_digest(loaded)."""
     names = list(names)
     if not names:
         return {}, {}
     loaded = loaded.with_state_access(StateAccess.existing)
-    common = common_digest(loaded)
     contexts = {ctx.name: ctx for ctx in host_contexts(loaded)}
     keys: dict[str, Keys] = {}
     unkeyed: dict[str, str] = {}

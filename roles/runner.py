@@ -145,6 +145,10 @@ def run(
     return report
 
 
+# The note naming the converged hosts an apply could not record (fingerprint.record_keys).
+NOT_RECORDED = "not recorded for drift's one round trip"
+
+
 def _record_converged(loaded, options, report: RunReport, asked, contexts) -> None:
     """Keep the record of every host this run found converged, check the hosts an apply changed
     once more (exactly: their facts are the ones that run recorded), and forget the records of
@@ -152,13 +156,14 @@ def _record_converged(loaded, options, report: RunReport, asked, contexts) -> No
     from roles import fingerprint
 
     converged = [name for name in asked if report.hosts[name].status is HostStatus.ok]
-    keys, unkeyed = fingerprint.record_keys(loaded, converged)
-    parts = tuple(fingerprint.common_digest(loaded).split())
+    common = fingerprint.common_digest(loaded)
+    keys, unkeyed = fingerprint.record_keys(loaded, converged, common)
+    parts = tuple(common.split())
     kept = set()
     if unkeyed:
         report.notes.append(
-            "not recorded for drift's one round trip (checked operation by operation until "
-            f"an apply records them): {', '.join(sorted(unkeyed))} ({next(iter(unkeyed.values()))})"
+            f"{NOT_RECORDED} (checked operation by operation until an apply records them): "
+            f"{', '.join(sorted(unkeyed))} ({next(iter(unkeyed.values()))})"
         )
     for name in keys:
         entry = report.hosts[name]
@@ -187,7 +192,7 @@ def _record_converged(loaded, options, report: RunReport, asked, contexts) -> No
         )
         check = run(loaded, check_options, record=True)
         _add_time(report, "converged check", clock)
-        report.notes += [note for note in check.notes if note.startswith("not recorded")]
+        report.notes += [note for note in check.notes if note.startswith(NOT_RECORDED)]
         kept.update(h for h in changed if check.hosts[h].status is HostStatus.ok)
         still = [h for h in changed if check.hosts[h].status is not HostStatus.ok]
         if still:

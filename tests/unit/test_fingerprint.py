@@ -250,7 +250,8 @@ fingerprint.code_digest()  # reads the code itself: kept for the process
 opened = []
 watched = {"open", "os.listdir", "os.scandir"}
 sys.addaudithook(lambda event, args: event in watched and opened.append(args[0]))
-keys, unkeyed = fingerprint.record_keys(loaded, list(loaded.cluster.hosts))
+common = fingerprint.common_digest(loaded)
+keys, unkeyed = fingerprint.record_keys(loaded, list(loaded.cluster.hosts), common)
 assert not unkeyed, unkeyed
 opened = [p.decode() if isinstance(p, bytes) else str(p) for p in opened if not isinstance(p, int)]
 code = [m.__file__ for m in list(sys.modules.values()) if getattr(m, "__file__", None)]
@@ -369,21 +370,29 @@ def test_a_kept_certificate_sets_the_horizon_and_a_clean_zone_none(rendering):
 
 def test_the_inputs_stand_for_the_key_until_the_horizon_or_a_change(tmp_path, monkeypatch):
     cluster = loopback_cluster(tmp_path / "c")
-    keys, unkeyed = fingerprint.record_keys(load(cluster), ["etcd-1"])
+    keys, unkeyed = fingerprint.record_keys(
+        load(cluster), ["etcd-1"], fingerprint.common_digest(load(cluster))
+    )
     assert keys == {} and "run `gpuinfra apply` first" in unkeyed["etcd-1"]  # nothing made
     made = load(cluster)  # as apply has made it
     for name in made.cluster.hosts:
         host_files(host_context(made, name))
-    keys, unkeyed = fingerprint.record_keys(load(cluster), ["etcd-1", "cpu-1"])
+    keys, unkeyed = fingerprint.record_keys(
+        load(cluster), ["etcd-1", "cpu-1"], fingerprint.common_digest(load(cluster))
+    )
     assert unkeyed == {}
     pki = pki_dir(made)
     leaf = pki / "etcd-1" / "peer.crt"
     kept = leaf.read_bytes()
     leaf.unlink()  # what apply would issue again: rendered as a placeholder, never recorded
-    _, unkeyed = fingerprint.record_keys(load(cluster), ["etcd-1", "cpu-1"])
+    _, unkeyed = fingerprint.record_keys(
+        load(cluster), ["etcd-1", "cpu-1"], fingerprint.common_digest(load(cluster))
+    )
     assert list(unkeyed) == ["etcd-1"] and "next apply" in unkeyed["etcd-1"]
     leaf.write_bytes(kept)  # back to the state the keys below were made from
-    keys, _ = fingerprint.record_keys(load(cluster), ["etcd-1", "cpu-1"])
+    keys, _ = fingerprint.record_keys(
+        load(cluster), ["etcd-1", "cpu-1"], fingerprint.common_digest(load(cluster))
+    )
     common = fingerprint.common_digest(load(cluster))
 
     def record(name):

@@ -34,6 +34,26 @@ class UnitState(FactBase):
         return state
 
 
+REBOOT_FLAGS = ("/var/run/reboot-required", "/var/run/reboot-required.pkgs")
+
+
+def reboot_required_command(flags: tuple[str, ...]) -> str:
+    tests = " || ".join(f"[ -f {flag} ]" for flag in flags)
+    return f"if {tests}; then echo yes; else echo no; fi"
+
+
+class RebootRequired(FactBase):
+    """Whether the host waits for a reboot: the flag files that Debian's and Ubuntu's packages
+    (and gpuinfra's roles) leave. Shell builtins only: pyinfra's fact of the same name also
+    covers Alpine and FreeBSD, at the cost of a `uname` process on every host and every run."""
+
+    def command(self) -> str:
+        return reboot_required_command(REBOOT_FLAGS)
+
+    def process(self, output: list[str]) -> bool:
+        return bool(output) and output[0].strip() == "yes"
+
+
 class RebootReasons(FactBase):
     """What asked for the reboot: the lines of /run/reboot-required.pkgs."""
 

@@ -18,12 +18,12 @@ from pyinfra.api.operations import run_ops
 from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra.facts.files import FileContents
-from pyinfra.facts.server import RebootRequired
 
 from inventory.model import LoadedCluster
 from roles import pyinfra_api, record
 from roles.context import host_contexts
 from roles.factcache import prepare_cache
+from roles.facts import RebootRequired
 from roles.operations import clear_pending, prefetch_requests
 from roles.orchestrate import batch_size, group_policies, paced_hosts, plan_steps
 from roles.pacing import Pacer, reset_shared

@@ -14,9 +14,11 @@ class LoadedTable(FactBase):
     of the file content last loaded, "listing": digest of the table right after that load}."""
 
     def command(self, record: str) -> str:
+        # `live` is followed by sha256sum's own line ("<digest>  -"): no `cut` process and no
+        # command substitution around it; the digest is of the same bytes as the listing's.
         return (
             f"if out=$({LIST_TABLE} 2>/dev/null); then "
-            f"printf 'live %s\\n' \"$(printf '%s\\n' \"$out\" | {DIGEST})\"; fi; "
+            f"printf 'live '; printf '%s\\n' \"$out\" | sha256sum; fi; "
             f"cat {record} 2>/dev/null || true"
         )
 
@@ -27,7 +29,7 @@ class LoadedTable(FactBase):
     def process(self, output: list[str]) -> dict[str, str | None]:
         state = self.default()
         for line in output:
-            key, _, value = line.strip().partition(" ")
-            if key in state and value:
-                state[key] = value
+            words = line.split()
+            if len(words) > 1 and words[0] in state:
+                state[words[0]] = words[1]
         return state

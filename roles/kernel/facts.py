@@ -81,11 +81,22 @@ class KernelModules(FactBase):
         return dict(line.split(" ", 1) for line in output if " " in line)
 
 
+def swaps_command(path: str = "/proc/swaps") -> str:
+    """The first field of each line of a /proc/swaps-shaped file after its heading, with shell
+    builtins (once `sed 1d | cut -d' ' -f1`: two processes). The kernel escapes a space, tab or
+    backslash in a name as an octal code, so the first field is the name; printf, unlike dash's
+    echo, prints that code as it is."""
+    return (
+        f"{{ read -r _; while read -r name _; do printf '%s\\n' \"$name\"; done; }} "
+        f"2>/dev/null < {path} || true"
+    )
+
+
 class ActiveSwap(FactBase):
     """Swap devices and files in use (from /proc/swaps, which needs no util-linux)."""
 
     def command(self) -> str:
-        return "sed 1d /proc/swaps | cut -d' ' -f1"
+        return swaps_command()
 
     def process(self, output: list[str]) -> list[str]:
         return [line.strip() for line in output if line.strip()]

@@ -3,6 +3,7 @@ decisions, validation of its settings."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -176,3 +177,36 @@ def test_rendered_tables_pass_nft_check(tmp_path):
         path.write_text(table(ctx))
         result = subprocess.run(["nft", "-c", "-f", str(path)], capture_output=True, text=True)
         assert result.returncode == 0, f"{ctx.name}: {result.stderr}"
+
+
+def test_loaded_table_fact_and_load_record_agree_with_this_machines_sh(tmp_path):
+    """The fact's command and the load command run by this machine's sh, with a stand-in for
+    `nft` (a script that prints a fixed listing: the kernel's table cannot be changed by a unit
+    test; the firewall lab tests run the real one): right after a load the live digest is the
+    recorded listing's, both the digest of the listing's bytes, and a rule added afterwards
+    makes them differ."""
+    listing = 'table inet gpuinfra {\n\tchain input {\n\t\tiifname "lo" accept\n\t}\n}\n'
+    bin_dir, record = tmp_path / "bin", tmp_path / "firewall.loaded"
+    bin_dir.mkdir()
+    (tmp_path / "listing").write_text(listing)
+    nft = bin_dir / "nft"
+    nft.write_text(f'#!/bin/sh\n[ "$1" = -f ] && exit 0\ncat {tmp_path / "listing"}\n')
+    nft.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+    def run(command: str) -> list[str]:
+        done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, env=env)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.splitlines()
+
+    fact = LoadedTable()
+    yielded, _ = commands(table_loaded, {LoadedTable: LoadedTable.default()}, path=TABLE_FILE,
+                          content=CONTENT, record=str(record))  # fmt: skip
+    for command in yielded:
+        run(command)
+    state = fact.process(run(fact.command(record=str(record))))
+    digest = hashlib.sha256(listing.encode()).hexdigest()
+    assert state == {"live": digest, "file": content_digest(CONTENT), "listing": digest}
+    (tmp_path / "listing").write_text(listing.replace('"lo" accept', '"lo" accept\n\t\tdrop'))
+    changed = fact.process(run(fact.command(record=str(record))))
+    assert changed["live"] != changed["listing"] == digest

@@ -13,7 +13,13 @@ from typer.testing import CliRunner
 from cli.main import app
 from roles import record
 from roles.context import host_contexts, host_files, load
-from roles.facts import Container, RebootReasons
+from roles.facts import (
+    REBOOT_FLAGS,
+    Container,
+    RebootReasons,
+    RebootRequired,
+    reboot_required_command,
+)
 from roles.kernel import operations as kernel_ops
 from roles.kernel.config import DEFAULT_SYSCTLS, KernelConfig
 from roles.kernel.facts import (
@@ -25,6 +31,7 @@ from roles.kernel.facts import (
     SysfsValues,
     chosen_value,
     is_swap_entry,
+    swaps_command,
     sysctl_path,
 )
 from tests.unit.conftest import SAMPLE
@@ -156,6 +163,32 @@ def test_module_and_swap_facts():
     fstab = ["UUID=1 / ext4 defaults 0 1", "/swap.img none swap sw 0 0", "#/dev/x none swap sw"]
     assert SwapInFstab().process(fstab) == ["/swap.img none swap sw 0 0"]
     assert not is_swap_entry("# /swapfile none swap sw 0 0")
+
+
+def test_active_swap_reads_the_first_field_with_this_machines_sh(tmp_path):
+    """The builtins-only command against the two processes it replaced (`sed 1d | cut`), both
+    run by this machine's sh on a /proc/swaps-shaped file: the kernel's padding and tabs, a
+    name with an escaped space (dash's echo would turn `\\040` into a space) and a backslash."""
+    swaps = tmp_path / "swaps"
+    swaps.write_text(
+        "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n"
+        "/dev/sda2                               partition\t2097148\t\t0\t\t-2\n"
+        "/swap\\040file.img                        file\t\t1048572\t\t0\t\t-3\n"
+        "/var/a\\134b                             file\t\t1024\t\t0\t\t-4\n"
+    )
+
+    def run(command: str) -> str:
+        return subprocess.run(["sh", "-c", command], capture_output=True, text=True).stdout
+
+    found = run(swaps_command(str(swaps)))
+    assert found == run(f"sed 1d {swaps} | cut -d' ' -f1")
+    assert ActiveSwap().process(found.splitlines()) == [
+        "/dev/sda2",
+        "/swap\\040file.img",
+        "/var/a\\134b",
+    ]
+    missing = subprocess.run(["sh", "-c", swaps_command(str(tmp_path / "none"))], text=True)
+    assert missing.returncode == 0  # a kernel without swap support: no swap, not a failure
 
 
 def test_sysfs_values_read_the_bracketed_choice():
@@ -324,3 +357,13 @@ def test_default_config_is_valid_and_frozen():
     assert cfg.effective_sysctls()["net.ipv4.ip_forward"] == "1"
     with pytest.raises(Exception):  # noqa: B017 (pydantic's frozen error)
         cfg.nofile = 1  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("present", [(), ("reboot-required",), ("reboot-required.pkgs",)])
+def test_reboot_required_is_either_flag_file_with_this_machines_sh(tmp_path, present):
+    for name in present:
+        (tmp_path / name).touch()
+    flags = (str(tmp_path / "reboot-required"), str(tmp_path / "reboot-required.pkgs"))
+    done = subprocess.run(["sh", "-c", reboot_required_command(flags)], capture_output=True)
+    assert RebootRequired().process(done.stdout.decode().splitlines()) is bool(present)
+    assert RebootRequired().command() == reboot_required_command(REBOOT_FLAGS)

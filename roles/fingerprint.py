@@ -353,32 +353,43 @@ def _split_blocks(lines: list[str], units: list[str]) -> list[list[str]] | None:
 # The properties both systemd facts ask for, in one `systemctl show` of every unit either asks
 # about: systemctl prints a unit's properties in its own order whatever the order asked, and an
 # explicitly asked property even when empty (a block then filtered to one fact's properties is
-# what that fact's own command prints; the lab test compares them on real hosts).
+# what that fact's own command prints; the lab test compares them on real hosts). A unit is
+# asked once: systemctl names a unit given without a type suffix as its .service ("docker" is
+# "docker.service", as pyinfra's service operations name it).
 _UNIT_KEYS = ("LoadState", "ActiveState", "UnitFileState")
 _STATUS_KEYS = ("Id", "SubState")
 
 
+def _systemctl_name(unit: str) -> str:
+    return unit if "." in unit else f"{unit}.service"
+
+
+def _asked_units(names: dict[str, list[str]]) -> list[str]:
+    return list(dict.fromkeys(map(_systemctl_name, [*names["unit"], *names["status"]])))
+
+
 def _systemd_script(names: dict[str, list[str]]) -> str:
-    units = " ".join([*names["unit"], *names["status"]])
     asked = ",".join(dict.fromkeys([*_STATUS_KEYS, *_UNIT_KEYS]))
     return (
         "command -v systemctl >/dev/null 2>&1 && "
-        f"systemctl show --all --property={asked} {units} </dev/null 2>/dev/null\n"
+        f"systemctl show --all --property={asked} {' '.join(_asked_units(names))} "
+        "</dev/null 2>/dev/null\n"
     )
 
 
 def _split_systemd(lines: list[str], names: dict[str, list[str]]) -> _Answers | None:
-    units, statuses = names["unit"], names["status"]
-    blocks = _split_blocks(lines, [*units, *statuses])
+    asked = _asked_units(names)
+    blocks = _split_blocks(lines, asked)
     if blocks is None:
         return None
+    block = dict(zip(asked, blocks, strict=True))
 
-    def only(block: list[str], keys: tuple[str, ...]) -> list[str]:
-        return [line for line in block if line.split("=", 1)[0] in keys]
+    def only(unit: str, keys: tuple[str, ...]) -> list[str]:
+        return [line for line in block[_systemctl_name(unit)] if line.split("=", 1)[0] in keys]
 
     return {
-        "unit": [only(block, _UNIT_KEYS) for block in blocks[: len(units)]],
-        "status": [only(block, _STATUS_KEYS) for block in blocks[len(units) :]],
+        "unit": [only(unit, _UNIT_KEYS) for unit in names["unit"]],
+        "status": [only(unit, _STATUS_KEYS) for unit in names["status"]],
     }
 
 

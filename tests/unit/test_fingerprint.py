@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 import subprocess
 import sys
@@ -90,6 +91,41 @@ def test_batched_file_facts_answer_what_each_command_prints_alone(files):
     for index, command in enumerate(commands):
         assert answers[index] == alone(command), command
     assert answers[len(commands) - 1] == (4, ["raw"])
+
+
+def test_a_unit_named_with_and_without_its_suffix_is_asked_once(tmp_path, monkeypatch):
+    """The unit facts of `docker` and `docker.service` (the roles' and pyinfra's names of one
+    unit) are answered from one block, each fact its own properties, with a stand-in for
+    `systemctl` that prints what systemctl prints (one block per unit asked, properties in
+    systemd's order, a blank line between units: this machine has no systemd to ask; the lab's
+    drift test compares the answers with each command run alone on real hosts) and logs what it
+    was asked."""
+    log = tmp_path / "asked"
+    systemctl = tmp_path / "systemctl"
+    systemctl.write_text(
+        '#!/bin/sh\nshift 3\necho "$*" > ' + str(log) + "\nfirst=1\n"
+        'for u in "$@"; do [ $first = 1 ] || echo; first=0; case $u in *.*) id=$u;; '
+        "*) id=$u.service;; esac\n"
+        'printf "Id=%s\\nLoadState=loaded\\nActiveState=active\\nSubState=running\\n'
+        'UnitFileState=enabled\\n" "$id"; done\n'
+    )
+    systemctl.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    commands = [
+        sent(UnitState, unit="docker"),
+        sent(UnitState, unit="etcd-backup.timer"),
+        sent(SystemdStatus, services="docker.service"),
+        sent(SystemdStatus, services="chrony.service"),
+    ]
+    answers = run_probe(commands)
+    assert log.read_text().split() == ["docker.service", "etcd-backup.timer", "chrony.service"]
+    unit = ["LoadState=loaded", "ActiveState=active", "UnitFileState=enabled"]
+    assert answers == {
+        0: (0, unit),
+        1: (0, unit),
+        2: (0, ["Id=docker.service", "SubState=running"]),
+        3: (0, ["Id=chrony.service", "SubState=running"]),
+    }
 
 
 def test_a_group_that_does_not_add_up_answers_none_of_its_commands(files):

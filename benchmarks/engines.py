@@ -230,3 +230,36 @@ def write_engines(loaded: LoadedCluster, state: DeclaredState, out: Path) -> Eng
     return EngineFiles(
         inventory, deploy, cfg, ansible_inventory, playbook, state_file.resolve(), floor_hosts
     )
+
+
+def write_probes(loaded: LoadedCluster, floor_hosts: Path) -> Path:
+    """Inputs of the floor-probe engine (floor.py --probes): each host's probe as `gpuinfra
+    drift` sends it, written from the host's converged record, with the digest of its answer.
+    The answer is taken once here and checked command by command against the record as drift
+    checks it: a host that does not answer as recorded stops the benchmark (the lab is not the
+    converged one the records say)."""
+    from benchmarks.floor import answer_digest, ask
+    from roles import fingerprint
+
+    hosts = json.loads(floor_hosts.read_text())
+    marker = "gpuinfra-fingerprint-benchmark"
+    commands, scripts = {}, {}
+    for name in hosts["addresses"]:
+        record = fingerprint.load_record(loaded.state_dir, name)
+        if record is None:
+            raise RuntimeError(f"{name}: no converged record (apply first)")
+        commands[name] = [command for command, _, _ in record.commands]
+        scripts[name] = fingerprint.probe_script(commands[name], marker)
+    answers = ask(hosts, {name: ("sh -s", script.encode()) for name, script in scripts.items()})
+    probes = {}
+    for name, (code, output, errors) in answers.items():
+        record = fingerprint.load_record(loaded.state_dir, name)
+        found = fingerprint.differences(
+            record, fingerprint.read_probe(output, marker, commands[name])
+        )
+        if code != 0 or found:
+            raise RuntimeError(f"{name}: the probe does not answer as recorded: {found or errors}")
+        probes[name] = {"script": scripts[name], "digest": answer_digest(output)}
+    path = floor_hosts.parent / "probes.json"
+    path.write_text(json.dumps(probes))
+    return path

@@ -11,12 +11,21 @@ Standard library only, so that the interpreter's start is all it costs beyond SS
 
 prints {"hosts": {name: {"changes": N, "differences": [...], "error": ...}}} and exits 0 when
 no host differs, 3 when one does, 4 when a host could not be reached (gpuinfra drift's codes).
+
+With `--probes PROBES.json` in place of STATE.json (the `floor-probe` engine), each host is sent
+gpuinfra's own probe instead: the script `gpuinfra drift` sends it (every command its roles'
+deploys asked when the last apply found it converged, batched: roles/fingerprint.py), on stdin
+to `sh -s` as drift sends it, and the whole answer is compared with the answer the benchmark
+checked against the host's record before the runs (engines.py). What gpuinfra drift costs
+beyond this engine is gpuinfra's controller; what this engine costs beyond the floor is the
+rest of the state gpuinfra checks on each host.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -82,6 +91,46 @@ def compare(
     return differences
 
 
+def ssh_argv(hosts: dict, name: str) -> list[str]:
+    """OpenSSH to one host, its key checked against the lab's known_hosts."""
+    ssh = hosts["ssh"]
+    argv = [
+        "ssh", "-T", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+        "-o", f"UserKnownHostsFile={ssh['known_hosts']}", "-o", "ConnectTimeout=10",
+        "-p", str(ssh["port"]), "-l", ssh["user"],
+    ]  # fmt: skip
+    if ssh.get("key"):
+        argv += ["-i", ssh["key"], "-o", "IdentitiesOnly=yes"]
+    return [*argv, hosts["addresses"][name]]
+
+
+def ask(hosts: dict, remote: dict[str, tuple[str, bytes | None]]) -> dict[str, tuple]:
+    """Every host at once: start one ssh per host with its command (and what goes on its
+    stdin), then collect (exit code, stdout, stderr) of each."""
+    running = {}
+    for name, (command, stdin) in remote.items():
+        pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+        process = subprocess.Popen(
+            [*ssh_argv(hosts, name), command],
+            stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+            **pipes,
+        )
+        if stdin is not None:  # a few KiB: the pipe takes it whole, the host reads it at once
+            process.stdin.write(stdin)
+            process.stdin.close()
+            process.stdin = None  # written: communicate() only reads
+        running[name] = process
+    answers = {}
+    for name, process in running.items():
+        output, errors = process.communicate()
+        answers[name] = (process.returncode, output, errors)
+    return answers
+
+
+def _error(errors: bytes) -> dict:
+    return {"changes": None, "differences": [], "error": errors.decode(errors="replace")[-300:]}
+
+
 def check(state: dict, hosts: dict) -> dict:
     """Every host at once: start one ssh per host, then collect and compare the answers."""
     local_hashes = {
@@ -89,36 +138,54 @@ def check(state: dict, hosts: dict) -> dict:
         for host_files in state["files"].values()
         for f in host_files
     }
-    ssh = hosts["ssh"]
-    running = {}
-    for name, address in hosts["addresses"].items():
-        packages = [p for group in state["packages"][name] for p in group]
-        argv = [
-            "ssh", "-T", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-            "-o", f"UserKnownHostsFile={ssh['known_hosts']}", "-o", "ConnectTimeout=10",
-            "-p", str(ssh["port"]), "-l", ssh["user"],
-        ]  # fmt: skip
-        if ssh.get("key"):
-            argv += ["-i", ssh["key"], "-o", "IdentitiesOnly=yes"]
-        argv += [address, remote_command(state["files"][name], packages)]
-        pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
-        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, text=True, **pipes)
-        running[name] = (process, packages)
+    packages = {
+        name: [p for group in state["packages"][name] for p in group] for name in hosts["addresses"]
+    }
+    remote = {
+        name: (remote_command(state["files"][name], packages[name]), None)
+        for name in hosts["addresses"]
+    }
     report = {}
-    for name, (process, packages) in running.items():
-        output, errors = process.communicate()
-        if process.returncode != 0:
-            report[name] = {"changes": None, "differences": [], "error": errors.strip()[-300:]}
+    for name, (code, output, errors) in ask(hosts, remote).items():
+        if code != 0:
+            report[name] = _error(errors)
             continue
-        differences = compare(state["files"][name], packages, output, local_hashes)
+        text = output.decode(errors="replace")
+        differences = compare(state["files"][name], packages[name], text, local_hashes)
+        report[name] = {"changes": len(differences), "differences": differences, "error": None}
+    return {"hosts": report}
+
+
+# The one field of the probe's answer that may move while the host is unchanged: the access
+# time in the lines of pyinfra's file facts (roles/fingerprint.py masks it the same way).
+_ATIME = re.compile(rb"^(user=\S* group=\S* mode=\S* atime=)-?[0-9]+( mtime=)", re.MULTILINE)
+
+
+def answer_digest(output: bytes) -> str:
+    return hashlib.sha256(_ATIME.sub(rb"\1*\2", output)).hexdigest()
+
+
+def check_probes(probes: dict, hosts: dict) -> dict:
+    """gpuinfra's probe on every host at once; a host whose answer is not the checked one
+    counts as one change."""
+    remote = {name: ("sh -s", probe["script"].encode()) for name, probe in probes.items()}
+    report = {}
+    for name, (code, output, errors) in ask(hosts, remote).items():
+        if code != 0:
+            report[name] = _error(errors)
+            continue
+        same = answer_digest(output) == probes[name]["digest"]
+        differences = [] if same else ["the probe's answer differs from the checked one"]
         report[name] = {"changes": len(differences), "differences": differences, "error": None}
     return {"hosts": report}
 
 
 def main(argv: list[str] | None = None) -> int:
-    state_path, hosts_path = (argv if argv is not None else sys.argv[1:])[:2]
-    state = json.loads(Path(state_path).read_text())
-    result = check(state, json.loads(Path(hosts_path).read_text()))
+    args = argv if argv is not None else sys.argv[1:]
+    probes = args[0] == "--probes"
+    state_path, hosts_path = args[1:3] if probes else args[:2]
+    state, hosts = (json.loads(Path(p).read_text()) for p in (state_path, hosts_path))
+    result = check_probes(state, hosts) if probes else check(state, hosts)
     print(json.dumps(result, indent=2))
     hosts = result["hosts"].values()
     if any(h["error"] for h in hosts):

@@ -5,6 +5,10 @@ Peak memory is the largest sum of the resident set sizes of the command's whole 
 RSS counts pages shared between forked workers once per process, so for Ansible the figure
 is an upper bound; `max_process_mib` (the largest single process, from the kernel's rusage)
 is the lower bound. The lab's hosts are not part of either figure.
+
+The machine's CPU seconds over the run (from /proc/stat: every process, the lab's hosts'
+included, and this benchmark's own sampling) say what the check cost the machine the hosts
+share with the controller; on a quiet machine that is the engine's work on both sides.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ class Measurement:
     load_before: float  # 1-minute load average of the machine when the run started
     load_after: float
     changes: int | None = None  # operations the engine says would change (0: a no-op)
+    machine_cpu_seconds: float | None = None  # every CPU's busy time over the run
     # gpuinfra only: the hosts' preparation seconds summed, over the run's wall time: how many
     # hosts were being worked on at once, on average.
     parallelism: float | None = None
@@ -41,6 +46,14 @@ class Measurement:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+def machine_busy_seconds() -> float:
+    """Busy time of all the machine's CPUs since boot: user, nice, system, irq, softirq and
+    steal from /proc/stat (idle and iowait left out)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields)
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def _tree_rss(root: psutil.Process) -> int:
@@ -66,6 +79,7 @@ def run_measured(
 ) -> tuple[Measurement, str]:
     """Run argv to completion (stdin closed) and measure it; also return its stdout."""
     load_before = os.getloadavg()[0]
+    busy_before = machine_busy_seconds()
     started = time.monotonic()
     process = subprocess.Popen(
         argv,
@@ -101,6 +115,7 @@ def run_measured(
     killer.cancel()
     process.returncode = os.waitstatus_to_exitcode(status)
     seconds = time.monotonic() - started
+    busy = machine_busy_seconds() - busy_before
     done.set()
     for thread in threads:
         thread.join()
@@ -118,6 +133,7 @@ def run_measured(
         returncode=process.returncode,
         load_before=round(load_before, 2),
         load_after=round(os.getloadavg()[0], 2),
+        machine_cpu_seconds=round(busy, 2),
         output_tail=(output[-1500:] + "\n[stderr]\n" + errors[-1500:])
         if process.returncode
         else "",

@@ -6,7 +6,7 @@ import math
 import statistics
 from pathlib import Path
 
-from benchmarks.suites import BASELINE, ENGINES, EXACT
+from benchmarks.suites import BASELINE, ENGINES, EXACT, PROBE_FLOOR
 from roles.fingerprint import DEFAULT_PARALLEL
 
 FLEET = 7500  # the fleet size the projection is for
@@ -35,6 +35,9 @@ def summarize(entry: dict) -> dict:
             "median_seconds": statistics.median(r["seconds"] for r in mine),
             "min_seconds": min(r["seconds"] for r in mine),
             "median_cpu_seconds": statistics.median(r["cpu_seconds"] for r in mine),
+            "median_machine_cpu_seconds": _median_or_none(
+                [r.get("machine_cpu_seconds") for r in mine]
+            ),
             "peak_tree_mib": statistics.median(r["peak_tree_mib"] for r in mine),
             "max_process_mib": statistics.median(r["max_process_mib"] for r in mine),
             "all_noop": all(r["returncode"] == 0 and r["changes"] == 0 for r in mine),
@@ -56,6 +59,8 @@ def summarize(entry: dict) -> dict:
     ratios["ansible_over_gpuinfra"] = paired("ansible", "gpuinfra")
     ratios["gpuinfra_over_floor"] = paired("gpuinfra", "floor")
     ratios["exact_over_floor"] = paired(EXACT, "floor")
+    ratios["gpuinfra_over_probe_floor"] = paired("gpuinfra", PROBE_FLOOR)
+    ratios["probe_floor_over_floor"] = paired(PROBE_FLOOR, "floor")
     if BASELINE in engines:
         ratios["baseline_over_gpuinfra"] = paired(BASELINE, "gpuinfra")
     return {"engines": engines, "ratios": ratios}
@@ -156,15 +161,21 @@ def markdown(results: dict) -> str:
             "each host than that (services, sysctls, the live nftables table, users, the pending "
             "restarts): `gpuinfra` is `gpuinfra drift` as operators run it (each host the last "
             "apply found converged answers in one round trip, roles/fingerprint.py), "
-            f"`{EXACT}` is `gpuinfra drift --exact` (every host operation by operation).",
+            f"`{EXACT}` is `gpuinfra drift --exact` (every host operation by operation). "
+            f"`{PROBE_FLOOR}` is the floor's client sending each host gpuinfra's own probe (the "
+            "script `gpuinfra drift` sends it) and comparing the answer whole: gpuinfra / "
+            f"{PROBE_FLOOR} is what gpuinfra's controller adds, {PROBE_FLOOR} / floor what "
+            "checking the rest of gpuinfra's state on each host adds.",
             "",
             "Median of the runs (wall seconds, CPU seconds of the controller's process tree, "
-            "peak memory of that tree); ratios are medians of the per-round ratios. "
-            "Load: the machine's 1-minute load average when the runs started (2 CPUs).",
+            "CPU seconds of the whole machine over the run: the lab's hosts share it, so this "
+            "counts their side too, peak memory of the controller's tree); ratios are medians of "
+            "the per-round ratios. Load: the machine's 1-minute load average when the runs "
+            "started (2 CPUs).",
             "",
-            "| lab | engine | runs | wall s (min) | CPU s | peak MiB (largest process) | "
-            "no-op | load |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+            "| lab | engine | runs | wall s (min) | CPU s | machine CPU s | "
+            "peak MiB (largest process) | no-op | load |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for label, entry in entries:
             summary = summarize(entry)
@@ -172,20 +183,24 @@ def markdown(results: dict) -> str:
                 lines.append(
                     f"| {label} | {engine} | {e['runs']} | {e['median_seconds']:.2f} "
                     f"({e['min_seconds']:.2f}) | {e['median_cpu_seconds']:.2f} | "
+                    f"{_fmt(e['median_machine_cpu_seconds'], '', 2)} | "
                     f"{e['peak_tree_mib']:.0f} ({e['max_process_mib']:.0f}) | "
                     f"{'yes' if e['all_noop'] else 'NO'} | {e['median_load']:.1f} |"
                 )
         lines += [
             "",
             "| lab | hosts | operations per host (same state) | gpuinfra / floor | "
+            f"gpuinfra / {PROBE_FLOOR} | {PROBE_FLOOR} / floor | "
             f"{EXACT} / floor | gpuinfra / pyinfra | ansible / gpuinfra | {BASELINE} / gpuinfra |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for label, entry in entries:
             ratios = summarize(entry)["ratios"]
             lines.append(
                 f"| {label} | {entry['hosts']} | {entry['operations_per_host']['same_state']} | "
                 f"{_fmt(ratios.get('gpuinfra_over_floor'), 'x', 2)} | "
+                f"{_fmt(ratios.get('gpuinfra_over_probe_floor'), 'x', 2)} | "
+                f"{_fmt(ratios.get('probe_floor_over_floor'), 'x', 2)} | "
                 f"{_fmt(ratios.get('exact_over_floor'), 'x', 2)} | "
                 f"{_fmt(ratios['gpuinfra_over_pyinfra'], 'x', 2)} | "
                 f"{_fmt(ratios['ansible_over_gpuinfra'], 'x', 1)} | "
@@ -412,13 +427,14 @@ def plots(results: dict, out: Path) -> list[Path]:
         for metric, label, name in (
             ("median_seconds", "wall seconds (median)", "drift-wall.png"),
             ("peak_tree_mib", "controller peak memory, MiB", "drift-memory.png"),
+            ("median_machine_cpu_seconds", "machine CPU seconds (median)", "drift-cpu.png"),
         ):
             fig, ax = plt.subplots(figsize=(6, 4))
             for engine in (*ENGINES, BASELINE):
                 points = [
                     (e["hosts"], summarize(e)["engines"][engine][metric])
                     for e in drift
-                    if engine in summarize(e)["engines"]
+                    if summarize(e)["engines"].get(engine, {}).get(metric) is not None
                 ]
                 if points:
                     ax.plot(*zip(*points, strict=True), marker="o", label=engine)

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks.engines import declared_state, write_engines
+from benchmarks.engines import declared_state, write_engines, write_probes
 from benchmarks.measure import Measurement, run_measured
 from roles.context import load
 
@@ -26,7 +26,9 @@ LAB = os.environ.get("BENCH_LAB", "bench")
 # gpuinfra-exact: `gpuinfra drift --exact`, every host operation by operation (the path a host
 # takes when it has no converged record or differs from it); gpuinfra: the default fast path.
 EXACT = "gpuinfra-exact"
-ENGINES = ("gpuinfra", EXACT, "pyinfra", "ansible", "floor")
+# floor-probe: gpuinfra's own probe sent by the floor's client (benchmarks/floor.py --probes).
+PROBE_FLOOR = "floor-probe"
+ENGINES = ("gpuinfra", EXACT, "pyinfra", "ansible", "floor", PROBE_FLOOR)
 # `--baseline DIR`: another checkout of gpuinfra (e.g. `git archive` of an older commit) run
 # as a fourth engine in the same rounds, for before/after figures of an engine change.
 BASELINE = "gpuinfra-baseline"
@@ -124,6 +126,11 @@ class Engines:
             "ANSIBLE_CONFIG": str(self.files.ansible_cfg),
             "ANSIBLE_NOCOLOR": "1",
         }
+        self.probes: Path | None = None  # prepare_probes, once the records are final
+
+    def prepare_probes(self) -> None:
+        self.probes = write_probes(load(self.inventory), self.files.floor_hosts)
+        self.log(f"  {PROBE_FLOOR}: probes written and checked against the records")
 
     def prepare_ansible(self) -> bool:
         """Ansible's apt module needs python3-apt on the host (check mode cannot install it).
@@ -170,14 +177,13 @@ class Engines:
             ]
             measurement, output = run_measured(engine, self.hosts, argv, cwd=self.work)
             measurement.changes = _pyinfra_changes(output)
-        elif engine == "floor":
-            argv = [
-                sys.executable,
-                "-m",
-                "benchmarks.floor",
-                str(self.files.state),
-                str(self.files.floor_hosts.resolve()),
-            ]
+        elif engine in ("floor", PROBE_FLOOR):
+            argv = [sys.executable, "-m", "benchmarks.floor"]
+            if engine == PROBE_FLOOR:
+                argv += ["--probes", str(self.probes)]
+            else:
+                argv.append(str(self.files.state))
+            argv.append(str(self.files.floor_hosts.resolve()))
             cwd = Path(__file__).resolve().parents[1]
             measurement, output = run_measured(engine, self.hosts, argv, cwd=cwd)
             measurement.changes = _floor_changes(output)
@@ -195,6 +201,7 @@ class Engines:
             f"  {engine:8} {self.hosts:4} hosts: {measurement.seconds:7.2f}s "
             f"cpu {measurement.cpu_seconds:6.2f}s peak {measurement.peak_tree_mib:7.1f} MiB "
             f"exit {measurement.returncode} changes {measurement.changes} "
+            f"machine cpu {measurement.machine_cpu_seconds:6.2f}s "
             f"load {measurement.load_before:.1f}"
         )
         return measurement
@@ -274,6 +281,7 @@ def check_with_engines(
         # apply (which changes nothing) keeps each host's converged record as it is now, as an
         # operator's next apply would after installing a package by hand.
         apply(inventory, work / "apply-after-ansible.json", log)
+    engines.prepare_probes()
     return engines, compare_engines(engines, repeats)
 
 

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from benchmarks.floor import compare, remote_command
+from benchmarks.floor import answer_digest, compare, remote_command
 
 CONTENT = b"127.0.0.1 localhost\n"
 DIGEST = hashlib.sha256(CONTENT).hexdigest()
@@ -69,3 +69,38 @@ def test_the_remote_command_answers_in_the_format_compare_reads(tmp_path) -> Non
         ["sh", "-c", remote_command(files, [])], capture_output=True, text=True, check=True
     ).stdout
     assert compare(files, [], output, HASHES) == [f"{target}: content differs"]
+
+
+def test_the_probe_answers_digest_masks_only_the_access_time_of_stat_lines() -> None:
+    """What floor-probe compares moves with every field of the answer but stat's atime, the
+    one field gpuinfra drift compares loosely too (roles/fingerprint.py)."""
+    line = b"user=root group=root mode=-rw-r--r-- atime=100 mtime=200 ctime=300 size=5 '/etc/x'\n"
+    answer = b"m 0 0\n" + line + b"m stat 0\n"
+    digest = answer_digest(answer)
+    assert answer_digest(answer.replace(b"atime=100", b"atime=999")) == digest
+    assert answer_digest(answer.replace(b"mtime=200", b"mtime=201")) != digest
+    assert answer_digest(answer.replace(b"m 0 0", b"m 0 1")) != digest
+    assert answer_digest(b"atime=1\n") != answer_digest(b"atime=2\n")
+
+
+def test_floor_probe_ratios_are_paired_by_round() -> None:
+    from benchmarks.report import markdown, summarize
+
+    def run(engine: str, seconds: float) -> dict:
+        return {"engine": engine, "seconds": seconds, "cpu_seconds": 0.1, "peak_tree_mib": 1.0,
+                "max_process_mib": 1.0, "returncode": 0, "changes": 0, "load_before": 0.5,
+                "machine_cpu_seconds": 2 * seconds}  # fmt: skip
+
+    rounds = [(1.6, 0.9, 1.2), (1.8, 1.0, 1.2)]
+    runs = [
+        run(engine, seconds)
+        for times in rounds
+        for engine, seconds in zip(("gpuinfra", "floor", "floor-probe"), times, strict=True)
+    ]
+    entry = {"hosts": 12, "runs": runs, "operations_per_host": {"same_state": 80}}
+    summary = summarize(entry)
+    assert summary["ratios"]["gpuinfra_over_probe_floor"] == round((1.6 / 1.2 + 1.8 / 1.2) / 2, 2)
+    assert summary["ratios"]["probe_floor_over_floor"] == round((1.2 / 0.9 + 1.2 / 1.0) / 2, 2)
+    assert summary["engines"]["floor-probe"]["median_machine_cpu_seconds"] == 2.4
+    text = markdown({"drift": {"12": entry}})
+    assert "| 12 hosts | 12 | 80 | 1.79x | 1.42x | 1.27x |" in text

@@ -5,6 +5,28 @@ from __future__ import annotations
 from pyinfra.api import FactBase
 
 
+def lines_of(path: str) -> str:
+    """What `cat PATH 2>/dev/null || true` prints, line by line, with shell builtins: each line
+    as it is (no field splitting, backslashes kept), the last one also without its newline;
+    nothing, and success, when the file cannot be read. A process fewer on every host."""
+    return (
+        '{ while IFS= read -r line || [ -n "$line" ]; do printf \'%s\\n\' "$line"; done; } '
+        f"2>/dev/null < {path} || true"
+    )
+
+
+class NodeName(FactBase):
+    """The running host name: what `uname -n` prints (the kernel's name for this UTS
+    namespace), read from /proc with the shell's `read`, no process. (pyinfra's Hostname fact
+    runs `uname -n`.)"""
+
+    def command(self) -> str:
+        return "read -r name < /proc/sys/kernel/hostname && printf '%s\\n' \"$name\""
+
+    def process(self, output: list[str]) -> str | None:
+        return output[0] if output else None
+
+
 class Container(FactBase):
     """The container technology the host runs in ("systemd-nspawn", "docker"...), or None."""
 
@@ -58,7 +80,7 @@ class RebootReasons(FactBase):
     """What asked for the reboot: the lines of /run/reboot-required.pkgs."""
 
     def command(self) -> str:
-        return "cat /run/reboot-required.pkgs 2>/dev/null || true"
+        return lines_of("/run/reboot-required.pkgs")
 
     def process(self, output: list[str]) -> list[str]:
         return [line.strip() for line in output if line.strip()]

@@ -12,10 +12,9 @@ from pyinfra.api import FileUploadCommand, operation
 from pyinfra.api.operation import OperationMeta
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File, Sha1File
-from pyinfra.facts.server import Hostname
 
 from roles import record
-from roles.facts import Account, Container, GroupEntry, RebootReasons, UnitState
+from roles.facts import Account, Container, GroupEntry, NodeName, RebootReasons, UnitState
 from roles.pyinfra_api import op_hash
 from roles.spec import ManagedFile
 
@@ -43,7 +42,7 @@ def prefetch_requests(managed: list[ManagedFile]) -> list[tuple[type, dict]]:
     """The facts `put_file` (through pyinfra's `files.put` or `put_checked`), `service_running`
     and `apt.packages` ask for on a host with these files: the runner fetches them in one
     command per host (roles/factcache.py). A fact missing here is only fetched on its own."""
-    requests: list[tuple[type, dict]] = [(Container, {}), (DebPackages, {}), (Hostname, {})]
+    requests: list[tuple[type, dict]] = [(Container, {}), (DebPackages, {}), (NodeName, {})]
     for f in managed:
         requests += [(File, {"path": f.path}), (Sha1File, {"path": f.path})]
         requests.append((File, {"path": pending_marker(f.path)}))
@@ -192,7 +191,7 @@ def system_account(user: str, group: str, home: str, shell: str = "/usr/sbin/nol
 @operation()
 def live_hostname(hostname: str):
     """Set the running hostname (the /etc/hostname file is a managed file of its own)."""
-    if host.get_fact(Hostname) != hostname:
+    if host.get_fact(NodeName) != hostname:
         yield f"hostname {hostname}"
 
 

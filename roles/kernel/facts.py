@@ -6,6 +6,8 @@ import shlex
 
 from pyinfra.api import FactBase
 
+from roles.facts import lines_of
+
 
 def sysctl_path(name: str) -> str:
     return "/proc/sys/" + name.replace(".", "/")
@@ -165,7 +167,7 @@ class SwapInFstab(FactBase):
     """Active (uncommented) swap entries in /etc/fstab."""
 
     def command(self) -> str:
-        return "cat /etc/fstab 2>/dev/null || true"
+        return lines_of("/etc/fstab")
 
     def process(self, output: list[str]) -> list[str]:
         return [line for line in output if is_swap_entry(line)]

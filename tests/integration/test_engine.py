@@ -83,6 +83,28 @@ def test_drift_reports_a_hand_edit_and_changes_nothing(converged, tmp_path):
     assert "rogue" not in lab.ssh(host, "cat /etc/hosts").stdout
 
 
+def test_drift_reports_a_renamed_running_host_and_apply_names_it_back(converged, tmp_path):
+    """The running host name (the base role's live_hostname, read from /proc by the NodeName
+    fact): a host renamed by hand is drift, whatever its /etc/hostname says, and the next apply
+    names it back. The other hosts stay ok: the control."""
+    lab = converged
+    host = "cpu-1" if "cpu-1" in lab.hosts else lab.hosts[-1]
+    lab.ssh(host, "hostname renamed-by-hand")
+    try:
+        report_path = tmp_path / "drift.json"
+        result = gpuinfra("drift", str(lab.inventory_path), "--report", str(report_path))
+        assert result.returncode == ExitCode.DRIFT, result.stdout[-3000:]
+        report = json.loads(report_path.read_text())
+        changed = [op["name"] for op in report["hosts"][host]["operations"] if op["changed"]]
+        assert changed and all("hostname" in name.lower() for name in changed), changed
+        assert {h["status"] for n, h in report["hosts"].items() if n != host} == {"ok"}
+        fixed = gpuinfra("apply", str(lab.inventory_path), "--limit", host, "--yes")
+        assert fixed.returncode == ExitCode.OK, fixed.stdout[-2000:]
+        assert lab.ssh(host, "uname -n").stdout.strip() == host
+    finally:
+        lab.ssh(host, f"hostname {host}")
+
+
 def test_drift_with_a_stopped_host_reports_it_and_checks_the_others(converged, tmp_path):
     lab = converged
     host = lab.hosts[-1]

@@ -13,8 +13,8 @@ changing a host) finds a host converged, it keeps, under `.state/converged/<host
   with a digest of its output;
 - the report that check made for the host (operations, notes, reboot flag).
 
-`gpuinfra drift` then sends each host one command that runs those same commands and prints the
-digests of their outputs, and compares them here. Until that moment the inputs stand for the key
+`gpuinfra drift` then sends each host one command that runs those same commands, and compares
+the digests of their outputs here. Until that moment the inputs stand for the key
 (the files are a function of them: the test of this module keeps the rendering from reading
 anything else), so a clean fleet's drift renders nothing; after it, the files are rendered again
 and the key compared. Same key and same outputs mean the same facts,

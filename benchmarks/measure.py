@@ -3,8 +3,10 @@
 Peak memory is the largest sum of the resident set sizes of the command's whole process tree
 (the engine, Ansible's forked workers, their ssh clients), sampled every 0.1 s with psutil.
 RSS counts pages shared between forked workers once per process, so for Ansible the figure
-is an upper bound; `max_process_mib` (the largest single process, from the kernel's rusage)
-is the lower bound. The lab's hosts are not part of either figure.
+is an upper bound; `max_process_mib` (the largest single process, from the same samples) is the
+lower bound. (Not the kernel's rusage: Linux carries a process's peak across fork and exec, so
+every command started by a large benchmark process would report that process's size.) The
+lab's hosts are not part of either figure.
 
 The machine's CPU seconds over the run (from /proc/stat: every process, the lab's hosts'
 included, and this benchmark's own sampling) say what the check cost the machine the hosts
@@ -56,16 +58,17 @@ def machine_busy_seconds() -> float:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
-def _tree_rss(root: psutil.Process) -> int:
-    total = 0
+def _tree_rss(root: psutil.Process) -> list[int]:
+    """The resident set size of each process of the tree."""
     try:
         processes = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
-        return 0
+        return []
+    sizes = []
     for process in processes:
         with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-            total += process.memory_info().rss
-    return total
+            sizes.append(process.memory_info().rss)
+    return sizes
 
 
 def run_measured(
@@ -90,15 +93,16 @@ def run_measured(
         cwd=cwd,
     )
     root = psutil.Process(process.pid)
-    peak = 0
+    peak = largest = 0
     stdout: list[bytes] = []
     stderr: list[bytes] = []
     done = threading.Event()
 
     def sample() -> None:
-        nonlocal peak
+        nonlocal peak, largest
         while not done.is_set():
-            peak = max(peak, _tree_rss(root))
+            sizes = _tree_rss(root)
+            peak, largest = max(peak, sum(sizes)), max(largest, *sizes, 0)
             done.wait(SAMPLE_SECONDS)
 
     threads = [
@@ -110,7 +114,7 @@ def run_measured(
         thread.start()
     killer = threading.Timer(timeout, process.kill)
     killer.start()
-    # wait4, not Popen.wait: its rusage is this command's tree alone (CPU, largest process).
+    # wait4, not Popen.wait: its rusage is this command's tree alone (its CPU time).
     _, status, usage = os.wait4(process.pid, 0)
     killer.cancel()
     process.returncode = os.waitstatus_to_exitcode(status)
@@ -128,8 +132,7 @@ def run_measured(
         seconds=round(seconds, 3),
         cpu_seconds=round(cpu, 3),
         peak_tree_mib=round(peak / 2**20, 1),
-        # ru_maxrss is in KiB on Linux: the largest process of the tree.
-        max_process_mib=round(usage.ru_maxrss / 1024, 1),
+        max_process_mib=round(largest / 2**20, 1),
         returncode=process.returncode,
         load_before=round(load_before, 2),
         load_after=round(os.getloadavg()[0], 2),

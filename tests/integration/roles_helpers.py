@@ -16,10 +16,26 @@ def gpuinfra(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[st
     )
 
 
+def failed_run(result: subprocess.CompletedProcess[str]) -> str:
+    """Why a JSON-reporting command failed, for an assertion message: each host that did not
+    end ok or changed, with its error and its failing operations' errors (the report's tail
+    alone is another host's notes), then the tail of stderr."""
+    try:
+        hosts = json.loads(result.stdout)["hosts"]
+    except (ValueError, KeyError, TypeError):
+        return result.stdout[-4000:] + result.stderr[-3000:]
+    lines = [f"exit {result.returncode}"]
+    for name, host in hosts.items():
+        if host["status"] not in ("ok", "changed"):
+            lines.append(f"{name}: {host['status']}: {host.get('error')}")
+            lines += [f"  {op['name']}: {op['error']}" for op in host["operations"] if op["error"]]
+    return "\n".join(lines) + "\n" + result.stderr[-3000:]
+
+
 def apply_roles(inventory: Path, roles: str, *extra: str) -> dict:
     arguments = ["apply", str(inventory), "--roles", roles, "--yes", "--format", "json", *extra]
     result = gpuinfra(*arguments)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-3000:]
+    assert result.returncode == 0, failed_run(result)
     return json.loads(result.stdout)
 
 

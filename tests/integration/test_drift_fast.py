@@ -18,6 +18,7 @@ from cli.exitcodes import ExitCode
 from roles import fingerprint
 from roles.context import load
 from roles.ssh import ssh_argv
+from tests.integration.roles_helpers import failed_run
 
 GPUINFRA = str(Path(sys.executable).parent / "gpuinfra")
 
@@ -53,7 +54,7 @@ def answer(report: dict) -> dict:
 def converged(lab):
     """The lab with every role applied: the apply keeps each converged host's record."""
     result = gpuinfra("apply", str(lab.inventory_path), "--yes", "--format", "json")
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0, failed_run(result)
     return lab
 
 

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from cli.exitcodes import ExitCode
+from tests.integration.roles_helpers import failed_run
 
 GPUINFRA = str(Path(sys.executable).parent / "gpuinfra")
 MANAGED = ["/etc/hosts", "/etc/hostname", "/etc/ssh/sshd_config.d/50-gpuinfra.conf"]
@@ -30,7 +31,7 @@ def gpuinfra(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[st
 def converged(lab):
     """The lab with the base role applied once (the first apply installs packages)."""
     result = gpuinfra("apply", str(lab.inventory_path), "--yes", "--format", "json")
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0, failed_run(result)
     report = json.loads(result.stdout)
     assert {h["status"] for h in report["hosts"].values()} <= {"changed", "ok"}
     return lab

@@ -243,20 +243,18 @@ def write_probes(loaded: LoadedCluster, floor_hosts: Path) -> Path:
 
     hosts = json.loads(floor_hosts.read_text())
     marker = "gpuinfra-fingerprint-benchmark"
-    commands, scripts = {}, {}
+    records, commands, scripts = {}, {}, {}
     for name in hosts["addresses"]:
-        record = fingerprint.load_record(loaded.state_dir, name)
-        if record is None:
+        records[name] = fingerprint.load_record(loaded.state_dir, name)
+        if records[name] is None:
             raise RuntimeError(f"{name}: no converged record (apply first)")
-        commands[name] = [command for command, _, _ in record.commands]
+        commands[name] = [command for command, _, _ in records[name].commands]
         scripts[name] = fingerprint.probe_script(commands[name], marker)
     answers = ask(hosts, {name: ("sh -s", script.encode()) for name, script in scripts.items()})
     probes = {}
     for name, (code, output, errors) in answers.items():
-        record = fingerprint.load_record(loaded.state_dir, name)
-        found = fingerprint.differences(
-            record, fingerprint.read_probe(output, marker, commands[name])
-        )
+        answer = fingerprint.read_probe(output, marker, commands[name])
+        found = fingerprint.differences(records[name], answer)
         if code != 0 or found:
             raise RuntimeError(f"{name}: the probe does not answer as recorded: {found or errors}")
         probes[name] = {"script": scripts[name], "digest": answer_digest(output)}

@@ -29,9 +29,11 @@ from cli.options import (
     ShardOpt,
     parse_shard,
 )
+from roles.ssh import CONNECT_TIMEOUT_S
 
-# Seconds to wait for each host's SSH connection (pyinfra's connect and banner timeouts).
-DEFAULT_CONNECT_TIMEOUT = 10
+# Seconds to wait for each host's SSH connection (pyinfra's connect and banner timeouts); the
+# probes drift sends before it parses its options (roles/fingerprint.py send_early) use it too.
+DEFAULT_CONNECT_TIMEOUT = CONNECT_TIMEOUT_S
 console = DeferredConsole(highlight=False)
 
 # For tests that act at a given point of a run (tests/integration/test_faults.py kills the
@@ -281,7 +283,12 @@ def _drift(loaded, options, output, roles):
     started = time.monotonic()
     hosts, notes = selected_hosts(loaded, options)
     probes = fingerprint.Probes(
-        loaded, hosts, options.roles, options.connect_timeout, options.parallel
+        loaded,
+        hosts,
+        options.roles,
+        options.connect_timeout,
+        options.parallel,
+        early=fingerprint.claim_early(),
     )
     try:
         # When a host's inputs changed, its files are rendered for its key: a missing secret

@@ -8,18 +8,8 @@ import yaml
 
 from inventory.ansible_import import import_ansible
 from inventory.building import SAFE_LOADER, RoleChecks, load_cluster_file
-from inventory.errors import InventoryError, InventoryInvalid
 from inventory.model import LoadedCluster
-
-CLUSTER_FILE_NAMES = ("cluster.yml", "cluster.yaml")
-ANSIBLE_FILE_NAMES = (
-    "hosts.yml",
-    "hosts.yaml",
-    "hosts.ini",
-    "inventory.ini",
-    "hosts",
-    "inventory",
-)
+from inventory.paths import CLUSTER_FILE_NAMES, locate
 
 
 def load(path: str | Path, role_checks: RoleChecks | None = None) -> LoadedCluster:
@@ -27,23 +17,10 @@ def load(path: str | Path, role_checks: RoleChecks | None = None) -> LoadedClust
     With `role_checks`, the roles' settings are merged and checked in the same pass, so every
     problem of the inventory is reported at once."""
     path = Path(path)
-    target = _locate(path)
+    target = locate(path)
     if _is_ansible(target):
         return import_ansible(target, role_checks=role_checks).loaded
     return load_cluster_file(target, role_checks)
-
-
-def _locate(path: Path) -> Path:
-    if path.is_dir():
-        for name in CLUSTER_FILE_NAMES + ANSIBLE_FILE_NAMES:
-            if (path / name).is_file():
-                return path / name
-        raise InventoryInvalid(
-            [InventoryError(path, "", "no cluster.yml (or Ansible hosts.yml/hosts.ini) here")]
-        )
-    if not path.exists():
-        raise InventoryInvalid([InventoryError(path, "", "no such file or directory")])
-    return path
 
 
 def _is_ansible(path: Path) -> bool:

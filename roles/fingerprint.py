@@ -26,11 +26,16 @@ One output field is compared loosely: the access time pyinfra's file facts print
 atime), which reading a file may move. No operation of the roles passes `atime` to pyinfra (a
 unit test reads their sources to keep it so), so no plan depends on it.
 
-Standard library only at import: a clean fleet's drift never imports pyinfra or paramiko.
+Standard library only at import (what needs pydantic, the roles or pyinfra is imported by the
+function that uses it): a clean fleet's drift never imports pyinfra or paramiko, and the command
+line sends the probes before it imports typer, pydantic or the inventory (`send_early`): the
+hosts answer while the controller loads and checks the inventory and computes the keys. The
+probes it sent are used only where they are, byte for byte, the ones `Probes` would send.
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
@@ -39,20 +44,22 @@ import secrets
 import shlex
 import subprocess
 import sys
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from inventory.model import LoadedCluster, StateAccess
 from roles import clock
-from roles.context import host_contexts, host_files
-from roles.registry import PHASES
 from roles.reports import HostReport, HostStatus, OperationResult
-from roles.spec import HostContext, ManagedFile
 from roles.ssh import SSHSettings
 from roles.statefiles import PLACEHOLDER, StateMissing, write_secret_atomically
+
+if TYPE_CHECKING:
+    from inventory.model import LoadedCluster
+    from roles.spec import HostContext, ManagedFile
 
 FORMAT = 2  # bump when the record or the key changes meaning: old records are then ignored
 RECORDS = "converged"  # under the cluster's .state/
@@ -187,6 +194,8 @@ def inputs_stand(record: Record, common: str, name: str) -> bool:
 def host_key(ctx: HostContext, common: str, files: list[ManagedFile] | None = None) -> str:
     """The key of one host: `common` (code, cluster, state), its settings and its files
     (rendered now unless given)."""
+    from roles.context import host_files
+
     digest = hashlib.sha256(f"{FORMAT}\n{common}\n{ctx.name}\n".encode())
     for role, settings in sorted(ctx.settings.items()):
         digest.update(f"{role} {settings.model_dump_json()}\n".encode())
@@ -216,6 +225,9 @@ def record_keys(
     (a role not applied yet) or hold a placeholder for what only apply makes (a certificate
     that entered its renewal window since) gets no keys: (keys, host -> why not). `common` is
     common_digest(loaded)."""
+    from inventory.model import StateAccess
+    from roles.context import host_contexts, host_files
+
     names = list(names)
     if not names:
         return {}, {}
@@ -249,6 +261,8 @@ def record_keys(
 def host_roles(groups: Iterable[str], wanted: Iterable[str] = ()) -> tuple[str, ...]:
     """The roles with a phase on a host of these groups (of `wanted`; all when empty), in
     phase order."""
+    from roles.registry import PHASES
+
     wanted, groups = set(wanted), list(groups)
     roles = [
         phase.role
@@ -556,6 +570,124 @@ def forget(state_dir: Path, hosts: Iterable[str]) -> None:
         record_path(state_dir, host).unlink(missing_ok=True)
 
 
+# -- sent before the inventory is loaded -----------------------------------------------------
+
+EARLY_SHEET = ".probes.json"  # under .state/converged/ (a dot: no host is named so)
+# Files in the inventory's folder beyond which it gets no stamp (and drift sends nothing early).
+STAMP_LIMIT = 5000
+# `gpuinfra drift` options that change neither which hosts are asked nor how.
+_EARLY_OPTIONS = ("--format", "-f", "--report", "--junit")
+_early: Asking | None = None
+
+
+def inventory_stamp(source: Path) -> str | None:
+    """What the inventory in `source` and its folder is, without reading it: each file's path,
+    size, modification and change times and inode (an edit of cluster.yml, of an Ansible
+    inventory's group_vars, a file put back changes it), the folder's .state/ aside. None when
+    a file cannot be seen or there are more than STAMP_LIMIT."""
+    source = source.resolve()
+    digest = hashlib.sha256(f"{source}\n".encode())
+    folders, seen = [source.parent], 0
+    try:
+        while folders:
+            folder = folders.pop()
+            with os.scandir(folder) as listing:
+                entries = sorted(listing, key=lambda entry: entry.name)
+            for entry in entries:
+                if folder == source.parent and entry.name == ".state":
+                    continue
+                seen += 1
+                if seen > STAMP_LIMIT:
+                    return None
+                if entry.is_dir(follow_symlinks=False):
+                    folders.append(Path(entry.path))
+                    continue
+                st = entry.stat()
+                line = f"{entry.path} {st.st_size} {st.st_mtime_ns} {st.st_ctime_ns} {st.st_ino}\n"
+                digest.update(line.encode())
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+def write_early_sheet(loaded: LoadedCluster) -> None:
+    """After an apply has kept its records: each recorded host's probe command line (for a
+    record of all the host's roles, the only ones a plain drift asks), with the inventory's
+    stamp, for the next drift's send_early. Removed when there is none to write."""
+    path = loaded.state_dir / RECORDS / EARLY_SHEET
+    ssh = SSHSettings.from_cluster(loaded)
+    hosts = {}
+    for name, host in loaded.cluster.hosts.items():
+        record = load_record(loaded.state_dir, name)
+        if record is not None and record.roles == host_roles(host.groups):
+            hosts[name] = probe_argv(ssh, str(host.address))
+    stamp = inventory_stamp(loaded.source)
+    if not hosts or stamp is None:
+        path.unlink(missing_ok=True)
+        return
+    sheet = {"format": FORMAT, "source": str(loaded.source.resolve()), "stamp": stamp}
+    write_secret_atomically(path, json.dumps({**sheet, "hosts": hosts}).encode())
+
+
+def send_early(args: list[str]) -> None:
+    """For `gpuinfra drift CLUSTER` (with at most --format, --report and --junit), before
+    anything else is imported: send each recorded host's probe now, to the command line the
+    last apply's sheet names, while the inventory's stamp is the sheet's. `Probes` keeps those
+    it would send itself (claim_early); the rest are stopped there, and all at exit."""
+    global _early
+    cluster = _plain_cluster(args)
+    if cluster is None:
+        return
+    from inventory.errors import InventoryInvalid
+    from inventory.paths import locate
+
+    try:
+        source = locate(Path(cluster)).resolve()
+        state_dir = source.parent / ".state"
+        sheet = json.loads((state_dir / RECORDS / EARLY_SHEET).read_bytes())
+        if sheet["format"] != FORMAT or sheet["source"] != str(source):
+            return
+        if sheet["stamp"] != inventory_stamp(source):
+            return
+        probes = []
+        for name, argv in sheet["hosts"].items():
+            record = load_record(state_dir, name)
+            if record is not None:
+                commands = [command for command, _, _ in record.commands]
+                probes.append((name, [str(part) for part in argv], commands))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, InventoryInvalid):
+        return  # drift goes on without: the inventory's own errors are reported by its load
+    asking = Asking(new_marker(), DEFAULT_PARALLEL)
+    atexit.register(asking.cancel)
+    for name, argv, commands in probes:
+        asking.send(name, argv, commands)
+    asking.go()
+    _early = asking
+
+
+def claim_early() -> Asking | None:
+    """The probes send_early sent, once."""
+    global _early
+    asking, _early = _early, None
+    return asking
+
+
+def _plain_cluster(args: list[str]) -> str | None:
+    """The cluster argument of drift's `args` when no other option is given, else None."""
+    positional = []
+    values = iter(args)
+    for arg in values:
+        if arg in _EARLY_OPTIONS:
+            next(values, None)
+        elif arg.startswith("--") and arg.split("=", 1)[0] in _EARLY_OPTIONS:
+            continue
+        elif arg.startswith("-"):
+            return None
+        else:
+            positional.append(arg)
+    return positional[0] if len(positional) == 1 else None
+
+
 # -- the fast check --------------------------------------------------------------------------
 
 
@@ -564,6 +696,7 @@ class FastCheck:
     reports: dict[str, HostReport] = field(default_factory=dict)  # answered in one round trip
     exact: dict[str, str] = field(default_factory=dict)  # host -> why it needs the exact check
     seconds: float = 0.0
+    early: int = 0  # hosts whose probe the command line had sent (send_early)
 
 
 # OpenSSH clients at once when --parallel does not say: each is a process of its own (about
@@ -572,12 +705,140 @@ DEFAULT_PARALLEL = 200
 KEEPALIVE_S = 5
 # A host whose commands have not all answered by then is left to the exact check.
 PROBE_TIMEOUT_S = 120
+Answer = tuple[int, bytes, bytes, float]  # exit code (-1: none), stdout, stderr, seconds
+
+
+def probe_argv(ssh: SSHSettings, address: str) -> list[str]:
+    """The ssh command line of one host's probe; the script goes on stdin (one argument of a
+    remote command is limited to 128 KiB). A silent peer is dropped as the exact check drops
+    one (roles/runner.py DEAD_PEER_S)."""
+    argv = [*ssh.argv(address), "sh", "-s"]
+    argv[1:1] = ["-o", f"ServerAliveInterval={KEEPALIVE_S}", "-o", "ServerAliveCountMax=6"]
+    return argv
+
+
+@dataclass
+class _Sent:
+    argv: list[str]
+    commands: list[str]
+    script: bytes
+    began: float = 0.0
+    process: subprocess.Popen | None = None
+    answer: Answer | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class Asking:
+    """Probes on their way, at most `parallel` at once. The caller's thread starts each ssh
+    (`send`), so that no host waits for a thread to be scheduled before its connection begins;
+    `go` then gives each a thread that writes its script and reads its answer, and that starts
+    a waiting host's ssh when its own is done."""
+
+    def __init__(self, marker: str, parallel: int):
+        self.marker = marker
+        self.started = time.monotonic()
+        self.sent: dict[str, _Sent] = {}
+        self._free = max(1, parallel)
+        self._waiting: deque[_Sent] = deque()
+        self._unattended: list[_Sent] = []
+        self._lock = threading.Lock()
+        self._cancelled = False
+
+    def send(self, name: str, argv: list[str], commands: list[str]) -> None:
+        """Ask `name` over `argv` for the outputs of `commands` (probe_script)."""
+        script = probe_script(commands, self.marker).encode()
+        sent = self.sent[name] = _Sent(argv, commands, script)
+        with self._lock:
+            if not self._free:
+                self._waiting.append(sent)
+                return
+            self._free -= 1
+        self._start(sent)
+        self._unattended.append(sent)
+
+    def go(self) -> None:
+        for sent in self._unattended:
+            threading.Thread(target=self._talk, args=(sent,), daemon=True).start()
+        self._unattended.clear()
+
+    def take(self, name: str, argv: list[str], commands: list[str]) -> bool:
+        """Whether `name`'s probe was sent with exactly this command line and these commands
+        (so with the same script: probe_script is a function of them and the marker); one sent
+        otherwise is stopped."""
+        sent = self.sent.get(name)
+        if sent is not None and (sent.argv, sent.commands) == (argv, commands):
+            return True
+        self.drop(name)
+        return False
+
+    def drop(self, name: str) -> None:
+        """Stop asking `name` (its answer is not needed)."""
+        sent = self.sent.pop(name, None)
+        if sent is not None and sent.process is not None and sent.process.poll() is None:
+            sent.process.kill()
+
+    def answer(self, name: str) -> Answer:
+        sent = self.sent[name]
+        sent.done.wait()
+        assert sent.answer is not None
+        return sent.answer
+
+    def cancel(self) -> None:
+        """Stop every probe (the caller cannot go on, or the process exits)."""
+        with self._lock:
+            self._cancelled = True
+            waiting, self._waiting = self._waiting, deque()
+        for sent in waiting:
+            sent.answer = (-1, b"", b"cancelled", 0.0)
+            sent.done.set()
+        for name in list(self.sent):
+            self.drop(name)
+
+    def _start(self, sent: _Sent) -> None:
+        sent.began = time.monotonic()
+        pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+        try:
+            sent.process = subprocess.Popen(sent.argv, **pipes)
+        except OSError as error:  # no ssh client: the exact check says why it cannot connect
+            sent.answer = (-1, b"", str(error).encode(), 0.0)
+            sent.done.set()
+
+    def _talk(self, sent: _Sent | None) -> None:
+        while sent is not None:
+            if sent.process is not None:
+                sent.answer = self._exchange(sent)
+                sent.done.set()
+            with self._lock:
+                sent = self._waiting.popleft() if self._waiting and not self._cancelled else None
+                if sent is None:
+                    self._free += 1
+            if sent is not None:
+                self._start(sent)
+
+    @staticmethod
+    def _exchange(sent: _Sent) -> Answer:
+        process = sent.process
+        assert process is not None
+        with process:
+            try:
+                output, errors = process.communicate(sent.script, timeout=PROBE_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.communicate()
+                output, errors = b"", b"no answer in %d s" % PROBE_TIMEOUT_S
+                return -1, output, errors, time.monotonic() - sent.began
+        return process.returncode, output, errors, time.monotonic() - sent.began
+
+
+def new_marker() -> str:
+    return f"gpuinfra-fingerprint-{secrets.token_hex(8)}"
 
 
 class Probes:
     """Every selected host with a record asked at once, one ssh each (`parallel` at a time),
     started before the caller has finished its own checks; `finish` computes the keys while
-    the hosts answer, then compares."""
+    the hosts answer, then compares. With `early` (send_early), a host's probe already on its
+    way is kept when it is exactly the one this would send."""
 
     def __init__(
         self,
@@ -586,14 +847,11 @@ class Probes:
         roles: Iterable[str],
         connect_timeout: int,
         parallel: int | None = None,
+        early: Asking | None = None,
     ):
-        self.started = time.monotonic()
         self.result = FastCheck()
         self.records: dict[str, Record] = {}
-        self.processes: dict[str, subprocess.Popen] = {}
-        self.marker = f"gpuinfra-fingerprint-{secrets.token_hex(8)}"
-        self.ssh = SSHSettings.from_cluster(loaded, connect_timeout)
-        self.addresses = {name: str(loaded.cluster.hosts[name].address) for name in hosts}
+        ssh = SSHSettings.from_cluster(loaded, connect_timeout)
         wanted = tuple(roles)
         for name in hosts:
             record = load_record(loaded.state_dir, name)
@@ -603,39 +861,27 @@ class Probes:
                 self.result.exact[name] = "other roles than its record"
             else:
                 self.records[name] = record
-        workers = max(1, min(len(self.records), parallel or DEFAULT_PARALLEL))
-        self.pool = ThreadPoolExecutor(max_workers=workers)
-        self.running = {name: self.pool.submit(self._probe, name) for name in self.records}
-
-    def _probe(self, name: str) -> tuple[int, bytes, bytes, float]:
-        began = time.monotonic()
-        commands = [command for command, _, _ in self.records[name].commands]
-        # The script goes on stdin: one argument of a remote command is limited to 128 KiB.
-        # A silent peer is dropped as the exact check drops one (roles/runner.py DEAD_PEER_S).
-        alive = ["-o", f"ServerAliveInterval={KEEPALIVE_S}", "-o", "ServerAliveCountMax=6"]
-        argv = [*self.ssh.argv(self.addresses[name]), "sh", "-s"]
-        argv[1:1] = alive
-        pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
-        with subprocess.Popen(argv, **pipes) as process:
-            self.processes[name] = process
-            try:
-                output, errors = process.communicate(
-                    probe_script(commands, self.marker).encode(), timeout=PROBE_TIMEOUT_S
-                )
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.communicate()
-                return -1, b"", b"no answer in %d s" % PROBE_TIMEOUT_S, time.monotonic() - began
-        return process.returncode, output, errors, time.monotonic() - began
+        if early is not None and parallel is None:  # sent DEFAULT_PARALLEL at a time too
+            self.asking = early
+        else:
+            if early is not None:
+                early.cancel()
+            workers = min(len(self.records), parallel or DEFAULT_PARALLEL)
+            self.asking = Asking(new_marker(), workers)
+        for name in set(self.asking.sent) - set(self.records):
+            self.asking.drop(name)
+        for name, record in self.records.items():
+            argv = probe_argv(ssh, str(loaded.cluster.hosts[name].address))
+            commands = [command for command, _, _ in record.commands]
+            if self.asking is early and early.take(name, argv, commands):
+                self.result.early += 1
+            else:
+                self.asking.send(name, argv, commands)
+        self.asking.go()
 
     def cancel(self) -> None:
         """Stop asking (the caller found the command cannot go on)."""
-        for future in self.running.values():
-            future.cancel()
-        for process in list(self.processes.values()):
-            if process.poll() is None:
-                process.kill()
-        self.pool.shutdown(wait=True)
+        self.asking.cancel()
 
     def finish(self, loaded: LoadedCluster) -> FastCheck:
         """The keys (from the inputs while the clock cannot change the files; else the files
@@ -645,14 +891,16 @@ class Probes:
         common = common_digest(loaded)
         rendered = [n for n, r in self.records.items() if not inputs_stand(r, common, n)]
         if rendered:
+            from roles.context import host_contexts
+
             contexts = {ctx.name: ctx for ctx in host_contexts(loaded)}  # cluster files once
             for name in rendered:
                 if host_key(contexts[name], common) != self.records[name].key:
                     # Checked exactly, whatever it answers.
                     result.exact[name] = "code, inventory or state changed since its record"
                     del self.records[name]
-        answers = {name: self.running[name].result() for name in self.records}
-        self.pool.shutdown(wait=True)
+                    self.asking.drop(name)
+        answers = {name: self.asking.answer(name) for name in self.records}
         for name, record in self.records.items():
             code, output, errors, seconds = answers[name]
             if code in (255, -1):  # ssh failed, or no answer in time: the exact check says why
@@ -660,7 +908,7 @@ class Probes:
                 result.exact[name] = f"ssh: {text}"
                 continue
             commands = [command for command, _, _ in record.commands]
-            found = differences(record, read_probe(output, self.marker, commands))
+            found = differences(record, read_probe(output, self.asking.marker, commands))
             if found:
                 result.exact[name] = f"differs from its record ({found[0]})"
                 continue
@@ -672,7 +920,7 @@ class Probes:
                 reboot_required=record.reboot_required,
                 notes=list(record.notes),
             )
-        result.seconds = time.monotonic() - self.started
+        result.seconds = time.monotonic() - self.asking.started
         return result
 
 
@@ -685,6 +933,8 @@ def summary(result: FastCheck, total: int) -> str:
         f"{len(result.reports)} of {total} hosts matched their converged record "
         f"(one round trip each, {result.seconds:.1f} s)"
     )
+    if result.early:
+        text = text[:-1] + f"; {result.early} sent before the inventory was loaded)"
     if why:
         text += "; checked operation by operation: " + ", ".join(
             f"{count} {reason}" for reason, count in sorted(why.items())

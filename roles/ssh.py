@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from inventory.model import LoadedCluster
-
 if TYPE_CHECKING:
     import paramiko
+
+    from inventory.model import LoadedCluster
 
 # The ssh_config entry that names the bastion: nodes jump through this alias, and the alias
 # matches no node, so the jump host never matches its own ProxyJump (no recursion).

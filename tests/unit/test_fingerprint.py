@@ -20,6 +20,7 @@ from pyinfra.connectors.util import make_unix_command
 from pyinfra.facts.files import File, Sha1File
 from pyinfra.facts.systemd import SystemdStatus
 
+import roles.context
 from roles import clock, fingerprint
 from roles.context import host_context, host_files, load
 from roles.etcd.pki import pki_dir
@@ -234,14 +235,14 @@ def test_the_key_moves_with_a_managed_file(tmp_path, monkeypatch):
     expiry, a zone's serial on a new day): the key digests every managed file's content."""
     cluster = loopback_cluster(tmp_path / "c")
     first = key_of(cluster)
-    render = fingerprint.host_files
+    render = host_files
 
     def renewed(ctx):
         return [
             replace(f, content="other\n") if f.path == "/etc/hostname" else f for f in render(ctx)
         ]
 
-    monkeypatch.setattr(fingerprint, "host_files", renewed)
+    monkeypatch.setattr(roles.context, "host_files", renewed)  # fingerprint imports it per call
     assert key_of(cluster) != first
 
 

@@ -1,0 +1,174 @@
+"""Drift's probes sent by the command line before it loads the inventory (roles/fingerprint.py
+send_early): kept only where they are exactly the probes drift would send, stopped otherwise.
+
+Stand-in: each "host" is `sh -s` on this machine (the probe's ssh command line is replaced by
+one that runs the script here), so the tests need no lab; the ssh path runs for real on the
+lab in tests/integration/test_drift_fast.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from roles import fingerprint
+from roles.context import load
+from roles.fingerprint import Asking, Record
+from tests.unit.loopback import loopback_cluster
+
+REPO = Path(__file__).resolve().parents[2]
+LOCAL = ["sh", "-s"]
+
+
+@pytest.mark.parametrize(
+    ("args", "cluster"),
+    [
+        (["inv"], "inv"),
+        (["inv", "--format", "json"], "inv"),
+        (["-f", "json", "inv", "--report", "r.json", "--junit=j.xml"], "inv"),
+        (["inv", "--report=r.json"], "inv"),
+        (["inv", "--limit", "cpu-1"], None),
+        (["inv", "--exact"], None),
+        (["inv", "--roles=base"], None),
+        (["inv", "--parallel", "5"], None),
+        (["--help"], None),
+        (["inv", "other"], None),
+        ([], None),
+    ],
+)
+def test_only_a_plain_drift_is_sent_early(args, cluster):
+    """Options that change which hosts are asked or how (and anything unknown) send nothing."""
+    assert fingerprint._plain_cluster(args) == cluster
+
+
+def imported(code: str) -> list[str]:
+    heavy = ("pydantic", "yaml", "typer", "rich", "jinja2", "pyinfra", "gevent", "paramiko")
+    check = f"import sys\n{code}\nprint(sorted(m for m in {heavy!r} if m in sys.modules))"
+    result = subprocess.run(
+        [sys.executable, "-c", check], capture_output=True, text=True, cwd=REPO, check=True
+    )
+    return eval(result.stdout)  # noqa: S307 - our own print of a list of names
+
+
+def test_the_command_line_sends_before_it_imports_the_rest():
+    assert imported("import cli.launch, roles.fingerprint, inventory.paths") == []
+    # Positive control: the check sees what the inventory's loader brings in.
+    assert {"pydantic", "yaml"} <= set(imported("import roles.context"))
+
+
+def answers_of(asking: Asking, name: str, commands: list[str]) -> dict:
+    code, output, errors, _ = asking.answer(name)
+    assert code == 0, errors
+    return fingerprint.read_probe(output, asking.marker, commands)
+
+
+def test_asking_answers_every_host_with_at_most_parallel_at_once(tmp_path):
+    """Each probe notes how many are running while it runs: never more than `parallel`, and
+    that many at some point (the control that they do run side by side)."""
+    running = tmp_path / "running"
+    running.mkdir()
+    names = [f"h{i}" for i in range(5)]
+    asking = Asking("m-test", parallel=2)
+    for name in names:
+        commands = [
+            f"touch {running}/{name}; sleep 0.3; ls {running} | wc -l; rm {running}/{name}",
+            f"echo {name}",
+        ]
+        asking.send(name, LOCAL, commands)
+    asking.go()
+    seen = []
+    for name in names:
+        answers = answers_of(asking, name, ["x", "y"])
+        assert answers[1] == (0, [name])
+        seen.append(int(answers[0][1][0]))
+    assert max(seen) == 2
+
+
+def test_a_probe_that_is_not_the_one_drift_sends_is_stopped(tmp_path):
+    asking = Asking("m-test", parallel=4)
+    asking.send("same", LOCAL, ["echo a"])
+    asking.send("other", LOCAL, ["sleep 30"])
+    asking.go()
+    assert asking.take("same", LOCAL, ["echo a"])
+    started = time.monotonic()
+    assert not asking.take("other", LOCAL, ["sleep 31"])
+    assert not asking.take("gone", LOCAL, ["echo a"])  # never sent
+    assert "other" not in asking.sent
+    assert answers_of(asking, "same", ["echo a"]) == {0: (0, ["a"])}
+    asking.cancel()
+    assert time.monotonic() - started < 10  # the sleeping one was killed, not waited for
+
+
+@pytest.fixture
+def recorded(tmp_path, monkeypatch):
+    """The loopback cluster with a record per host whose commands answer here, and the sheet
+    an apply writes; every probe runs `sh -s` here."""
+    monkeypatch.setattr(fingerprint, "probe_argv", lambda ssh, address: list(LOCAL))
+    monkeypatch.setattr(fingerprint, "_early", None)
+    folder = loopback_cluster(tmp_path / "c")
+    loaded = load(folder)
+    loaded.state_dir.mkdir()
+    common = fingerprint.common_digest(loaded)
+    for name, host in loaded.cluster.hosts.items():
+        command = f"echo {name}"
+        record = Record(
+            key="k",
+            roles=fingerprint.host_roles(host.groups),
+            commands=((command, (0,), fingerprint.output_digest([name])),),
+            operations=(),
+            inputs=fingerprint.inputs_key(common, name),
+        )
+        fingerprint.save_record(loaded.state_dir, name, record)
+    fingerprint.write_early_sheet(loaded)
+    return folder
+
+
+def fast_check(folder: Path) -> fingerprint.FastCheck:
+    loaded = load(folder)
+    hosts = list(loaded.cluster.hosts)
+    early = fingerprint.claim_early()
+    probes = fingerprint.Probes(loaded, hosts, (), 10, None, early=early)
+    return probes.finish(loaded)
+
+
+def test_a_plain_drift_keeps_every_probe_sent_early(recorded):
+    fingerprint.send_early([str(recorded), "--format", "json"])
+    result = fast_check(recorded)
+    assert result.early == 5
+    assert sorted(result.reports) == sorted(load(recorded).cluster.hosts)
+    assert result.exact == {}
+    assert "5 sent before the inventory was loaded" in fingerprint.summary(result, 5)
+
+
+def test_without_the_early_probes_drift_answers_the_same(recorded):
+    fingerprint.send_early([str(recorded), "--exact"])  # not plain: nothing sent
+    assert fingerprint._early is None
+    result = fast_check(recorded)
+    assert result.early == 0
+    assert sorted(result.reports) == sorted(load(recorded).cluster.hosts)
+
+
+def test_a_record_changed_after_sending_is_asked_again(recorded):
+    fingerprint.send_early([str(recorded)])
+    loaded = load(recorded)
+    record = fingerprint.load_record(loaded.state_dir, "cpu-1")
+    changed = (("echo cpu-1 again", (0,), fingerprint.output_digest(["cpu-1 again"])),)
+    record = Record(**{**vars(record), "commands": changed})
+    fingerprint.save_record(loaded.state_dir, "cpu-1", record)
+    result = fast_check(recorded)
+    assert result.early == 4
+    assert "cpu-1" in result.reports  # answered by the probe sent again, with its new command
+
+
+def test_an_edited_inventory_sends_nothing_early(recorded):
+    cluster = recorded / "cluster.yml"
+    cluster.write_text(cluster.read_text() + "\n")
+    fingerprint.send_early([str(recorded)])
+    assert fingerprint._early is None
+    # Control: the sheet written for the inventory as it is now sends again.
+    fingerprint.write_early_sheet(load(recorded))
+    fingerprint.send_early([str(recorded)])
+    assert fingerprint.claim_early() is not None

@@ -461,13 +461,14 @@ def unwrapped(command: str) -> str | None:
     env), exactly: the probe, itself a `sh` with no arguments, runs it in a subshell, which is
     what `sh -c` does in a new process (the same $0, no positional parameters, nothing kept
     after it), without the cost of starting `sh` again for each command on the host."""
-    try:
-        parts = shlex.split(command)
-    except ValueError:
+    if not command.startswith("sh -c "):
         return None
-    if len(parts) == 3 and parts[:2] == ["sh", "-c"] and _sh(parts[2]) == command:
-        return parts[2]
-    return None
+    # The one text shlex.quote could have made `command` from; it stands only when quoting
+    # it again gives `command` back (shlex.quote is one-to-one), as shlex.split would find.
+    quoted = command[len("sh -c ") :]
+    if len(quoted) >= 2 and quoted[0] == quoted[-1] == "'":
+        quoted = quoted[1:-1].replace("'\"'\"'", "'")
+    return quoted if _sh(quoted) == command else None
 
 
 def probe_script(commands: Iterable[str], marker: str, batched: bool = True) -> str:

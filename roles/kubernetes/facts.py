@@ -32,18 +32,6 @@ class KubeBinaries(FactBase):
         return found
 
 
-class HeldPackages(FactBase):
-    """Packages apt will not upgrade (`apt-mark showhold`)."""
-
-    default = list
-
-    def command(self) -> str:
-        return "apt-mark showhold 2>/dev/null || true"
-
-    def process(self, output: list[str]) -> list[str]:
-        return [line.strip() for line in output if line.strip()]
-
-
 class ApiAnswers(FactBase):
     """Whether the API answers /healthz with "ok" through a kubeconfig on this node, and the
     kubeconfig exists: {"kubeconfig": bool, "healthy": bool}."""

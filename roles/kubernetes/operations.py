@@ -26,12 +26,12 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import Sha1File
 
 from roles.container_runtime.operations import KeyFingerprints, fetch_key_commands
+from roles.facts import HeldPackages
 from roles.kubernetes import models as m
 from roles.kubernetes.config import KubernetesConfig
 from roles.kubernetes.facts import (
     ApiAnswers,
     FileExists,
-    HeldPackages,
     KubeBinaries,
     LiveObjectsDiffer,
 )

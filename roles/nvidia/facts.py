@@ -34,18 +34,6 @@ class NvidiaStack(FactBase):
         return dict(line.split("=", 1) for line in output if "=" in line)
 
 
-class HeldPackages(FactBase):
-    """Names of the packages apt-mark holds."""
-
-    default = list
-
-    def command(self) -> str:
-        return "apt-mark showhold"
-
-    def process(self, output: list[str]) -> list[str]:
-        return sorted(line.strip() for line in output if line.strip())
-
-
 class DriverLoaded(FactBase):
     """Whether the NVIDIA kernel module is loaded (/proc/driver/nvidia/version), so services
     that talk to the GPUs (nvidia-persistenced, fabric manager) can start. Not /dev/nvidiactl:

@@ -11,8 +11,8 @@ from pyinfra.api import operation
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.server import Which
 
-from roles.facts import Container, UnitState
-from roles.nvidia.facts import DriverLoaded, HeldPackages, NvswitchDevices
+from roles.facts import Container, HeldPackages, UnitState
+from roles.nvidia.facts import DriverLoaded, NvswitchDevices
 from roles.nvidia.packages import Missing, Package
 from roles.operations import reboot_flag_commands, report_note
 

@@ -17,6 +17,7 @@ import yaml
 from cli.exitcodes import ExitCode
 from roles import fingerprint
 from roles.context import load
+from roles.facts import HeldPackages
 from roles.ssh import ssh_argv
 from tests.integration.roles_helpers import failed_run
 
@@ -113,6 +114,22 @@ def test_each_batched_answer_is_what_its_command_prints_alone(converged):
         expected = fingerprint.read_probe(alone.stdout, "m-alone")
         for index in range(len(commands)):  # grouped, and unwrapped from their `sh -c`
             assert answers.get(index) == expected[index], (host, commands[index])
+
+
+def test_held_packages_are_what_apt_mark_shows_on_every_kind_of_host(converged):
+    """roles.facts.HeldPackages reads dpkg's database where apt-mark reads apt's cache: the same
+    names on each host, the GPU host's held NVIDIA packages among them (the control that
+    there is something to compare)."""
+    loaded = load(converged.inventory_path)
+    fact = HeldPackages()
+    for host in ("etcd-1", "gpu-1"):
+        argv = ssh_argv(loaded, host)
+        ours = subprocess.run([*argv, fact.command()], capture_output=True, text=True, check=True)
+        apt = subprocess.run([*argv, "apt-mark showhold"], capture_output=True, text=True)
+        assert apt.returncode == 0, apt.stderr
+        held = fact.process(ours.stdout.splitlines())
+        assert held == sorted(apt.stdout.split()), host
+        assert bool(held) == (host == "gpu-1"), (host, held)
 
 
 def test_a_host_that_differs_is_checked_operation_by_operation_and_shown(converged, tmp_path):

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from roles.facts import NodeName, lines_of
+from roles.facts import HeldPackages, NodeName, lines_of
 
 
 def sh(command: str) -> subprocess.CompletedProcess[bytes]:
@@ -43,3 +43,30 @@ def test_node_name_is_what_uname_prints():
     assert NodeName().process(found.stdout.decode().splitlines()) == (
         subprocess.run(["uname", "-n"], capture_output=True, text=True).stdout.strip()
     )
+
+
+def test_held_packages_are_named_as_apt_mark_names_them():
+    """apt-mark prints a package's architecture only when it is neither the host's own nor
+    "all"; a hold on a package that is not installed (no architecture) counts too."""
+    output = [
+        "amd64",
+        "hold libcuda1 amd64",
+        "install libc6 amd64",
+        "hold libc6 i386",
+        "hold nvidia-kernel-support all",
+        "hold kubeadm ",
+        "deinstall old amd64",
+        "",
+    ]
+    held = HeldPackages().process(output)
+    assert held == ["kubeadm", "libc6:i386", "libcuda1", "nvidia-kernel-support"]
+    assert HeldPackages().process(["amd64"]) == []
+
+
+def test_held_packages_on_this_machine_are_what_apt_mark_shows():
+    """This machine's dpkg database, both ways (the lab's GPU host, which holds packages, is
+    checked the same way in tests/integration/test_drift_fast.py)."""
+    found = sh(HeldPackages().command())
+    assert found.returncode == 0 and len(found.stdout.splitlines()) > 100  # every package
+    apt = sh("apt-mark showhold").stdout.decode().split()
+    assert HeldPackages().process(found.stdout.decode().splitlines()) == sorted(apt)

@@ -15,11 +15,12 @@ from pydantic import ValidationError
 
 from roles import gpu_health
 from roles.context import host_context, load, topology_of
+from roles.facts import HeldPackages
 from roles.fleet_policy.config import FleetPolicyConfig
 from roles.kubernetes import models as m
 from roles.kubernetes import operations as kube_ops
 from roles.kubernetes.config import KubernetesConfig
-from roles.kubernetes.facts import ApiAnswers, FileExists, HeldPackages, KubeBinaries
+from roles.kubernetes.facts import ApiAnswers, FileExists, KubeBinaries
 from roles.kubernetes.files import (
     INIT_CONFIG,
     JOIN_CONFIG,

@@ -18,11 +18,11 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from roles.context import host_context, load
-from roles.facts import Container, UnitState
+from roles.facts import Container, HeldPackages, UnitState
 from roles.nvidia import operations as nvidia_ops
 from roles.nvidia.compat import CUDA_MINIMUM_DRIVER, gpu_family, has_nvswitch
 from roles.nvidia.config import NvidiaConfig
-from roles.nvidia.facts import DriverLoaded, HeldPackages, NvidiaStack, NvswitchDevices
+from roles.nvidia.facts import DriverLoaded, NvidiaStack, NvswitchDevices
 from roles.nvidia.packages import package_plan
 from roles.nvidia.role import ROLE
 from roles.render import render_cluster

@@ -626,15 +626,17 @@ def write_early_sheet(loaded: LoadedCluster) -> None:
     if not hosts or stamp is None:
         path.unlink(missing_ok=True)
         return
-    sheet = {"format": FORMAT, "source": str(loaded.source.resolve()), "stamp": stamp}
+    source = str(loaded.source.resolve())
+    sheet = {"format": FORMAT, "source": source, "stamp": stamp, "code": code_digest()}
     write_secret_atomically(path, json.dumps({**sheet, "hosts": hosts}).encode())
 
 
 def send_early(args: list[str]) -> None:
     """For `gpuinfra drift CLUSTER` (with at most --format, --report and --junit), before
     anything else is imported: send each recorded host's probe now, to the command line the
-    last apply's sheet names, while the inventory's stamp is the sheet's. `Probes` keeps those
-    it would send itself (claim_early); the rest are stopped there, and all at exit."""
+    last apply's sheet names, while the inventory's stamp and the code are the sheet's (so the
+    inventory is one this code validated: the probes only read). `Probes` keeps those it would
+    send itself (claim_early); the rest are stopped there, and all at exit."""
     global _early
     cluster = _plain_cluster(args)
     if cluster is None:
@@ -648,7 +650,8 @@ def send_early(args: list[str]) -> None:
         sheet = json.loads((state_dir / RECORDS / EARLY_SHEET).read_bytes())
         if sheet["format"] != FORMAT or sheet["source"] != str(source):
             return
-        if sheet["stamp"] != inventory_stamp(source):
+        # The inventory this code validated when it wrote the sheet, as it was then.
+        if sheet["stamp"] != inventory_stamp(source) or sheet["code"] != code_digest():
             return
         probes = []
         for name, argv in sheet["hosts"].items():

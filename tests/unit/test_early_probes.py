@@ -172,3 +172,15 @@ def test_an_edited_inventory_sends_nothing_early(recorded):
     fingerprint.write_early_sheet(load(recorded))
     fingerprint.send_early([str(recorded)])
     assert fingerprint.claim_early() is not None
+
+
+def test_other_code_sends_nothing_early(recorded, monkeypatch):
+    """A sheet written by other code (an upgrade since the apply): the inventory has not been
+    validated by this code, so nothing is sent before it is."""
+    monkeypatch.setattr(fingerprint, "_code_digest", "another version")
+    fingerprint.send_early([str(recorded)])
+    assert fingerprint._early is None
+    monkeypatch.undo()
+    monkeypatch.setattr(fingerprint, "probe_argv", lambda ssh, address: list(LOCAL))
+    fingerprint.send_early([str(recorded)])  # control: this code's sheet sends
+    assert fingerprint.claim_early() is not None

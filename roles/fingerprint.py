@@ -578,6 +578,7 @@ EARLY_SHEET = ".probes.json"  # under .state/converged/ (a dot: no host is named
 STAMP_LIMIT = 5000
 # `gpuinfra drift` options that change neither which hosts are asked nor how.
 _EARLY_OPTIONS = ("--format", "-f", "--report", "--junit")
+_FORMATS = ("table", "json")  # cli.options.OutputFormat
 _early: Asking | None = None
 
 
@@ -681,14 +682,17 @@ def _plain_cluster(args: list[str]) -> str | None:
     positional = []
     values = iter(args)
     for arg in values:
+        option, has_value, value = arg.partition("=")
         if arg in _EARLY_OPTIONS:
-            next(values, None)
-        elif arg.startswith("--") and arg.split("=", 1)[0] in _EARLY_OPTIONS:
-            continue
-        elif arg.startswith("-"):
-            return None
-        else:
+            value = next(values, "")
+        elif not (arg.startswith("--") and has_value and option in _EARLY_OPTIONS):
+            if arg.startswith("-"):
+                return None
             positional.append(arg)
+            continue
+        is_format = arg in ("--format", "-f") or option == "--format"
+        if is_format and value not in _FORMATS:  # typer refuses it: the command stops there
+            return None
     return positional[0] if len(positional) == 1 else None
 
 

@@ -30,6 +30,10 @@ LOCAL = ["sh", "-s"]
         (["inv", "--format", "json"], "inv"),
         (["-f", "json", "inv", "--report", "r.json", "--junit=j.xml"], "inv"),
         (["inv", "--report=r.json"], "inv"),
+        (["inv", "--format=table"], "inv"),
+        (["inv", "--format", "xml"], None),
+        (["inv", "-f=json"], None),
+        (["inv", "--format"], None),
         (["inv", "--limit", "cpu-1"], None),
         (["inv", "--exact"], None),
         (["inv", "--roles=base"], None),
@@ -184,3 +188,9 @@ def test_other_code_sends_nothing_early(recorded, monkeypatch):
     monkeypatch.setattr(fingerprint, "probe_argv", lambda ssh, address: list(LOCAL))
     fingerprint.send_early([str(recorded)])  # control: this code's sheet sends
     assert fingerprint.claim_early() is not None
+
+
+def test_the_formats_sent_early_are_the_command_lines():
+    from cli.options import OutputFormat
+
+    assert tuple(f.value for f in OutputFormat) == fingerprint._FORMATS

@@ -725,7 +725,7 @@ def probe_argv(ssh: SSHSettings, address: str) -> list[str]:
     return argv
 
 
-@dataclass
+@dataclass(eq=False)  # each one is itself: found in the queue by identity
 class _Sent:
     argv: list[str]
     commands: list[str]
@@ -734,6 +734,7 @@ class _Sent:
     process: subprocess.Popen | None = None
     answer: Answer | None = None
     done: threading.Event = field(default_factory=threading.Event)
+    dropped: bool = False
 
 
 class Asking:
@@ -780,9 +781,18 @@ class Asking:
         return False
 
     def drop(self, name: str) -> None:
-        """Stop asking `name` (its answer is not needed)."""
+        """Stop asking `name` (its answer is not needed): never started if it still waits."""
         sent = self.sent.pop(name, None)
-        if sent is not None and sent.process is not None and sent.process.poll() is None:
+        if sent is None:
+            return
+        with self._lock:
+            sent.dropped = True
+            if sent in self._waiting:
+                self._waiting.remove(sent)
+                sent.answer = (-1, b"", b"not asked", 0.0)
+                sent.done.set()
+                return
+        if sent.process is not None and sent.process.poll() is None:
             sent.process.kill()
 
     def answer(self, name: str) -> Answer:
@@ -810,6 +820,9 @@ class Asking:
         except OSError as error:  # no ssh client: the exact check says why it cannot connect
             sent.answer = (-1, b"", str(error).encode(), 0.0)
             sent.done.set()
+            return
+        if sent.dropped:  # dropped while a finished talker was starting it
+            sent.process.kill()
 
     def _talk(self, sent: _Sent | None) -> None:
         while sent is not None:

@@ -194,3 +194,22 @@ def test_the_formats_sent_early_are_the_command_lines():
     from cli.options import OutputFormat
 
     assert tuple(f.value for f in OutputFormat) == fingerprint._FORMATS
+
+
+def test_a_dropped_host_that_waits_for_a_slot_is_never_started(tmp_path):
+    started = tmp_path / "started"
+    asking = Asking("m-test", parallel=1)
+    asking.send("first", LOCAL, ["sleep 0.5"])
+    asking.send("waiting", LOCAL, [f"touch {started}"])
+    asking.send("last", LOCAL, ["echo last"])
+    asking.go()
+    asking.drop("waiting")
+    assert answers_of(asking, "last", ["echo last"]) == {0: (0, ["last"])}
+    assert not started.exists()
+    # Control: the same host not dropped is started once a slot frees.
+    asking = Asking("m-test", parallel=1)
+    asking.send("first", LOCAL, ["sleep 0.2"])
+    asking.send("waiting", LOCAL, [f"touch {started}"])
+    asking.go()
+    answers_of(asking, "waiting", ["x"])
+    assert started.exists()

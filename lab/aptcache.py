@@ -78,7 +78,9 @@ def ensure_running(mirror: Mirror) -> int:
     conf = conf_dir / "acng.conf"
     wanted = config_text(mirror)
     pid = _running_pid()
-    if pid is not None and conf.is_file() and conf.read_text() == wanted:
+    # A cache whose folder was removed under it answers every request with a 500: start it
+    # again (seen when the folder was deleted by hand while the cache ran).
+    if pid is not None and conf.is_file() and conf.read_text() == wanted and CACHE_DIR.is_dir():
         return pid
     if pid is not None:
         processes.stop([pid], deadline_s=5)

@@ -72,3 +72,33 @@ def test_the_cache_can_be_switched_off(monkeypatch: pytest.MonkeyPatch, tmp_path
     monkeypatch.setattr(aptcache, "BINARY", str(tmp_path / "absent"))
     monkeypatch.delenv(aptcache.SWITCH)
     assert not aptcache.available()
+
+
+@pytest.mark.parametrize("folder_there", [True, False])
+def test_a_running_cache_whose_folder_was_removed_is_started_again(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, folder_there: bool
+) -> None:
+    """Stand-in for the daemon (no apt-cacher-ng is started here): a cache running with this
+    configuration is kept only while its folder exists; removed under it, the cache answers
+    every request with a 500 (seen on this machine), so it is stopped and started again."""
+    run_dir, cache_dir = tmp_path / "run", tmp_path / "cache"
+    monkeypatch.setattr(aptcache, "RUN_DIR", run_dir)
+    monkeypatch.setattr(aptcache, "CACHE_DIR", cache_dir)
+    (run_dir / "conf").mkdir(parents=True)
+    (run_dir / "conf" / "acng.conf").write_text(aptcache.config_text(MIRROR))
+    if folder_there:
+        cache_dir.mkdir()
+    monkeypatch.setattr(aptcache, "_running_pid", lambda: 4242)
+    monkeypatch.setattr(aptcache, "_answers", lambda: True)
+    monkeypatch.setattr(aptcache, "_user_exists", lambda name: False)
+    stopped, started = [], []
+    monkeypatch.setattr(aptcache.processes, "stop", lambda pids, deadline_s: stopped.extend(pids))
+
+    def run(argv, **kwargs):
+        started.append(argv)
+        return aptcache.subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(aptcache.subprocess, "run", run)
+    assert aptcache.ensure_running(MIRROR) == 4242
+    assert (stopped, bool(started)) == (([], False) if folder_there else ([4242], True))
+    assert cache_dir.is_dir()

@@ -313,7 +313,8 @@ def _drift(loaded, options, output, roles):
     report.hosts = {name: fast.reports.get(name) or exact.hosts[name] for name in hosts}
     report.phase_seconds = {"fast check": fast.seconds, **exact.phase_seconds}
     report.notes = [*notes, fingerprint.summary(fast, len(hosts)), *exact.notes]
-    report.seconds = time.monotonic() - started
+    # From the first probe, which the command line may have sent before this function began.
+    report.seconds = time.monotonic() - min(started, fast.started or started)
     return report
 
 

@@ -705,6 +705,7 @@ class FastCheck:
     exact: dict[str, str] = field(default_factory=dict)  # host -> why it needs the exact check
     seconds: float = 0.0
     early: int = 0  # hosts whose probe the command line had sent (send_early)
+    started: float = 0.0  # time.monotonic() when the first probe left
 
 
 # OpenSSH clients at once when --parallel does not say: each is a process of its own (about
@@ -941,7 +942,8 @@ class Probes:
                 reboot_required=record.reboot_required,
                 notes=list(record.notes),
             )
-        result.seconds = time.monotonic() - self.asking.started
+        result.started = self.asking.started
+        result.seconds = time.monotonic() - result.started
         return result
 
 

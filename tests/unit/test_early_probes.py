@@ -142,6 +142,7 @@ def test_a_plain_drift_keeps_every_probe_sent_early(recorded):
     fingerprint.send_early([str(recorded), "--format", "json"])
     result = fast_check(recorded)
     assert result.early == 5
+    assert result.seconds > 0 and result.started < time.monotonic() - result.seconds + 1e-3
     assert sorted(result.reports) == sorted(load(recorded).cluster.hosts)
     assert result.exact == {}
     assert "5 sent before the inventory was loaded" in fingerprint.summary(result, 5)

@@ -314,7 +314,7 @@ def _drift(loaded, options, output, roles):
     report.phase_seconds = {"fast check": fast.seconds, **exact.phase_seconds}
     report.notes = [*notes, fingerprint.summary(fast, len(hosts)), *exact.notes]
     # From the first probe, which the command line may have sent before this function began.
-    report.seconds = time.monotonic() - min(started, fast.started or started)
+    report.seconds = time.monotonic() - min(started, fast.started)
     return report
 
 

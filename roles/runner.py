@@ -201,7 +201,8 @@ def _record_converged(loaded, options, report: RunReport, asked, contexts) -> No
                 "(`gpuinfra plan` shows what would still change)"
             )
     fingerprint.forget(loaded.state_dir, set(report.hosts) - kept)
-    fingerprint.write_early_sheet(loaded)
+    if options.mode is Mode.apply:  # once, after the check of the changed hosts above
+        fingerprint.write_early_sheet(loaded)
 
 
 class _Recorder(BaseStateCallback):

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from cli import connecting
-from cli.consoles import DeferredConsole
 from cli.errors import UserError, reporting, stderr
 from cli.exitcodes import ExitCode
 from cli.options import (
@@ -29,12 +26,12 @@ from cli.options import (
     ShardOpt,
     parse_shard,
 )
+from cli.output import console, drift_report, emit, exit_code, write_reports
 from roles.ssh import CONNECT_TIMEOUT_S
 
 # Seconds to wait for each host's SSH connection (pyinfra's connect and banner timeouts); the
 # probes drift sends before it parses its options (roles/fingerprint.py send_early) use it too.
 DEFAULT_CONNECT_TIMEOUT = CONNECT_TIMEOUT_S
-console = DeferredConsole(highlight=False)
 
 # For tests that act at a given point of a run (tests/integration/test_faults.py kills the
 # controller when the N-th host x operation has finished): each step appends "done total".
@@ -61,8 +58,8 @@ def plan(
     options = _options(loaded, Mode.plan, limit, roles, parallel, connect_timeout, shard=shard)
     loaded = _read_only(loaded, roles)
     report = _run(loaded, options, output)
-    _emit(report, output, show_diff=diff)
-    raise typer.Exit(_exit_code(report))
+    emit(report, output, show_diff=diff)
+    raise typer.Exit(exit_code(report))
 
 
 def apply(
@@ -105,10 +102,8 @@ def apply(
     from roles.clusterstate import applying
     from roles.context import load
     from roles.etcd.trust import TrustRefused
-    from roles.junit import write_junit
     from roles.pacing import Rate
     from roles.reports import Mode
-    from roles.statefiles import write_atomically
 
     with reporting():
         loaded = load(cluster)
@@ -140,13 +135,9 @@ def apply(
         report = _run(loaded, options, output, record=True)
         if reboot:
             _reboot(cluster, report, batch)
-    if report_path:
-        report_path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(report_path, json.dumps(asdict(report), indent=2).encode())
-    if junit:
-        write_junit(report, junit)
-    _emit(report, output, show_diff=False)
-    raise typer.Exit(_exit_code(report))
+    write_reports(report, report_path, junit)
+    emit(report, output, show_diff=False)
+    raise typer.Exit(exit_code(report))
 
 
 def drift(
@@ -178,9 +169,7 @@ def drift(
     deploys asked then are run again and their outputs compared. Any other host, and any host
     whose outputs differ, is checked operation by operation (what `--exact` does for all)."""
     from roles.context import load
-    from roles.junit import write_junit
     from roles.reports import Mode
-    from roles.statefiles import write_atomically
 
     with reporting():
         loaded = load(cluster)
@@ -191,13 +180,9 @@ def drift(
         report = _run(loaded, options, output)
     else:
         report = _drift(loaded, options, output, roles)
-    if report_path:
-        report_path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(report_path, json.dumps(asdict(report), indent=2).encode())
-    if junit:
-        write_junit(report, junit)
-    _emit(report, output, show_diff=True)
-    raise typer.Exit(_exit_code(report))
+    write_reports(report, report_path, junit)
+    emit(report, output, show_diff=True)
+    raise typer.Exit(exit_code(report))
 
 
 def _split(value: str | None) -> tuple[str, ...]:
@@ -309,13 +294,7 @@ def _drift(loaded, options, output, roles):
         exact = _run(loaded, replace(options, limit=tuple(rest), shard=None), output)
     else:
         exact = RunReport(cluster=loaded.cluster.name, mode=options.mode)
-    report = RunReport(cluster=loaded.cluster.name, mode=options.mode)
-    report.hosts = {name: fast.reports.get(name) or exact.hosts[name] for name in hosts}
-    report.phase_seconds = {"fast check": fast.seconds, **exact.phase_seconds}
-    report.notes = [*notes, fingerprint.summary(fast, len(hosts)), *exact.notes]
-    # From the first probe, which the command line may have sent before this function began.
-    report.seconds = time.monotonic() - min(started, fast.started)
-    return report
+    return drift_report(loaded.cluster.name, hosts, notes, fast, exact, started)
 
 
 def _run(loaded, options, output, record: bool = False):
@@ -382,55 +361,3 @@ def _reboot(cluster, report, batch: str | None) -> None:
     left = [name for name in waiting if report.hosts[name].reboot_required]
     if left:
         report.notes.append(f"still waiting for a reboot: {', '.join(left)}")
-
-
-def _exit_code(report) -> ExitCode:
-    from roles.reports import HostStatus
-
-    if report.with_status(HostStatus.failed):
-        return ExitCode.ERROR
-    if report.with_status(HostStatus.unreachable):
-        return ExitCode.UNREACHABLE
-    if report.with_status(HostStatus.drift):
-        return ExitCode.DRIFT
-    return ExitCode.OK
-
-
-def _emit(report, output: OutputFormat, show_diff: bool) -> None:
-    if output is OutputFormat.json:
-        typer.echo(json.dumps(asdict(report), indent=2))
-        return
-    from rich.table import Table
-
-    table = Table(title=f"{report.mode} {report.cluster}: {len(report.hosts)} hosts")
-    for column in ("host", "status", "changes", "seconds", "reboot", "detail"):
-        table.add_column(column)
-    for host in report.hosts.values():
-        detail = host.error or ", ".join(op.name for op in host.changes[:3])
-        if len(host.changes) > 3:
-            detail += f", ... ({len(host.changes) - 3} more)"
-        table.add_row(
-            host.name,
-            host.status.value,
-            str(len(host.changes)),
-            f"{host.seconds:.1f}",
-            "required" if host.reboot_required else "",
-            detail,
-        )
-    console.print(table)
-    if show_diff:
-        for host in report.hosts.values():
-            for op in host.changes:
-                if op.diff:
-                    from rich.syntax import Syntax  # pygments: only when there is a diff
-
-                    console.print(f"[bold]{host.name}[/]: {op.name}")
-                    console.print(
-                        Syntax(op.diff, "diff", background_color="default", word_wrap=True)
-                    )
-    timings = ", ".join(f"{k} {v:.1f}s" for k, v in report.phase_seconds.items())
-    console.print(f"total {report.seconds:.1f}s ({timings})", markup=False)
-    for note in report.notes:
-        console.print(f"note: {note}", markup=False)
-    if report.stopped:
-        console.print(f"[red]{report.stopped}[/]")

@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from inventory import paths
 from inventory.errors import InventoryError, InventoryInvalid
 from inventory.model import Cluster, LoadedCluster
 from inventory.validate import check_cluster
@@ -25,7 +26,14 @@ RoleChecks = Callable[[LoadedCluster], tuple[RoleSettings, Iterable[tuple[str, s
 def load_cluster_file(path: Path, role_checks: RoleChecks | None = None) -> LoadedCluster:
     text = _read(path)
     data, lines = parse_yaml(path, text)
-    return build(data, source=path, base_dir=path.parent, lines=lines, role_checks=role_checks)
+    return build(
+        data,
+        source=path,
+        base_dir=path.parent,
+        lines=lines,
+        role_checks=role_checks,
+        text_digest=paths.text_digest(text),
+    )
 
 
 def build(
@@ -35,6 +43,7 @@ def build(
     base_dir: Path,
     lines: dict[tuple[str, ...], int] | None = None,
     role_checks: RoleChecks | None = None,
+    text_digest: str | None = None,
 ) -> LoadedCluster:
     """Validate raw cluster data (from YAML or an import) into a LoadedCluster."""
     lines = lines or {}
@@ -44,7 +53,9 @@ def build(
         cluster = Cluster.model_validate(data)
     except ValidationError as exc:
         raise InventoryInvalid(_pydantic_errors(exc, source, lines)) from None
-    loaded = LoadedCluster(cluster=cluster, source=source, base_dir=base_dir, lines=lines)
+    loaded = LoadedCluster(
+        cluster=cluster, source=source, base_dir=base_dir, lines=lines, text_digest=text_digest
+    )
     problems = list(check_cluster(loaded))
     if role_checks is not None:
         settings, role_problems = role_checks(loaded)

@@ -167,6 +167,8 @@ class LoadedCluster(BaseModel):
     cluster: Cluster
     source: Path  # the file that was read (cluster.yml or the Ansible inventory)
     base_dir: Path  # relative paths in the file are taken from here
+    # sha256 of the text a cluster file was parsed from (paths.text_digest); None for imports.
+    text_digest: str | None = Field(default=None, repr=False)
     # Line of each key path in the source (for errors found after load); empty for imports.
     lines: dict[tuple[str, ...], int] = Field(default_factory=dict, repr=False)
     # host -> role -> the role's typed settings, merged and validated as a whole at load by the

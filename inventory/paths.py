@@ -4,6 +4,7 @@ before it imports the rest of the inventory layer (roles/fingerprint.py send_ear
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from inventory.errors import InventoryError, InventoryInvalid
@@ -31,3 +32,10 @@ def locate(path: Path) -> Path:
     if not path.exists():
         raise InventoryInvalid([InventoryError(path, "", "no such file or directory")])
     return path
+
+
+def text_digest(text: str) -> str:
+    """What a cluster file's text was when it was parsed (the file as read, decoded as the
+    loader decodes it): the drift that answers without loading (roles/fingerprint.py settled)
+    compares it with the text it reads."""
+    return hashlib.sha256(text.encode()).hexdigest()

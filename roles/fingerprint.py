@@ -577,7 +577,7 @@ EARLY_SHEET = ".probes.json"  # under .state/converged/ (a dot: no host is named
 # Files in the inventory's folder beyond which it gets no stamp (and drift sends nothing early).
 STAMP_LIMIT = 5000
 # `gpuinfra drift` options that change neither which hosts are asked nor how.
-_EARLY_OPTIONS = ("--format", "-f", "--report", "--junit")
+_EARLY_OPTIONS = ("--format", "-f", "--report", "--junit")  # see PlainDrift
 _FORMATS = ("table", "json")  # cli.options.OutputFormat
 _early: Asking | None = None
 
@@ -629,7 +629,38 @@ def write_early_sheet(loaded: LoadedCluster) -> None:
         return
     source = str(loaded.source.resolve())
     sheet = {"format": FORMAT, "source": source, "stamp": stamp, "code": code_digest()}
+    sheet["alone"] = _alone(loaded, hosts) if len(hosts) == len(loaded.cluster.hosts) else None
     write_secret_atomically(path, json.dumps({**sheet, "hosts": hosts}).encode())
+
+
+def _alone(loaded: LoadedCluster, hosts: dict[str, list[str]]) -> dict | None:
+    """What a load of the inventory depends on beyond the code (`settled`): the cluster file's
+    text, the names it was read by, the home folder `~` stands for, the user, and the SSH key
+    that validation checks; with the cluster's digest and every host's roles. None for an
+    Ansible inventory (ansible-core reads its configuration and may run scripts)."""
+    if loaded.text_digest is None:
+        return None
+    ssh = SSHSettings.from_cluster(loaded)
+    return {
+        "text": loaded.text_digest,
+        "target": str(loaded.source),
+        "cwd": os.getcwd(),
+        "home": os.path.expanduser("~"),
+        "uid": os.geteuid(),
+        "key": None if ssh.key is None else [str(ssh.key), _file_stamp(ssh.key)],
+        "cluster": loaded.cluster.name,
+        "cluster_digest": cluster_digest(loaded),
+        "roles": {name: list(host_roles(loaded.cluster.hosts[name].groups)) for name in hosts},
+    }
+
+
+def _file_stamp(path: Path) -> list[int] | None:
+    """A file's identity, mode, owner, size and times (a chmod or chown moves ctime too)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return [st.st_ino, st.st_mode, st.st_uid, st.st_gid, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
 def send_early(args: list[str]) -> None:
@@ -638,15 +669,17 @@ def send_early(args: list[str]) -> None:
     last apply's sheet names, while the inventory's stamp and the code are the sheet's (so the
     inventory is one this code validated: the probes only read). `Probes` keeps those it would
     send itself (claim_early); the rest are stopped there, and all at exit."""
-    global _early
-    cluster = _plain_cluster(args)
-    if cluster is None:
+    global _early, _sheet
+    plain = plain_drift(args)
+    if plain is None:
         return
+    cluster = plain.cluster
     from inventory.errors import InventoryInvalid
     from inventory.paths import locate
 
     try:
-        source = locate(Path(cluster)).resolve()
+        target = locate(Path(cluster))
+        source = target.resolve()
         state_dir = source.parent / ".state"
         sheet = json.loads((state_dir / RECORDS / EARLY_SHEET).read_bytes())
         if sheet["format"] != FORMAT or sheet["source"] != str(source):
@@ -654,12 +687,13 @@ def send_early(args: list[str]) -> None:
         # The inventory this code validated when it wrote the sheet, as it was then.
         if sheet["stamp"] != inventory_stamp(source) or sheet["code"] != code_digest():
             return
-        probes = []
+        probes, records = [], {}
         for name, argv in sheet["hosts"].items():
             record = load_record(state_dir, name)
             if record is not None:
                 commands = [command for command, _, _ in record.commands]
                 probes.append((name, [str(part) for part in argv], commands))
+                records[name] = record
     except (OSError, ValueError, KeyError, TypeError, AttributeError, InventoryInvalid):
         return  # drift goes on without: the inventory's own errors are reported by its load
     asking = Asking(new_marker(), DEFAULT_PARALLEL)
@@ -668,6 +702,7 @@ def send_early(args: list[str]) -> None:
         asking.send(name, argv, commands)
     asking.go()
     _early = asking
+    _sheet = _Sheet(str(target), source, state_dir, sheet, records)
 
 
 def claim_early() -> Asking | None:
@@ -677,23 +712,120 @@ def claim_early() -> Asking | None:
     return asking
 
 
-def _plain_cluster(args: list[str]) -> str | None:
-    """The cluster argument of drift's `args` when no other option is given, else None."""
-    positional = []
+@dataclass(frozen=True)
+class _Sheet:
+    target: str  # the inventory file as the command line named it (locate), not resolved
+    source: Path
+    state_dir: Path
+    content: dict
+    records: dict[str, Record]
+
+
+_sheet: _Sheet | None = None
+
+
+@dataclass(frozen=True)
+class Settled:
+    cluster: str
+    hosts: list[str]  # every host of the cluster, in inventory order
+    result: FastCheck
+
+
+def settled() -> Settled | None:
+    """drift's answer without loading the inventory, when send_early sent every host's probe
+    and each answered as its record says; None (and the probes left for `Probes`) otherwise.
+
+    The answer is the one the inventory's load would lead to. That load is a function of the
+    cluster file's text, the code (code_digest: the roles, the inventory layer, the templates,
+    every installed distribution), the names the file was read by, `~` and, for validation, the
+    SSH key's mode and readability. The last apply wrote each of those into the sheet, from the
+    load it validated. Here each is compared with what it is now: the text read again, the key
+    stat'ed again. Probes.finish is then repeated. The records are read again. The state is
+    hashed again, and the clock is read, for the inputs that stand for each key. A host whose
+    roles have changed since its record, or an apply that is running, leaves the answer to
+    the command's own path."""
+    global _early
+    found, asking = _sheet, _early
+    if found is None or asking is None:
+        return None
+    try:
+        alone = found.content["alone"]
+        if alone is None or not _loads_the_same(found, alone):
+            return None
+        order = list(alone["roles"])
+        if set(order) != set(found.records) or set(order) != set(asking.sent):
+            return None
+        if any(found.records[n].roles != tuple(alone["roles"][n]) for n in order):
+            return None
+        from roles.applylock import current_holder
+
+        if current_holder(found.state_dir) is not None:
+            return None  # the command's own path says so, and checks as it does then
+        common = f"{code_digest()} {alone['cluster_digest']} {state_digest(found.state_dir)}"
+        if not all(inputs_stand(found.records[n], common, n) for n in order):
+            return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    result = FastCheck(early=len(order), started=asking.started, alone=True)
+    for name in order:
+        matched = _matched(name, found.records[name], asking.answer(name), asking.marker)
+        if isinstance(matched, str):
+            return None
+        result.reports[name] = matched
+    result.seconds = time.monotonic() - result.started
+    _early = None
+    return Settled(alone["cluster"], order, result)
+
+
+def _loads_the_same(found: _Sheet, alone: dict) -> bool:
+    from inventory.paths import locate, text_digest
+
+    if str(locate(Path(found.target))) != alone["target"] or os.getcwd() != alone["cwd"]:
+        return False
+    if os.path.expanduser("~") != alone["home"] or os.geteuid() != alone["uid"]:
+        return False
+    if alone["key"] is not None:
+        key, stamp = alone["key"]
+        if stamp is None or _file_stamp(Path(key)) != stamp or not os.access(key, os.R_OK):
+            return False
+    return text_digest(found.source.read_text()) == alone["text"]
+
+
+@dataclass(frozen=True)
+class PlainDrift:
+    """`gpuinfra drift CLUSTER` with at most --format, --report and --junit, as typer reads it."""
+
+    cluster: str
+    output: str = "table"
+    report: str | None = None
+    junit: str | None = None
+
+
+_OPTION_FIELDS = {"--format": "output", "-f": "output", "--report": "report", "--junit": "junit"}
+
+
+def plain_drift(args: list[str]) -> PlainDrift | None:
+    """drift's `args` when they are a plain drift, else None: another option, a second argument,
+    a format typer refuses, or a value that is empty or starts with "-" (what typer would do
+    with those is not this function's to guess)."""
+    positional: list[str] = []
+    given: dict[str, str] = {}
     values = iter(args)
     for arg in values:
         option, has_value, value = arg.partition("=")
         if arg in _EARLY_OPTIONS:
-            value = next(values, "")
+            option, value = arg, next(values, "")
         elif not (arg.startswith("--") and has_value and option in _EARLY_OPTIONS):
             if arg.startswith("-"):
                 return None
             positional.append(arg)
             continue
-        is_format = arg in ("--format", "-f") or option == "--format"
-        if is_format and value not in _FORMATS:  # typer refuses it: the command stops there
+        if not value or value.startswith("-"):
             return None
-    return positional[0] if len(positional) == 1 else None
+        given[_OPTION_FIELDS[option]] = value  # the last one given wins, as in typer
+    if len(positional) != 1 or given.get("output", "table") not in _FORMATS:
+        return None
+    return PlainDrift(positional[0], **given)
 
 
 # -- the fast check --------------------------------------------------------------------------
@@ -705,6 +837,7 @@ class FastCheck:
     exact: dict[str, str] = field(default_factory=dict)  # host -> why it needs the exact check
     seconds: float = 0.0
     early: int = 0  # hosts whose probe the command line had sent (send_early)
+    alone: bool = False  # answered without loading the inventory (settled)
     started: float = 0.0  # time.monotonic() when the first probe left
 
 
@@ -924,27 +1057,33 @@ class Probes:
                     self.asking.drop(name)
         answers = {name: self.asking.answer(name) for name in self.records}
         for name, record in self.records.items():
-            code, output, errors, seconds = answers[name]
-            if code in (255, -1):  # ssh failed, or no answer in time: the exact check says why
-                text = errors.decode(errors="replace").strip() or "failed"
-                result.exact[name] = f"ssh: {text}"
-                continue
-            commands = [command for command, _, _ in record.commands]
-            found = differences(record, read_probe(output, self.asking.marker, commands))
-            if found:
-                result.exact[name] = f"differs from its record ({found[0]})"
-                continue
-            result.reports[name] = HostReport(
-                name,
-                HostStatus.ok,
-                operations=[OperationResult(role, op, False) for role, op in record.operations],
-                seconds=seconds,
-                reboot_required=record.reboot_required,
-                notes=list(record.notes),
-            )
+            matched = _matched(name, record, answers[name], self.asking.marker)
+            if isinstance(matched, str):
+                result.exact[name] = matched
+            else:
+                result.reports[name] = matched
         result.started = self.asking.started
         result.seconds = time.monotonic() - result.started
         return result
+
+
+def _matched(name: str, record: Record, answer: Answer, marker: str) -> HostReport | str:
+    """The host's recorded report when its answer matches its record, else why not."""
+    code, output, errors, seconds = answer
+    if code in (255, -1):  # ssh failed, or no answer in time: the exact check says why
+        return f"ssh: {errors.decode(errors='replace').strip() or 'failed'}"
+    commands = [command for command, _, _ in record.commands]
+    found = differences(record, read_probe(output, marker, commands))
+    if found:
+        return f"differs from its record ({found[0]})"
+    return HostReport(
+        name,
+        HostStatus.ok,
+        operations=[OperationResult(role, op, False) for role, op in record.operations],
+        seconds=seconds,
+        reboot_required=record.reboot_required,
+        notes=list(record.notes),
+    )
 
 
 def summary(result: FastCheck, total: int) -> str:
@@ -956,7 +1095,9 @@ def summary(result: FastCheck, total: int) -> str:
         f"{len(result.reports)} of {total} hosts matched their converged record "
         f"(one round trip each, {result.seconds:.1f} s)"
     )
-    if result.early:
+    if result.alone:
+        text = text[:-1] + "; the inventory unchanged since the last apply: not loaded again)"
+    elif result.early:
         text = text[:-1] + f"; {result.early} sent before the inventory was loaded)"
     if why:
         text += "; checked operation by operation: " + ", ".join(

@@ -45,7 +45,8 @@ LOCAL = ["sh", "-s"]
 )
 def test_only_a_plain_drift_is_sent_early(args, cluster):
     """Options that change which hosts are asked or how (and anything unknown) send nothing."""
-    assert fingerprint._plain_cluster(args) == cluster
+    plain = fingerprint.plain_drift(args)
+    assert (plain and plain.cluster) == cluster
 
 
 def imported(code: str) -> list[str]:

@@ -9,7 +9,7 @@ from dataclasses import asdict
 import pytest
 from typer.testing import CliRunner
 
-from cli.engine import _exit_code
+from cli.output import exit_code
 from cli.exitcodes import ExitCode
 from cli.main import app
 from roles.context import load
@@ -54,7 +54,7 @@ def report_with(*statuses: HostStatus) -> RunReport:
     ],
 )
 def test_exit_codes_are_distinct_and_ordered(statuses, code):
-    assert _exit_code(report_with(*statuses)) == code
+    assert exit_code(report_with(*statuses)) == code
 
 
 def test_junit_has_a_case_per_host_and_role_and_fails_drift_with_its_diff(tmp_path):

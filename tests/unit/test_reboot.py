@@ -85,6 +85,7 @@ def test_apply_reboot_updates_the_report(small_cluster, write_cluster, monkeypat
     """`apply --reboot`: only converged hosts that wait for a reboot are rebooted, one at a
     time by default; one that does not come back fails the run, the rest keep their flag."""
     from cli import engine
+    from cli.output import exit_code
     from roles import reboot
     from roles.runner import HostReport, HostStatus, Mode, RunReport
 
@@ -117,4 +118,4 @@ def test_apply_reboot_updates_the_report(small_cluster, write_cluster, monkeypat
     assert report.hosts["gpu-1"].error == "reboot: not back"
     assert report.hosts["cp-1"].reboot_required is True
     assert "still waiting for a reboot: gpu-1, cp-1" in report.notes
-    assert engine._exit_code(report) == 1
+    assert exit_code(report) == 1

@@ -643,8 +643,8 @@ def _alone(loaded: LoadedCluster, hosts: dict[str, list[str]]) -> dict | None:
     ssh = SSHSettings.from_cluster(loaded)
     return {
         "text": loaded.text_digest,
-        "target": str(loaded.source),
-        "cwd": os.getcwd(),
+        "target": os.path.join(os.getcwd(), loaded.source),  # the folder `./key` is taken from
+        "cwd": os.getcwd(),  # what a relative path in the probes' command lines is taken from
         "home": os.path.expanduser("~"),
         "uid": os.geteuid(),
         "key": None if ssh.key is None else [str(ssh.key), _file_stamp(ssh.key)],
@@ -780,7 +780,8 @@ def settled() -> Settled | None:
 def _loads_the_same(found: _Sheet, alone: dict) -> bool:
     from inventory.paths import locate, text_digest
 
-    if str(locate(Path(found.target))) != alone["target"] or os.getcwd() != alone["cwd"]:
+    target = os.path.join(os.getcwd(), locate(Path(found.target)))
+    if target != alone["target"] or os.getcwd() != alone["cwd"]:
         return False
     if os.path.expanduser("~") != alone["home"] or os.geteuid() != alone["uid"]:
         return False

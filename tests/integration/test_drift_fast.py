@@ -65,8 +65,9 @@ def test_a_converged_fleet_is_checked_in_one_round_trip_per_host_with_the_same_a
     total = len(converged.hosts)
     notes = " ".join(fast["notes"])
     assert f"{total} of {total} hosts matched their converged record" in notes
-    # The command line sent every probe before it loaded the inventory (the apply's sheet).
-    assert f"{total} sent before the inventory was loaded" in notes
+    # The command line sent every probe before it imported the rest, and answered without
+    # loading the inventory: the cluster file and the code are the ones the apply validated.
+    assert "the inventory unchanged since the last apply: not loaded again" in notes
     # The command's time counts from the first probe, sent before the command's body began.
     assert fast["seconds"] >= fast["phase_seconds"]["fast check"]
     assert "prepare:base" not in fast["phase_seconds"]  # no host went through pyinfra
@@ -74,6 +75,12 @@ def test_a_converged_fleet_is_checked_in_one_round_trip_per_host_with_the_same_a
     assert code == ExitCode.OK
     assert "fast check" not in exact["phase_seconds"]
     assert answer(fast) == answer(exact)
+    # The command's own path (an option other than --format, --report and --junit): it loads
+    # the inventory and sends the probes itself, and answers the same.
+    code, loaded = drift(converged.inventory_path, "--parallel", "100")
+    assert code == ExitCode.OK
+    assert "not loaded again" not in " ".join(loaded["notes"])
+    assert answer(loaded) == answer(fast)
 
 
 def imported(*args: str) -> set[str]:
@@ -93,6 +100,11 @@ def test_a_clean_fleets_drift_renders_nothing_and_imports_no_engine(converged):
     assert "roles.fingerprint" in fast and not engines & fast
     exact = imported("drift", str(converged.inventory_path), "--format", "json", "--exact")
     assert engines <= exact
+    # Answered without the inventory: neither its loader nor the command line's parser.
+    loaders = {"pydantic", "yaml", "typer", "inventory.model"}
+    assert not loaders & fast
+    loading = imported("drift", str(converged.inventory_path), "-f", "json", "--parallel", "99")
+    assert loaders <= loading and not engines & loading  # the control: the same check, loaded
 
 
 def test_each_batched_answer_is_what_its_command_prints_alone(converged):
@@ -147,6 +159,8 @@ def test_a_host_that_differs_is_checked_operation_by_operation_and_shown(converg
         notes = " ".join(fast["notes"])
         assert f"{len(lab.hosts) - 2} of {len(lab.hosts)} hosts matched" in notes
         assert "2 differs from its record" in notes
+        # Not settled: the command loaded the inventory and kept the probes it had sent.
+        assert f"{len(lab.hosts)} sent before the inventory was loaded" in notes
         diffs = [op["diff"] or "" for op in fast["hosts"][edited]["operations"] if op["changed"]]
         assert any("-10.9.9.9 rogue" in d for d in diffs)
         _, exact = drift(lab.inventory_path, "--exact")

@@ -7,9 +7,12 @@ lab in tests/integration/test_drift_fast.py."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import time
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -113,7 +116,13 @@ def recorded(tmp_path, monkeypatch):
     an apply writes; every probe runs `sh -s` here."""
     monkeypatch.setattr(fingerprint, "probe_argv", lambda ssh, address: list(LOCAL))
     monkeypatch.setattr(fingerprint, "_early", None)
-    folder = loopback_cluster(tmp_path / "c")
+    monkeypatch.setattr(fingerprint, "_sheet", None)
+    key = tmp_path / "keys" / "id_test"  # outside the inventory's folder, as the lab's is
+    key.parent.mkdir()
+    key.write_text("not a key: validation checks its mode and that it can be read\n")
+    key.chmod(0o600)
+    ssh = {"known_hosts": "known_hosts", "key": str(key)}
+    folder = loopback_cluster(tmp_path / "c", ssh=ssh)
     loaded = load(folder)
     loaded.state_dir.mkdir()
     common = fingerprint.common_digest(loaded)
@@ -215,3 +224,157 @@ def test_a_dropped_host_that_waits_for_a_slot_is_never_started(tmp_path):
     asking.go()
     answers_of(asking, "waiting", ["x"])
     assert started.exists()
+
+
+# -- answered without loading the inventory (fingerprint.settled, cli/launch.py) --------------
+
+
+def test_a_settled_fleet_is_answered_without_loading_the_inventory(recorded):
+    fingerprint.send_early([str(recorded)])
+    found = fingerprint.settled()
+    assert found is not None and found.cluster == "loop"
+    assert found.hosts == list(load(recorded).cluster.hosts)  # inventory order
+    assert found.result.alone and found.result.exact == {}
+    assert "not loaded again" in fingerprint.summary(found.result, 5)
+    assert fingerprint.claim_early() is None  # answered: nothing left for Probes
+    # The command's own path, from a fresh send, reports the same hosts the same way.
+    fingerprint.send_early([str(recorded)])
+    normal = fast_check(recorded)
+    for name, report in normal.reports.items():
+        assert replace(found.result.reports[name], seconds=0) == replace(report, seconds=0)
+
+
+def settles(folder: Path) -> bool:
+    fingerprint.send_early([str(folder)])
+    assert fingerprint._early is not None  # sent: what changed is not in the inventory's stamp
+    found = fingerprint.settled()
+    early = fingerprint.claim_early()
+    if early is not None:
+        early.cancel()
+    return found is not None
+
+
+def change_home(folder, monkeypatch):
+    monkeypatch.setenv("HOME", str(folder / "elsewhere"))
+
+
+def change_directory(folder, monkeypatch):
+    monkeypatch.chdir(folder)
+
+
+def change_key_mode(folder, monkeypatch):
+    (folder.parent / "keys" / "id_test").chmod(0o640)  # validation refuses it: exit 2
+
+
+def change_user(folder, monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 4242)
+
+
+def change_state(folder, monkeypatch):
+    (folder / ".state" / "dns").mkdir()
+    (folder / ".state" / "dns" / "tsig.key").write_text("rotated\n")
+
+
+def change_a_record(folder, monkeypatch):
+    state = folder / ".state"
+    record = fingerprint.load_record(state, "lb-1")
+    fingerprint.save_record(state, "lb-1", replace(record, roles=("base",)))
+
+
+def drop_a_record(folder, monkeypatch):
+    fingerprint.forget(folder / ".state", ["dns-1"])
+
+
+def change_an_answer(folder, monkeypatch):
+    state = folder / ".state"
+    record = fingerprint.load_record(state, "cpu-1")
+    other = (("echo cpu-1", (0,), fingerprint.output_digest(["what it printed then"])),)
+    fingerprint.save_record(state, "cpu-1", replace(record, commands=other))
+
+
+def hold_the_lock(folder, monkeypatch):
+    """The record an apply that runs keeps in the lock file (this process stands for it)."""
+    from roles.applylock import LOCK_FILE, this_process
+
+    holder = json.dumps(asdict(this_process("gpuinfra apply")))
+    (folder / ".state" / LOCK_FILE).write_text(holder + "\n")
+
+
+def validated_other_text(folder, monkeypatch):
+    """The file was edited while the apply ran: the sheet names the text the apply validated."""
+    sheet_path = folder / ".state" / "converged" / fingerprint.EARLY_SHEET
+    sheet = json.loads(sheet_path.read_text())
+    sheet["alone"]["text"] = "0" * 64
+    sheet_path.write_text(json.dumps(sheet))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        change_home,
+        change_directory,
+        change_key_mode,
+        change_user,
+        change_state,
+        change_a_record,
+        drop_a_record,
+        change_an_answer,
+        hold_the_lock,
+        validated_other_text,
+    ],
+)
+def test_what_a_load_or_the_fast_check_would_see_leaves_drift_to_its_own_path(
+    recorded, monkeypatch, change
+):
+    assert settles(recorded)  # the control: the same fleet before the change
+    change(recorded, monkeypatch)
+    assert not settles(recorded)
+
+
+def test_a_host_that_answers_otherwise_is_left_to_the_probes_of_the_command(recorded):
+    change_an_answer(recorded, None)
+    fingerprint.send_early([str(recorded)])
+    assert fingerprint.settled() is None
+    result = fast_check(recorded)  # adopts the probes that were sent: nothing asked twice
+    assert result.early == 5
+    assert list(result.exact) == ["cpu-1"] and "differs from its record" in result.exact["cpu-1"]
+
+
+def test_an_ansible_inventory_is_always_loaded(tmp_path):
+    from inventory.model import LoadedCluster
+
+    loaded = load(loopback_cluster(tmp_path / "c"))
+    imported = LoadedCluster(**{**dict(loaded), "text_digest": None})  # as import_ansible builds
+    assert fingerprint._alone(imported, {}) is None
+    assert fingerprint._alone(loaded, {}) is not None  # control: a cluster file's load
+
+
+def test_the_settled_answer_is_the_command_s_answer(recorded, tmp_path, capsys):
+    """cli/launch.py's answer and `gpuinfra drift` through typer: the same JSON on stdout and in
+    --report, but for the timings and the note that says how the answer was found."""
+    from typer.testing import CliRunner
+
+    from cli import launch
+    from cli.main import app
+
+    fingerprint.send_early([str(recorded), "--format", "json", "--report", str(tmp_path / "a")])
+    with pytest.raises(SystemExit) as exited:
+        launch.answer_settled([str(recorded), "-f", "json", "--report", str(tmp_path / "a")])
+    assert exited.value.code == 0
+    settled = json.loads(capsys.readouterr().out)
+    assert settled == json.loads((tmp_path / "a").read_text())
+    result = CliRunner().invoke(
+        app, ["drift", str(recorded), "--format", "json", "--report", str(tmp_path / "b")]
+    )
+    assert result.exit_code == 0, result.output
+    normal = json.loads(result.stdout)
+    assert normal == json.loads((tmp_path / "b").read_text())
+
+    def timeless(report):
+        report = {**report, "seconds": 0, "phase_seconds": list(report["phase_seconds"])}
+        report["hosts"] = {n: {**h, "seconds": 0} for n, h in report["hosts"].items()}
+        return report
+
+    assert "not loaded again" in settled.pop("notes")[0]
+    assert "not loaded again" not in normal.pop("notes")[0]
+    assert timeless(settled) == timeless(normal)

@@ -9,9 +9,9 @@ from dataclasses import asdict
 import pytest
 from typer.testing import CliRunner
 
-from cli.output import exit_code
 from cli.exitcodes import ExitCode
 from cli.main import app
+from cli.output import exit_code
 from roles.context import load
 from roles.junit import write_junit
 from roles.runner import (

@@ -580,6 +580,7 @@ STAMP_LIMIT = 5000
 _EARLY_OPTIONS = ("--format", "-f", "--report", "--junit")  # see PlainDrift
 _FORMATS = ("table", "json")  # cli.options.OutputFormat
 _early: Asking | None = None
+_PLUGINS = "PYDANTIC_DISABLE_PLUGINS"  # cli/__init__.py
 
 
 def inventory_stamp(source: Path) -> str | None:
@@ -647,6 +648,7 @@ def _alone(loaded: LoadedCluster, hosts: dict[str, list[str]]) -> dict | None:
         "cwd": os.getcwd(),  # what a relative path in the probes' command lines is taken from
         "home": os.path.expanduser("~"),
         "uid": os.geteuid(),
+        "plugins": os.environ.get(_PLUGINS),  # pydantic's plugins take part in validation
         "key": None if ssh.key is None else [str(ssh.key), _file_stamp(ssh.key)],
         "cluster": loaded.cluster.name,
         "cluster_digest": cluster_digest(loaded),
@@ -784,6 +786,8 @@ def _loads_the_same(found: _Sheet, alone: dict) -> bool:
     if target != alone["target"] or os.getcwd() != alone["cwd"]:
         return False
     if os.path.expanduser("~") != alone["home"] or os.geteuid() != alone["uid"]:
+        return False
+    if os.environ.get(_PLUGINS) != alone["plugins"]:
         return False
     if alone["key"] is not None:
         key, stamp = alone["key"]

@@ -270,6 +270,10 @@ def change_user(folder, monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 4242)
 
 
+def enable_pydantic_plugins(folder, monkeypatch):
+    monkeypatch.setenv("PYDANTIC_DISABLE_PLUGINS", "")
+
+
 def change_state(folder, monkeypatch):
     (folder / ".state" / "dns").mkdir()
     (folder / ".state" / "dns" / "tsig.key").write_text("rotated\n")
@@ -315,6 +319,7 @@ def validated_other_text(folder, monkeypatch):
         change_directory,
         change_key_mode,
         change_user,
+        enable_pydantic_plugins,
         change_state,
         change_a_record,
         drop_a_record,

@@ -583,13 +583,23 @@ _early: Asking | None = None
 _PLUGINS = "PYDANTIC_DISABLE_PLUGINS"  # cli/__init__.py
 
 
-def inventory_stamp(source: Path) -> str | None:
-    """What the inventory in `source` and its folder is, without reading it: each file's path,
-    size, modification and change times and inode (an edit of cluster.yml, of an Ansible
-    inventory's group_vars, a file put back changes it), the folder's .state/ aside. None when
-    a file cannot be seen or there are more than STAMP_LIMIT."""
+def inventory_stamp(source: Path, folder: bool = True) -> str | None:
+    """What the inventory in `source` is, without reading it: each file's path, size,
+    modification and change times and inode (an edit, a file put back changes it). With
+    `folder`, every file of its folder, .state/ aside: an Ansible inventory reads group_vars
+    and host_vars there. A cluster file's load reads the file alone, so reports or rendered
+    files kept beside it change nothing. None when a file cannot be seen or there are more than
+    STAMP_LIMIT."""
     source = source.resolve()
     digest = hashlib.sha256(f"{source}\n".encode())
+    if not folder:
+        try:
+            st = source.stat()
+        except OSError:
+            return None
+        line = f"{source} {st.st_size} {st.st_mtime_ns} {st.st_ctime_ns} {st.st_ino}\n"
+        digest.update(line.encode())
+        return digest.hexdigest()
     folders, seen = [source.parent], 0
     try:
         while folders:
@@ -624,12 +634,14 @@ def write_early_sheet(loaded: LoadedCluster) -> None:
         record = load_record(loaded.state_dir, name)
         if record is not None and record.roles == host_roles(host.groups):
             hosts[name] = probe_argv(ssh, str(host.address))
-    stamp = inventory_stamp(loaded.source)
+    whole_folder = loaded.text_digest is None  # an Ansible inventory (a cluster file: its text)
+    stamp = inventory_stamp(loaded.source, whole_folder)
     if not hosts or stamp is None:
         path.unlink(missing_ok=True)
         return
     source = str(loaded.source.resolve())
-    sheet = {"format": FORMAT, "source": source, "stamp": stamp, "code": code_digest()}
+    sheet = {"format": FORMAT, "source": source, "code": code_digest()}
+    sheet |= {"stamp": stamp, "whole_folder": whole_folder}
     sheet["alone"] = _alone(loaded, hosts) if len(hosts) == len(loaded.cluster.hosts) else None
     write_secret_atomically(path, json.dumps({**sheet, "hosts": hosts}).encode())
 
@@ -687,7 +699,8 @@ def send_early(args: list[str]) -> None:
         if sheet["format"] != FORMAT or sheet["source"] != str(source):
             return
         # The inventory this code validated when it wrote the sheet, as it was then.
-        if sheet["stamp"] != inventory_stamp(source) or sheet["code"] != code_digest():
+        stamp = inventory_stamp(source, sheet["whole_folder"] is not False)
+        if sheet["stamp"] != stamp or sheet["code"] != code_digest():
             return
         probes, records = [], {}
         for name, argv in sheet["hosts"].items():

@@ -189,6 +189,28 @@ def test_an_edited_inventory_sends_nothing_early(recorded):
     assert fingerprint.claim_early() is not None
 
 
+def test_files_kept_beside_a_cluster_file_change_nothing(recorded):
+    """A cluster file's load reads the file alone: a report or rendered files written next to
+    it after the apply (what `make bench` and CI jobs do) leave the sheet standing."""
+    (recorded / "apply.json").write_text("{}\n")
+    (recorded / "render").mkdir()
+    (recorded / "render" / "hosts").write_text("127.0.0.1 localhost\n")
+    assert settles(recorded)
+
+
+def test_an_ansible_inventory_s_stamp_covers_its_folder(tmp_path):
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("all:\n  hosts: {}\n")
+    (tmp_path / "group_vars").mkdir()
+    before = fingerprint.inventory_stamp(inventory), fingerprint.inventory_stamp(inventory, False)
+    (tmp_path / "group_vars" / "all.yml").write_text("gpuinfra_domain: lab.test\n")
+    after = fingerprint.inventory_stamp(inventory), fingerprint.inventory_stamp(inventory, False)
+    assert before[0] != after[0]  # the folder's stamp sees group_vars
+    assert before[1] == after[1]  # the file's own stamp does not: only for cluster files
+    inventory.write_text("all:\n  hosts: {a: {}}\n")
+    assert fingerprint.inventory_stamp(inventory, False) != after[1]
+
+
 def test_other_code_sends_nothing_early(recorded, monkeypatch):
     """A sheet written by other code (an upgrade since the apply): the inventory has not been
     validated by this code, so nothing is sent before it is."""

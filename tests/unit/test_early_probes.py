@@ -358,6 +358,44 @@ def test_what_a_load_or_the_fast_check_would_see_leaves_drift_to_its_own_path(
     assert not settles(recorded)
 
 
+# Loading a cluster file in a fresh interpreter, its modules imported first, with an audit hook
+# on every file and directory opened while it loads and validates.
+_LOADING = """
+import json, sys
+from roles.context import load
+
+opened = []
+watched = {"open", "os.listdir", "os.scandir"}
+sys.addaudithook(lambda event, args: event in watched and opened.append(args[0]))
+load(sys.argv[1])
+opened = [p.decode() if isinstance(p, bytes) else str(p) for p in opened if not isinstance(p, int)]
+print(json.dumps(opened))
+"""
+
+
+def test_a_cluster_file_s_load_opens_only_the_file_the_key_and_the_code(recorded):
+    """What the settled answer relies on: the load of a cluster file reads no file but the
+    file itself and the SSH key (both compared by `settled`) besides the code and the installed
+    distributions (code_digest). The sample inventory's every role and check runs here too."""
+    key = recorded.parent / "keys" / "id_test"
+    code = {str(path) for _, path in fingerprint.code_files()}
+    installed = [Path(sys.prefix), Path(sys.base_prefix)]
+    for folder, expected in [
+        (recorded, {recorded / "cluster.yml", key}),
+        (REPO / "inventory/sample", {REPO / "inventory/sample/cluster.yml"}),
+    ]:
+        argv = [sys.executable, "-c", _LOADING, str(folder)]
+        done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=True)
+        opened = {Path(path).resolve() for path in json.loads(done.stdout)}
+        assert {path.resolve() for path in expected} <= opened  # control: the hook sees them
+        outside = {
+            path
+            for path in opened - {path.resolve() for path in expected}
+            if not (str(path) in code or any(path.is_relative_to(root) for root in installed))
+        }
+        assert outside == set()
+
+
 def test_a_host_that_answers_otherwise_is_left_to_the_probes_of_the_command(recorded):
     change_an_answer(recorded, None)
     fingerprint.send_early([str(recorded)])

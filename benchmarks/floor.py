@@ -19,6 +19,10 @@ to `sh -s` as drift sends it, and the whole answer is compared with the answer t
 checked against the host's record before the runs (engines.py). What gpuinfra drift costs
 beyond this engine is gpuinfra's controller; what this engine costs beyond the floor is the
 rest of the state gpuinfra checks on each host.
+
+With `--connect` and only HOSTS.json (the `connect` engine), each host runs `true`: the
+connection alone, its key exchange and login included, which every engine pays before it checks
+anything. What an engine costs above it is the work of its check.
 """
 
 from __future__ import annotations
@@ -180,12 +184,25 @@ def check_probes(probes: dict, hosts: dict) -> dict:
     return {"hosts": report}
 
 
+def check_connect(hosts: dict) -> dict:
+    """Every host at once, each running `true`: a host counts as checked when it answered."""
+    answers = ask(hosts, {name: ("true", None) for name in hosts["addresses"]})
+    report = {}
+    for name, (code, _, errors) in answers.items():
+        answered = {"changes": 0, "differences": [], "error": None}
+        report[name] = answered if code == 0 else _error(errors)
+    return {"hosts": report}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = argv if argv is not None else sys.argv[1:]
-    probes = args[0] == "--probes"
-    state_path, hosts_path = args[1:3] if probes else args[:2]
-    state, hosts = (json.loads(Path(p).read_text()) for p in (state_path, hosts_path))
-    result = check_probes(state, hosts) if probes else check(state, hosts)
+    if args[0] == "--connect":
+        result = check_connect(json.loads(Path(args[1]).read_text()))
+    else:
+        probes = args[0] == "--probes"
+        state_path, hosts_path = args[1:3] if probes else args[:2]
+        state, hosts = (json.loads(Path(p).read_text()) for p in (state_path, hosts_path))
+        result = check_probes(state, hosts) if probes else check(state, hosts)
     print(json.dumps(result, indent=2))
     hosts = result["hosts"].values()
     if any(h["error"] for h in hosts):

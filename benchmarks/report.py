@@ -6,7 +6,7 @@ import math
 import statistics
 from pathlib import Path
 
-from benchmarks.suites import BASELINE, ENGINES, EXACT, PROBE_FLOOR
+from benchmarks.suites import BASELINE, CONNECT, ENGINES, EXACT, PROBE_FLOOR
 from roles.fingerprint import DEFAULT_PARALLEL
 
 FLEET = 7500  # the fleet size the projection is for
@@ -55,12 +55,24 @@ def summarize(entry: dict) -> dict:
                 values.append(by[numerator] / by[denominator])
         return round(statistics.median(values), 2) if values else None
 
+    def above_connection(numerator: str, denominator: str) -> float | None:
+        """The same ratio, each engine's time less its round's connection alone."""
+        values = []
+        for batch in rounds:
+            by = {r["engine"]: r["seconds"] for r in batch}
+            if {numerator, denominator, CONNECT} <= by.keys() and by[denominator] > by[CONNECT]:
+                work = by[numerator] - by[CONNECT], by[denominator] - by[CONNECT]
+                values.append(work[0] / work[1])
+        return round(statistics.median(values), 2) if values else None
+
     ratios["gpuinfra_over_pyinfra"] = paired("gpuinfra", "pyinfra")
     ratios["ansible_over_gpuinfra"] = paired("ansible", "gpuinfra")
     ratios["gpuinfra_over_floor"] = paired("gpuinfra", "floor")
     ratios["exact_over_floor"] = paired(EXACT, "floor")
     ratios["gpuinfra_over_probe_floor"] = paired("gpuinfra", PROBE_FLOOR)
     ratios["probe_floor_over_floor"] = paired(PROBE_FLOOR, "floor")
+    ratios["connect_over_floor"] = paired(CONNECT, "floor")
+    ratios["gpuinfra_over_floor_above_connect"] = above_connection("gpuinfra", "floor")
     if BASELINE in engines:
         ratios["baseline_over_gpuinfra"] = paired(BASELINE, "gpuinfra")
     return {"engines": engines, "ratios": ratios}
@@ -165,7 +177,11 @@ def markdown(results: dict) -> str:
             f"`{PROBE_FLOOR}` is the floor's client sending each host gpuinfra's own probe (the "
             "script `gpuinfra drift` sends it) and comparing the answer whole: gpuinfra / "
             f"{PROBE_FLOOR} is what gpuinfra's controller adds, {PROBE_FLOOR} / floor what "
-            "checking the rest of gpuinfra's state on each host adds.",
+            "checking the rest of gpuinfra's state on each host adds. "
+            f"`{CONNECT}` is the floor's client with each host running `true`: the connection "
+            "alone (key exchange, login, session), which every engine pays before its check; "
+            "gpuinfra / floor above the connection divides what each of the two takes beyond "
+            "it, round by round.",
             "",
             "Median of the runs (wall seconds, CPU seconds of the controller's process tree, "
             "CPU seconds of the whole machine over the run: the lab's hosts share it, so this "
@@ -190,9 +206,10 @@ def markdown(results: dict) -> str:
         lines += [
             "",
             "| lab | hosts | operations per host (same state) | gpuinfra / floor | "
-            f"gpuinfra / {PROBE_FLOOR} | {PROBE_FLOOR} / floor | "
+            f"gpuinfra / {PROBE_FLOOR} | {PROBE_FLOOR} / floor | {CONNECT} / floor | "
+            "gpuinfra / floor above the connection | "
             f"{EXACT} / floor | gpuinfra / pyinfra | ansible / gpuinfra | {BASELINE} / gpuinfra |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for label, entry in entries:
             ratios = summarize(entry)["ratios"]
@@ -201,6 +218,8 @@ def markdown(results: dict) -> str:
                 f"{_fmt(ratios.get('gpuinfra_over_floor'), 'x', 2)} | "
                 f"{_fmt(ratios.get('gpuinfra_over_probe_floor'), 'x', 2)} | "
                 f"{_fmt(ratios.get('probe_floor_over_floor'), 'x', 2)} | "
+                f"{_fmt(ratios.get('connect_over_floor'), 'x', 2)} | "
+                f"{_fmt(ratios.get('gpuinfra_over_floor_above_connect'), 'x', 2)} | "
                 f"{_fmt(ratios.get('exact_over_floor'), 'x', 2)} | "
                 f"{_fmt(ratios['gpuinfra_over_pyinfra'], 'x', 2)} | "
                 f"{_fmt(ratios['ansible_over_gpuinfra'], 'x', 1)} | "

@@ -28,7 +28,10 @@ LAB = os.environ.get("BENCH_LAB", "bench")
 EXACT = "gpuinfra-exact"
 # floor-probe: gpuinfra's own probe sent by the floor's client (benchmarks/floor.py --probes).
 PROBE_FLOOR = "floor-probe"
-ENGINES = ("gpuinfra", EXACT, "pyinfra", "ansible", "floor", PROBE_FLOOR)
+# connect: the floor's client with each host running `true` (benchmarks/floor.py --connect):
+# the connection alone, which every engine's time includes.
+CONNECT = "connect"
+ENGINES = ("gpuinfra", EXACT, "pyinfra", "ansible", "floor", PROBE_FLOOR, CONNECT)
 # `--baseline DIR`: another checkout of gpuinfra (e.g. `git archive` of an older commit) run
 # as a fourth engine in the same rounds, for before/after figures of an engine change.
 BASELINE = "gpuinfra-baseline"
@@ -177,10 +180,12 @@ class Engines:
             ]
             measurement, output = run_measured(engine, self.hosts, argv, cwd=self.work)
             measurement.changes = _pyinfra_changes(output)
-        elif engine in ("floor", PROBE_FLOOR):
+        elif engine in ("floor", PROBE_FLOOR, CONNECT):
             argv = [sys.executable, "-m", "benchmarks.floor"]
             if engine == PROBE_FLOOR:
                 argv += ["--probes", str(self.probes)]
+            elif engine == CONNECT:
+                argv.append("--connect")
             else:
                 argv.append(str(self.files.state))
             argv.append(str(self.files.floor_hosts.resolve()))

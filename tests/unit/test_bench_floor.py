@@ -104,3 +104,45 @@ def test_floor_probe_ratios_are_paired_by_round() -> None:
     assert summary["engines"]["floor-probe"]["median_machine_cpu_seconds"] == 2.4
     text = markdown({"drift": {"12": entry}})
     assert "| 12 hosts | 12 | 80 | 1.79x | 1.42x | 1.27x |" in text
+
+
+def test_the_work_above_the_connection_is_paired_by_round() -> None:
+    from benchmarks.report import markdown, summarize
+
+    def run(engine: str, seconds: float) -> dict:
+        return {"engine": engine, "seconds": seconds, "cpu_seconds": 0.1, "peak_tree_mib": 1.0,
+                "max_process_mib": 1.0, "returncode": 0, "changes": 0,
+                "load_before": 0.5}  # fmt: skip
+
+    # The last round's floor is below its connection alone (noise): it has no work to divide.
+    rounds = [(1.5, 1.0, 0.5), (2.0, 1.0, 0.5), (1.5, 0.5, 0.75)]
+    runs = [
+        run(engine, seconds)
+        for times in rounds
+        for engine, seconds in zip(("gpuinfra", "floor", "connect"), times, strict=True)
+    ]
+    entry = {"hosts": 12, "runs": runs, "operations_per_host": {"same_state": 80}}
+    ratios = summarize(entry)["ratios"]
+    assert ratios["gpuinfra_over_floor_above_connect"] == 2.5  # (1.0 / 0.5 + 1.5 / 0.5) / 2
+    assert ratios["connect_over_floor"] == 0.5  # median of 0.5, 0.5, 1.5
+    assert "| 12 hosts | 12 | 80 | 2.00x | n/a | n/a | 0.50x | 2.50x |" in markdown(
+        {"drift": {"12": entry}}
+    )
+
+
+def test_the_connect_engine_runs_true_on_every_host(monkeypatch) -> None:
+    """Offline: `ask` (one ssh per host) is replaced by what it would hand back."""
+    from benchmarks import floor
+
+    asked = {}
+
+    def ask(hosts: dict, remote: dict) -> dict:
+        asked.update(remote)
+        return {"h1": (0, b"", b""), "h2": (255, b"", b"ssh: connect to host h2: refused\n")}
+
+    monkeypatch.setattr(floor, "ask", ask)
+    hosts = {"addresses": {"h1": "127.0.0.2", "h2": "127.0.0.3"}}
+    result = floor.check_connect(hosts)
+    assert asked == {"h1": ("true", None), "h2": ("true", None)}
+    assert result["hosts"]["h1"] == {"changes": 0, "differences": [], "error": None}
+    assert "refused" in result["hosts"]["h2"]["error"]

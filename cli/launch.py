@@ -11,6 +11,12 @@ import sys
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["apply"]:
+        # The code an apply records its hosts under, read before the inventory or any role is
+        # imported (roles/runner.py checks at the end that it is still the code on disk).
+        from roles.fingerprint import code_digest
+
+        code_digest()
     if sys.argv[1:2] == ["drift"]:
         from roles.fingerprint import send_early
 

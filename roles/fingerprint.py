@@ -113,16 +113,22 @@ _code_digest: str | None = None
 _ROOT = Path(__file__).resolve().parents[1]
 
 
-def code_digest() -> str:
+def code_digest(again: bool = False) -> str:
     """The roles' and the inventory layer's code and templates, Python's version and every
-    installed distribution's name and version (pyinfra's, Jinja's, pydantic's...)."""
+    installed distribution's name and version (pyinfra's, Jinja's, pydantic's...), as they were
+    at the first call of the process (`again`: as they are on disk now, the first kept). The
+    command line takes it before an apply imports the inventory or a role (cli/launch.py); the
+    apply records its hosts only when the files are still those at its end (roles/runner.py),
+    so a record never names code the run did not have loaded."""
     global _code_digest
-    if _code_digest is None:
+    if _code_digest is None or again:
         digest = hashlib.sha256(f"{sys.version}\n{' '.join(_distributions())}\n".encode())
         for name, path in code_files():
             digest.update(f"{name}\n".encode())
             digest.update(hashlib.sha256(path.read_bytes()).digest())
-        _code_digest = digest.hexdigest()
+        if _code_digest is None:
+            _code_digest = digest.hexdigest()
+        return digest.hexdigest()
     return _code_digest
 
 

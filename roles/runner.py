@@ -97,6 +97,10 @@ def run(
     host found converged gets its record for the drift fast path (roles/fingerprint.py); hosts
     the apply changed are checked again, exactly, to find them converged."""
     started = time.monotonic()
+    if record:  # the code this run has loaded, unless the command line took it before
+        from roles import fingerprint
+
+        fingerprint.code_digest()
     asked: dict[str, tuple[str, ...]] = {}
     memoise_global_arguments()
     pyinfra_api.keep_operation_names(_keep_operation_name)
@@ -147,6 +151,10 @@ def run(
 
 # The note naming the converged hosts an apply could not record (fingerprint.record_keys).
 NOT_RECORDED = "not recorded for drift's one round trip"
+CODE_CHANGED = (
+    "gpuinfra's code changed on disk during the run; the next drift checks every host "
+    "operation by operation, until an apply records them"
+)
 
 
 def _record_converged(loaded, options, report: RunReport, asked, contexts) -> None:
@@ -155,6 +163,12 @@ def _record_converged(loaded, options, report: RunReport, asked, contexts) -> No
     the hosts that are neither (their next drift checks them operation by operation)."""
     from roles import fingerprint
 
+    if fingerprint.code_digest(again=True) != fingerprint.code_digest():
+        # An upgrade or a checkout while the run had the code loaded: what it found was found by
+        # code that is no longer on disk, and a record must name the code that made it.
+        report.notes.append(f"{NOT_RECORDED}: {CODE_CHANGED}")
+        fingerprint.forget(loaded.state_dir, set(report.hosts))
+        return
     converged = [name for name in asked if report.hosts[name].status is HostStatus.ok]
     common = fingerprint.common_digest(loaded)
     keys, unkeyed = fingerprint.record_keys(loaded, converged, common)

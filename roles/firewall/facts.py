@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
+
 from pyinfra.api import FactBase
+
+from roles.facts import lines_of
 
 # `nft -s`: stateless listing (no counter values), so only the rules themselves are compared.
 LIST_TABLE = "nft -s list table inet gpuinfra"
 DIGEST = "sha256sum | cut -c1-64"
+# What sha256sum prints for no bytes: nft lists nothing when there is no such table (a table's
+# listing is never empty, it holds at least `table inet gpuinfra {` and `}`).
+NOTHING = hashlib.sha256(b"").hexdigest()
 
 
 class LoadedTable(FactBase):
@@ -14,13 +21,10 @@ class LoadedTable(FactBase):
     of the file content last loaded, "listing": digest of the table right after that load}."""
 
     def command(self, record: str) -> str:
-        # `live` is followed by sha256sum's own line ("<digest>  -"): no `cut` process and no
-        # command substitution around it; the digest is of the same bytes as the listing's.
-        return (
-            f"if out=$({LIST_TABLE} 2>/dev/null); then "
-            f"printf 'live '; printf '%s\\n' \"$out\" | sha256sum; fi; "
-            f"cat {record} 2>/dev/null || true"
-        )
+        # `live` is followed by sha256sum's own line ("<digest>  -") of nft's own bytes: no
+        # `cut`, no command substitution and no `cat` (the record is read by the shell). The
+        # load's `$(...)` and printf give back those bytes: a listing ends in one newline.
+        return f"printf 'live '; {LIST_TABLE} 2>/dev/null | sha256sum; {lines_of(record)}"
 
     @staticmethod
     def default() -> dict[str, str | None]:
@@ -32,4 +36,6 @@ class LoadedTable(FactBase):
             words = line.split()
             if len(words) > 1 and words[0] in state:
                 state[words[0]] = words[1]
+        if state["live"] == NOTHING:
+            state["live"] = None
         return state

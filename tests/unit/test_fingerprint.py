@@ -489,3 +489,31 @@ def test_unwrapping_finds_what_shlex_finds():
             assert fingerprint.unwrapped(text) == _unwrapped_by_shlex(text), repr(text)
             found += fingerprint.unwrapped(text) is not None
     assert found > 3000  # every quoted text at least, and some edits still quote something
+
+
+def test_an_apply_records_nothing_when_its_code_changed_on_disk_during_the_run(
+    tmp_path, monkeypatch
+):
+    """The records an apply keeps name the code it ran with: the digest taken when the command
+    started. When the files on disk are no longer those at the end of the run (an upgrade or a
+    checkout meanwhile), no host is recorded and the records from before go too: drift checks
+    each host operation by operation. Control: the same call with the code unchanged records
+    the converged host (cpu-1: the loopback cluster's one host keyed without controller state)."""
+    from roles import runner
+    from roles.reports import HostReport, Mode, RunOptions, RunReport
+
+    loaded = load(loopback_cluster(tmp_path / "c"))
+    loaded.state_dir.mkdir(mode=0o700)
+    contexts = {ctx.name: ctx for ctx in roles.context.host_contexts(loaded) if ctx.name == "cpu-1"}
+    asked = {"cpu-1": (("echo cpu-1", (0,), fingerprint.output_digest(["cpu-1"])),)}
+
+    def record() -> RunReport:
+        report = RunReport(cluster="loop", mode=Mode.plan, hosts={"cpu-1": HostReport("cpu-1")})
+        runner._record_converged(loaded, RunOptions(mode=Mode.plan), report, asked, contexts)
+        return report
+
+    assert record().notes == []
+    assert fingerprint.load_record(loaded.state_dir, "cpu-1") is not None
+    monkeypatch.setattr(fingerprint, "_code_digest", "the code when the run began")
+    assert record().notes == [f"{runner.NOT_RECORDED}: {runner.CODE_CHANGED}"]
+    assert fingerprint.load_record(loaded.state_dir, "cpu-1") is None

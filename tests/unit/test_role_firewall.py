@@ -13,7 +13,7 @@ import pytest
 from inventory.errors import InventoryInvalid
 from inventory.topology import collapse_sources
 from roles.context import host_contexts, load, topology_of
-from roles.firewall.facts import LoadedTable
+from roles.firewall.facts import NOTHING, LoadedTable
 from roles.firewall.files import NFTABLES_CONF, TABLE_FILE, host_rules, managed_files
 from roles.firewall.operations import content_digest, table_loaded
 from tests.unit.conftest import SAMPLE
@@ -165,6 +165,8 @@ def test_loaded_table_fact_reads_live_and_recorded_digests():
         "listing": "abc",
     }
     assert fact.process(["file def"])["live"] is None
+    # nft lists nothing when the kernel has no such table: sha256sum's digest of no bytes
+    assert fact.process([f"live {NOTHING}  -", "file def"])["live"] is None
 
 
 @pytest.mark.skipif(
@@ -184,13 +186,16 @@ def test_loaded_table_fact_and_load_record_agree_with_this_machines_sh(tmp_path)
     `nft` (a script that prints a fixed listing: the kernel's table cannot be changed by a unit
     test; the firewall lab tests run the real one): right after a load the live digest is the
     recorded listing's, both the digest of the listing's bytes, and a rule added afterwards
-    makes them differ."""
+    makes them differ. Before the first load the stand-in lists nothing, as nft does for a
+    table the kernel does not have."""
     listing = 'table inet gpuinfra {\n\tchain input {\n\t\tiifname "lo" accept\n\t}\n}\n'
     bin_dir, record = tmp_path / "bin", tmp_path / "firewall.loaded"
     bin_dir.mkdir()
-    (tmp_path / "listing").write_text(listing)
     nft = bin_dir / "nft"
-    nft.write_text(f'#!/bin/sh\n[ "$1" = -f ] && exit 0\ncat {tmp_path / "listing"}\n')
+    nft.write_text(
+        f'#!/bin/sh\n[ "$1" = -f ] && cp {tmp_path / "file"} {tmp_path / "listing"} && exit 0\n'
+        f"cat {tmp_path / 'listing'} 2>/dev/null\n"
+    )
     nft.chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
 
@@ -200,6 +205,8 @@ def test_loaded_table_fact_and_load_record_agree_with_this_machines_sh(tmp_path)
         return done.stdout.splitlines()
 
     fact = LoadedTable()
+    (tmp_path / "file").write_text(listing)
+    assert fact.process(run(fact.command(record=str(record)))) == LoadedTable.default()
     yielded, _ = commands(table_loaded, {LoadedTable: LoadedTable.default()}, path=TABLE_FILE,
                           content=CONTENT, record=str(record))  # fmt: skip
     for command in yielded:

@@ -11,7 +11,7 @@ from pyinfra import host
 from pyinfra.api import FileUploadCommand, operation
 from pyinfra.api.operation import OperationMeta
 from pyinfra.facts.deb import DebPackages
-from pyinfra.facts.files import File, Sha1File
+from pyinfra.facts.files import File, Link, Sha1File
 
 from roles import record
 from roles.facts import Account, Container, GroupEntry, NodeName, RebootReasons, UnitState
@@ -160,6 +160,40 @@ def service_running(unit: str, container_skips: bool = False):
         yield f"systemctl reset-failed {unit}"
     if state.get("ActiveState") != "active":
         yield f"systemctl start {unit}"
+
+
+@operation()
+def restart_if_running(unit: str, reload: bool = False):
+    """Restart a unit for its new configuration (reload it, with `reload`, where the unit can
+    reload), only when it runs: systemd's try-restart and try-reload-or-restart, decided on the
+    host as the operation runs. pyinfra's systemd.service(restarted=True) decides from the
+    unit's state read when the run is prepared: a fact that every plan and drift asked systemd
+    for (a GetAll of every property of the unit, on every host), for a restart that runs only
+    when a file changed."""
+    verb = "try-reload-or-restart" if reload else "try-restart"
+    yield f"systemctl {verb} {shlex.quote(unit)}"
+
+
+UNIT_DIR = "/etc/systemd/system"
+
+
+def wants_link(unit: str, target: str) -> str:
+    """The symlink `systemctl enable` makes for a unit of /etc/systemd/system whose [Install]
+    section says WantedBy=`target`."""
+    return f"{UNIT_DIR}/{target}.wants/{unit}"
+
+
+@operation()
+def boot_wanted(unit: str, target: str):
+    """Enable one of gpuinfra's own units at boot (its [Install] section is WantedBy=`target`
+    alone, as the template's test holds it), without starting it: enabled is the symlink
+    `systemctl enable` makes, read as pyinfra's file facts read any path (one batched `stat` in
+    drift's probe, where a unit's state costs its own GetAll from systemd)."""
+    link = host.get_fact(Link, path=wants_link(unit, target))
+    if link and link.get("link_target") == f"{UNIT_DIR}/{unit}":
+        host.noop(f"{unit} is wanted by {target}")
+        return
+    yield f"systemctl enable {shlex.quote(unit)}"
 
 
 @operation()

@@ -5,11 +5,11 @@ from __future__ import annotations
 from io import StringIO
 
 from pyinfra.api import deploy
-from pyinfra.operations import apt, files, server, systemd
+from pyinfra.operations import apt, files, server
 
 from roles.base.config import BaseConfig
 from roles.base.files import managed_files
-from roles.operations import live_hostname, put_file, service_running
+from roles.operations import live_hostname, put_file, restart_if_running, service_running
 from roles.spec import HostContext
 
 # The distribution's own source lists duplicate ours; apt warns about every duplicate entry.
@@ -39,18 +39,16 @@ def apply(ctx: HostContext) -> None:
     )
     apt.packages(name="Install baseline packages", packages=cfg.packages, no_recommends=True)
     service_running(name="Run chrony", unit="chrony", container_skips=True)
-    systemd.service(
+    restart_if_running(
         name="Restart chrony for new sources",
-        service="chrony",
-        restarted=True,
+        unit="chrony",
         _if=written["/etc/chrony/sources.d/gpuinfra.sources"].did_change,
     )
-    systemd.service(
+    restart_if_running(
         name="Restart journald for new limits",
-        service="systemd-journald",
-        restarted=True,
+        unit="systemd-journald",
         _if=written["/etc/systemd/journald.conf.d/50-gpuinfra.conf"].did_change,
     )
     sshd_changed = written["/etc/ssh/sshd_config.d/50-gpuinfra.conf"].did_change
     server.shell(name="Check sshd configuration", commands=["sshd -t"], _if=sshd_changed)
-    systemd.service(name="Reload sshd", service="ssh", reloaded=True, _if=sshd_changed)
+    restart_if_running(name="Reload sshd", unit="ssh", reload=True, _if=sshd_changed)

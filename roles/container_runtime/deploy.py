@@ -4,7 +4,7 @@ mirrors) and Docker (rotated logs, live-restore, data root), validated before th
 from __future__ import annotations
 
 from pyinfra.api import deploy
-from pyinfra.operations import apt, server, systemd
+from pyinfra.operations import apt, server
 
 from roles.container_runtime import files as runtime_files
 from roles.container_runtime.files import (
@@ -18,7 +18,7 @@ from roles.container_runtime.files import (
     runtime_settings,
 )
 from roles.container_runtime.operations import repository_key
-from roles.operations import put_file, service_running
+from roles.operations import put_file, restart_if_running, service_running
 from roles.spec import HostContext
 
 
@@ -51,10 +51,9 @@ def apply(ctx: HostContext) -> None:
     docker = put_file(managed[DOCKER_CONFIG])
     service_running(name="Run containerd", unit="containerd")
     service_running(name="Run docker", unit="docker")
-    systemd.service(
+    restart_if_running(
         name="Restart containerd for its new configuration",
-        service="containerd",
-        restarted=True,
+        unit="containerd",
         _if=containerd.did_change,
     )
     server.shell(
@@ -63,10 +62,9 @@ def apply(ctx: HostContext) -> None:
         _if=containerd.did_change,
     )
     docker_changed = [lambda: docker.did_change() or containerd.did_change()]
-    systemd.service(
+    restart_if_running(
         name="Restart docker for its new configuration",
-        service="docker",
-        restarted=True,
+        unit="docker",
         _if=docker_changed,
     )
     server.shell(name="Wait for docker", commands=[wait_for("docker info")], _if=docker_changed)

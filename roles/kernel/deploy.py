@@ -14,6 +14,7 @@ from roles.kernel.files import (
     SYSCTL_FILE,
     SYSTEMD_LIMITS_FILE,
     THP_UNIT,
+    WANTED_BY,
     host_modules,
     kernel_settings,
 )
@@ -25,9 +26,8 @@ from roles.kernel.operations import (
     swap_out_of_fstab,
     sysctls_live,
     sysfs_setting,
-    units_enabled,
 )
-from roles.operations import put_file, reboot_required
+from roles.operations import boot_wanted, put_file, reboot_required
 from roles.spec import HostContext
 
 GOVERNOR_FILES = "/sys/devices/system/cpu/cpu*/cpufreq/scaling_governor"
@@ -66,7 +66,8 @@ def apply(ctx: HostContext) -> None:
         name="Reload systemd for new units",
         _if=[lambda: any(written[f"/etc/systemd/system/{u}"].did_change() for u in units)],
     )
-    units_enabled(name="Enable the boot-time CPU governor and THP units", units=units)
+    for unit in units:
+        boot_wanted(name=f"Enable {unit} at boot", unit=unit, target=WANTED_BY[unit])
     sysfs_setting(
         name="Set the CPU governor",
         pattern=GOVERNOR_FILES,

@@ -9,7 +9,7 @@ from pyinfra import host
 from pyinfra.api import operation
 from pyinfra.facts.server import Which
 
-from roles.facts import Container, UnitState
+from roles.facts import Container
 from roles.kernel.facts import (
     ActiveSwap,
     KernelModules,
@@ -113,16 +113,6 @@ def sysfs_setting(pattern: str, value: str, what: str, persisted_by: str):
         return
     for path in differing:
         yield f"echo {shlex.quote(value)} > {shlex.quote(path)}"
-
-
-@operation()
-def units_enabled(units: list[str]):
-    """Enable units to start at boot (without starting them now: oneshots that would be
-    skipped here are applied live by their own operations)."""
-    for unit in units:
-        state = host.get_fact(UnitState, unit=unit) or {}
-        if state.get("UnitFileState") != "enabled":
-            yield f"systemctl enable {shlex.quote(unit)}"
 
 
 @operation()

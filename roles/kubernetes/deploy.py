@@ -35,7 +35,7 @@ from roles.kubernetes.files import (
     repository_url,
     settings,
 )
-from roles.operations import put_file, service_running
+from roles.operations import put_file, restart_if_running, service_running
 from roles.spec import HostContext
 
 OPERATOR_KUBECONFIG = "kubernetes/admin.conf"  # under the cluster's state directory
@@ -88,10 +88,10 @@ def _common(ctx: HostContext) -> dict[str, str]:
         unit, proxy = written[API_PROXY_UNIT], written[API_PROXY_CONFIG]
         systemd.daemon_reload(name="Reload systemd for the API proxy unit", _if=unit.did_change)
         service_running(name="Run the node-local API proxy", unit="kube-api-proxy")
-        systemd.service(
+        restart_if_running(
             name="Reload the node-local API proxy for its new configuration",
-            service="kube-api-proxy",
-            reloaded=True,
+            unit="kube-api-proxy",
+            reload=True,
             _if=proxy.did_change,
         )
     files.directory(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pyinfra.api import deploy
-from pyinfra.operations import apt, files, server, systemd
+from pyinfra.operations import apt, files, server
 
 from inventory.topology import NODE_EXPORTER_PORT
 from roles.monitoring.files import (
@@ -16,7 +16,7 @@ from roles.monitoring.files import (
     textfile_dir,
 )
 from roles.monitoring.targets import PROMETHEUS_PORT
-from roles.operations import put_file, service_running, wait_for
+from roles.operations import put_file, restart_if_running, service_running, wait_for
 from roles.spec import HostContext
 
 
@@ -37,10 +37,9 @@ def apply_node_exporter(ctx: HostContext) -> None:
     service_running(name="Run node exporter", unit="prometheus-node-exporter")
     changed = written[NODE_EXPORTER_DEFAULTS].did_change
     # Arguments are only read at start: a reload would keep the old collectors.
-    systemd.service(
+    restart_if_running(
         name="Restart node exporter for new arguments",
-        service="prometheus-node-exporter",
-        restarted=True,
+        unit="prometheus-node-exporter",
         _if=changed,
     )
     server.shell(
@@ -65,16 +64,15 @@ def apply_prometheus(ctx: HostContext) -> None:
     service_running(name="Run Prometheus", unit="prometheus")
     # Retention and listen address are flags: only a restart applies them. Scrape targets and
     # rules are re-read on SIGHUP, which keeps the in-memory head block and running queries.
-    systemd.service(
+    restart_if_running(
         name="Restart Prometheus for new arguments",
-        service="prometheus",
-        restarted=True,
+        unit="prometheus",
         _if=arguments.did_change,
     )
-    systemd.service(
+    restart_if_running(
         name="Reload Prometheus for new targets or rules",
-        service="prometheus",
-        reloaded=True,
+        unit="prometheus",
+        reload=True,
         _if=lambda: not arguments.did_change() and (rules.did_change() or config.did_change()),
     )
     server.shell(

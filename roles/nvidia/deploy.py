@@ -8,11 +8,11 @@ from pyinfra.api import deploy
 from pyinfra.operations import apt, server, systemd
 
 from roles.container_runtime.operations import repository_key
-from roles.kernel.operations import units_enabled
 from roles.nvidia import files as nvidia_files
 from roles.nvidia.compat import has_nvswitch
 from roles.nvidia.files import (
     CDI_UNIT,
+    CDI_WANTED_BY,
     CONTAINERD_DROP_IN,
     KEY,
     NOUVEAU,
@@ -30,7 +30,7 @@ from roles.nvidia.operations import (
     packages_pinned,
     unavailable_reported,
 )
-from roles.operations import put_file, wait_for
+from roles.operations import boot_wanted, put_file, restart_if_running, wait_for
 from roles.spec import HostContext
 
 
@@ -69,10 +69,9 @@ def apply(ctx: HostContext) -> None:
     )
 
     drop_in = written[CONTAINERD_DROP_IN]
-    systemd.service(
+    restart_if_running(
         name="Restart containerd for the nvidia runtime",
-        service="containerd",
-        restarted=True,
+        unit="containerd",
         _if=drop_in.did_change,
     )
     server.shell(
@@ -82,7 +81,7 @@ def apply(ctx: HostContext) -> None:
     )
     cdi_unit = written[f"/etc/systemd/system/{CDI_UNIT}"]
     systemd.daemon_reload(name="Reload systemd for the CDI unit", _if=cdi_unit.did_change)
-    units_enabled(name="Enable the CDI spec refresh at boot", units=[CDI_UNIT])
+    boot_wanted(name="Enable the CDI spec refresh at boot", unit=CDI_UNIT, target=CDI_WANTED_BY)
     # Its conditions skip it until the toolkit is installed and a driver is loaded.
     server.shell(
         name="Refresh the CDI spec for the driver",

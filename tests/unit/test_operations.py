@@ -11,6 +11,7 @@ from pyinfra.context import ctx_host
 from pyinfra.facts.files import File, Sha1File
 
 from roles.operations import clear_pending, pending_marker, put_checked, staged_path
+from tests.unit.fake_host import commands, keyed_host
 
 DEST = "/etc/etcd/pki/member.key"
 STAGED = "/etc/etcd/pki/.member.key.gpuinfra-new"
@@ -96,3 +97,62 @@ def test_clear_pending_removes_only_the_marks_present():
     assert ran == [f"rm -f {MARKER}"]
     ran, noops = run(clear_pending, {}, paths=[DEST, other])
     assert ran == [] and noops == ["no restart pending"]
+
+
+# -- boot_wanted: gpuinfra's own units, enabled as the symlink `systemctl enable` makes ---------
+
+
+def test_a_unit_is_enabled_only_when_its_wants_link_is_missing_or_elsewhere():
+    from pyinfra.facts.files import Link
+
+    from roles.operations import boot_wanted, wants_link
+
+    link = wants_link("gpuinfra-thp.service", "basic.target")
+    assert link == "/etc/systemd/system/basic.target.wants/gpuinfra-thp.service"
+    found = {
+        "user": "root",
+        "group": "root",
+        "link_target": "/etc/systemd/system/gpuinfra-thp.service",
+    }
+    elsewhere = {**found, "link_target": "/dev/null"}
+    for state, enables in ((found, False), (None, True), (elsewhere, True), (False, True)):
+        with keyed_host({(Link, (("path", link),)): state}) as host:
+            yielded = [
+                str(c)
+                for c in boot_wanted._inner(unit="gpuinfra-thp.service", target="basic.target")
+            ]
+        assert yielded == (["systemctl enable gpuinfra-thp.service"] if enables else [])
+        assert bool(host.noops) is not enables
+
+
+def test_each_unit_enabled_by_its_wants_link_is_wanted_by_that_target_alone():
+    """`systemctl enable` acts on the whole [Install] section: a unit boot_wanted checks by one
+    symlink must want that one target and nothing else (no RequiredBy, Alias or Also)."""
+    from roles.context import host_contexts, host_files, load
+    from roles.kernel.files import WANTED_BY
+    from roles.nvidia.files import CDI_UNIT, CDI_WANTED_BY
+    from tests.unit.conftest import SAMPLE
+
+    wanted = {**WANTED_BY, CDI_UNIT: CDI_WANTED_BY}
+    seen = set()
+    for ctx in host_contexts(load(SAMPLE)):
+        for managed in host_files(ctx):
+            unit = managed.path.removeprefix("/etc/systemd/system/")
+            if unit not in wanted:
+                continue
+            install = managed.content.split("[Install]\n", 1)[1].split("\n[", 1)[0]
+            lines = [line for line in install.splitlines() if line.strip() and line[0] not in "#;"]
+            assert lines == [f"WantedBy={wanted[unit]}"], f"{ctx.name} {unit}"
+            seen.add(unit)
+    assert seen == set(wanted)  # every one of them rendered somewhere in the sample
+
+
+def test_a_restart_or_reload_is_decided_on_the_host_when_it_runs():
+    """No fact: systemd restarts (or reloads) the unit only if it runs when the operation does."""
+    from roles.operations import restart_if_running
+
+    assert commands(restart_if_running, {}, unit="docker") == (["systemctl try-restart docker"], [])
+    assert commands(restart_if_running, {}, unit="ssh", reload=True) == (
+        ["systemctl try-reload-or-restart ssh"],
+        [],
+    )

@@ -183,12 +183,23 @@ def wants_link(unit: str, target: str) -> str:
     return f"{UNIT_DIR}/{target}.wants/{unit}"
 
 
+def wanted_by(unit_text: str) -> str:
+    """The one target a unit's [Install] section wants it by: the only symlink `systemctl
+    enable` makes for it. Any other [Install] line (RequiredBy, Alias, Also, a second target)
+    is refused, since boot_wanted would not see what enable makes for it."""
+    section = unit_text.split("\n[Install]\n", 1)[-1].split("\n[", 1)[0]
+    lines = [line for line in section.splitlines() if line.strip() and line[0] not in "#;"]
+    if "\n[Install]\n" not in unit_text or len(lines) != 1 or not lines[0].startswith("WantedBy="):
+        raise ValueError(f"[Install] is not one WantedBy= line: {lines}")
+    return lines[0].removeprefix("WantedBy=").strip()
+
+
 @operation()
 def boot_wanted(unit: str, target: str):
-    """Enable one of gpuinfra's own units at boot (its [Install] section is WantedBy=`target`
-    alone, as the template's test holds it), without starting it: enabled is the symlink
-    `systemctl enable` makes, read as pyinfra's file facts read any path (one batched `stat` in
-    drift's probe, where a unit's state costs its own GetAll from systemd)."""
+    """Enable one of gpuinfra's own units at boot (`target`: `wanted_by` of its file), without
+    starting it: enabled is the symlink `systemctl enable` makes, read as pyinfra's file facts
+    read any path (one batched `stat` in drift's probe, where a unit's state costs its own
+    GetAll from systemd)."""
     link = host.get_fact(Link, path=wants_link(unit, target))
     if link and link.get("link_target") == f"{UNIT_DIR}/{unit}":
         host.noop(f"{unit} is wanted by {target}")

@@ -14,7 +14,6 @@ from roles.kernel.files import (
     SYSCTL_FILE,
     SYSTEMD_LIMITS_FILE,
     THP_UNIT,
-    WANTED_BY,
     host_modules,
     kernel_settings,
 )
@@ -27,7 +26,7 @@ from roles.kernel.operations import (
     sysctls_live,
     sysfs_setting,
 )
-from roles.operations import boot_wanted, put_file, reboot_required
+from roles.operations import boot_wanted, put_file, reboot_required, wanted_by
 from roles.spec import HostContext
 
 GOVERNOR_FILES = "/sys/devices/system/cpu/cpu*/cpufreq/scaling_governor"
@@ -37,7 +36,8 @@ THP_FILES = "/sys/kernel/mm/transparent_hugepage/enabled"
 @deploy("Kernel")
 def apply(ctx: HostContext) -> None:
     cfg = kernel_settings(ctx)
-    written = {f.path: put_file(f) for f in kernel_files.managed_files(ctx)}
+    managed = {f.path: f for f in kernel_files.managed_files(ctx)}
+    written = {path: put_file(f) for path, f in managed.items()}
     # Modules first: br_netfilter provides the net.bridge sysctls set below.
     modules_loaded(name="Load kernel modules", modules=host_modules(ctx), persisted_in=MODULES_FILE)
     sysctls_live(
@@ -67,7 +67,8 @@ def apply(ctx: HostContext) -> None:
         _if=[lambda: any(written[f"/etc/systemd/system/{u}"].did_change() for u in units)],
     )
     for unit in units:
-        boot_wanted(name=f"Enable {unit} at boot", unit=unit, target=WANTED_BY[unit])
+        target = wanted_by(managed[f"/etc/systemd/system/{unit}"].content)
+        boot_wanted(name=f"Enable {unit} at boot", unit=unit, target=target)
     sysfs_setting(
         name="Set the CPU governor",
         pattern=GOVERNOR_FILES,

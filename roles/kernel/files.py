@@ -13,8 +13,6 @@ LIMITS_FILE = "/etc/security/limits.d/90-gpuinfra.conf"
 SYSTEMD_LIMITS_FILE = "/etc/systemd/system.conf.d/90-gpuinfra.conf"
 GOVERNOR_UNIT = "gpuinfra-cpu-governor.service"
 THP_UNIT = "gpuinfra-thp.service"
-# The one target each unit's [Install] section wants it by (tests/unit/test_role_kernel.py).
-WANTED_BY = {GOVERNOR_UNIT: "multi-user.target", THP_UNIT: "basic.target"}
 
 
 def kernel_settings(ctx: HostContext) -> KernelConfig:

@@ -12,7 +12,6 @@ from roles.nvidia import files as nvidia_files
 from roles.nvidia.compat import has_nvswitch
 from roles.nvidia.files import (
     CDI_UNIT,
-    CDI_WANTED_BY,
     CONTAINERD_DROP_IN,
     KEY,
     NOUVEAU,
@@ -30,7 +29,7 @@ from roles.nvidia.operations import (
     packages_pinned,
     unavailable_reported,
 )
-from roles.operations import boot_wanted, put_file, restart_if_running, wait_for
+from roles.operations import boot_wanted, put_file, restart_if_running, wait_for, wanted_by
 from roles.spec import HostContext
 
 
@@ -38,7 +37,8 @@ from roles.spec import HostContext
 def apply(ctx: HostContext) -> None:
     cfg = nvidia_settings(ctx)
     plan = host_packages(ctx)
-    written = {f.path: put_file(f) for f in nvidia_files.managed_files(ctx)}
+    managed = {f.path: f for f in nvidia_files.managed_files(ctx)}
+    written = {path: put_file(f) for path, f in managed.items()}
     url = repository_url(ctx)
     repository_key(
         name="Fetch NVIDIA's repository key",
@@ -81,7 +81,8 @@ def apply(ctx: HostContext) -> None:
     )
     cdi_unit = written[f"/etc/systemd/system/{CDI_UNIT}"]
     systemd.daemon_reload(name="Reload systemd for the CDI unit", _if=cdi_unit.did_change)
-    boot_wanted(name="Enable the CDI spec refresh at boot", unit=CDI_UNIT, target=CDI_WANTED_BY)
+    target = wanted_by(managed[f"/etc/systemd/system/{CDI_UNIT}"].content)
+    boot_wanted(name="Enable the CDI spec refresh at boot", unit=CDI_UNIT, target=target)
     # Its conditions skip it until the toolkit is installed and a driver is loaded.
     server.shell(
         name="Refresh the CDI spec for the driver",

@@ -19,7 +19,6 @@ NOUVEAU = "/etc/modprobe.d/gpuinfra-nouveau.conf"
 MODULES = "/etc/modules-load.d/gpuinfra-nvidia.conf"
 CONTAINERD_DROP_IN = "/etc/containerd/conf.d/90-nvidia.toml"
 CDI_UNIT = "gpuinfra-nvidia-cdi.service"
-CDI_WANTED_BY = "multi-user.target"  # its [Install] section (tests/unit/test_role_nvidia.py)
 CDI_SPEC = "/var/run/cdi/nvidia.yaml"
 # unattended-upgrades must leave these alone: its upgrades replaced driver libraries under
 # running pods in users' reports (Package-Blacklist entries are regular expressions).

@@ -128,12 +128,16 @@ def test_a_unit_is_enabled_only_when_its_wants_link_is_missing_or_elsewhere():
 def test_each_unit_enabled_by_its_wants_link_is_wanted_by_that_target_alone():
     """`systemctl enable` acts on the whole [Install] section: a unit boot_wanted checks by one
     symlink must want that one target and nothing else (no RequiredBy, Alias or Also)."""
+    import pytest
+
     from roles.context import host_contexts, host_files, load
-    from roles.kernel.files import WANTED_BY
-    from roles.nvidia.files import CDI_UNIT, CDI_WANTED_BY
+    from roles.kernel.files import GOVERNOR_UNIT, THP_UNIT
+    from roles.nvidia.files import CDI_UNIT
+    from roles.operations import wanted_by
     from tests.unit.conftest import SAMPLE
 
-    wanted = {**WANTED_BY, CDI_UNIT: CDI_WANTED_BY}
+    wanted = {GOVERNOR_UNIT: "multi-user.target", THP_UNIT: "basic.target"}
+    wanted[CDI_UNIT] = "multi-user.target"
     seen = set()
     for ctx in host_contexts(load(SAMPLE)):
         for managed in host_files(ctx):
@@ -143,8 +147,13 @@ def test_each_unit_enabled_by_its_wants_link_is_wanted_by_that_target_alone():
             install = managed.content.split("[Install]\n", 1)[1].split("\n[", 1)[0]
             lines = [line for line in install.splitlines() if line.strip() and line[0] not in "#;"]
             assert lines == [f"WantedBy={wanted[unit]}"], f"{ctx.name} {unit}"
+            assert wanted_by(managed.content) == wanted[unit]
             seen.add(unit)
     assert seen == set(wanted)  # every one of them rendered somewhere in the sample
+    with pytest.raises(ValueError, match="RequiredBy"):
+        wanted_by("[Unit]\n[Install]\nWantedBy=a.target\nRequiredBy=b.target\n")
+    with pytest.raises(ValueError):
+        wanted_by("[Unit]\nDescription=no install section\n")
 
 
 def test_a_restart_or_reload_is_decided_on_the_host_when_it_runs():

@@ -52,12 +52,14 @@ def apply_server(ctx: HostContext) -> None:
         _serial=True,
         _if=changed,
     )
-    for zone in zones(ctx):
+    served = zones(ctx)
+    for zone in served:
         zone_served(
             name=f"Check {zone.name} is served",
             zone=zone.name,
             serial=render_zone(ctx, zone).serial,
             secondary=not primary,
+            zones=tuple(z.name for z in served),  # one fact, one `dig`, for all of them
         )
 
 

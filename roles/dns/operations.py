@@ -10,7 +10,7 @@ from pyinfra.api import operation
 from pyinfra.api.operation import OperationMeta
 from pyinfra.facts.files import Link
 
-from roles.dns.facts import ServedSerial
+from roles.dns.facts import ServedSerials
 from roles.operations import put_checked, remember_file
 from roles.pyinfra_api import inner
 from roles.spec import ManagedFile
@@ -45,12 +45,12 @@ def primary_zone(zone: str, content: str | None, dest: str, check: str, group: s
 
 
 @operation()
-def zone_served(zone: str, serial: int, secondary: bool):
+def zone_served(zone: str, serial: int, secondary: bool, zones: tuple[str, ...]):
     """Readiness: the local server answers the zone's SOA at the serial the inventory renders.
     A secondary that holds another serial is told to transfer the zone again: a secondary
     only follows a higher serial by itself, and a lost state directory (or a second controller)
     renders a lower one. Then waits up to SERVE_TIMEOUT_S."""
-    served = host.get_fact(ServedSerial, zone=zone)
+    served = host.get_fact(ServedSerials, zones=zones).get(zone.rstrip(".").lower())
     if served == serial:
         host.noop(f"{zone} is served at serial {serial}")
         return

@@ -34,11 +34,10 @@ class FstabEntry(FactBase):
 
 
 class EtcdInstalled(FactBase):
-    """The installed etcd version: the package's (distribution) or the binary's own."""
+    """The version of the etcd binary a release tarball installed (the distribution's package
+    is read from dpkg's list: roles/etcd/operations.py etcd_installed)."""
 
-    def command(self, source: str, binary_dir: str) -> str:
-        if source == "distribution":
-            return "dpkg-query -W -f '${Version}' etcd-server 2>/dev/null || true"
+    def command(self, binary_dir: str) -> str:
         return f"{binary_dir}/etcd --version 2>/dev/null | sed -n 's/^etcd Version: //p' || true"
 
     def process(self, output: list[str]) -> str | None:

@@ -10,6 +10,7 @@ import shlex
 
 from pyinfra import host
 from pyinfra.api import FunctionCommand, OperationError, StringCommand, operation
+from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.server import Mounts
 
 from roles import record
@@ -124,7 +125,14 @@ def etcd_installed(cfg: EtcdConfig, version: str):
     """etcd, etcdctl and etcdutl at the pinned version: the distribution's packages, or the
     release tarball checked against its SHA-256 before anything is unpacked."""
     bin_dir = binary_dir(cfg)
-    installed = host.get_fact(EtcdInstalled, source=cfg.source, binary_dir=bin_dir)
+    if cfg.source == "distribution":
+        # dpkg's list, which every host's roles read already (roles/operations.py prefetch): no
+        # dpkg-query of its own. An installed or held package only, never one removed with its
+        # configuration left.
+        versions = sorted((host.get_fact(DebPackages) or {}).get("etcd-server", ()))
+        installed = versions[0] if versions else None
+    else:
+        installed = host.get_fact(EtcdInstalled, binary_dir=bin_dir)
     if installed and installed.split("-")[0].split("+")[0] == version:
         host.noop(f"etcd {installed} installed")
         return

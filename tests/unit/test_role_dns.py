@@ -11,7 +11,7 @@ import pytest
 
 from roles import clock
 from roles.context import host_contexts, host_files, load
-from roles.dns.facts import ServedSerial
+from roles.dns.facts import ServedSerials
 from roles.dns.files import (
     KEY_FILE,
     LOCAL_FILE,
@@ -222,15 +222,26 @@ def test_secondary_writes_no_zone_file():
 )
 def test_zone_served_retransfers_on_a_secondary_and_waits(served, secondary, expected):
     yielded, _ = commands(
-        zone_served, {ServedSerial: served}, zone="small.test", serial=2026112100,
-        secondary=secondary,
+        zone_served, {ServedSerials: {} if served is None else {"small.test": served}},
+        zone="small.test", serial=2026112100, secondary=secondary, zones=("small.test",),
     )  # fmt: skip
     assert [c if c.startswith("rndc") else "wait" for c in yielded] == expected
     if yielded:
         assert "grep -qx 2026112100" in yielded[-1]
 
 
-def test_served_serial_fact_reads_the_soa():
-    line = "dns-1.small.test. hostmaster.small.test. 2026112103 3600 600 1209600 300"
-    assert ServedSerial().process([line]) == 2026112103
-    assert ServedSerial().process([";; connection timed out; no servers could be reached"]) is None
+def test_served_serials_fact_reads_each_zone_from_one_dig():
+    fact = ServedSerials()
+    command = fact.command(zones=("small.test", "0.18.198.in-addr.arpa"))
+    assert command.count("dig ") == 1
+    assert "small.test SOA 0.18.198.in-addr.arpa SOA" in command
+    answer = [
+        "small.test.\t300\tIN\tSOA\tdns-1.small.test. hostmaster.small.test. 2026112103 3600 "
+        "600 1209600 300",
+        "0.18.198.in-addr.arpa.\t300\tIN\tSOA\tdns-1.small.test. hostmaster.small.test. "
+        "2026112101 3600 600 1209600 300",
+    ]
+    assert fact.process(answer) == {"small.test": 2026112103, "0.18.198.in-addr.arpa": 2026112101}
+    # a zone the server does not answer is absent; so is everything when no server answers
+    assert fact.process(answer[1:]) == {"0.18.198.in-addr.arpa": 2026112101}
+    assert fact.process([";; communications error to 127.0.0.1#53: connection refused"]) == {}

@@ -26,6 +26,7 @@ from roles.etcd.gate import judge, parse_p99_ms
 from roles.etcd.operations import refusal
 from roles.etcd.release import CHECKSUMS, ReleaseUnknown, binary_dir, release
 from roles.spec import HostContext
+from tests.unit.fake_host import commands
 
 
 @pytest.fixture
@@ -227,3 +228,31 @@ def test_disk_gate_reads_fio_p99_and_judges_it():
     assert judge("e1", "/d", output, True, 1.0, True).status == "override"
     assert judge("e1", "/d", "fio: not found", False, 10.0, False).status == "error"
     assert judge("e1", "/d", "{}", True, 10.0, False).status == "error"
+
+
+@pytest.mark.parametrize(
+    ("packages", "expected"),
+    [
+        ({"etcd-server": {"3.5.16-4"}}, "noop"),  # the pinned version, as Debian 13 has it
+        ({"etcd-server": {"3.5.15-1"}}, "upgrade"),  # another: held back, rolled by the role
+        ({}, "install"),  # absent (or removed with its configuration left: not in the list)
+    ],
+)
+def test_distribution_etcd_is_read_from_dpkgs_list(packages, expected):
+    """The distribution's etcd is judged from dpkg's list (DebPackages, which every host asks
+    already): no dpkg-query of its own, the same decision."""
+    from pyinfra.facts.deb import DebPackages
+
+    from roles.etcd.operations import etcd_installed
+
+    yielded, noops = commands(
+        etcd_installed,
+        {DebPackages: packages},
+        cfg=EtcdConfig(source="distribution"),
+        version="3.5.16",
+    )
+    if expected == "noop":
+        assert (yielded, noops) == ([], ["etcd 3.5.16-4 installed"])
+    else:
+        assert len(yielded) == 1 and "etcd-server=3.5.16*" in yielded[0]
+        assert ("policy-rc.d" in yielded[0]) is (expected == "upgrade")

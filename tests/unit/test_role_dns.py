@@ -245,3 +245,5 @@ def test_served_serials_fact_reads_each_zone_from_one_dig():
     # a zone the server does not answer is absent; so is everything when no server answers
     assert fact.process(answer[1:]) == {"0.18.198.in-addr.arpa": 2026112101}
     assert fact.process([";; communications error to 127.0.0.1#53: connection refused"]) == {}
+    # pyinfra answers an empty output (dig not installed yet) with the default, not process()
+    assert fact.default() == {}

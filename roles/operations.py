@@ -207,6 +207,13 @@ def boot_wanted(unit: str, target: str):
     yield f"systemctl enable {shlex.quote(unit)}"
 
 
+def enable_at_boot(unit_file: ManagedFile, name: str) -> None:
+    """boot_wanted for one of gpuinfra's unit files, the unit named by its path and the target
+    read from its own [Install] section (wanted_by)."""
+    unit = posixpath.basename(unit_file.path)
+    boot_wanted(name=name, unit=unit, target=wanted_by(unit_file.content))
+
+
 @operation()
 def system_account(user: str, group: str, home: str, shell: str = "/usr/sbin/nologin"):
     """A system user with its own primary group, the home it is given and no login, for a

@@ -53,13 +53,14 @@ def apply_server(ctx: HostContext) -> None:
         _if=changed,
     )
     served = zones(ctx)
+    names = tuple(zone.name for zone in served)  # one fact, one `dig`, for all of them
     for zone in served:
         zone_served(
             name=f"Check {zone.name} is served",
             zone=zone.name,
             serial=render_zone(ctx, zone).serial,
             secondary=not primary,
-            zones=tuple(z.name for z in served),  # one fact, one `dig`, for all of them
+            zones=names,
         )
 
 

@@ -26,7 +26,7 @@ from roles.kernel.operations import (
     sysctls_live,
     sysfs_setting,
 )
-from roles.operations import boot_wanted, put_file, reboot_required, wanted_by
+from roles.operations import enable_at_boot, put_file, reboot_required
 from roles.spec import HostContext
 
 GOVERNOR_FILES = "/sys/devices/system/cpu/cpu*/cpufreq/scaling_governor"
@@ -67,8 +67,7 @@ def apply(ctx: HostContext) -> None:
         _if=[lambda: any(written[f"/etc/systemd/system/{u}"].did_change() for u in units)],
     )
     for unit in units:
-        target = wanted_by(managed[f"/etc/systemd/system/{unit}"].content)
-        boot_wanted(name=f"Enable {unit} at boot", unit=unit, target=target)
+        enable_at_boot(managed[f"/etc/systemd/system/{unit}"], name=f"Enable {unit} at boot")
     sysfs_setting(
         name="Set the CPU governor",
         pattern=GOVERNOR_FILES,

@@ -29,7 +29,7 @@ from roles.nvidia.operations import (
     packages_pinned,
     unavailable_reported,
 )
-from roles.operations import boot_wanted, put_file, restart_if_running, wait_for, wanted_by
+from roles.operations import enable_at_boot, put_file, restart_if_running, wait_for
 from roles.spec import HostContext
 
 
@@ -81,8 +81,9 @@ def apply(ctx: HostContext) -> None:
     )
     cdi_unit = written[f"/etc/systemd/system/{CDI_UNIT}"]
     systemd.daemon_reload(name="Reload systemd for the CDI unit", _if=cdi_unit.did_change)
-    target = wanted_by(managed[f"/etc/systemd/system/{CDI_UNIT}"].content)
-    boot_wanted(name="Enable the CDI spec refresh at boot", unit=CDI_UNIT, target=target)
+    enable_at_boot(
+        managed[f"/etc/systemd/system/{CDI_UNIT}"], name="Enable the CDI spec refresh at boot"
+    )
     # Its conditions skip it until the toolkit is installed and a driver is loaded.
     server.shell(
         name="Refresh the CDI spec for the driver",

@@ -189,3 +189,43 @@ def test_drift_shards_split_the_hosts_and_together_check_all(converged, tmp_path
         assert f"shard {index}/3" in " ".join(report["notes"])
         seen += list(report["hosts"])
     assert sorted(seen) == sorted(lab.hosts)
+
+
+def test_a_restart_systemd_refuses_fails_with_the_units_journal_and_is_not_retried(lab):
+    """`restart_if_running`'s command against the host's real systemd: a running unit restarts
+    (a new main process); a unit whose new configuration cannot start fails the command with
+    the journal's reason, and only systemd's transient `resources` result would start it again
+    (exit-code here: one start, not two)."""
+    from roles.operations import restart_command
+
+    host, unit = lab.hosts[0], "gpuinfra-restart-probe"
+    path = f"/etc/systemd/system/{unit}.service"
+
+    def write_unit(exec_start: str) -> None:
+        text = f"[Service]\\nType=exec\\nExecStart={exec_start}\\n"
+        lab.ssh(host, f"printf '{text}' > {path} && systemctl daemon-reload")
+
+    def main_pid() -> str:
+        return lab.ssh(host, f"systemctl show -p MainPID --value {unit}").stdout.strip()
+
+    since = lab.ssh(host, "date +%s").stdout.strip()
+    write_unit("/bin/sleep infinity")
+    try:
+        lab.ssh(host, f"systemctl start {unit}")
+        before = main_pid()
+        assert lab.ssh(host, f"( {restart_command(unit)} )", check=False).returncode == 0
+        assert main_pid() not in ("0", before)
+
+        write_unit("/nonexistent/daemon")
+        failed = lab.ssh(host, f"( {restart_command(unit)} )", check=False)
+        assert failed.returncode == 1
+        assert "/nonexistent/daemon" in failed.stderr  # the journal's own words
+        result = lab.ssh(host, f"systemctl show -p Result --value {unit}").stdout.strip()
+        assert result == "exit-code"
+        starts = lab.ssh(
+            host, f"journalctl -u {unit} --since @{since} -o cat | grep -c '^Starting'"
+        ).stdout
+        assert int(starts) == 3  # start, good restart, refused restart: no second try
+    finally:
+        lab.ssh(host, f"systemctl stop {unit}; rm -f {path}; systemctl daemon-reload", check=False)
+        lab.ssh(host, f"systemctl reset-failed {unit}", check=False)

@@ -5,8 +5,10 @@ write stays marked pending until its phase's restarts have run."""
 from __future__ import annotations
 
 import hashlib
+import subprocess
 from typing import Any
 
+import pytest
 from pyinfra.context import ctx_host
 from pyinfra.facts.files import File, Sha1File
 
@@ -158,10 +160,67 @@ def test_each_unit_enabled_by_its_wants_link_is_wanted_by_that_target_alone():
 
 def test_a_restart_or_reload_is_decided_on_the_host_when_it_runs():
     """No fact: systemd restarts (or reloads) the unit only if it runs when the operation does."""
-    from roles.operations import restart_if_running
+    from roles.operations import restart_command, restart_if_running
 
-    assert commands(restart_if_running, {}, unit="docker") == (["systemctl try-restart docker"], [])
+    assert commands(restart_if_running, {}, unit="docker") == ([restart_command("docker")], [])
     assert commands(restart_if_running, {}, unit="ssh", reload=True) == (
-        ["systemctl try-reload-or-restart ssh"],
+        [restart_command("ssh", reload=True)],
         [],
     )
+    assert restart_command("ssh", reload=True).startswith("systemctl try-reload-or-restart ssh ")
+
+
+FAKE_SYSTEMCTL = """#!/bin/sh
+echo "systemctl $*" >> "$LOG"
+case "$1" in
+  try-restart|try-reload-or-restart) exit "$RESTART_RC" ;;
+  show) echo "$RESULT" ;;
+  start) exit "$START_RC" ;;
+esac
+"""
+
+
+@pytest.mark.parametrize(
+    ("restart_rc", "result", "start_rc", "rc", "calls"),
+    [
+        (0, "success", 0, 0, ["try-restart"]),
+        (1, "resources", 0, 0, ["try-restart", "show", "start"]),
+        (1, "resources", 1, 1, ["try-restart", "show", "start", "journal"]),
+        (1, "exit-code", 0, 1, ["try-restart", "show", "journal"]),
+        (1, "start-limit-hit", 0, 1, ["try-restart", "show", "journal"]),
+    ],
+)
+def test_a_restart_refused_for_want_of_resources_is_started_once_more(
+    tmp_path, restart_rc, result, start_rc, rc, calls
+):
+    """The host's command under /bin/sh, with systemctl and journalctl replaced by scripts that
+    play systemd's answers (a stand-in: a spawn failure of systemd cannot be caused on demand on
+    a lab host; the lab's applies run the same command against real systemd). Only the result
+    `resources` earns a second start; every failure shows the unit's journal."""
+    from roles.operations import restart_command
+
+    log = tmp_path / "calls"
+    for name, text in {
+        "systemctl": FAKE_SYSTEMCTL,
+        "journalctl": '#!/bin/sh\necho "journal $*" >> "$LOG"\necho "containerd: the why"\n',
+    }.items():
+        (tmp_path / name).write_text(text)
+        (tmp_path / name).chmod(0o755)
+    env = {
+        "PATH": f"{tmp_path}:/usr/bin:/bin",
+        "LOG": str(log),
+        "RESTART_RC": str(restart_rc),
+        "RESULT": result,
+        "START_RC": str(start_rc),
+    }
+    run = subprocess.run(
+        ["/bin/sh", "-c", restart_command("containerd")], env=env, capture_output=True, text=True
+    )
+    assert run.returncode == rc
+    seen = [
+        line.split()[1] if line.startswith("systemctl") else "journal"
+        for line in log.read_text().splitlines()
+    ]
+    assert seen == calls
+    assert ("containerd: the why" in run.stderr) == ("journal" in calls)
+    assert "systemctl show -p Result --value containerd" in log.read_text() or "show" not in calls

@@ -350,6 +350,32 @@ def test_a_full_restore_still_rebuilds_the_cluster(converged, tmp_path):
         assert leftovers(lab, member) == [], member
 
 
+def test_the_backup_snapshots_a_running_member_and_never_starts_a_stopped_one(converged):
+    """The hourly backup (etcd-backup.service, what its timer starts) writes a snapshot while
+    etcd runs (positive control). On a member whose etcd was stopped (as `etcd restore` and
+    `etcd replace` stop it), the same start writes nothing and etcd stays stopped: with the
+    unit's former Requires=etcd.service it started etcd again, and a backup that fired during a
+    stop cancelled it (seen in CI: "could not stop etcd on etcd-1: Job for etcd.service
+    canceled")."""
+    lab = converged
+    wait_healthy(lab)
+    count = "ls /var/backups/etcd/etcd-*.db 2>/dev/null | wc -l"
+    before = int(lab.ssh("etcd-1", count).stdout)
+    lab.ssh("etcd-1", "systemctl start etcd-backup.service")
+    assert int(lab.ssh("etcd-1", count).stdout) == before + 1
+    try:
+        lab.ssh("etcd-1", "systemctl stop etcd")
+        lab.ssh("etcd-1", "systemctl start etcd-backup.service")
+        state = lab.ssh("etcd-1", "systemctl is-active etcd", check=False).stdout.strip()
+        assert state == "inactive"
+        assert int(lab.ssh("etcd-1", count).stdout) == before + 1
+        skipped = lab.ssh("etcd-1", "systemctl show -p ConditionResult --value etcd-backup")
+        assert skipped.stdout.strip() == "no"
+    finally:
+        lab.ssh("etcd-1", "systemctl start etcd", check=False)
+    wait_healthy(lab)
+
+
 FAILING_STOP = """#!/bin/sh
 if [ "$1" = stop ] && [ "$2" = etcd ]; then
     echo "injected: Failed to stop etcd.service" >&2

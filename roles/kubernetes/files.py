@@ -172,6 +172,9 @@ Wants=network-online.target
 Before=kubelet.service
 
 [Service]
+# -Ws: HAProxy tells systemd when it is ready; as Type=simple, a reload right after a start
+# could reach it before its signal handlers and kill it (USR2, seen in CI).
+Type=notify
 ExecStartPre=/usr/sbin/haproxy -c -q -f {API_PROXY_CONFIG}
 ExecStart=/usr/sbin/haproxy -Ws -f {API_PROXY_CONFIG}
 ExecReload=/bin/kill -USR2 $MAINPID

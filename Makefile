@@ -5,10 +5,11 @@ BIN := $(VENV)/bin
 PYTHON ?= python3
 LAB ?= lab
 
-.PHONY: help install test unit lint format render demo lab-down clean
+.PHONY: help install go-build test unit lint format render demo lab-down clean
 
 help:
-	@echo "make install  Debian packages for the lab + .venv with gpuinfra (editable) and dev tools"
+	@echo "make install  Debian packages for the lab + .venv with gpuinfra (editable) and dev tools,"
+	@echo "              and the cluster's Go programs built from go/ (once per machine)"
 	@echo "make demo     the main job: lab up, bootstrap the cluster on it, drift + verify reports"
 	@echo "make test     every test: unit, then integration on a lab booted for the run"
 	@echo "make unit     unit tests only (no root, no hosts)"
@@ -18,7 +19,12 @@ help:
 	@echo "make bench    benchmarks on lab hosts into docs/benchmarks (BENCH_SIZES, BENCH_REPEATS)"
 	@echo "make bench-quick  the benchmark harness end to end: 10 hosts, one run per engine"
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed go-build
+
+# The cluster's programs (Kubernetes, CoreDNS, CNI plugins, registry, crane) from the pinned Go
+# modules in go/, into /var/cache/gpuinfra/go: built once per machine, a no-op afterwards.
+go-build: $(VENV)/.installed
+	$(BIN)/python -m lab.gobuild
 
 # Re-run when the dependencies change; the Debian packages are idempotent to install.
 $(VENV)/.installed: pyproject.toml scripts/install-debian-packages.sh

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import shlex
@@ -114,6 +115,58 @@ def write_identity(
     (paths / PREPARED).write_text("")
 
 
+# systemd-nspawn mounts the cgroup v1 controllers read-only; containerd and kubelet make cgroups
+# in them. The host's cgroup namespace starts at its own folder on the machine (OWN_CGROUPS),
+# so a fresh mount of each controller shows that subtree, writable, and nothing of other hosts.
+CGROUPS_SCRIPT = "usr/local/sbin/gpuinfra-lab-cgroups"
+CGROUPS_SCRIPT_TEXT = """\
+#!/bin/sh
+# gpuinfra lab: mount this host's cgroup v1 controllers writable (see gpuinfra's lab/host.py).
+set -eu
+for dir in /sys/fs/cgroup/*; do
+    name=${dir##*/}
+    case $name in systemd|unified) continue ;; esac
+    [ -L "$dir" ] && continue
+    options=$(awk -v d="$dir" '$2 == d && $3 == "cgroup" {print $4}' /proc/self/mounts)
+    case ",$options," in *,ro,*) ;; *) continue ;; esac
+    umount "$dir"
+    mount -t cgroup -o "rw,nosuid,nodev,noexec,$name" cgroup "$dir"
+done
+"""
+CGROUPS_UNIT = "etc/systemd/system/gpuinfra-lab-cgroups.service"
+CGROUPS_UNIT_TEXT = f"""\
+[Unit]
+Description=gpuinfra lab: writable cgroup controllers for containerd and kubelet
+DefaultDependencies=no
+After=local-fs.target
+Before=sysinit.target containerd.service kubelet.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/{CGROUPS_SCRIPT}
+
+[Install]
+WantedBy=sysinit.target
+"""
+
+
+def write_container_support(paths: HostPaths) -> None:
+    """What a host that runs containers needs before containerd starts (see CGROUPS_SCRIPT)."""
+    root = paths.merged
+    script = root / CGROUPS_SCRIPT
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text(CGROUPS_SCRIPT_TEXT)
+    script.chmod(0o755)
+    unit = root / CGROUPS_UNIT
+    unit.write_text(CGROUPS_UNIT_TEXT)
+    wants = root / "etc/systemd/system/sysinit.target.wants"
+    wants.mkdir(parents=True, exist_ok=True)
+    link = wants / unit.name
+    if not link.is_symlink():
+        link.symlink_to(f"/{CGROUPS_UNIT}")
+
+
 # Left out of a saved layer: what makes a host itself (every host made from the layer writes its
 # own in write_identity; a shared SSH host key or machine id would make the hosts one), and the
 # firewall, whose rules name the lab the layer came from: a host booting on them would refuse
@@ -171,8 +224,20 @@ def loop_devices_of(image: Path) -> list[str]:
     return [line.split(":", 1)[0] for line in output.splitlines() if line.strip()]
 
 
-def nspawn_argv(paths: HostPaths, host: str, netns: str, loop_device: str | None) -> list[str]:
-    """systemd-nspawn as LAB.md measured it: each flag is needed, see there for why."""
+def nspawn_argv(
+    paths: HostPaths,
+    host: str,
+    netns: str,
+    loop_device: str | None,
+    runs_containers: bool = False,
+) -> list[str]:
+    """systemd-nspawn as LAB.md measured it: each flag is needed, see there for why.
+
+    A host that runs containers (a Kubernetes node: containerd and runc inside) gets every
+    capability (runc makes namespaces, mounts and device nodes, as kind's privileged nodes do)
+    and the keyring system calls, which nspawn's filter refuses by default and runc uses for
+    each container's session keyring ("unable to join session keyring" without them).
+    """
     capabilities = ["CAP_NET_ADMIN"]  # nftables, sysctls and keepalived inside the host
     argv = [
         "systemd-nspawn",
@@ -190,21 +255,61 @@ def nspawn_argv(paths: HostPaths, host: str, netns: str, loop_device: str | None
     if loop_device:
         capabilities.append("CAP_SYS_ADMIN")  # mkfs and mount on the bound device
         argv.append(f"--bind={loop_device}:{DISK_DEVICE}")
+    if runs_containers:
+        capabilities = ["all"]
+        argv.append("--system-call-filter=@keyring")
     argv.insert(1, f"--capability={','.join(capabilities)}")
     return argv
 
 
-def supervisor_script(paths: HostPaths, host: str, lab: str, argv: list[str]) -> str:
+# A host that runs containers gets cgroups of its own in every cgroup v1 hierarchy of the
+# machine before systemd-nspawn starts, so its cgroup namespace begins there: its kubelet and
+# containerd see their own subtree at /, and two hosts never share (or clean up) each other's
+# pod cgroups. cpuset needs its CPUs and memory nodes copied from the parent to admit tasks.
+OWN_CGROUPS = """\
+while IFS=: read -r _ controllers path; do
+    case $controllers in ''|name=*) continue ;; esac
+    [ -d "/sys/fs/cgroup/$controllers" ] || continue
+    dir="/sys/fs/cgroup/$controllers${{path%/}}/{name}"
+    mkdir -p "$dir"
+    if [ -e "$dir/cpuset.cpus" ] && [ -z "$(cat "$dir/cpuset.cpus")" ]; then
+        cat "${{dir%/*}}/cpuset.cpus" > "$dir/cpuset.cpus"
+        cat "${{dir%/*}}/cpuset.mems" > "$dir/cpuset.mems"
+    fi
+    echo $$ > "$dir/cgroup.procs"
+done < /proc/self/cgroup
+"""
+
+
+def cgroup_name(lab: str, host: str) -> str:
+    """The name of a container host's own cgroup folder in each hierarchy of the machine."""
+    return f"gpuinfra-lab-{lab}-{host}"
+
+
+def remove_own_cgroups(lab: str, host: str) -> None:
+    """Remove the host's cgroup folders once nothing runs in them (deepest first)."""
+    name = cgroup_name(lab, host)
+    for top in Path("/sys/fs/cgroup").glob(f"*/**/{name}"):
+        for folder in sorted(top.glob("**/"), key=lambda p: len(p.parts), reverse=True):
+            # A process still runs there, or it went already: left for the next down.
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+
+
+def supervisor_script(
+    paths: HostPaths, host: str, lab: str, argv: list[str], own_cgroups: bool = False
+) -> str:
     """A shell loop that boots the host again when it reboots (systemd-nspawn exits 133).
 
     Powering off (exit 0) or `lab stop` (which leaves STOP_REQUESTED) ends the loop.
     """
     command = " ".join(shlex.quote(word) for word in argv)
+    cgroups = OWN_CGROUPS.format(name=cgroup_name(lab, host)) if own_cgroups else ""
     return f"""\
 #!/bin/sh
 # gpuinfra lab {lab}, host {host}: keeps the host booted across reboots.
 cd {shlex.quote(str(paths.root))} || exit 1
-while :; do
+{cgroups}while :; do
     rm -f {EXIT_STATUS}
     SYSTEMD_NSPAWN_API_VFS_WRITABLE=network {command} &
     echo $! > {NSPAWN_PID}
@@ -219,12 +324,18 @@ done
 """
 
 
-def start(paths: HostPaths, names: LabNames, host: str, loop_device: str | None) -> None:
+def start(
+    paths: HostPaths,
+    names: LabNames,
+    host: str,
+    loop_device: str | None,
+    runs_containers: bool = False,
+) -> None:
     """Start the host's supervisor, detached from the caller so the lab outlives the command."""
     (paths / STOP_REQUESTED).unlink(missing_ok=True)
-    argv = nspawn_argv(paths, host, names.netns(host), loop_device)
+    argv = nspawn_argv(paths, host, names.netns(host), loop_device, runs_containers)
     script = paths / SUPERVISOR_SCRIPT
-    script.write_text(supervisor_script(paths, host, names.lab, argv))
+    script.write_text(supervisor_script(paths, host, names.lab, argv, runs_containers))
     log = paths / CONSOLE_LOG
     # The outer shell exits at once: the supervisor is nobody's child here, so no zombies.
     launcher = 'sh "$0" </dev/null >>"$1" 2>&1 &'

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lab import addressing, aptcache, host, naming, network, processes, rootfs
+from lab import addressing, aptcache, host, naming, network, offline, processes, rootfs
 from lab.errors import LabError, LabInvalid
 from lab.host import HostPaths
 from lab.memory import host_memory
@@ -111,12 +111,19 @@ def up(
         state = _resolve_state(name, topology, inventory_path, layer)
         _ensure_lab_key(state)
         network.tune_machine()
+        if any(spec.runs_containers for spec in state.topology.hosts):
+            network.tune_machine_for_kubelet()
         network.ensure_bridge(state.names, state.gateway, state.subnet.prefixlen)
-        cache_port = None
+        services: dict[int, str] = {}
         if aptcache.available():
             aptcache.ensure_running(mirror)
-            cache_port = aptcache.PORT
-        network.ensure_nat(state.names, state.subnet, state.gateway, cache_port)
+            services[aptcache.PORT] = "the package cache"
+        if any(spec.runs_containers for spec in state.topology.hosts):
+            offline.ensure_running()
+            offline.publish_all(mirror)
+            services[offline.REGISTRY_PORT] = "the image registry"
+            services[offline.FILES_PORT] = "the file server"
+        network.ensure_nat(state.names, state.subnet, state.gateway, services)
         mirror_hosts = rootfs.resolve_mirror(mirror)
         sources = _apt_sources(mirror)
         public_key = Path(f"{state.private_key}.pub").read_text()
@@ -128,6 +135,8 @@ def up(
             host.write_identity(
                 paths, spec.name, state.domain, address, mirror_hosts, sources, public_key
             )
+            if spec.runs_containers:
+                host.write_container_support(paths)
             return f"{address} {host.host_public_key(paths)}"
 
         with ThreadPoolExecutor(PREPARE_THREADS) as pool:
@@ -271,7 +280,7 @@ def _boot(state: LabState, index: int) -> bool:
     host.kill_orphans(paths)  # a host whose systemd-nspawn was killed must not run twice
     network.ensure_host_network(state.names, spec.name, index, address, state.subnet, state.gateway)
     loop = host.ensure_disk(paths, spec.disk_bytes) if spec.disk_bytes else None
-    host.start(paths, state.names, spec.name, loop)
+    host.start(paths, state.names, spec.name, loop, spec.runs_containers)
     return False
 
 
@@ -347,6 +356,8 @@ def down(name: str, *, deadline_s: float = STOP_DEADLINE_S) -> DownResult:
         processes.kill_all(leftovers)
         if leftovers:
             removed.append(f"{len(leftovers)} leftover processes")
+        for folder in host_dirs:
+            host.remove_own_cgroups(name, folder.name)
         mounts = sorted(
             (point for point in host.mounted_paths() if point.startswith(f"{state_dir}/")),
             key=len,

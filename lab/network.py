@@ -21,6 +21,26 @@ def tune_machine() -> None:
     write_sysctl("fs.inotify.max_user_watches", 1048576, at_least=True)
 
 
+# kubelet sets these kernel-wide values at start and fails when it cannot (a lab host's /proc/sys
+# outside net.* is read-only). They are the machine's, shared by every host, so the lab sets them
+# on the machine before a host runs kubelet, exactly as kubelet would on a node of its own (and as
+# kind's privileged nodes let it do): overcommit for Go runtimes, panic and reboot on an oops,
+# room for a session keyring per container.
+KUBELET_KERNEL_SETTINGS = {
+    "vm.overcommit_memory": 1,
+    "vm.panic_on_oom": 0,
+    "kernel.panic": 10,
+    "kernel.panic_on_oops": 1,
+    "kernel.keys.root_maxkeys": 1000000,
+    "kernel.keys.root_maxbytes": 25000000,
+}
+
+
+def tune_machine_for_kubelet() -> None:
+    for key, value in KUBELET_KERNEL_SETTINGS.items():
+        write_sysctl(key, value)
+
+
 def ensure_bridge(names: LabNames, gateway: ipaddress.IPv4Address, prefix: int) -> None:
     bridge = names.bridge
     if not succeeds(["ip", "link", "show", "dev", bridge]):
@@ -34,27 +54,29 @@ def ensure_nat(
     names: LabNames,
     subnet: ipaddress.IPv4Network,
     gateway: ipaddress.IPv4Address | None = None,
-    cache_port: int | None = None,
+    services: dict[int, str] | None = None,
 ) -> None:
     """Masquerade the lab subnet in a table the lab owns; other tables are never touched.
 
-    With a cache port, the hosts' connections to the gateway on that port go to the package
-    cache on the machine's 127.0.0.1 (lab/aptcache.py): it listens on no other interface.
+    services maps a port to what listens there: the hosts' connections to the gateway on that
+    port go to the machine's 127.0.0.1 (the package cache of lab/aptcache.py, the registry and
+    file server of lab/offline.py), which listen on no other interface.
     """
     table = names.nft_table
     forward = ""
-    if gateway is not None and cache_port is not None:
+    if gateway is not None and services:
         # The kernel drops packets routed to 127.0.0.0/8 from another interface unless the
         # interface allows it; only the lab's own bridge does.
         write_sysctl(f"net.ipv4.conf.{names.bridge}.route_localnet", 1)
-        rule = (
-            f'iifname "{names.bridge}" ip daddr {gateway} tcp dport {cache_port} '
-            f'dnat to 127.0.0.1:{cache_port} comment "lab hosts reach the package cache"'
+        rules = "\n        ".join(
+            f'iifname "{names.bridge}" ip daddr {gateway} tcp dport {port} '
+            f'dnat to 127.0.0.1:{port} comment "lab hosts reach {what}"'
+            for port, what in sorted(services.items())
         )
         forward = f"""
     chain prerouting {{
         type nat hook prerouting priority dstnat; policy accept;
-        {rule}
+        {rules}
     }}"""
     # Create-then-delete-then-define in one transaction: replaces only this table, atomically.
     ruleset = f"""\

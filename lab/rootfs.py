@@ -95,7 +95,7 @@ def ensure_root(mirror: Mirror, suite: str = SUITE) -> tuple[Path, float | None]
         started = time.monotonic()
         build = Path(tempfile.mkdtemp(prefix=f".{suite}.build-", dir=CACHE_DIR))
         try:
-            _debootstrap(build, mirror, suite)
+            debootstrap(build, mirror, suite)
             _generalise(build)
             build.chmod(0o755)
             build.rename(root)
@@ -105,9 +105,11 @@ def ensure_root(mirror: Mirror, suite: str = SUITE) -> tuple[Path, float | None]
         return root, time.monotonic() - started
 
 
-def _debootstrap(build: Path, mirror: Mirror, suite: str) -> None:
+def debootstrap(
+    build: Path, mirror: Mirror, suite: str, include: tuple[str, ...] = INCLUDE
+) -> None:
     argv = [
-        "debootstrap", "--variant=minbase", f"--include={','.join(INCLUDE)}",
+        "debootstrap", "--variant=minbase", f"--include={','.join(include)}",
         suite, str(build), mirror.archive,
     ]  # fmt: skip
     log = build.parent / f".{suite}.debootstrap.log"

@@ -17,6 +17,8 @@ LAB_GPU_COUNT = 8
 # Inside each host the attached loop device appears under this name (a second virtio disk).
 DISK_DEVICE = "/dev/vdb"
 TOPOLOGIES = ("default", "scale")
+# Kubernetes nodes: containerd and kubelet run containers inside these hosts (lab/host.py).
+CONTAINER_GROUPS = frozenset({"control_plane", "gpu_worker", "cpu_worker"})
 _SIZE = re.compile(r"^(\d+)([KMGT]?)(i?B)?$", re.IGNORECASE)
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
@@ -27,6 +29,10 @@ class HostSpec:
     groups: tuple[str, ...]
     gpu: bool = False  # a gpu_worker: the inventory gets a gpu spec (see LAB_GPU_MODEL)
     disk_bytes: int | None = None  # a loop-file block device, seen inside as DISK_DEVICE
+
+    @property
+    def runs_containers(self) -> bool:
+        return bool(CONTAINER_GROUPS.intersection(self.groups))
 
     def to_json(self) -> dict:
         return {

@@ -39,9 +39,28 @@ class KubernetesConfig(BaseModel):
     binary_sha256: dict[Literal["kubeadm", "kubelet", "kubectl", "crictl", "cni-plugins"], str] = (
         Field(default_factory=dict)
     )
-    # The CNI plugins and crictl versions that go with Kubernetes 1.31 (Kubespray 2.27 pins).
-    cni_plugins_version: str = "1.6.0"
-    cri_tools_version: str = "1.31.1"
+    # The CNI plugins and crictl that go with Kubernetes 1.35 (source: binaries). No crictl
+    # (None): kubeadm talks CRI itself; crictl is only the operator's debugging tool.
+    cni_plugins_version: str = "1.9.0"
+    cri_tools_version: str | None = "1.35.0"
+    # Where source: binaries finds them: the projects' release downloads, or a file server of
+    # the same layout (Kubespray's offline `files_repo`).
+    cni_plugins_url: str = "https://github.com/containernetworking/plugins/releases/download"
+    cri_tools_url: str = "https://github.com/kubernetes-sigs/cri-tools/releases/download"
+    # Where kubeadm pulls the control plane's, kube-proxy's, CoreDNS's and pause images from;
+    # a fleet mirror usually mirrors registry.k8s.io under the same names (container_runtime's
+    # registry_mirrors) and leaves this alone.
+    image_repository: str = "registry.k8s.io"
+    # CoreDNS's image tag; None: the one this kubeadm release names.
+    coredns_image_tag: str | None = Field(None, pattern=r"^v\d+\.\d+\.\d+$")
+
+    # The pod network. "calico": Calico in BGP mode (production). "routes": the reference CNI
+    # plugins (bridge, host-local) with one pod block per node taken from the inventory and a
+    # route to every other node's block: native routing with nothing running on the cluster,
+    # for nodes on one layer-2 segment (the lab, where Calico's BIRD cannot run).
+    cni: Literal["calico", "routes"] = "calico"
+    # The pod block of each node in "routes" mode (a /24: 254 pods, over the 110-pod limit).
+    routes_block_prefix: int = Field(24, ge=16, le=28)
 
     # Calico in BGP mode with no encapsulation: pod CIDRs routed natively between nodes (the
     # reference design left Flannel's overlay for ~2 Gbit/s against 10-15 host to host).
@@ -80,6 +99,17 @@ class KubernetesConfig(BaseModel):
     controller_manager_burst: int = Field(200, ge=1)
     scheduler_qps: int = Field(100, ge=1)
     scheduler_burst: int = Field(200, ge=1)
+
+    # kubelet and containerd must use one cgroup driver: systemd wherever systemd runs the host
+    # on cgroup v2 (every current Ubuntu LTS). cgroupfs only where systemd cannot delegate the
+    # controllers (the lab's nested hosts on the machine's cgroup v1).
+    cgroup_driver: Literal["systemd", "cgroupfs"] = "systemd"
+    # Kubernetes 1.35+ refuses cgroup v1 (KEP-5573); false lets kubelet start there. A lab-only
+    # setting: a production host on cgroup v1 should move to v2, not carry this.
+    fail_cgroup_v1: bool = True
+    # kubeadm preflight checks to turn into warnings, e.g. SystemVerification on the lab's
+    # cgroup v1 hosts. Empty in production: each failed check is a real problem there.
+    ignore_preflight_errors: list[str] = Field(default_factory=list)
 
     # kubelet: the 110-pod upstream limit; GPU nodes run few large pods, so no reason to raise.
     max_pods: int = Field(110, ge=10, le=250)
@@ -130,9 +160,10 @@ class KubernetesConfig(BaseModel):
     @model_validator(mode="after")
     def _binaries_need_pins(self) -> KubernetesConfig:
         if self.source == "binaries":
-            missing = {"kubeadm", "kubelet", "kubectl", "crictl", "cni-plugins"} - set(
-                self.binary_sha256
-            )
+            wanted = {"kubeadm", "kubelet", "kubectl", "cni-plugins"}
+            if self.cri_tools_version is not None:
+                wanted.add("crictl")
+            missing = wanted - set(self.binary_sha256)
             if missing:
                 raise ValueError(f"source: binaries needs binary_sha256 for {sorted(missing)}")
         if self.calico_manifest_sha256 is not None and not _SHA256.match(

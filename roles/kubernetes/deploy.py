@@ -24,6 +24,8 @@ from roles.kubernetes.files import (
     JOIN_CONFIG,
     KUBELET_DROPIN,
     KUBELET_UNIT,
+    POD_ROUTES_SCRIPT,
+    POD_ROUTES_UNIT,
     REPO_KEY,
     REPO_SOURCES,
     SECRET_DIR,
@@ -39,6 +41,7 @@ from roles.operations import put_file, restart_if_running, service_running
 from roles.spec import HostContext
 
 OPERATOR_KUBECONFIG = "kubernetes/admin.conf"  # under the cluster's state directory
+POD_ROUTES_SERVICE = "gpuinfra-pod-routes"
 
 
 def _common(ctx: HostContext) -> dict[str, str]:
@@ -83,6 +86,17 @@ def _common(ctx: HostContext) -> dict[str, str]:
         systemd.daemon_reload(
             name="Reload systemd for kubelet's unit",
             _if=lambda: any(unit.did_change() for unit in kubelet_units),
+        )
+    if cfg.cni == "routes":
+        routes_unit, routes = written[POD_ROUTES_UNIT], written[POD_ROUTES_SCRIPT]
+        systemd.daemon_reload(
+            name="Reload systemd for the pod routes unit", _if=routes_unit.did_change
+        )
+        service_running(name="Route to the other nodes' pod blocks", unit=POD_ROUTES_SERVICE)
+        restart_if_running(
+            name="Route again for the new list of nodes",
+            unit=POD_ROUTES_SERVICE,
+            _if=routes.did_change,
         )
     if local_proxy:
         unit, proxy = written[API_PROXY_UNIT], written[API_PROXY_CONFIG]
@@ -146,7 +160,7 @@ def apply_control_plane(ctx: HostContext) -> None:
         content=contents.get(JOIN_CONFIG, ""),
         token_ttl=cfg.token_ttl,
         timeout_s=cfg.ready_timeout_s,
-        wait_ready=cfg.calico_manifest_sha256 is not None,
+        wait_ready=cfg.cni == "routes" or cfg.calico_manifest_sha256 is not None,
         _serial=True,
     )
 

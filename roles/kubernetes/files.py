@@ -5,6 +5,8 @@ models in `models.py` as it is rendered."""
 
 from __future__ import annotations
 
+import ipaddress
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -16,9 +18,11 @@ from roles import fleet_policy, gpu_health
 from roles.fleet_policy.files import SchedulerFiles, scheduler_files
 from roles.kubernetes import models as m
 from roles.kubernetes.config import KubernetesConfig
+from roles.kubernetes.role import NODE_GROUPS
 from roles.spec import HostContext, ManagedFile, host_config
 
 CONFIG_DIR = "/etc/kubernetes/gpuinfra"
+DEFAULT_IMAGE_REPOSITORY = "registry.k8s.io"
 # One path for the init file (first control-plane node) and the join files (every other node):
 # pyinfra matches operations by position, so every node of a phase writes the same paths.
 KUBEADM_CONFIG = f"{CONFIG_DIR}/kubeadm.yaml"
@@ -239,8 +243,8 @@ def api_server_flags(ctx: HostContext, cfg: KubernetesConfig) -> list[Flag]:
     return flags
 
 
-def controller_manager_flags(cfg: KubernetesConfig) -> list[Flag]:
-    return [
+def controller_manager_flags(cluster: Cluster, cfg: KubernetesConfig) -> list[Flag]:
+    flags = [
         Flag(
             "kube-api-qps",
             str(cfg.controller_manager_qps),
@@ -249,6 +253,15 @@ def controller_manager_flags(cfg: KubernetesConfig) -> list[Flag]:
         Flag("kube-api-burst", str(cfg.controller_manager_burst), "default 30"),
         Flag("profiling", "false", "CIS benchmark 1.3.2"),
     ]
+    if cfg.cni == "routes":
+        flags.append(
+            Flag(
+                "allocate-node-cidrs",
+                "false",
+                "each node's pod block comes from the inventory (cni: routes), not from here",
+            )
+        )
+    return flags
 
 
 def scheduler_flags(scheduler: SchedulerFiles) -> list[Flag]:
@@ -309,6 +322,10 @@ def cluster_configuration(ctx: HostContext, cfg: KubernetesConfig) -> m.ClusterC
         kubernetesVersion=kubernetes_version(cluster),
         clusterName=cluster.name,
         controlPlaneEndpoint=api_endpoint(ctx),
+        imageRepository=(
+            cfg.image_repository if cfg.image_repository != DEFAULT_IMAGE_REPOSITORY else None
+        ),
+        dns=m.DNS(imageTag=cfg.coredns_image_tag) if cfg.coredns_image_tag else None,
         etcd=m.Etcd(
             external=m.ExternalEtcd(
                 endpoints=list(ctx.topology.etcd_client_endpoints),
@@ -326,7 +343,9 @@ def cluster_configuration(ctx: HostContext, cfg: KubernetesConfig) -> m.ClusterC
             extraVolumes=audit_volumes,
             certSANs=cert_sans(ctx),
         ),
-        controllerManager=m.ControlPlaneComponent(extraArgs=_args(controller_manager_flags(cfg))),
+        controllerManager=m.ControlPlaneComponent(
+            extraArgs=_args(controller_manager_flags(ctx.cluster, cfg))
+        ),
         scheduler=m.ControlPlaneComponent(
             extraArgs=_args(scheduler_flags(scheduler)), extraVolumes=scheduler_volumes(scheduler)
         ),
@@ -379,14 +398,18 @@ def node_registration(ctx: HostContext, cfg: KubernetesConfig) -> m.NodeRegistra
         text = ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
         extra.append(m.Arg(name="node-labels", value=text))
     return m.NodeRegistration(
-        name=ctx.name, taints=registration_taints(ctx), kubeletExtraArgs=extra
+        name=ctx.name,
+        taints=registration_taints(ctx),
+        kubeletExtraArgs=extra,
+        ignorePreflightErrors=list(cfg.ignore_preflight_errors) or None,
     )
 
 
 def kubelet_configuration(cfg: KubernetesConfig) -> m.KubeletConfiguration:
     return m.KubeletConfiguration(
         # systemd owns the cgroups (containerd is set the same way by container_runtime).
-        cgroupDriver="systemd",
+        cgroupDriver=cfg.cgroup_driver,
+        failCgroupV1=None if cfg.fail_cgroup_v1 else False,
         # Parallel pulls: OpenAI turned serial pulls off; a GPU job's large images otherwise
         # queue behind each other for minutes.
         serializeImagePulls=False,
@@ -560,7 +583,6 @@ def calico_config_map(loaded: LoadedCluster, cfg: KubernetesConfig) -> str:
             {"type": "bandwidth", "capabilities": {"bandwidth": True}},
         ],
     }
-    import json
 
     document = {
         "apiVersion": "v1",
@@ -594,7 +616,7 @@ def cluster_files(loaded: LoadedCluster) -> dict[str, str]:
     if not loaded.cluster.in_group("control_plane"):
         return {}
     cfg = cluster_settings(loaded)
-    if not cfg.enabled:
+    if not cfg.enabled or cfg.cni != "calico":
         return {}
     resources = dump(calico_resources(loaded, cfg), _calico_header(cfg))
     return {
@@ -627,6 +649,100 @@ def repository_sources(ctx: HostContext) -> str:
     )
 
 
+# ---------------------------------------------------------------- cni: routes
+
+CNI_CONFIG = "/etc/cni/net.d/10-gpuinfra.conflist"
+POD_ROUTES_SCRIPT = "/usr/local/sbin/gpuinfra-pod-routes"
+POD_ROUTES_UNIT = "/etc/systemd/system/gpuinfra-pod-routes.service"
+POD_BRIDGE = "cni0"
+POD_ROUTES_UNIT_TEXT = f"""\
+# Managed by gpuinfra (role kubernetes, cni: routes): a route to every other node's pod block.
+[Unit]
+Description=gpuinfra: routes to the other Kubernetes nodes' pod blocks
+After=network-online.target
+Wants=network-online.target
+Before=kubelet.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart={POD_ROUTES_SCRIPT}
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def kubernetes_nodes(cluster: Cluster) -> list[str]:
+    return [name for group in NODE_GROUPS for name in cluster.in_group(group)]
+
+
+def pod_block(cluster: Cluster, name: str, cfg: KubernetesConfig) -> ipaddress.IPv4Network:
+    """A node's pod block in "routes" mode: the block whose number is the node's offset in the
+    node network, so it never moves when the inventory adds or removes other hosts."""
+    pods, nodes = cluster.networks.pod, cluster.networks.node
+    offset = int(cluster.hosts[name].address) - int(nodes.network_address)
+    blocks = list(pods.subnets(new_prefix=cfg.routes_block_prefix))
+    if offset >= len(blocks):
+        raise ValueError(
+            f"networks.pod {pods} holds {len(blocks)} /{cfg.routes_block_prefix} blocks, too few "
+            f"for node {name} at offset {offset} of networks.node {nodes} (cni: routes)"
+        )
+    return blocks[offset]
+
+
+def cni_config(ctx: HostContext, cfg: KubernetesConfig) -> str:
+    """The reference bridge plugin with host-local addresses from this node's block. No IP
+    masquerade: pod traffic keeps its address inside the cluster, answered over the routes."""
+    block = pod_block(ctx.cluster, ctx.name, cfg)
+    document = {
+        "cniVersion": "1.0.0",
+        "name": "gpuinfra",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": POD_BRIDGE,
+                "isGateway": True,
+                "ipMasq": False,
+                "hairpinMode": True,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": str(block)}]],
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                },
+            }
+        ],
+    }
+    return json.dumps(document, indent=2) + "\n"
+
+
+def pod_routes_script(ctx: HostContext, cfg: KubernetesConfig) -> str:
+    """Replace the node's static routes into the pod network with one per other node, in one
+    `ip -batch` (no window without routes); the local block stays on the bridge."""
+    cluster = ctx.cluster
+    lines = [f"route flush root {cluster.networks.pod} proto static"]
+    for name in kubernetes_nodes(cluster):
+        if name != ctx.name:
+            block = pod_block(cluster, name, cfg)
+            address = cluster.hosts[name].address
+            lines.append(f"route replace {block} via {address} proto static")
+    batch = "\n".join(lines)
+    return (
+        "#!/bin/sh\n"
+        f"# Managed by gpuinfra (role kubernetes, cni: routes) for {ctx.name}.\n"
+        "set -eu\n"
+        f"ip -4 -batch - <<'EOF'\n{batch}\nEOF\n"
+    )
+
+
+def routes_files(ctx: HostContext, cfg: KubernetesConfig) -> list[ManagedFile]:
+    return [
+        ManagedFile("kubernetes", CNI_CONFIG, cni_config(ctx, cfg)),
+        ManagedFile("kubernetes", POD_ROUTES_SCRIPT, pod_routes_script(ctx, cfg), mode="0755"),
+        ManagedFile("kubernetes", POD_ROUTES_UNIT, POD_ROUTES_UNIT_TEXT),
+    ]
+
+
 def managed_files(ctx: HostContext) -> list[ManagedFile]:
     cfg = settings(ctx)
     if not cfg.enabled or not ctx.cluster.in_group("control_plane"):
@@ -650,11 +766,15 @@ def managed_files(ctx: HostContext) -> list[ManagedFile]:
             )
         )
         files.append(ManagedFile("kubernetes", API_PROXY_UNIT, API_PROXY_UNIT_TEXT))
+    if cfg.cni == "routes":
+        files += routes_files(ctx, cfg)
     if "control_plane" in ctx.host.groups:
         files.append(ManagedFile("kubernetes", AUDIT_POLICY, AUDIT_POLICY_TEXT, mode="0600"))
-        resources = dump(calico_resources(ctx.loaded, cfg), _calico_header(cfg))
-        files.append(ManagedFile("kubernetes", CALICO_RESOURCES, resources))
-        files.append(ManagedFile("kubernetes", CALICO_CONFIG, calico_config_map(ctx.loaded, cfg)))
+        if cfg.cni == "calico":
+            resources = dump(calico_resources(ctx.loaded, cfg), _calico_header(cfg))
+            files.append(ManagedFile("kubernetes", CALICO_RESOURCES, resources))
+            calico = calico_config_map(ctx.loaded, cfg)
+            files.append(ManagedFile("kubernetes", CALICO_CONFIG, calico))
         scheduler = scheduler_files(ctx.loaded)
         files.append(ManagedFile("kubernetes", scheduler.config_path, scheduler.config))
         files.append(ManagedFile("kubernetes", SCHEDULER_PATCH, scheduler.patch))
@@ -668,7 +788,7 @@ def managed_files(ctx: HostContext) -> list[ManagedFile]:
             f"kubeadm init of {ctx.cluster.name} on {ctx.name}",
             {
                 "kube-apiserver": api_server_flags(ctx, cfg),
-                "kube-controller-manager": controller_manager_flags(cfg),
+                "kube-controller-manager": controller_manager_flags(ctx.cluster, cfg),
                 "kube-scheduler": scheduler_flags(scheduler_files(ctx.loaded)),
             },
         )

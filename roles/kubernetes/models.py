@@ -57,6 +57,7 @@ class NodeRegistration(Strict):
     taints: list[Taint] | None = None
     kubeletExtraArgs: list[Arg] = Field(default_factory=list)
     imagePullPolicy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    ignorePreflightErrors: list[str] | None = None
 
 
 class APIEndpoint(Strict):
@@ -176,6 +177,12 @@ class Networking(Strict):
     dnsDomain: str = "cluster.local"
 
 
+class DNS(Strict):
+    """kubeadm's CoreDNS image; the repository follows imageRepository unless set here."""
+
+    imageTag: str | None = None
+
+
 class ClusterConfiguration(Strict):
     apiVersion: Literal["kubeadm.k8s.io/v1beta4"] = KUBEADM_API
     kind: Literal["ClusterConfiguration"] = "ClusterConfiguration"
@@ -183,6 +190,8 @@ class ClusterConfiguration(Strict):
     clusterName: str
     controlPlaneEndpoint: str = Field(pattern=r"^[A-Za-z0-9.-]+:\d+$")
     certificatesDir: str = "/etc/kubernetes/pki"
+    imageRepository: str | None = None
+    dns: DNS | None = None
     etcd: Etcd
     networking: Networking
     apiServer: APIServer
@@ -209,6 +218,8 @@ class KubeletConfiguration(Strict):
     serverTLSBootstrap: bool = False
     # The swap the kernel role turns off stays a hard requirement.
     failSwapOn: bool = True
+    # Only ever written as false (a cgroup v1 host that must still run kubelet 1.35+).
+    failCgroupV1: bool | None = None
 
 
 class KubeletPatch(Strict):

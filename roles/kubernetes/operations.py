@@ -130,21 +130,18 @@ def _binary_commands(cfg: KubernetesConfig, version: str):
             downloads.append((name, url, f"install -m 0755 {{file}} /usr/local/bin/{name}"))
     if not host.get_fact(FileExists, path=f"/opt/cni/bin/.gpuinfra-v{cfg.cni_plugins_version}"):
         tag = f"v{cfg.cni_plugins_version}"
-        url = (
-            "https://github.com/containernetworking/plugins/releases/download/"
-            f"{tag}/cni-plugins-linux-amd64-{tag}.tgz"
-        )
+        url = f"{cfg.cni_plugins_url.rstrip('/')}/{tag}/cni-plugins-linux-amd64-{tag}.tgz"
         unpack = (
             "mkdir -p /opt/cni/bin && tar -xzf {file} -C /opt/cni/bin && "
             f"touch /opt/cni/bin/.gpuinfra-{tag}"
         )
         downloads.append(("cni-plugins", url, unpack))
-    if not host.get_fact(FileExists, path=f"/usr/local/bin/.crictl-v{cfg.cri_tools_version}"):
-        tag = f"v{cfg.cri_tools_version}"
-        url = (
-            "https://github.com/kubernetes-sigs/cri-tools/releases/download/"
-            f"{tag}/crictl-{tag}-linux-amd64.tar.gz"
-        )
+    crictl = cfg.cri_tools_version
+    if crictl is not None and not host.get_fact(
+        FileExists, path=f"/usr/local/bin/.crictl-v{crictl}"
+    ):
+        tag = f"v{crictl}"
+        url = f"{cfg.cri_tools_url.rstrip('/')}/{tag}/crictl-{tag}-linux-amd64.tar.gz"
         unpack = f"tar -xzf {{file}} -C /usr/local/bin crictl && touch /usr/local/bin/.crictl-{tag}"
         downloads.append(("crictl", url, unpack))
     for name, url, install in downloads:
@@ -211,6 +208,9 @@ def calico_applied(first: bool, cfg: KubernetesConfig, resources: list[str], mar
     unpinned download: without `calico_manifest_sha256` nothing is applied and the run says so."""
     if not first:
         host.noop("not the first control-plane node")
+        return
+    if cfg.cni != "calico":
+        host.noop(f"the pod network is {cfg.cni!r}, not Calico")
         return
     if cfg.calico_manifest_sha256 is None:
         report_note(

@@ -1,0 +1,3 @@
+module gpuinfra.local/build/pause
+
+go 1.25.0

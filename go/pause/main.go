@@ -1,0 +1,27 @@
+// Command pause holds a pod's namespaces open: it sleeps until it is told to stop and reaps
+// the orphans that the pod's other processes leave to it as PID 1 of the pod's PID namespace.
+// It is the sandbox image of the lab's clusters, built here like every other image they run.
+package main
+
+import (
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	signals := make(chan os.Signal, 4)
+	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM, syscall.SIGCHLD)
+	for sig := range signals {
+		if sig != syscall.SIGCHLD {
+			os.Exit(0)
+		}
+		for {
+			var status syscall.WaitStatus
+			pid, err := syscall.Wait4(-1, &status, syscall.WNOHANG, nil)
+			if pid <= 0 || err != nil {
+				break
+			}
+		}
+	}
+}

@@ -1,0 +1,398 @@
+"""The lab's offline install sources: an image registry and a file server on the machine.
+
+Nothing a lab cluster runs comes from the internet (LAB.md: no Kubernetes repository, no release
+downloads, no public registry). As Kubespray's offline mode does, the cluster's binaries come
+from a file server and its images from a registry mirror, both filled from what this machine
+built from Go modules (lab/gobuild.py):
+- the file server holds kubeadm, kubelet and kubectl under the release layout the kubernetes
+  role downloads from (`<base>/v<version>/bin/linux/amd64/<name>`) and the CNI plugins tarball,
+  each checked by the role against the SHA-256 that the lab's inventory pins;
+- the registry (CNCF distribution's `registry`) serves kube-apiserver, kube-controller-manager,
+  kube-scheduler, kube-proxy, CoreDNS and pause under the names kubeadm asks for, so a node's
+  containerd reaches it as a mirror of registry.k8s.io, as it would a fleet's own mirror.
+Both listen on 127.0.0.1 only; each lab's nftables table forwards the bridge's gateway address
+on their ports to them (network.ensure_nat), as it does for the package cache.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tarfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from lab import gobuild, processes, rootfs
+from lab.errors import LabError
+
+LISTEN = "127.0.0.1"
+REGISTRY_PORT = 5000  # the registry's usual port
+FILES_PORT = 3144  # beside the package cache's 3143
+RUN_DIR = Path("/var/lib/gpuinfra/offline")
+# Outside the repository and shared by every lab, like the root filesystem and the Go builds.
+REGISTRY_DIR = Path("/var/cache/gpuinfra/registry")
+FILES_DIR = Path("/var/cache/gpuinfra/files")
+BASE_DIR = Path("/var/cache/gpuinfra/image-bases")
+START_TIMEOUT_S = 15.0
+UPSTREAM_REGISTRY = "registry.k8s.io"
+KUBERNETES_FILES = "kubernetes/release"  # under FILES_DIR: kubeadm's release layout
+CNI_FILES = "cni-plugins"
+CNI_PLUGINS = ("bridge", "host-local", "loopback", "portmap")
+# kube-proxy programs the kernel through nft (nftables mode) or iptables: its image needs them,
+# and a Debian root with just those is the smallest honest base (the upstream image is a
+# distroless root with iptables).
+PROXY_BASE_PACKAGES = ("nftables", "iptables", "conntrack")
+PAUSE_TAG = "3.10.1"  # what kubeadm 1.35 names as the sandbox image
+CONTROL_PLANE = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
+PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclass(frozen=True)
+class Published:
+    """What a lab inventory needs to install a cluster from these sources."""
+
+    kubernetes_version: str  # v1.35.4
+    coredns_version: str  # v1.14.7
+    cni_plugins_version: str  # 1.10.0
+    pause_tag: str
+    sha256: dict[str, str]  # kubeadm, kubelet, kubectl, cni-plugins
+
+    def to_json(self) -> dict:
+        return {
+            "kubernetes_version": self.kubernetes_version,
+            "coredns_version": self.coredns_version,
+            "cni_plugins_version": self.cni_plugins_version,
+            "pause_tag": self.pause_tag,
+            "sha256": self.sha256,
+        }
+
+
+def registry_url(gateway: str) -> str:
+    return f"http://{gateway}:{REGISTRY_PORT}"
+
+
+def files_url(gateway: str) -> str:
+    return f"http://{gateway}:{FILES_PORT}"
+
+
+# ---------------------------------------------------------------- the two services
+
+
+def _pid_file(name: str) -> Path:
+    return RUN_DIR / f"{name}.pid"
+
+
+def _running(name: str, marker: bytes) -> int | None:
+    try:
+        pid = int(_pid_file(name).read_text().split()[0])
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid if processes.alive(pid) and marker in cmdline else None
+
+
+def _answers(port: int) -> bool:
+    try:
+        with socket.create_connection((LISTEN, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def _start(
+    name: str, argv: list[str], port: int, marker: bytes, env: dict[str, str] | None = None
+) -> int:
+    pid = _running(name, marker)
+    if pid is not None and _answers(port):
+        return pid
+    if pid is not None:
+        processes.stop([pid], deadline_s=5)
+    RUN_DIR.mkdir(parents=True, exist_ok=True)
+    log = (RUN_DIR / f"{name}.log").open("ab")
+    # Its own session: it outlives the `gpuinfra lab up` that started it.
+    child = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+        env={**os.environ, **(env or {})},
+    )
+    _pid_file(name).write_text(f"{child.pid}\n")
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if child.poll() is not None:
+            break
+        if _answers(port):
+            return child.pid
+        time.sleep(0.1)
+    raise LabError(f"the lab's {name} did not answer on {LISTEN}:{port}; see {log.name}")
+
+
+def registry_config() -> str:
+    return json.dumps(
+        {
+            "version": 0.1,
+            "log": {"level": "warn"},
+            "storage": {"filesystem": {"rootdirectory": str(REGISTRY_DIR)}},
+            "http": {"addr": f"{LISTEN}:{REGISTRY_PORT}"},
+        },
+        indent=2,
+    )
+
+
+def ensure_running() -> None:
+    """Start the registry and the file server unless they answer already."""
+    tools = gobuild.module("cluster-tools")
+    registry = tools.binary("registry")
+    for folder in (REGISTRY_DIR, FILES_DIR, RUN_DIR):
+        folder.mkdir(parents=True, exist_ok=True)
+    config = RUN_DIR / "registry.json"  # YAML's superset: the registry reads JSON as is
+    config.write_text(registry_config())
+    # The registry exports OpenTelemetry traces to localhost:4318 unless told not to.
+    quiet = {"OTEL_TRACES_EXPORTER": "none"}
+    _start("registry", [str(registry), "serve", str(config)], REGISTRY_PORT, b"registry", quiet)
+    server = [
+        shutil.which("python3") or "python3", "-m", "http.server",
+        "--bind", LISTEN, "--directory", str(FILES_DIR), str(FILES_PORT),
+    ]  # fmt: skip
+    _start("files", server, FILES_PORT, b"http.server")
+
+
+def stop() -> None:
+    for name, marker in (("registry", b"registry"), ("files", b"http.server")):
+        pid = _running(name, marker)
+        if pid is not None:
+            processes.stop([pid], deadline_s=5)
+
+
+# ---------------------------------------------------------------- what they serve
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as source:
+        for block in iter(lambda: source.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _place(source: Path, target: Path) -> None:
+    """target becomes source's content, replaced atomically (a hard link where possible)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staged = target.with_name(f".{target.name}.new")
+    staged.unlink(missing_ok=True)
+    try:
+        os.link(source, staged)
+    except OSError:
+        shutil.copy2(source, staged)
+    staged.replace(target)
+
+
+def _tar_files(members: dict[str, Path], mode: int = 0o755) -> bytes:
+    """A tar of files at the given paths, owned by root, dated 0: the same bytes every time."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.GNU_FORMAT) as archive:
+        folders: set[str] = set()
+        for name in sorted(members):
+            parts = name.split("/")[:-1]
+            for depth in range(1, len(parts) + 1):
+                folder = "/".join(parts[:depth])
+                if folder not in folders:
+                    folders.add(folder)
+                    info = tarfile.TarInfo(folder)
+                    info.type, info.mode = tarfile.DIRTYPE, 0o755
+                    archive.addfile(info)
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = members[name].stat().st_size, mode
+            with members[name].open("rb") as content:
+                archive.addfile(info, content)
+    return out.getvalue()
+
+
+def publish_files(kubernetes: gobuild.GoModule) -> dict[str, str]:
+    """kubeadm, kubelet, kubectl and the CNI plugins on the file server; their SHA-256 pins."""
+    version = kubernetes.requirement("k8s.io/kubernetes") or ""
+    tools = gobuild.module("cluster-tools")
+    pins: dict[str, str] = {}
+    release = FILES_DIR / KUBERNETES_FILES / version / "bin/linux/amd64"
+    for name in ("kubeadm", "kubelet", "kubectl"):
+        _place(kubernetes.binary(name), release / name)
+        pins[name] = _sha256(release / name)
+    cni_version = tools.requirement("github.com/containernetworking/plugins") or ""
+    archive = FILES_DIR / CNI_FILES / cni_version / f"cni-plugins-linux-amd64-{cni_version}.tgz"
+    if not archive.is_file():
+        archive.parent.mkdir(parents=True, exist_ok=True)
+        layer = _tar_files({f"./{name}": tools.binary(name) for name in CNI_PLUGINS})
+        staged = archive.with_name(f".{archive.name}.new")
+        with staged.open("wb") as out, gzip.GzipFile(fileobj=out, mode="wb", mtime=0) as packed:
+            packed.write(layer)
+        staged.replace(archive)
+    pins["cni-plugins"] = _sha256(archive)
+    return pins
+
+
+def _crane(*args: str) -> str:
+    crane = gobuild.module("cluster-tools").binary("crane")
+    result = subprocess.run(
+        [str(crane), "--insecure", *args], capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise LabError(f"crane {args[0]} failed: {tail}")
+    return result.stdout.strip()
+
+
+_MANIFESTS = (
+    "application/vnd.oci.image.manifest.v1+json,"
+    "application/vnd.docker.distribution.manifest.v2+json"
+)
+
+
+def _has_image(name: str, tag: str) -> bool:
+    url = f"http://{LISTEN}:{REGISTRY_PORT}/v2/{name}/manifests/{tag}"
+    request = urllib.request.Request(url, method="HEAD", headers={"Accept": _MANIFESTS})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            return answer.status == 200
+    except OSError:
+        return False
+
+
+def _push_image(
+    name: str,
+    tag: str,
+    layers: list[Path],
+    entrypoint: str,
+    *,
+    label: str,
+) -> None:
+    """name:tag in the registry: the given layers on an empty base, with PATH and entrypoint.
+
+    The label records what the image was built from, so a rebuilt binary replaces the image."""
+    reference = f"{LISTEN}:{REGISTRY_PORT}/{name}:{tag}"
+    if _has_image(name, tag) and _label_of(reference) == label:
+        return
+    args = ["append", "--new_tag", reference]
+    for layer in layers:
+        args += ["--new_layer", str(layer)]
+    _crane(*args)
+    _crane(
+        "mutate", reference,
+        "--set-platform", "linux/amd64",
+        "--env", PATH_ENV,
+        "--entrypoint", entrypoint,
+        "--label", f"gpuinfra.build={label}",
+    )  # fmt: skip
+
+
+def _label_of(reference: str) -> str | None:
+    try:
+        config = json.loads(_crane("config", reference))
+    except (LabError, ValueError):
+        return None
+    return ((config.get("config") or {}).get("Labels") or {}).get("gpuinfra.build")
+
+
+def _layer_file(name: str, members: dict[str, Path]) -> tuple[Path, str]:
+    """A cached layer tarball of the members, and the digest that names what it holds."""
+    content = _tar_files(members)
+    digest = hashlib.sha256(content).hexdigest()[:16]
+    layer = BASE_DIR / f"{name}-{digest}.tar"
+    if not layer.is_file():
+        layer.parent.mkdir(parents=True, exist_ok=True)
+        staged = layer.with_name(f".{layer.name}.new")
+        staged.write_bytes(content)
+        staged.replace(layer)
+    return layer, digest
+
+
+def proxy_base(mirror: rootfs.Mirror) -> Path:
+    """A layer of a minimal Debian 13 root with nft and iptables, built once per machine."""
+    layer = BASE_DIR / f"kube-proxy-base-{rootfs.SUITE}.tar"
+    if layer.is_file():
+        return layer
+    BASE_DIR.mkdir(parents=True, exist_ok=True)
+    build = BASE_DIR / f".kube-proxy-base-{rootfs.SUITE}.build"
+    shutil.rmtree(build, ignore_errors=True)
+    build.mkdir()
+    try:
+        rootfs.debootstrap(build, mirror, rootfs.SUITE, PROXY_BASE_PACKAGES)
+        for bulky in ("usr/share/doc", "usr/share/man", "usr/share/locale", "var/cache/apt"):
+            shutil.rmtree(build / bulky, ignore_errors=True)
+        staged = layer.with_name(f".{layer.name}.new")
+        subprocess.run(
+            ["tar", "--numeric-owner", "-C", str(build), "-cf", str(staged), "."], check=True
+        )
+        staged.replace(layer)
+    finally:
+        shutil.rmtree(build, ignore_errors=True)
+    return layer
+
+
+def publish_images(kubernetes: gobuild.GoModule, mirror: rootfs.Mirror) -> tuple[str, str]:
+    """Every image kubeadm pulls, built from this machine's binaries; returns the Kubernetes
+    and CoreDNS tags."""
+    version = kubernetes.requirement("k8s.io/kubernetes") or ""
+    tools = gobuild.module("cluster-tools")
+    coredns = tools.requirement("github.com/coredns/coredns") or ""
+    for name in (*CONTROL_PLANE, "kube-proxy"):
+        binary = f"usr/local/bin/{name}"
+        layer, digest = _layer_file(name, {binary: kubernetes.binary(name)})
+        layers = [proxy_base(mirror), layer] if name == "kube-proxy" else [layer]
+        _push_image(name, version, layers, f"/{binary}", label=digest)
+    layer, digest = _layer_file("coredns", {"coredns": tools.binary("coredns")})
+    _push_image("coredns/coredns", coredns, [layer], "/coredns", label=digest)
+    pause = gobuild.module("pause")
+    layer, digest = _layer_file("pause", {"pause": pause.binary("pause")})
+    _push_image("pause", PAUSE_TAG, [layer], "/pause", label=digest)
+    return version, coredns
+
+
+def _record(version: str) -> Path:
+    return RUN_DIR / f"published-{version}.json"
+
+
+def publish(kubernetes: gobuild.GoModule, mirror: rootfs.Mirror) -> Published:
+    """Fill the file server and the registry for one Kubernetes build (idempotent), and record
+    what a lab inventory pins for it."""
+    sha256 = publish_files(kubernetes)
+    version, coredns = publish_images(kubernetes, mirror)
+    cni = gobuild.module("cluster-tools").requirement("github.com/containernetworking/plugins")
+    published = Published(
+        kubernetes_version=version,
+        coredns_version=coredns,
+        cni_plugins_version=(cni or "").lstrip("v"),
+        pause_tag=PAUSE_TAG,
+        sha256=sha256,
+    )
+    RUN_DIR.mkdir(parents=True, exist_ok=True)
+    _record(version).write_text(json.dumps(published.to_json(), indent=2) + "\n")
+    return published
+
+
+def publish_all(mirror: rootfs.Mirror) -> list[Published]:
+    """Every Kubernetes version go/ builds (an upgrade needs the next one served too)."""
+    return [publish(build, mirror) for build in gobuild.kubernetes_modules()]
+
+
+def published(version: str | None = None) -> Published | None:
+    """What publish recorded for a version (default: the newest go/ builds), None before."""
+    if version is None:
+        builds = gobuild.kubernetes_modules()
+        if not builds:
+            return None
+        version = builds[-1].requirement("k8s.io/kubernetes") or ""
+    try:
+        data = json.loads(_record("v" + version.lstrip("v")).read_text())
+    except (OSError, ValueError):
+        return None
+    return Published(**data)

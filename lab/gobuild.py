@@ -101,9 +101,6 @@ class GoModule:
             )
         return path
 
-    def programs(self) -> list[str]:
-        return [package.rsplit("/", 1)[-1] for package in self.tools()] or [self.name]
-
 
 def module(name: str) -> GoModule:
     path = MODULES_DIR / name

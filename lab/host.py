@@ -115,13 +115,17 @@ def write_identity(
     (paths / PREPARED).write_text("")
 
 
-# systemd-nspawn mounts the cgroup v1 controllers read-only; containerd and kubelet make cgroups
-# in them. The host's cgroup namespace starts at its own folder on the machine (OWN_CGROUPS),
-# so a fresh mount of each controller shows that subtree, writable, and nothing of other hosts.
-CGROUPS_SCRIPT = "usr/local/sbin/gpuinfra-lab-cgroups"
-CGROUPS_SCRIPT_TEXT = """\
+# What a host that runs containers needs at every boot, before containerd and kubelet start:
+# - systemd-nspawn mounts the cgroup v1 controllers read-only; containerd and kubelet make
+#   cgroups in them. The host's cgroup namespace starts at its own folder on the machine
+#   (OWN_CGROUPS), so a fresh mount of each controller shows that subtree, writable, and
+#   nothing of the other hosts.
+# - kubelet reads the kernel log from /dev/kmsg, which nspawn does not provide: the console
+#   stands in for it (kind's nodes do the same).
+CONTAINERS_SCRIPT = "usr/local/sbin/gpuinfra-lab-containers"
+CONTAINERS_SCRIPT_TEXT = """\
 #!/bin/sh
-# gpuinfra lab: mount this host's cgroup v1 controllers writable (see gpuinfra's lab/host.py).
+# gpuinfra lab: what containerd and kubelet need in a lab host (see gpuinfra's lab/host.py).
 set -eu
 for dir in /sys/fs/cgroup/*; do
     name=${dir##*/}
@@ -132,11 +136,12 @@ for dir in /sys/fs/cgroup/*; do
     umount "$dir"
     mount -t cgroup -o "rw,nosuid,nodev,noexec,$name" cgroup "$dir"
 done
+[ -e /dev/kmsg ] || ln -s /dev/console /dev/kmsg
 """
-CGROUPS_UNIT = "etc/systemd/system/gpuinfra-lab-cgroups.service"
-CGROUPS_UNIT_TEXT = f"""\
+CONTAINERS_UNIT = "etc/systemd/system/gpuinfra-lab-containers.service"
+CONTAINERS_UNIT_TEXT = f"""\
 [Unit]
-Description=gpuinfra lab: writable cgroup controllers for containerd and kubelet
+Description=gpuinfra lab: writable cgroup controllers and /dev/kmsg for containerd and kubelet
 DefaultDependencies=no
 After=local-fs.target
 Before=sysinit.target containerd.service kubelet.service
@@ -144,27 +149,32 @@ Before=sysinit.target containerd.service kubelet.service
 [Service]
 Type=oneshot
 RemainAfterExit=yes
-ExecStart=/{CGROUPS_SCRIPT}
+ExecStart=/{CONTAINERS_SCRIPT}
 
 [Install]
 WantedBy=sysinit.target
 """
+# containerd's overlay snapshotter cannot stack on the host's own overlay root (the kernel
+# refuses an overlay upper directory on overlayfs): its state lives on the machine's disk,
+# bound into the host (kind gives its nodes a volume for the same reason).
+CONTAINERD_STATE = "containerd"
+CONTAINERD_DIR = "/var/lib/containerd"
 
 
 def write_container_support(paths: HostPaths) -> None:
-    """What a host that runs containers needs before containerd starts (see CGROUPS_SCRIPT)."""
+    """What a host that runs containers needs before containerd starts (see CONTAINERS_SCRIPT)."""
     root = paths.merged
-    script = root / CGROUPS_SCRIPT
+    script = root / CONTAINERS_SCRIPT
     script.parent.mkdir(parents=True, exist_ok=True)
-    script.write_text(CGROUPS_SCRIPT_TEXT)
+    script.write_text(CONTAINERS_SCRIPT_TEXT)
     script.chmod(0o755)
-    unit = root / CGROUPS_UNIT
-    unit.write_text(CGROUPS_UNIT_TEXT)
+    unit = root / CONTAINERS_UNIT
+    unit.write_text(CONTAINERS_UNIT_TEXT)
     wants = root / "etc/systemd/system/sysinit.target.wants"
     wants.mkdir(parents=True, exist_ok=True)
     link = wants / unit.name
     if not link.is_symlink():
-        link.symlink_to(f"/{CGROUPS_UNIT}")
+        link.symlink_to(f"/{CONTAINERS_UNIT}")
 
 
 # Left out of a saved layer: what makes a host itself (every host made from the layer writes its
@@ -258,6 +268,7 @@ def nspawn_argv(
     if runs_containers:
         capabilities = ["all"]
         argv.append("--system-call-filter=@keyring")
+        argv.append(f"--bind={paths / CONTAINERD_STATE}:{CONTAINERD_DIR}")
     argv.insert(1, f"--capability={','.join(capabilities)}")
     return argv
 
@@ -333,6 +344,8 @@ def start(
 ) -> None:
     """Start the host's supervisor, detached from the caller so the lab outlives the command."""
     (paths / STOP_REQUESTED).unlink(missing_ok=True)
+    if runs_containers:
+        (paths / CONTAINERD_STATE).mkdir(mode=0o711, exist_ok=True)
     argv = nspawn_argv(paths, host, names.netns(host), loop_device, runs_containers)
     script = paths / SUPERVISOR_SCRIPT
     script.write_text(supervisor_script(paths, host, names.lab, argv, runs_containers))

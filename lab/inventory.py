@@ -9,7 +9,7 @@ import yaml
 
 from inventory.building import build
 from inventory.model import LoadedCluster
-from lab import aptcache, rootfs
+from lab import aptcache, offline, rootfs
 from lab.state import LabState
 from lab.topology import DISK_DEVICE, LAB_GPU_COUNT, LAB_GPU_MODEL
 from roles.statefiles import write_atomically
@@ -49,26 +49,77 @@ def inventory_data(state: LabState) -> dict[str, Any]:
     if state.vip is not None:
         data["api"] = {"vip": str(state.vip)}
     # Docker's own repository is out of reach from the lab: Debian 13's docker.io and containerd.
-    # kubeadm, kubelet and the API server cannot be obtained from the lab (no Kubernetes
-    # repository, no release downloads): the kubernetes role is off; its lab tests turn it on
-    # against a stand-in kubeadm (tests/integration/test_role_kubernetes.py).
+    # Kubernetes comes from this machine's own builds (lab/gobuild.py), served by the lab's file
+    # server and registry (lab/offline.py); a lab without Kubernetes nodes leaves the role off.
+    published = (
+        offline.published() if any(spec.runs_containers for _, spec, _ in state.hosts()) else None
+    )
+    gateway = str(state.gateway)
     data["group_vars"] = {
         "all": {
-            "base": _base_settings(str(state.gateway)),
-            "container_runtime": {"source": "distribution"},
-            # kubeadm cannot be had on these machines: the kubernetes role is off in the lab.
-            "kubernetes": {"enabled": False},
+            "base": _base_settings(gateway),
+            "container_runtime": _runtime_settings(gateway, published),
+            "kubernetes": _kubernetes_settings(gateway, published),
         }
     }
+    if published is not None:
+        data["versions"] = {"kubernetes": published.kubernetes_version.lstrip("v")}
     if any("etcd" in spec.groups for _, spec, _ in state.hosts()):
-        # GitHub's releases are unreachable from the lab: Debian 13's etcd-server 3.5.16. The
-        # lab's disks are loop files sharing the machine's one disk (fsync p99 about 20 ms
-        # measured): the disk gate runs and its result is in the run report, but cannot pass.
-        data["group_vars"]["etcd"] = {
-            "etcd": {"source": "distribution", "disk_gate_override": True}
-        }
+        # GitHub's releases are unreachable from the lab: etcd 3.6 built here and served by the
+        # lab's file server where the lab runs Kubernetes (kubeadm 1.35 wants etcd 3.5.24+),
+        # Debian 13's etcd-server 3.5.16 otherwise. The lab's disks are loop files sharing the
+        # machine's one disk (fsync p99 about 20 ms measured): the disk gate runs and its
+        # result is in the run report, but cannot pass.
+        etcd: dict[str, Any] = {"source": "distribution", "disk_gate_override": True}
+        if published is not None:
+            etcd.update(
+                source="mirror",
+                mirror_url=f"{offline.files_url(gateway)}/{offline.ETCD_FILES}",
+                sha256=published.etcd_sha256,
+            )
+            data["versions"]["etcd"] = published.etcd_version
+        data["group_vars"]["etcd"] = {"etcd": etcd}
     data["hosts"] = hosts
     return data
+
+
+def _runtime_settings(gateway: str, published: offline.Published | None) -> dict[str, Any]:
+    settings: dict[str, Any] = {"source": "distribution"}
+    if published is not None:
+        settings.update(
+            # The hosts' systemd cannot delegate the machine's cgroup v1 controllers: runc
+            # manages them itself, as kubelet does (kubernetes.cgroup_driver below).
+            cgroup_driver="cgroupfs",
+            # The machine's root has no CAP_SYS_RESOURCE, so neither has any lab host's.
+            restrict_oom_score_adj=True,
+            sandbox_image=f"{offline.UPSTREAM_REGISTRY}/pause:{published.pause_tag}",
+            # registry.k8s.io is out of reach: the lab's registry mirrors it under its names.
+            registry_mirrors={offline.UPSTREAM_REGISTRY: [offline.registry_url(gateway)]},
+        )
+    return settings
+
+
+def _kubernetes_settings(gateway: str, published: offline.Published | None) -> dict[str, Any]:
+    if published is None:
+        return {"enabled": False}  # no Kubernetes node in this lab, or nothing built yet
+    files = offline.files_url(gateway)
+    return {
+        "source": "binaries",
+        "binaries_url": f"{files}/{offline.KUBERNETES_FILES}",
+        "binary_sha256": dict(published.sha256),
+        "cni_plugins_version": published.cni_plugins_version,
+        "cni_plugins_url": f"{files}/{offline.CNI_FILES}",
+        "cri_tools_version": None,  # kubeadm needs no crictl; ctr comes with containerd
+        "coredns_image_tag": published.coredns_version,
+        # Calico's BIRD cannot run in a lab host: the reference plugins and routed pod blocks.
+        "cni": "routes",
+        # The lab kernel has no IPVS modules.
+        "kube_proxy_mode": "nftables",
+        # The machine mounts cgroup v1 (LAB.md): lab-only settings, see the role's config.
+        "cgroup_driver": "cgroupfs",
+        "fail_cgroup_v1": False,
+        "ignore_preflight_errors": ["SystemVerification"],
+    }
 
 
 def _base_settings(gateway: str) -> dict[str, Any]:

@@ -45,6 +45,7 @@ START_TIMEOUT_S = 15.0
 UPSTREAM_REGISTRY = "registry.k8s.io"
 KUBERNETES_FILES = "kubernetes/release"  # under FILES_DIR: kubeadm's release layout
 CNI_FILES = "cni-plugins"
+ETCD_FILES = "etcd"
 CNI_PLUGINS = ("bridge", "host-local", "loopback", "portmap")
 # kube-proxy programs the kernel through nft (nftables mode) or iptables: its image needs them,
 # and a Debian root with just those is the smallest honest base (the upstream image is a
@@ -63,6 +64,8 @@ class Published:
     coredns_version: str  # v1.14.7
     cni_plugins_version: str  # 1.10.0
     pause_tag: str
+    etcd_version: str  # 3.6.16: kubeadm 1.35 refuses an external etcd older than 3.5.24
+    etcd_sha256: str
     sha256: dict[str, str]  # kubeadm, kubelet, kubectl, cni-plugins
 
     def to_json(self) -> dict:
@@ -71,6 +74,8 @@ class Published:
             "coredns_version": self.coredns_version,
             "cni_plugins_version": self.cni_plugins_version,
             "pause_tag": self.pause_tag,
+            "etcd_version": self.etcd_version,
+            "etcd_sha256": self.etcd_sha256,
             "sha256": self.sha256,
         }
 
@@ -240,6 +245,28 @@ def publish_files(kubernetes: gobuild.GoModule) -> dict[str, str]:
     return pins
 
 
+def publish_etcd() -> tuple[str, str]:
+    """etcd, etcdctl and etcdutl in the upstream release's tarball layout (what the etcd role's
+    source: mirror downloads); returns the version and the tarball's SHA-256."""
+    build = gobuild.module("etcd-3.6")
+    version = (build.requirement("go.etcd.io/etcd/server/v3") or "").lstrip("v")
+    folder = f"etcd-v{version}-linux-amd64"
+    archive = FILES_DIR / ETCD_FILES / f"{folder}.tar.gz"
+    if not archive.is_file():
+        archive.parent.mkdir(parents=True, exist_ok=True)
+        # go names the server's binary after its package (go.etcd.io/etcd/server/v3): server.
+        members = {
+            f"{folder}/etcd": build.binary("server"),
+            f"{folder}/etcdctl": build.binary("etcdctl"),
+            f"{folder}/etcdutl": build.binary("etcdutl"),
+        }
+        staged = archive.with_name(f".{archive.name}.new")
+        with staged.open("wb") as out, gzip.GzipFile(fileobj=out, mode="wb", mtime=0) as packed:
+            packed.write(_tar_files(members))
+        staged.replace(archive)
+    return version, _sha256(archive)
+
+
 def _crane(*args: str) -> str:
     crane = gobuild.module("cluster-tools").binary("crane")
     result = subprocess.run(
@@ -365,6 +392,7 @@ def publish(kubernetes: gobuild.GoModule, mirror: rootfs.Mirror) -> Published:
     """Fill the file server and the registry for one Kubernetes build (idempotent), and record
     what a lab inventory pins for it."""
     sha256 = publish_files(kubernetes)
+    etcd_version, etcd_sha256 = publish_etcd()
     version, coredns = publish_images(kubernetes, mirror)
     cni = gobuild.module("cluster-tools").requirement("github.com/containernetworking/plugins")
     published = Published(
@@ -372,6 +400,8 @@ def publish(kubernetes: gobuild.GoModule, mirror: rootfs.Mirror) -> Published:
         coredns_version=coredns,
         cni_plugins_version=(cni or "").lstrip("v"),
         pause_tag=PAUSE_TAG,
+        etcd_version=etcd_version,
+        etcd_sha256=etcd_sha256,
         sha256=sha256,
     )
     RUN_DIR.mkdir(parents=True, exist_ok=True)
@@ -392,7 +422,6 @@ def published(version: str | None = None) -> Published | None:
             return None
         version = builds[-1].requirement("k8s.io/kubernetes") or ""
     try:
-        data = json.loads(_record("v" + version.lstrip("v")).read_text())
-    except (OSError, ValueError):
-        return None
-    return Published(**data)
+        return Published(**json.loads(_record("v" + version.lstrip("v")).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None  # none yet, or recorded by an older gpuinfra: the next `lab up` rewrites it

@@ -1,4 +1,4 @@
-"""Which hosts a lab boots: the default 11-host cluster, a 100-host scale cluster, or N hosts."""
+"""Which hosts a lab boots: the default 13-host cluster, a 100-host scale cluster, or N hosts."""
 
 from __future__ import annotations
 
@@ -84,7 +84,8 @@ class Topology:
 def default_topology() -> Topology:
     """The reference design in miniature: every group present, etcd at its full five members."""
     hosts = [HostSpec(f"etcd-{i}", ("etcd",)) for i in range(1, 6)]
-    hosts += [HostSpec(f"cp-{i}", ("control_plane",)) for i in range(1, 3)]
+    # Three API servers: one can be down (or upgraded) while two keep the cluster serving.
+    hosts += [HostSpec(f"cp-{i}", ("control_plane",)) for i in range(1, 4)]
     hosts += [
         HostSpec("lb-1", ("loadbalancer",)),
         HostSpec("dns-1", ("dns",)),

@@ -21,8 +21,15 @@ class ContainerRuntimeConfig(BaseModel):
     # Published at https://docs.docker.com/engine/install/ubuntu/
     docker_key_fingerprint: str = "9DC858229FC7DD38854AE2D88D81803C0EBFCD88"
     # Kubelet and containerd must agree on the pause image, or pods restart their sandboxes;
-    # 3.10 is what kubeadm 1.31 expects.
-    sandbox_image: str = "registry.k8s.io/pause:3.10"
+    # 3.10.1 is what kubeadm 1.35 expects.
+    sandbox_image: str = "registry.k8s.io/pause:3.10.1"
+    # runc's cgroup manager, the same as kubelet's (kubernetes.cgroup_driver): systemd on every
+    # systemd host with cgroup v2; cgroupfs only on the lab's nested cgroup v1 hosts.
+    cgroup_driver: Literal["systemd", "cgroupfs"] = "systemd"
+    # Never give a container a lower oom_score_adj than containerd's own: for hosts where root
+    # lacks CAP_SYS_RESOURCE (rootless, or the lab's machine), which cannot lower it, so runc
+    # would fail every pod sandbox (kubelet asks for -998). Off wherever root is root.
+    restrict_oom_score_adj: bool = False
     # Registry host -> mirror endpoints tried first (pull-through caches keep thousands of
     # nodes from hammering a public registry at once).
     registry_mirrors: dict[str, list[str]] = Field(default_factory=dict)

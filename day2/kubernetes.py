@@ -234,8 +234,8 @@ def upgrade(
 
     session.step(first, "install kubeadm", package_commands(loaded, first, tag, ["kubeadm"]))
     session.step(first, "plan the upgrade", f"kubeadm upgrade plan {tag}")
-    # kubeadm keeps no patches in the cluster: without them the upgraded kube-scheduler would be
-    # upstream's, which has no Coscheduling plugin and refuses the profile (roles/fleet_policy).
+    # kubeadm keeps no patches in the cluster: named again, the directory's kubelet patch is
+    # applied to the kubelet configuration the upgrade writes.
     patches = f"--patches {PATCHES_DIR}"
     session.step(first, "kubeadm upgrade apply", f"kubeadm upgrade apply {tag} -y {patches}", 1800)
     _upgrade_kubelet(session, loaded, first, tag)

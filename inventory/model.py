@@ -43,7 +43,7 @@ class Strict(BaseModel):
 class Versions(Strict):
     """Pinned versions; the NVIDIA stack is checked against each other by the nvidia role."""
 
-    kubernetes: str = "1.31.4"
+    kubernetes: str = "1.35.4"
     etcd: str = "3.5.16"  # Debian 13's etcd-server; upstream 3.5 otherwise
     containerd: str = "1.7.24"
     docker: str = "26.1.5"

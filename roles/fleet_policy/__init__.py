@@ -1,6 +1,6 @@
 """GPU fleet policy on the cluster: team isolation (labels, taints, an admission policy),
-balloons that keep capacity warm, gang scheduling (scheduler-plugins Coscheduling) and GPU
-metrics (device plugin, DCGM exporter, scrape jobs). The preflight gate and the budgeted
+balloons that keep capacity warm, gang scheduling (Kubernetes' in-tree GangScheduling plugin)
+and GPU metrics (device plugin, DCGM exporter, scrape jobs). The preflight gate and the budgeted
 periodic check are gpu_health's (roles/gpu_health/gate.py and its manifest).
 
 Cluster-wide only (the record in role.py has no host phases): the kubernetes role applies the

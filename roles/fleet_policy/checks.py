@@ -22,16 +22,15 @@ def problems(loaded: LoadedCluster) -> Iterator[tuple[str, str]]:
         if "fleet_policy" in host.vars:
             yield f"hosts.{name}.vars.fleet_policy", "cluster-wide settings: set them under all"
     try:
+        gang.in_tree_gang(cluster.versions.kubernetes)
+    except gang.UnsupportedKubernetes as exc:
+        yield "versions.kubernetes", str(exc)
+    try:
         cfg = FleetPolicyConfig.model_validate(
             cluster.group_vars.get("all", {}).get("fleet_policy", {})
         )
     except ValidationError:
         return  # the registry's role-vars rule reports these with their keys
-    try:
-        gang.scheduler_plugins_version(cluster.versions.kubernetes, cfg.scheduler_plugins_version)
-    except gang.UnsupportedKubernetes as exc:
-        key = "scheduler_plugins_version" if cfg.scheduler_plugins_version else ""
-        yield (f"{SETTINGS}.{key}" if key else "versions.kubernetes"), str(exc)
     for pool_name, pool in cfg.balloons.items():
         key = f"{SETTINGS}.balloons.{pool_name}"
         if pool.team is not None and pool.team not in cluster.teams:

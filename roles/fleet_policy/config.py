@@ -79,11 +79,5 @@ class FleetPolicyConfig(BaseModel):
     apiserver_ca_file: str = "/etc/prometheus/kubernetes/ca.crt"
     apiserver_token_file: str = "/etc/prometheus/kubernetes/token"
 
-    # scheduler-plugins release; None: the one built for versions.kubernetes' minor (v0.X for
-    # Kubernetes v1.X), from roles/fleet_policy/gang.py.
-    scheduler_plugins_version: str | None = Field(None, pattern=r"^v0\.\d+\.\d+$")
-    # How long gang members wait at Permit for the rest: long enough for image pulls on a busy
-    # node, short enough that a gang that cannot fit releases what it holds.
-    coscheduling_permit_wait_s: int = Field(60, ge=1)
     # Where the control plane nodes keep the scheduler's configuration (kubeadm mounts it).
     scheduler_config_path: str = "/etc/kubernetes/gpuinfra/kube-scheduler-config.yaml"

@@ -1,6 +1,7 @@
 """The fleet policy's cluster-wide files under OUT/_cluster/: Kubernetes manifests (team
-isolation, balloons, gang scheduling, GPU metrics), the scheduler's configuration and kubeadm
-patch, per-node labels and taints for the kubernetes role, and Prometheus scrape jobs.
+isolation, balloons, GPU metrics), the scheduler's configuration and the control plane's
+kubeadm settings for in-tree gang scheduling, per-node labels and taints for the kubernetes role,
+and Prometheus scrape jobs.
 
 Every Kubernetes object is validated against the pinned Kubernetes version's schemas before it
 is returned, so `gpuinfra render` never writes an object the API server would refuse on shape.
@@ -37,11 +38,9 @@ NAMESPACE = f"{KUBERNETES_DIR}/namespace.yaml"
 TEAMS = f"{KUBERNETES_DIR}/teams.yaml"
 BALLOONS = f"{KUBERNETES_DIR}/balloons.yaml"
 GPU_METRICS = f"{KUBERNETES_DIR}/gpu-metrics.yaml"
-COSCHEDULING = f"{KUBERNETES_DIR}/coscheduling.yaml"
 # Files for the control plane hosts, placed by the kubernetes role with kubeadm.
 SCHEDULER_CONFIG = "scheduler/kube-scheduler-config.yaml"
-KUBEADM_SCHEDULER = "scheduler/kubeadm-cluster-configuration.yaml"
-KUBEADM_PATCH = "scheduler/kubeadm-patches/kube-scheduler+strategic.yaml"
+KUBEADM_CLUSTER_CONFIGURATION = "scheduler/kubeadm-cluster-configuration.yaml"
 NODES = "fleet-policy/nodes.yaml"
 SCRAPE = "prometheus/fleet-policy-scrape.yml"
 # Namespaces whose pods tolerate every taint by design (node agents): the team policy skips them.
@@ -141,9 +140,7 @@ def template_context(loaded: LoadedCluster) -> dict[str, Any]:
     cluster = loaded.cluster
     cfg = fleet_config(loaded)
     health = gpu_health_config(loaded)
-    version = gang.scheduler_plugins_version(
-        cluster.versions.kubernetes, cfg.scheduler_plugins_version
-    )
+    in_tree = gang.in_tree_gang(cluster.versions.kubernetes)
     return {
         "cluster_name": cluster.name,
         "cfg": cfg,
@@ -152,10 +149,11 @@ def template_context(loaded: LoadedCluster) -> dict[str, Any]:
         "taint_key": TEAM_TAINT_KEY,
         "taint_effect": TEAM_TAINT_EFFECT,
         "gpu_resource": health.gpu_resource,
-        "version": version,
         "minor": gang.kubernetes_minor(cluster.versions.kubernetes),
-        "image": gang.SCHEDULER_PLUGINS_IMAGE,
-        "pod_group_label": gang.POD_GROUP_LABEL,
+        "gang": in_tree,
+        "gang_plugin": gang.PLUGIN,
+        "api_server_gates": gang.feature_gates(in_tree.api_server_gates),
+        "scheduler_gates": gang.feature_gates(in_tree.scheduler_gates),
         # The port the firewall opens to the monitoring hosts (gpu_health's record).
         "dcgm_port": DCGM_EXPORTER_PORT,
         # kube-scheduler ignores --kube-api-qps/--kube-api-burst once it reads --config: the
@@ -175,22 +173,25 @@ def scheduler_client(loaded: LoadedCluster) -> KubernetesConfig:
 
 @dataclass(frozen=True)
 class SchedulerFiles:
-    """What the kubernetes role puts on every control-plane node for gang scheduling."""
+    """What the kubernetes role puts on every control-plane node for gang scheduling: the
+    upstream kube-scheduler, so no image patch."""
 
     config_path: str  # where kube-scheduler reads `config` from (mounted by kubeadm)
-    config: str  # the KubeSchedulerConfiguration with the Coscheduling profile
-    patch: str  # kubeadm's kube-scheduler+strategic.yaml patch: the scheduler-plugins image
+    config: str  # the KubeSchedulerConfiguration: the default profile, client limits
     kubeadm: dict[str, Any]  # the ClusterConfiguration's `scheduler` section (extraArgs, volumes)
+    api_server: dict[str, Any]  # its `apiServer` section: feature gates and runtime-config
 
 
 def scheduler_files(loaded: LoadedCluster, context: dict[str, Any] | None = None) -> SchedulerFiles:
     common = context or template_context(loaded)
-    kubeadm = render_template("fleet_policy/kubeadm-scheduler.yaml.j2", **common)
+    kubeadm = yaml.safe_load(
+        render_template("fleet_policy/kubeadm-cluster-configuration.yaml.j2", **common)
+    )
     return SchedulerFiles(
         config_path=common["cfg"].scheduler_config_path,
         config=render_template("fleet_policy/kube-scheduler-config.yaml.j2", **common),
-        patch=render_template("fleet_policy/kube-scheduler+strategic.yaml.j2", **common),
-        kubeadm=yaml.safe_load(kubeadm)["scheduler"],
+        kubeadm=kubeadm["scheduler"],
+        api_server=kubeadm["apiServer"],
     )
 
 
@@ -214,15 +215,15 @@ def cluster_files(loaded: LoadedCluster) -> dict[str, str]:
             "fleet_policy/balloons.yaml.j2", **common, pools=balloon_pools(cluster, cfg)
         ),
         GPU_METRICS: render_template("fleet_policy/gpu-metrics.yaml.j2", **common),
-        COSCHEDULING: render_template("fleet_policy/coscheduling.yaml.j2", **common),
     }
     check_manifests(manifests, cluster.versions.kubernetes)
     scheduler = scheduler_files(loaded, common)
     return {
         **manifests,
         SCHEDULER_CONFIG: scheduler.config,
-        KUBEADM_SCHEDULER: render_template("fleet_policy/kubeadm-scheduler.yaml.j2", **common),
-        KUBEADM_PATCH: scheduler.patch,
+        KUBEADM_CLUSTER_CONFIGURATION: render_template(
+            "fleet_policy/kubeadm-cluster-configuration.yaml.j2", **common
+        ),
         NODES: "# Rendered by gpuinfra (roles/fleet_policy): labels and taints per node, applied "
         "by the kubernetes role at join.\n"
         + yaml.safe_dump(node_placement(cluster), sort_keys=False),

@@ -1,21 +1,44 @@
-"""Gang scheduling: the scheduler-plugins release that matches the cluster's Kubernetes minor."""
+"""Gang scheduling in-tree (KEP-4671): the feature gates and API group each control-plane
+component needs for the GangScheduling plugin, per Kubernetes minor."""
 
 from __future__ import annotations
 
-# scheduler-plugins release v0.X is built against Kubernetes v1.X (its README's compatibility
-# table); the patch release pinned is the latest listed there for each minor.
-SCHEDULER_PLUGINS_RELEASES = {
-    "1.30": "v0.30.12",
-    "1.31": "v0.31.8",
-    "1.32": "v0.32.7",
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class InTreeGang:
+    """What one Kubernetes minor needs switched on for gang scheduling."""
+
+    # The Workload API's group/version: kube-apiserver serves an alpha one only when its
+    # --runtime-config names it.
+    workload_api: str
+    # kube-apiserver: serves Workloads, keeps pods' spec.workloadRef instead of dropping it, and
+    # grants system:kube-scheduler read access to workloads (its bootstrap RBAC policy).
+    api_server_gates: tuple[str, ...]
+    # kube-scheduler: GenericWorkload watches Workloads; GangScheduling adds the plugin to the
+    # default profile and may not be on without GenericWorkload (a gate dependency).
+    scheduler_gates: tuple[str, ...]
+
+
+# Read from Kubernetes v1.35.4's sources: pkg/features/kube_features.go (both gates alpha, off
+# by default), pkg/scheduler/apis/config/v1/default_plugins.go, k8s.io/api scheduling/v1alpha1.
+# kube-controller-manager reads neither gate: the Job controller copies workloadRef from the
+# pod template like any other field. Later minors move the API and the gates (v1.37 has no
+# GangScheduling gate), so a minor is added here only after reading its own sources.
+IN_TREE = {
+    "1.35": InTreeGang(
+        workload_api="scheduling.k8s.io/v1alpha1",
+        api_server_gates=("GenericWorkload",),
+        scheduler_gates=("GenericWorkload", "GangScheduling"),
+    ),
 }
-SCHEDULER_PLUGINS_IMAGE = "registry.k8s.io/scheduler-plugins/kube-scheduler"
-# The label a pod names its PodGroup with (scheduling.x-k8s.io/v1alpha1).
-POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
+# The in-tree plugin's name (pkg/scheduler/framework/plugins/names).
+PLUGIN = "GangScheduling"
 
 
 class UnsupportedKubernetes(ValueError):
-    """No scheduler-plugins release is pinned for this Kubernetes minor."""
+    """Gang scheduling is not set up for this Kubernetes minor."""
 
 
 def kubernetes_minor(version: str) -> str:
@@ -23,21 +46,19 @@ def kubernetes_minor(version: str) -> str:
     return f"{major}.{minor}"
 
 
-def scheduler_plugins_version(kubernetes: str, override: str | None = None) -> str:
-    """The release for the cluster: an explicit pin must still match the minor (v0.X ~ v1.X)."""
+def in_tree_gang(kubernetes: str) -> InTreeGang:
     minor = kubernetes_minor(kubernetes)
-    if override is not None:
-        if kubernetes_minor(override.replace("v0.", "1.", 1)) != minor:
-            raise UnsupportedKubernetes(
-                f"scheduler_plugins_version {override} is built for Kubernetes "
-                f"v1.{override.split('.')[1]}, the cluster runs {kubernetes}"
-            )
-        return override
     try:
-        return SCHEDULER_PLUGINS_RELEASES[minor]
+        return IN_TREE[minor]
     except KeyError:
-        known = ", ".join(sorted(SCHEDULER_PLUGINS_RELEASES))
+        known = ", ".join(sorted(IN_TREE))
         raise UnsupportedKubernetes(
-            f"no scheduler-plugins release pinned for Kubernetes {minor} (pinned: {known}); "
-            "set group_vars.all.fleet_policy.scheduler_plugins_version"
+            f"gang scheduling is set up for Kubernetes {known} only (the in-tree "
+            f"GangScheduling plugin; its gates and Workload API change between minors), "
+            f"not {minor}"
         ) from None
+
+
+def feature_gates(gates: tuple[str, ...]) -> str:
+    """The value of a component's --feature-gates flag."""
+    return ",".join(f"{gate}=true" for gate in gates)

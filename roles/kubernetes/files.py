@@ -30,9 +30,6 @@ INIT_CONFIG = KUBEADM_CONFIG
 JOIN_CONFIG = KUBEADM_CONFIG
 PATCHES_DIR = f"{CONFIG_DIR}/patches"
 KUBELET_PATCH = f"{PATCHES_DIR}/kubeletconfiguration+merge.yaml"
-# kubeadm's patch of the static kube-scheduler pod (target kube-scheduler, strategic merge):
-# the scheduler-plugins image, which has Coscheduling compiled in (roles/fleet_policy).
-SCHEDULER_PATCH = f"{PATCHES_DIR}/kube-scheduler+strategic.yaml"
 # The cluster's Kubernetes objects (every role's _cluster/kubernetes/ files), in apply stages.
 CLUSTER_OBJECTS_DIR = f"{CONFIG_DIR}/cluster"
 # The join step writes the filled-in copy here (0700) and removes it after the join.
@@ -240,7 +237,7 @@ def api_server_flags(ctx: HostContext, cfg: KubernetesConfig) -> list[Flag]:
                 "restart (never with one API server)",
             )
         )
-    return flags
+    return flags + api_server_gang_flags(scheduler_files(ctx.loaded))
 
 
 def controller_manager_flags(cluster: Cluster, cfg: KubernetesConfig) -> list[Flag]:
@@ -264,19 +261,38 @@ def controller_manager_flags(cluster: Cluster, cfg: KubernetesConfig) -> list[Fl
     return flags
 
 
-def scheduler_flags(scheduler: SchedulerFiles) -> list[Flag]:
-    """The scheduler's flags from the fleet policy's kubeadm section: only `config` (the
-    Coscheduling profile). kube-scheduler ignores --kube-api-qps/--kube-api-burst/--profiling
-    once it reads a configuration file; that file sets them (clientConnection, enableProfiling)."""
-    reasons = {
-        "config": "the default profile with Coscheduling (gang scheduling, roles/fleet_policy); "
-        "it also sets the client's qps/burst and enableProfiling: false (CIS 1.4.1), which "
-        "kube-scheduler no longer takes as flags with --config"
-    }
+def _fleet_policy_flags(section: dict[str, Any], reasons: dict[str, str]) -> list[Flag]:
     return [
         Flag(arg["name"], arg["value"], reasons.get(arg["name"], "roles/fleet_policy"))
-        for arg in scheduler.kubeadm.get("extraArgs", [])
+        for arg in section.get("extraArgs", [])
     ]
+
+
+def api_server_gang_flags(scheduler: SchedulerFiles) -> list[Flag]:
+    """The API server's flags from the fleet policy's kubeadm section: in-tree gang
+    scheduling's feature gate and API group."""
+    reasons = {
+        "feature-gates": "in-tree gang scheduling (roles/fleet_policy): serves the Workload API, "
+        "keeps pods' spec.workloadRef and lets kube-scheduler read Workloads (alpha, off by "
+        "default)",
+        "runtime-config": "the Workload API's alpha group, which is not served by default",
+    }
+    return _fleet_policy_flags(scheduler.api_server, reasons)
+
+
+def scheduler_flags(scheduler: SchedulerFiles) -> list[Flag]:
+    """The scheduler's flags from the fleet policy's kubeadm section: `config` (the default
+    profile) and the gang scheduling gates. kube-scheduler ignores --kube-api-qps/
+    --kube-api-burst/--profiling once it reads a configuration file; that file sets them
+    (clientConnection, enableProfiling)."""
+    reasons = {
+        "config": "the default profile (roles/fleet_policy); it also sets the client's "
+        "qps/burst and enableProfiling: false (CIS 1.4.1), which kube-scheduler no longer takes "
+        "as flags with --config",
+        "feature-gates": "in-tree gang scheduling (roles/fleet_policy): the GangScheduling "
+        "plugin joins the default profile and reads Workloads (alpha, off by default)",
+    }
+    return _fleet_policy_flags(scheduler.kubeadm, reasons)
 
 
 def scheduler_volumes(scheduler: SchedulerFiles) -> list[m.HostPathMount]:
@@ -777,7 +793,6 @@ def managed_files(ctx: HostContext) -> list[ManagedFile]:
             files.append(ManagedFile("kubernetes", CALICO_CONFIG, calico))
         scheduler = scheduler_files(ctx.loaded)
         files.append(ManagedFile("kubernetes", scheduler.config_path, scheduler.config))
-        files.append(ManagedFile("kubernetes", SCHEDULER_PATCH, scheduler.patch))
         # On every control-plane node (the same paths on each, as pyinfra needs); applied from
         # the first one only (operations.cluster_objects_applied).
         for stage in apply_stages(ctx.cluster_files()):
@@ -824,7 +839,7 @@ CALICO_PREFIX = "kubernetes/calico/"
 @dataclass(frozen=True)
 class ApplyStage:
     """One file of cluster objects, applied in name order: CRDs before the objects that use
-    them (the PodGroup CRD before everything else), namespaces before what lives in them."""
+    them, namespaces before what lives in them."""
 
     path: str
     content: str

@@ -252,7 +252,7 @@ SERVER_SIDE_APPLY = (
 
 def apply_commands(stages: list[ApplyStage], timeout_s: int) -> list[str]:
     """One server-side apply per stage, in order; after the CRDs, a wait until the API serves
-    them (a PodGroup or any other custom resource in a later stage is refused before that)."""
+    them (a custom resource in a later stage is refused before that)."""
     commands = []
     for stage in stages:
         quoted = shlex.quote(stage.path)

@@ -29,7 +29,7 @@ def test_kubespray_ini_maps_groups_and_host_vars():
     assert cluster.domain == "mycluster.local"
     assert str(cluster.networks.pod) == "10.233.64.0/18"  # from group_vars/k8s_cluster/
     assert str(cluster.networks.service) == "10.233.0.0/18"
-    assert cluster.versions.kubernetes == "1.31.4"
+    assert cluster.versions.kubernetes == "1.35.4"
     assert str(cluster.networks.node) == "10.20.0.0/24"
 
 

@@ -35,6 +35,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "inventory" / "sample"
 DCGM_SAMPLE = Path(__file__).parent / "data" / "dcgm-exporter-metrics.txt"
 EXAMPLE_JOB = ROOT / "docs" / "examples" / "gang-training-job.yaml"
+# The sample inventory's Kubernetes, whose schemas the examples are checked against.
+KUBERNETES = "1.35.4"
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +78,6 @@ def test_render_writes_every_fleet_object(rendered):
         ("Namespace", "inference"),
         ("PriorityClass", "gpuinfra-balloon"),
         ("Deployment", "balloon-research-gpu"),
-        ("CustomResourceDefinition", "podgroups.scheduling.x-k8s.io"),
-        ("ClusterRole", "gpuinfra:scheduler-plugins"),
         ("DaemonSet", "nvidia-device-plugin"),
         ("DaemonSet", "dcgm-exporter"),
         ("DaemonSet", "gpu-health-preflight"),
@@ -85,10 +85,13 @@ def test_render_writes_every_fleet_object(rendered):
     ]:
         assert wanted in kinds
     for path in [
-        files.SCHEDULER_CONFIG, files.KUBEADM_SCHEDULER, files.KUBEADM_PATCH, files.NODES,
-        files.SCRAPE,
+        files.SCHEDULER_CONFIG, files.KUBEADM_CLUSTER_CONFIGURATION, files.NODES, files.SCRAPE,
     ]:  # fmt: skip
         assert (rendered / path).is_file()
+    # Gang scheduling is in-tree: no PodGroup CRD, no scheduler-plugins RBAC, no image patch.
+    assert not any(kind == "CustomResourceDefinition" for kind, _ in kinds)
+    assert not any("scheduler-plugins" in name for _, name in kinds)
+    assert not (rendered / "scheduler" / "kubeadm-patches").exists()
 
 
 def test_every_rendered_object_is_valid_for_the_pinned_kubernetes(rendered):
@@ -99,7 +102,7 @@ def test_every_rendered_object_is_valid_for_the_pinned_kubernetes(rendered):
     # The periodic check's Job template, which the sampler creates per node, is checked too.
     config = find(rendered, "kubernetes/gpu-health.yaml", "ConfigMap")
     objects.append(("periodic-job.yaml", yaml.safe_load(config["data"]["periodic-job.yaml"])))
-    assert len(objects) == 37  # drift job (1), gpu-health (21 + the Job), fleet policy (14)
+    assert len(objects) == 34  # drift job (1), gpu-health (21 + the Job), fleet policy (11)
     crds = crd_schemas(obj for _, obj in objects)
     version = load(SAMPLE).cluster.versions.kubernetes
     problems = [
@@ -118,24 +121,75 @@ def test_the_validator_refuses_what_the_api_server_would(rendered):
     wrong = yaml.safe_load(yaml.safe_dump(deployment))
     wrong["spec"]["replicas"] = "one"
     unknown = {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}}
-    problems = validate_objects([deployment, bad, wrong, unknown], "1.31.4")
+    problems = validate_objects([deployment, bad, wrong, unknown], KUBERNETES)
     assert len(problems) == 3
     assert "'replica' was unexpected" in problems[0]
     assert "spec/replicas" in problems[1]
     assert "no schema" in problems[2]
 
 
-def test_the_example_gang_job_is_valid_against_the_crd_and_the_schemas(rendered):
-    crds = crd_schemas([find(rendered, files.COSCHEDULING, "CustomResourceDefinition")])
+def test_the_example_gang_job_is_valid_against_the_schemas_of_its_kubernetes(rendered):
     example = documents(EXAMPLE_JOB.read_text())
-    assert [obj["kind"] for obj in example] == ["PodGroup", "Service", "Job"]
-    assert validate_objects(example, "1.31.4", crds) == []
-    # The CRD's schema is really applied: a PodGroup with a bad field is refused.
-    broken = yaml.safe_load(yaml.safe_dump(example[0]))
-    broken["spec"]["minMember"] = "two"
-    broken["spec"]["minMembers"] = 2
-    problems = validate_objects([broken], "1.31.4", crds)
-    assert len(problems) == 1 and "PodGroup" in problems[0]
+    assert [obj["kind"] for obj in example] == ["Workload", "Service", "Job"]
+    workload, _, job = example
+    assert workload["apiVersion"] == gang.in_tree_gang(KUBERNETES).workload_api
+    assert validate_objects(example, KUBERNETES) == []
+    # The alpha API is in the bundled 1.35 schemas, and really applied: PodGroup's field names
+    # (scheduling.x-k8s.io) are refused in a Workload, and so is a misspelt workloadRef.
+    broken = yaml.safe_load(yaml.safe_dump(workload))
+    broken["spec"]["podGroups"][0]["policy"]["gang"]["minMember"] = 2
+    misspelt = yaml.safe_load(yaml.safe_dump(job))
+    misspelt["spec"]["template"]["spec"]["workloadRef"]["replicaKey"] = "0"  # podGroupReplicaKey
+    problems = validate_objects([broken, misspelt], KUBERNETES)
+    assert len(problems) == 2
+    assert problems[0].startswith("Workload research-batch/llm-pretrain: spec/podGroups/0/")
+    assert "'minMember' was unexpected" in problems[0]
+    assert "spec/template/spec/workloadRef" in problems[1]
+    assert "'replicaKey' was unexpected" in problems[1]
+    # Kubernetes 1.34 has no Workload API: said, not skipped.
+    assert validate_objects([workload], "1.34.0") == [
+        "Workload research-batch/llm-pretrain: no schema for scheduling.k8s.io/v1alpha1 Workload"
+    ]
+
+
+def test_the_example_jobs_pods_form_the_gang_their_workload_declares():
+    workload, _, job = documents(EXAMPLE_JOB.read_text())
+    ref = job["spec"]["template"]["spec"]["workloadRef"]
+    assert ref["name"] == workload["metadata"]["name"]
+    assert workload["metadata"]["namespace"] == job["metadata"]["namespace"]
+    groups = {group["name"]: group["policy"] for group in workload["spec"]["podGroups"]}
+    # The API server wants exactly one of basic and gang; the scheduler queues none of the pods
+    # before minCount of them exist, so the Job must start that many at once.
+    assert list(groups[ref["podGroup"]]) == ["gang"]
+    min_count = groups[ref["podGroup"]]["gang"]["minCount"]
+    assert min_count == job["spec"]["parallelism"] == job["spec"]["completions"] == 2
+
+
+def test_a_custom_resource_is_checked_against_its_crd_rendered_beside_it():
+    crd = {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "widgets.example.com"},
+        "spec": {
+            "group": "example.com",
+            "names": {"kind": "Widget", "plural": "widgets"},
+            "scope": "Namespaced",
+            "versions": [{"name": "v1", "served": True, "storage": True, "schema": {
+                "openAPIV3Schema": {"type": "object", "properties": {
+                    "apiVersion": {"type": "string"}, "kind": {"type": "string"},
+                    "metadata": {"type": "object"},
+                    "spec": {"type": "object", "properties": {"size": {"type": "integer"}}},
+                }},
+            }}],
+        },
+    }  # fmt: skip
+    widget = {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"},
+              "spec": {"size": 1}}  # fmt: skip
+    crds = crd_schemas([crd])
+    assert validate_objects([crd, widget], KUBERNETES, crds) == []
+    for bad in ({"size": "one"}, {"sizes": 1}):
+        problems = validate_objects([{**widget, "spec": bad}], KUBERNETES, crds)
+        assert len(problems) == 1 and problems[0].startswith("Widget w: spec")
 
 
 # --- team isolation: the policy's own CEL ---
@@ -492,45 +546,63 @@ def test_node_placement_gives_the_kubernetes_role_labels_and_taints(rendered):
 # --- gang scheduling ---
 
 
-def test_scheduler_plugins_release_matches_the_kubernetes_minor(rendered):
-    assert gang.scheduler_plugins_version("1.31.4") == "v0.31.8"
-    assert gang.scheduler_plugins_version("v1.30.2") == "v0.30.12"
-    with pytest.raises(gang.UnsupportedKubernetes, match="built for Kubernetes v1.30"):
-        gang.scheduler_plugins_version("1.31.4", "v0.30.12")
-    with pytest.raises(gang.UnsupportedKubernetes, match="no scheduler-plugins release"):
-        gang.scheduler_plugins_version("1.27.0")
-    patch = yaml.safe_load((rendered / files.KUBEADM_PATCH).read_text())
-    assert patch["spec"]["containers"] == [
-        {
-            "name": "kube-scheduler",
-            "image": "registry.k8s.io/scheduler-plugins/kube-scheduler:v0.31.8",
-        }
+def test_gang_scheduling_is_in_tree_from_the_sources_of_kubernetes_1_35():
+    assert (
+        gang.in_tree_gang("1.35.4")
+        == gang.in_tree_gang("v1.35.0")
+        == gang.InTreeGang(
+            workload_api="scheduling.k8s.io/v1alpha1",
+            api_server_gates=("GenericWorkload",),
+            scheduler_gates=("GenericWorkload", "GangScheduling"),
+        )
+    )
+    for other in ("1.34.2", "1.36.0", "v1.37.2"):
+        with pytest.raises(gang.UnsupportedKubernetes, match="for Kubernetes 1.35 only"):
+            gang.in_tree_gang(other)
+
+
+def test_the_api_server_and_the_scheduler_get_the_gates_the_scheduler_no_image_patch(rendered):
+    kubeadm = yaml.safe_load((rendered / files.KUBEADM_CLUSTER_CONFIGURATION).read_text())
+    assert kubeadm["apiServer"]["extraArgs"] == [
+        {"name": "feature-gates", "value": "GenericWorkload=true"},
+        {"name": "runtime-config", "value": "scheduling.k8s.io/v1alpha1=true"},
     ]
+    path = FleetPolicyConfig().scheduler_config_path
+    assert kubeadm["scheduler"]["extraArgs"] == [
+        {"name": "config", "value": path},
+        {"name": "feature-gates", "value": "GenericWorkload=true,GangScheduling=true"},
+    ]
+    assert kubeadm["scheduler"]["extraVolumes"][0]["hostPath"] == path
+    # Only the API server and the scheduler: kube-controller-manager reads neither gate, and
+    # nothing changes the scheduler's image (no kubeadm patch, the upstream kube-scheduler).
+    assert set(kubeadm) == {"apiVersion", "kind", "apiServer", "scheduler"}
+    assert not [p for p in rendered.rglob("*") if "strategic" in p.name]
 
 
-def test_an_unpinned_kubernetes_minor_is_refused_at_load(tmp_path):
-    text = (SAMPLE / "cluster.yml").read_text().replace("kubernetes: 1.31.4", "kubernetes: 1.27.3")
+def test_the_scheduler_runs_the_default_profile_with_no_out_of_tree_plugin(rendered):
+    text = (rendered / files.SCHEDULER_CONFIG).read_text()
+    config = yaml.safe_load(text)
+    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    # No plugins named: with GangScheduling on, the default profile already holds the plugin.
+    assert config["profiles"] == [{"schedulerName": "default-scheduler"}]
+    assert "Coscheduling" not in text and "pluginConfig" not in text
+    assert config["clientConnection"]["kubeconfig"] == "/etc/kubernetes/scheduler.conf"
+    assert config["enableProfiling"] is False
+
+
+def test_a_kubernetes_minor_without_in_tree_gang_settings_is_refused_at_load(tmp_path):
+    text = (SAMPLE / "cluster.yml").read_text().replace("kubernetes: 1.35.4", "kubernetes: 1.31.4")
     path = tmp_path / "cluster.yml"
     path.write_text(text)
     (error,) = errors_of(path)
-    assert "versions.kubernetes: no scheduler-plugins release pinned for Kubernetes 1.27" in error
+    assert "versions.kubernetes: gang scheduling is set up for Kubernetes 1.35 only" in error
+    assert error.endswith("not 1.31")
 
 
-def test_coscheduling_is_a_plugin_of_the_default_schedulers_profile(rendered):
-    config = yaml.safe_load((rendered / files.SCHEDULER_CONFIG).read_text())
-    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
-    (profile,) = config["profiles"]
-    assert profile["schedulerName"] == "default-scheduler"
-    assert profile["plugins"]["multiPoint"] == {
-        "enabled": [{"name": "Coscheduling"}], "disabled": [{"name": "PrioritySort"}]
-    }  # fmt: skip
-    (plugin,) = profile["pluginConfig"]
-    assert plugin == {"name": "Coscheduling", "args": {"permitWaitingTimeSeconds": 60}}
-    assert config["clientConnection"]["kubeconfig"] == "/etc/kubernetes/scheduler.conf"
-    kubeadm = yaml.safe_load((rendered / files.KUBEADM_SCHEDULER).read_text())
-    path = FleetPolicyConfig().scheduler_config_path
-    assert kubeadm["scheduler"]["extraArgs"] == [{"name": "config", "value": path}]
-    assert kubeadm["scheduler"]["extraVolumes"][0]["hostPath"] == path
+def test_the_coscheduling_settings_are_gone_from_the_inventory():
+    for removed in ("scheduler_plugins_version", "coscheduling_permit_wait_s"):
+        with pytest.raises(ValueError, match="Extra inputs are not permitted"):
+            FleetPolicyConfig.model_validate({removed: "v0.31.8"})
 
 
 # --- GPU metrics ---

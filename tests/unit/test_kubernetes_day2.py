@@ -36,7 +36,7 @@ def actions(outcome) -> list[tuple[str, str]]:
 
 
 def test_upgrade_order_first_then_control_plane_one_by_one_then_worker_batches(loaded):
-    outcome = day2.upgrade(loaded, "1.32.0", budget_percent=40, runner=Recorder())
+    outcome = day2.upgrade(loaded, "1.36.0", budget_percent=40, runner=Recorder())
     steps = actions(outcome)
     applies = [i for i, (h, a) in enumerate(steps) if a == "kubeadm upgrade apply"]
     assert [steps[i][0] for i in applies] == ["cp-1"]
@@ -59,13 +59,13 @@ def test_upgrade_order_first_then_control_plane_one_by_one_then_worker_batches(l
     ]
     assert drains[1] < dict(nodes)["gpu-1"] and uncordons[1] < drains[2]
     assert all(steps[i][0] == "cp-1" for i in drains + uncordons)
-    assert "versions.kubernetes: 1.32.0" in outcome.notes[0]
+    assert "versions.kubernetes: 1.36.0" in outcome.notes[0]
 
 
 def test_upgrade_stops_at_the_first_failing_node(loaded):
     runner = Recorder(fail_on="kubeadm upgrade node")
     with pytest.raises(day2.KubernetesOperationError, match="cp-2: kubeadm upgrade node failed"):
-        day2.upgrade(loaded, "1.32.0", runner=runner)
+        day2.upgrade(loaded, "1.36.0", runner=runner)
     assert not any(host == "cp-3" for host, _ in runner.calls)
 
 
@@ -133,7 +133,7 @@ def test_parse_nodes_reads_readiness_versions_and_taints():
 
 def test_cli_refuses_a_skipped_minor_with_one_line(loaded):
     result = CliRunner().invoke(
-        app, ["kubernetes", "upgrade", str(loaded.source), "1.33.0", "--yes"]
+        app, ["kubernetes", "upgrade", str(loaded.source), "1.37.0", "--yes"]
     )
     assert result.exit_code == 1
     assert "one minor version at a time" in result.stderr
@@ -141,14 +141,14 @@ def test_cli_refuses_a_skipped_minor_with_one_line(loaded):
 
 
 def test_control_plane_upgrades_pass_the_patches_directory_workers_do_not_need_it(loaded):
-    """kubeadm keeps no patches in the cluster: the control plane's upgrade must name the
-    directory again, or kube-scheduler comes back as upstream's image, without Coscheduling."""
+    """kubeadm keeps no patches in the cluster: the control plane's upgrade names the directory
+    again, so kubeadm applies the node's kubelet patch to the kubelet configuration it writes."""
     runner = Recorder()
-    day2.upgrade(loaded, "1.32.0", budget_percent=40, runner=runner)
+    day2.upgrade(loaded, "1.36.0", budget_percent=40, runner=runner)
     upgrades = {
         host: command for host, command in runner.calls if command.startswith("kubeadm upgrade ")
     }
     patches = "--patches /etc/kubernetes/gpuinfra/patches"
-    assert upgrades["cp-1"] == f"kubeadm upgrade apply v1.32.0 -y {patches}"
+    assert upgrades["cp-1"] == f"kubeadm upgrade apply v1.36.0 -y {patches}"
     assert upgrades["cp-2"] == upgrades["cp-3"] == f"kubeadm upgrade node {patches}"
     assert upgrades["cpu-1"] == "kubeadm upgrade node"

@@ -1,5 +1,6 @@
 """How the kubernetes role applies the fleet policy, offline: team labels and taints in kubelet's
-registration, the Coscheduling scheduler wired into kubeadm (configuration file, volume, image
+registration, in-tree gang scheduling wired into kubeadm (the scheduler's configuration file and
+volume, feature gates on the API server and the scheduler, the Workload API served, no image
 patch), and every role's cluster objects placed in apply stages and applied server-side, CRDs
 first, only when a file or a live object differs (the operation against facts keyed by their
 arguments)."""
@@ -15,7 +16,6 @@ from pyinfra.facts.files import Sha1File
 
 from roles.context import cluster_files, host_context, load
 from roles.fleet_policy import files as fleet_files
-from roles.fleet_policy import gang
 from roles.kubernetes import operations as kube_ops
 from roles.kubernetes.facts import ApiAnswers, LiveObjectsDiffer
 from roles.kubernetes.files import (
@@ -23,7 +23,8 @@ from roles.kubernetes.files import (
     CLUSTER_OBJECTS_DIR,
     INIT_CONFIG,
     JOIN_CONFIG,
-    SCHEDULER_PATCH,
+    KUBELET_PATCH,
+    PATCHES_DIR,
     ApplyStage,
     apply_stages,
     cluster_objects,
@@ -95,28 +96,37 @@ def test_registration_agrees_with_the_fleet_policys_nodes_file(loaded):
 # ---------------------------------------------------------------- the scheduler
 
 
-def test_every_control_plane_node_gets_the_scheduler_configuration_and_image_patch(loaded):
+def test_every_control_plane_node_gets_the_scheduler_configuration_and_no_image_patch(loaded):
     rendered = cluster_files(loaded)
     config_path = fleet_files.fleet_config(loaded).scheduler_config_path
     for node in ("cp-1", "cp-2"):
         placed = files_of(loaded, node)
         assert placed[config_path] == rendered[fleet_files.SCHEDULER_CONFIG]
-        assert placed[SCHEDULER_PATCH] == rendered[fleet_files.KUBEADM_PATCH]
+        # kubeadm applies every file of the patches directory: the kubelet's is the only one,
+        # so the static kube-scheduler pod keeps kubeadm's upstream image.
+        assert [path for path in placed if path.startswith(PATCHES_DIR + "/")] == [KUBELET_PATCH]
     for node in ("gpu-1", "cpu-1"):
-        placed = files_of(loaded, node)
-        assert config_path not in placed and SCHEDULER_PATCH not in placed
-    # kubeadm reads the patch from the directory its init and join files name.
+        assert config_path not in files_of(loaded, node)
+    # kubeadm reads that directory because its init and join files name it.
     init = kubeadm_documents(files_of(loaded, "cp-1")[INIT_CONFIG])["InitConfiguration"]
-    assert SCHEDULER_PATCH.startswith(init["patches"]["directory"] + "/")
+    assert init["patches"]["directory"] == PATCHES_DIR
     join = kubeadm_documents(files_of(loaded, "cp-2")[JOIN_CONFIG])["JoinConfiguration"]
-    assert join["patches"]["directory"] == init["patches"]["directory"]
+    assert join["patches"]["directory"] == PATCHES_DIR
 
 
-def test_cluster_configuration_points_the_scheduler_at_its_configuration(loaded):
+def flags(component: dict) -> dict[str, str]:
+    return {arg["name"]: arg["value"] for arg in component.get("extraArgs", [])}
+
+
+def test_cluster_configuration_gates_gang_scheduling_on_the_api_server_and_the_scheduler(loaded):
     path = fleet_files.fleet_config(loaded).scheduler_config_path
     docs = kubeadm_documents(files_of(loaded, "cp-1")[INIT_CONFIG])
-    scheduler = docs["ClusterConfiguration"]["scheduler"]
-    assert scheduler["extraArgs"] == [{"name": "config", "value": path}]
+    cluster = docs["ClusterConfiguration"]
+    scheduler = cluster["scheduler"]
+    assert scheduler["extraArgs"] == [
+        {"name": "config", "value": path},
+        {"name": "feature-gates", "value": "GenericWorkload=true,GangScheduling=true"},
+    ]
     assert scheduler["extraVolumes"] == [
         {
             "name": "gpuinfra-scheduler-config",
@@ -126,24 +136,51 @@ def test_cluster_configuration_points_the_scheduler_at_its_configuration(loaded)
             "pathType": "File",
         }
     ]
+    api_server = flags(cluster["apiServer"])
+    assert api_server["feature-gates"] == "GenericWorkload=true"
+    assert api_server["runtime-config"] == "scheduling.k8s.io/v1alpha1=true"
+    assert api_server["audit-policy-file"]  # added to the role's own flags, not instead of them
+    assert "feature-gates" not in flags(cluster["controllerManager"])
     # The flags kube-scheduler ignores with --config are settings of the file instead.
     config = yaml.safe_load(files_of(loaded, "cp-1")[path])
     assert config["clientConnection"]["qps"] == 100 and config["clientConnection"]["burst"] == 200
     assert config["enableProfiling"] is False
 
 
-def test_the_scheduler_image_is_the_release_built_for_the_kubernetes_minor(
-    small_cluster, write_cluster
-):
-    for kubernetes, release in (("1.31.4", "v0.31.8"), ("1.32.1", "v0.32.7")):
-        small_cluster["versions"] = {**small_cluster.get("versions", {}), "kubernetes": kubernetes}
-        loaded = load(write_cluster(small_cluster))
-        patch = yaml.safe_load(files_of(loaded, "cp-1")[SCHEDULER_PATCH])
-        image = patch["spec"]["containers"][0]["image"]
-        assert image == f"{gang.SCHEDULER_PLUGINS_IMAGE}:{release}"
+def test_the_init_file_says_why_each_gang_flag_is_set(loaded):
+    header = [
+        line
+        for line in files_of(loaded, "cp-1")[INIT_CONFIG].splitlines()
+        if line.startswith("#   ")
+    ]
+    why = {line.split(":", 1)[0].strip("# "): line.split(":", 1)[1] for line in header}
+    assert "Workload API" in why["kube-apiserver --feature-gates"]
+    assert "not served by default" in why["kube-apiserver --runtime-config"]
+    assert "GangScheduling" in why["kube-scheduler --feature-gates"]
+    assert "Coscheduling" not in "\n".join(header)
 
 
 # ---------------------------------------------------------------- the cluster objects
+
+
+WIDGET_CRD_NAME = "widgets.example.com"
+WIDGET_CRD = f"""\
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: {WIDGET_CRD_NAME}
+spec:
+  group: example.com
+  names: {{kind: Widget, plural: widgets}}
+  scope: Namespaced
+  versions:
+    - {{name: v1, served: true, storage: true, schema: {{openAPIV3Schema: {{type: object}}}}}}
+"""
+
+
+def with_a_crd(rendered: dict[str, str]) -> dict[str, str]:
+    """The cluster's files and one CRD, so the CRD stage (and its wait) is exercised."""
+    return {**rendered, "kubernetes/example/widgets.yaml": WIDGET_CRD}
 
 
 def object_names(stage: ApplyStage) -> list[str]:
@@ -151,14 +188,16 @@ def object_names(stage: ApplyStage) -> list[str]:
 
 
 def test_stages_hold_every_object_once_crds_first_then_namespaces(loaded):
-    rendered = cluster_files(loaded)
+    rendered = with_a_crd(cluster_files(loaded))
     stages = apply_stages(rendered)
     assert [s.path for s in stages] == [
         f"{CLUSTER_OBJECTS_DIR}/00-crds.yaml",
         f"{CLUSTER_OBJECTS_DIR}/10-namespaces.yaml",
         f"{CLUSTER_OBJECTS_DIR}/20-objects.yaml",
     ]
-    assert object_names(stages[0]) == ["CustomResourceDefinition/podgroups.scheduling.x-k8s.io"]
+    # The sample's roles render no CRD (gang scheduling's Workload is a built-in kind): the one
+    # in the first stage is the test's own.
+    assert object_names(stages[0]) == [f"CustomResourceDefinition/{WIDGET_CRD_NAME}"]
     assert stages[0].crds and not any(stage.crds for stage in stages[1:])
     assert {name.split("/")[0] for name in object_names(stages[1])} == {"Namespace"}
     assert not any(
@@ -175,7 +214,7 @@ def test_stages_hold_every_object_once_crds_first_then_namespaces(loaded):
         "kubernetes/calico/calico-config.yaml",
         "kubernetes/calico/calico-resources.yaml",
     }
-    assert "kubernetes/fleet-policy/coscheduling.yaml" in sources
+    assert "kubernetes/fleet-policy/teams.yaml" in sources
     assert "kubernetes/gpu-health.yaml" in sources
 
 
@@ -240,7 +279,7 @@ SSA = (
 
 
 def test_apply_runs_server_side_per_stage_crds_first_and_waits_for_them(loaded):
-    stages = apply_stages(cluster_files(loaded))
+    stages = apply_stages(with_a_crd(cluster_files(loaded)))
     facts = placed_facts(stages, healthy=True, live="same")
     facts[(Sha1File, (("path", stages[2].path),))] = "0" * 40  # a file about to change
     done, host = run(facts, True, stages)
@@ -257,7 +296,7 @@ def test_apply_runs_server_side_per_stage_crds_first_and_waits_for_them(loaded):
 def test_apply_is_a_noop_when_files_and_live_objects_match_and_runs_when_live_ones_differ(
     loaded,
 ):
-    stages = apply_stages(cluster_files(loaded))
+    stages = apply_stages(with_a_crd(cluster_files(loaded)))
     done, host = run(placed_facts(stages, healthy=True, live="same"), True, stages)
     assert done == [] and host.noops
     assert any(key[0] is LiveObjectsDiffer for key in host.asked)

@@ -25,7 +25,6 @@ from roles.kubernetes.files import (
     INIT_CONFIG,
     JOIN_CONFIG,
     KUBELET_CONF,
-    SCHEDULER_PATCH,
     api_server_flags,
     managed_files,
     validate_documents,
@@ -52,11 +51,10 @@ def documents(text: str) -> dict[str, dict]:
 
 
 def kubernetes_yaml(out: Path) -> list[Path]:
-    """The rendered Kubernetes documents to validate. The scheduler's configuration and its
-    kubeadm patch are not API objects (no schema holds them): tests/unit/test_fleet_policy.py
-    checks what they say."""
-    scheduler = {Path(FleetPolicyConfig().scheduler_config_path).name, Path(SCHEDULER_PATCH).name}
-    return [p for p in out.rglob("*.yaml") if "kubernetes" in str(p) and p.name not in scheduler]
+    """The rendered Kubernetes documents to validate. The scheduler's configuration is not an
+    API object (no schema holds it): tests/unit/test_fleet_policy.py checks what it says."""
+    scheduler = Path(FleetPolicyConfig().scheduler_config_path).name
+    return [p for p in out.rglob("*.yaml") if "kubernetes" in str(p) and p.name != scheduler]
 
 
 def args(component: dict) -> dict[str, str]:
@@ -111,7 +109,7 @@ def test_init_file_has_external_etcd_endpoint_and_sans(loaded):
     assert etcd["keyFile"] == "/etc/kubernetes/pki/apiserver-etcd-client.key"
     assert etcd["caFile"] == "/etc/kubernetes/pki/etcd/ca.crt"
     assert cluster_cfg["controlPlaneEndpoint"] == "api.small.test:6443"
-    assert cluster_cfg["kubernetesVersion"] == "v1.31.4"
+    assert cluster_cfg["kubernetesVersion"] == "v1.35.4"
     sans = set(cluster_cfg["apiServer"]["certSANs"])
     assert {"api.small.test", "10.0.0.21", "cp-2", "cp-2.small.test", "10.0.0.31"} <= sans
     assert init["KubeletConfiguration"]["serializeImagePulls"] is False
@@ -518,7 +516,9 @@ def test_kubespray_inventory_without_balancers_imports_with_node_local_proxies(t
     problems = [
         str(problem)
         for path in kubernetes_yaml(rendered)
-        for problem in validate_text(path.read_text(), str(path), "1.31.4")
+        for problem in validate_text(
+            path.read_text(), str(path), loaded.cluster.versions.kubernetes
+        )
     ]
     assert problems == []
 

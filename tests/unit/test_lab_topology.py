@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lab import lifecycle, naming
+from lab import lifecycle, naming, offline
 from lab.errors import LabInvalid
 from lab.inventory import GPU_COMMENT, inventory_data, render_inventory, write_inventory
 from lab.state import LabState, read_state, recorded_labs
@@ -29,6 +29,8 @@ def labs_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Labs in a temporary folder, with the private key the inventory must point at (0600)."""
     folder = tmp_path / "labs"
     monkeypatch.setattr(naming, "LABS_DIR", folder)
+    # What this machine's `lab up` published must not leak into the inventories here.
+    monkeypatch.setattr(offline, "RUN_DIR", tmp_path / "offline")
     return folder
 
 
@@ -44,10 +46,10 @@ def test_default_topology_has_every_group() -> None:
     topology = default_topology()
     groups = [group for host in topology.hosts for group in host.groups]
     assert groups.count("etcd") == 5
-    assert groups.count("control_plane") == 2
+    assert groups.count("control_plane") == 3
     for group in ("loadbalancer", "monitoring", "cpu_worker", "gpu_worker"):
         assert groups.count(group) == 1
-    # A DNS primary and a secondary (mon-1 doubles as the secondary: no thirteenth host).
+    # A DNS primary and a secondary (mon-1 doubles as the secondary: no extra host).
     assert [host.name for host in topology.hosts if "dns" in host.groups] == ["dns-1", "mon-1"]
     assert not any(host.disk_bytes for host in topology.hosts)  # etcd disks only on request
 
@@ -167,6 +169,46 @@ def test_labs_get_distinct_subnets_and_keep_theirs(
 
 
 def test_lab_inventory_takes_the_container_runtime_from_debian(labs_dir: Path) -> None:
-    """Docker's repository is out of reach from the lab: Debian's docker.io is used instead."""
+    """Docker's repository is out of reach from the lab: Debian's docker.io is used instead.
+    Before the lab published a Kubernetes build, the kubernetes role stays off."""
     data = inventory_data(lab_state(labs_dir, "itest", default_topology()))
     assert data["group_vars"]["all"]["container_runtime"] == {"source": "distribution"}
+    assert data["group_vars"]["all"]["kubernetes"] == {"enabled": False}
+    assert data["group_vars"]["etcd"]["etcd"]["source"] == "distribution"
+
+
+PUBLISHED = offline.Published(
+    kubernetes_version="v1.35.4",
+    coredns_version="v1.14.7",
+    cni_plugins_version="1.10.0",
+    pause_tag="3.10.1",
+    etcd_version="3.6.16",
+    etcd_sha256="e" * 64,
+    sha256={"kubeadm": "a" * 64, "kubelet": "b" * 64, "kubectl": "c" * 64, "cni-plugins": "d" * 64},
+)
+
+
+def test_a_published_build_turns_kubernetes_on_from_the_labs_own_sources(
+    labs_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the machine's build published, the inventory installs it from the lab's file server
+    and registry (the gateway), pinned by the published digests, and the lab's cgroup v1
+    settings stay in the lab's inventory."""
+    monkeypatch.setattr(offline, "published", lambda version=None: PUBLISHED)
+    state = lab_state(labs_dir, "itest", default_topology())
+    path = write_inventory(state, state.inventory_path)
+    loaded = load(path)
+    gateway = str(state.gateway)
+    kube = yaml.safe_load(path.read_text())["group_vars"]["all"]["kubernetes"]
+    assert kube["binaries_url"] == f"http://{gateway}:{offline.FILES_PORT}/kubernetes/release"
+    assert kube["binary_sha256"] == PUBLISHED.sha256
+    assert kube["cni"] == "routes" and kube["kube_proxy_mode"] == "nftables"
+    assert kube["fail_cgroup_v1"] is False
+    assert loaded.cluster.versions.kubernetes == "1.35.4"
+    assert loaded.cluster.versions.etcd == "3.6.16"
+    runtime = yaml.safe_load(path.read_text())["group_vars"]["all"]["container_runtime"]
+    assert runtime["registry_mirrors"] == {
+        "registry.k8s.io": [f"http://{gateway}:{offline.REGISTRY_PORT}"]
+    }
+    etcd = yaml.safe_load(path.read_text())["group_vars"]["etcd"]["etcd"]
+    assert (etcd["source"], etcd["sha256"]) == ("mirror", "e" * 64)

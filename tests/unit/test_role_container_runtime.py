@@ -39,9 +39,26 @@ def test_containerd_uses_systemd_cgroups_and_the_pinned_pause_image():
     config = tomllib.loads(files_of(load(SAMPLE), "gpu-1")["/etc/containerd/config.toml"])
     cri = config["plugins"]["io.containerd.grpc.v1.cri"]
     assert config["version"] == 2
-    assert cri["sandbox_image"] == "registry.k8s.io/pause:3.10"
+    assert cri["sandbox_image"] == "registry.k8s.io/pause:3.10.1"
     runc = cri["containerd"]["runtimes"]["runc"]
     assert runc["options"]["SystemdCgroup"] is True
+    assert "restrict_oom_score_adj" not in cri  # root may lower a container's OOM score
+
+
+def test_a_cgroup_v1_host_without_cap_sys_resource_gets_cgroupfs_and_clamped_oom_scores(
+    small_cluster, write_cluster
+):
+    """The lab's settings: runc manages the cgroups itself and never lowers oom_score_adj."""
+    small_cluster["group_vars"] = {
+        "all": {"container_runtime": {"cgroup_driver": "cgroupfs", "restrict_oom_score_adj": True}}
+    }
+    loaded = load(write_cluster(small_cluster))
+    node = next(n for n, h in loaded.cluster.hosts.items() if "cpu_worker" in h.groups)
+    cri = tomllib.loads(files_of(loaded, node)["/etc/containerd/config.toml"])["plugins"][
+        "io.containerd.grpc.v1.cri"
+    ]
+    assert cri["restrict_oom_score_adj"] is True
+    assert cri["containerd"]["runtimes"]["runc"]["options"]["SystemdCgroup"] is False
 
 
 def test_docker_rotates_logs_restores_live_and_uses_systemd_cgroups():

@@ -115,6 +115,8 @@ def _kubernetes_settings(gateway: str, published: offline.Published | None) -> d
         "cni": "routes",
         # The lab kernel has no IPVS modules.
         "kube_proxy_mode": "nftables",
+        # nf_conntrack_max is the machine's, read-only in a lab host.
+        "kube_proxy_conntrack_max_per_core": 0,
         # The machine mounts cgroup v1 (LAB.md): lab-only settings, see the role's config.
         "cgroup_driver": "cgroupfs",
         "fail_cgroup_v1": False,

@@ -9,7 +9,7 @@ from inventory.model import LoadedCluster
 from roles.drift_job.config import DriftJobConfig
 from roles.templates import render_template
 
-MANIFEST = "kubernetes/drift-job.yaml"
+MANIFEST = "drift-job/drift-job.yaml"  # not under kubernetes/: applied by hand, with its inputs
 
 
 def job_config(loaded: LoadedCluster) -> DriftJobConfig:

@@ -135,6 +135,9 @@ class KubernetesConfig(BaseModel):
     # kube-proxy in IPVS mode: O(1) service lookups where iptables mode walks long chains at
     # thousands of services (Kubespray's default too).
     kube_proxy_mode: Literal["ipvs", "iptables", "nftables"] = "ipvs"
+    # kube-proxy raises nf_conntrack_max to 32768 per core by default; 0 leaves the kernel's
+    # value, for hosts where it is the machine's and read-only (the lab, like kind's nodes).
+    kube_proxy_conntrack_max_per_core: int | None = Field(None, ge=0)
 
     # Clusters without load-balancer nodes: an HAProxy on every node in front of every API
     # server (Kubespray's default), so kubelets survive the loss of one API server.

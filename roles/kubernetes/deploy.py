@@ -134,11 +134,12 @@ def apply_control_plane(ctx: HostContext) -> None:
         name="Copy the operator kubeconfig to the controller (0600)",
         first=first,
         local=str(ctx.loaded.state_dir / OPERATOR_KUBECONFIG),
-        # Nodes dial their own proxy; the controller dials the first API server itself.
+        # Nodes dial their own proxy or api.<domain>, a name the controller need not resolve:
+        # it dials the API's address (the VIP or the balancer), or the first API server itself.
         server=(
             f"https://{ctx.address}:{ctx.cluster.api.port}"
             if node_local_balancing(ctx.cluster)
-            else None
+            else f"https://{ctx.topology.api_address}:{ctx.cluster.api.port}"
         ),
     )
     kube_ops.calico_applied(

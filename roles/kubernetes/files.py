@@ -451,6 +451,11 @@ def kube_proxy_configuration(ctx: HostContext, cfg: KubernetesConfig) -> m.KubeP
         mode=cfg.kube_proxy_mode,
         clusterCIDR=str(ctx.cluster.networks.pod),
         ipvs=m.IPVSConfiguration(strictARP=False) if cfg.kube_proxy_mode == "ipvs" else None,
+        conntrack=(
+            None
+            if cfg.kube_proxy_conntrack_max_per_core is None
+            else m.ConntrackConfiguration(maxPerCore=cfg.kube_proxy_conntrack_max_per_core)
+        ),
     )
 
 

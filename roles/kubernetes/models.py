@@ -244,6 +244,12 @@ class KubeProxyConfiguration(Strict):
     mode: Literal["ipvs", "iptables", "nftables"]
     clusterCIDR: str
     ipvs: IPVSConfiguration | None = None
+    conntrack: ConntrackConfiguration | None = None
+
+
+class ConntrackConfiguration(Strict):
+    # 0: leave the kernel's nf_conntrack_max as it is.
+    maxPerCore: int = Field(ge=0)
 
 
 class ObjectMeta(Strict):

@@ -25,6 +25,7 @@ from pyinfra.api import FunctionCommand, OperationError, StringCommand, operatio
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import Sha1File
 
+from roles import record
 from roles.container_runtime.operations import KeyFingerprints, fetch_key_commands
 from roles.facts import HeldPackages
 from roles.kubernetes import models as m
@@ -35,7 +36,14 @@ from roles.kubernetes.facts import (
     KubeBinaries,
     LiveObjectsDiffer,
 )
-from roles.kubernetes.files import ADMIN_CONF, FIELD_MANAGER, KUBELET_CONF, SECRET_DIR, ApplyStage
+from roles.kubernetes.files import (
+    ADMIN_CONF,
+    FIELD_MANAGER,
+    INIT_CONFIG,
+    KUBELET_CONF,
+    SECRET_DIR,
+    ApplyStage,
+)
 from roles.operations import report_note, wait_for
 from roles.pacing import Pacer, Rate, shared_pacer
 
@@ -350,7 +358,9 @@ def join_secrets(state, first_name: str, control_plane: bool, token_ttl: str) ->
             printed = _run_on_first(
                 state,
                 first_name,
-                "kubeadm init phase upload-certs --upload-certs",
+                # With the init file: kubeadm's defaults know no external etcd, and a
+                # joining control-plane node then finds no etcd client certificate to fetch.
+                f"kubeadm init phase upload-certs --upload-certs --config {INIT_CONFIG}",
                 "certificate key",
             )
             match = _CERT_KEY.search(printed)
@@ -382,9 +392,9 @@ def redact(text: str, secrets: JoinSecrets | None) -> str:
 
 
 def _record_check(target, check: dict) -> None:
-    if not hasattr(target, "_gpuinfra_checks"):
-        target._gpuinfra_checks = []
-    target._gpuinfra_checks.append(check)
+    """A check in the run's own record of the host: the report shows it, and its detail is the
+    host's error when the join failed (the runner keeps nothing on pyinfra's objects)."""
+    record.host(target.name).checks.append(check)
 
 
 def run_join(

@@ -64,6 +64,8 @@ def lab_up(
 ) -> tuple[Path, float]:
     inventory = work / "cluster.yml"
     shape = ["--hosts", str(hosts)] if hosts else ["--topology", "default"]
+    # The engine's figures stay comparable with earlier runs: the hosts' roles, no Kubernetes.
+    shape.append("--no-kubernetes")
     if layer is not None:
         shape += ["--layer", str(layer)]
     subprocess.run([GPUINFRA, "lab", "down", "--name", LAB], capture_output=True)

@@ -72,7 +72,7 @@ def up(
     ] = None,
     topology: Annotated[
         TopologyName | None,
-        typer.Option(help="default: 12 hosts, every group; scale: 100 hosts, HA everywhere."),
+        typer.Option(help="default: 13 hosts, every group; scale: 100 hosts, HA everywhere."),
     ] = None,
     disk: Annotated[
         list[str] | None,
@@ -88,6 +88,14 @@ def up(
     layer: Annotated[
         Path | None,
         typer.Option(help="A folder from `lab save-layer`: every host starts from that state."),
+    ] = None,
+    kubernetes: Annotated[
+        bool | None,
+        typer.Option(
+            "--kubernetes/--no-kubernetes",
+            help="Run Kubernetes on the lab's nodes, built on this machine (a new lab does).",
+            show_default=False,
+        ),
     ] = None,
     output: FormatOpt = OutputFormat.table,
 ) -> None:
@@ -115,6 +123,7 @@ def up(
                 parallel=parallel,
                 progress=on_host,
                 layer=layer,
+                kubernetes=kubernetes,
             )
     if output is OutputFormat.json:
         typer.echo(json.dumps(asdict(result), default=str, indent=2))

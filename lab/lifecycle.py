@@ -96,11 +96,13 @@ def up(
     boot_timeout_s: float = BOOT_TIMEOUT_S,
     progress: Progress | None = None,
     layer: Path | None = None,
+    kubernetes: bool | None = None,
 ) -> UpResult:
     """Boot every host of the lab that is not running, wait for SSH, write the inventory.
 
     Idempotent: hosts already running are left alone, so after a failure it simply resumes.
-    Without a topology an existing lab keeps its own, and a new one gets the default.
+    Without a topology an existing lab keeps its own, and a new one gets the default; the same
+    holds for `kubernetes` (a new lab runs Kubernetes unless told not to).
     """
     started_at = time.monotonic()
     check_lab_name(name)
@@ -108,17 +110,18 @@ def up(
     with locked(name):
         mirror = mirror or rootfs.machine_mirror()
         lower, build_seconds = rootfs.ensure_root(mirror)
-        state = _resolve_state(name, topology, inventory_path, layer)
+        state = _resolve_state(name, topology, inventory_path, layer, kubernetes)
         _ensure_lab_key(state)
         network.tune_machine()
-        if any(spec.runs_containers for spec in state.topology.hosts):
+        containers = any(state.runs_containers(spec) for spec in state.topology.hosts)
+        if containers:
             network.tune_machine_for_kubelet()
         network.ensure_bridge(state.names, state.gateway, state.subnet.prefixlen)
         services: dict[int, str] = {}
         if aptcache.available():
             aptcache.ensure_running(mirror)
             services[aptcache.PORT] = "the package cache"
-        if any(spec.runs_containers for spec in state.topology.hosts):
+        if containers:
             offline.ensure_running()
             offline.publish_all(mirror)
             services[offline.REGISTRY_PORT] = "the image registry"
@@ -135,7 +138,7 @@ def up(
             host.write_identity(
                 paths, spec.name, state.domain, address, mirror_hosts, sources, public_key
             )
-            if spec.runs_containers:
+            if state.runs_containers(spec):
                 host.write_container_support(paths)
             return f"{address} {host.host_public_key(paths)}"
 
@@ -180,7 +183,11 @@ def up(
 
 
 def _resolve_state(
-    name: str, topology: Topology | None, inventory_path: Path | None, layer: Path | None = None
+    name: str,
+    topology: Topology | None,
+    inventory_path: Path | None,
+    layer: Path | None = None,
+    kubernetes: bool | None = None,
 ) -> LabState:
     if layer is not None and not layer.is_dir():
         raise LabInvalid(
@@ -202,6 +209,12 @@ def _resolve_state(
                 f"{len(existing.topology.hosts)} hosts): run `gpuinfra lab down --name {name}` "
                 "first, or use another --name"
             )
+        if kubernetes is not None and kubernetes != existing.kubernetes:
+            running = "with" if existing.kubernetes else "without"
+            raise LabInvalid(
+                f"lab {name} is already up {running} Kubernetes: run `gpuinfra lab down --name "
+                f"{name}` first, or use another --name"
+            )
         state = existing
         if inventory_path is not None or state.inventory_path is None:
             path = (inventory_path or default_inventory_path(name)).absolute()
@@ -214,7 +227,14 @@ def _resolve_state(
     path = (inventory_path or default_inventory_path(name)).absolute()
     with locked(None):
         slot = addressing.free_slot(_used_slots())
-        state = LabState(name, slot, topology, path, layer.absolute() if layer else None)
+        state = LabState(
+            name,
+            slot,
+            topology,
+            path,
+            layer.absolute() if layer else None,
+            kubernetes=True if kubernetes is None else kubernetes,
+        )
         write_state(state)  # recorded at once: a second lab now sees this slot as taken
     return state
 
@@ -280,7 +300,7 @@ def _boot(state: LabState, index: int) -> bool:
     host.kill_orphans(paths)  # a host whose systemd-nspawn was killed must not run twice
     network.ensure_host_network(state.names, spec.name, index, address, state.subnet, state.gateway)
     loop = host.ensure_disk(paths, spec.disk_bytes) if spec.disk_bytes else None
-    host.start(paths, state.names, spec.name, loop, spec.runs_containers)
+    host.start(paths, state.names, spec.name, loop, state.runs_containers(spec))
     return False
 
 

@@ -31,6 +31,12 @@ class LabState:
     # A saved host root (`lab save-layer`) laid between the shared Debian root and each host's
     # own changes: hosts start from an already converged state (scale benchmarks).
     layer: Path | None = None
+    # Whether the lab runs Kubernetes: its nodes run containers (lab/host.py) and the inventory
+    # installs the machine's Kubernetes build. Off, the kubernetes role is off as well.
+    kubernetes: bool = True
+
+    def runs_containers(self, spec: HostSpec) -> bool:
+        return self.kubernetes and spec.runs_containers
 
     @property
     def names(self) -> LabNames:
@@ -85,6 +91,7 @@ class LabState:
             "inventory_path": str(self.inventory_path) if self.inventory_path else None,
             "topology": self.topology.to_json(),
             "layer": str(self.layer) if self.layer else None,
+            "kubernetes": self.kubernetes,
         }
 
     @classmethod
@@ -96,6 +103,7 @@ class LabState:
             topology=Topology.from_json(data["topology"]),
             inventory_path=Path(inventory) if inventory else None,
             layer=Path(data["layer"]) if data.get("layer") else None,
+            kubernetes=data.get("kubernetes", False),  # labs from before it ran none
         )
 
 

@@ -1,4 +1,4 @@
-"""The `lab` fixture: one 12-host Debian 13 lab (default topology) shared by integration tests.
+"""The `lab` fixture: one 13-host Debian 13 lab (default topology) shared by integration tests.
 
 Use it from any integration test (engine, roles, etcd ...)::
 
@@ -70,18 +70,26 @@ class LabCluster:
 
 
 def boot_lab(
-    name: str, topology: Topology, inventory_path: Path, layer: Path | None = None
+    name: str,
+    topology: Topology,
+    inventory_path: Path,
+    layer: Path | None = None,
+    kubernetes: bool = False,
 ) -> LabCluster:
-    """Bring a lab up (replacing a leftover one with other hosts) and load its inventory."""
+    """Bring a lab up (replacing a leftover one with other hosts) and load its inventory.
+    Kubernetes runs only on a lab that asks for it (tests/integration/test_kubernetes.py's)."""
     if os.geteuid() != 0:
         pytest.fail(
             "integration tests boot lab hosts and need root (deselect: -m 'not integration')"
         )
     existing = read_state(name)
     wanted_layer = layer.absolute() if layer else None
-    if existing is not None and (existing.topology, existing.layer) != (topology, wanted_layer):
+    wanted = (topology, wanted_layer, kubernetes)
+    if existing is not None and (existing.topology, existing.layer, existing.kubernetes) != wanted:
         lifecycle.down(name)
-    result = lifecycle.up(name, topology, inventory_path=inventory_path, layer=layer)
+    result = lifecycle.up(
+        name, topology, inventory_path=inventory_path, layer=layer, kubernetes=kubernetes
+    )
     return LabCluster(name, result.inventory_path, load(result.inventory_path), result)
 
 

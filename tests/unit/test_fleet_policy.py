@@ -99,6 +99,8 @@ def test_every_rendered_object_is_valid_for_the_pinned_kubernetes(rendered):
     objects = [
         (p, o) for p, o in objects_in(rendered / "kubernetes") if not p.startswith("calico/")
     ]
+    # The drift Job lives apart from the objects the kubernetes role applies.
+    objects += objects_in(rendered / "drift-job")
     # The periodic check's Job template, which the sampler creates per node, is checked too.
     config = find(rendered, "kubernetes/gpu-health.yaml", "ConfigMap")
     objects.append(("periodic-job.yaml", yaml.safe_load(config["data"]["periodic-job.yaml"])))

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from roles import gpu_health
+from roles import gpu_health, record
 from roles.context import host_context, load, topology_of
 from roles.facts import HeldPackages
 from roles.fleet_policy.config import FleetPolicyConfig
@@ -395,7 +395,8 @@ def test_join_fills_secrets_into_a_private_copy_and_reports_none(loaded, monkeyp
     )
     state = _State(first)
     content = files_of(loaded, "cp-2")[JOIN_CONFIG]
-    ok = kube_ops.run_join(state, joining, "cp-1", content, True, "15m", None)
+    with record.recording() as run:
+        ok = kube_ops.run_join(state, joining, "cp-1", content, True, "15m", None)
     assert ok is False
     ((dest, text),) = joining.uploaded
     assert dest.startswith(kube_ops.SECRET_DIR + "/")
@@ -404,7 +405,7 @@ def test_join_fills_secrets_into_a_private_copy_and_reports_none(loaded, monkeyp
     join = next(c for c in joining.ran if "kubeadm join" in c)
     assert "kubeadm config validate" in join.split("kubeadm join")[0]
     assert "rm -f" in join and "abcdef" not in join
-    (check,) = joining._gpuinfra_checks
+    (check,) = run.host("cp-2").checks  # the run's record: the report's error for the host
     assert "abcdef.0123456789abcdef" not in check["detail"] and "c" * 64 not in check["detail"]
     assert "<redacted" in check["detail"]
     assert not any("abcdef" in c for c in first.ran)  # the token is read, never passed
@@ -435,8 +436,9 @@ def test_join_without_the_first_control_plane_node_says_so(loaded):
     state = _State(_Node("cp-1"))
     state.active_hosts = set()
     content = files_of(loaded, "cpu-1")[JOIN_CONFIG]
-    assert not kube_ops.run_join(state, worker, "cp-1", content, False, "15m", None)
-    assert "is not in this run" in worker._gpuinfra_checks[0]["detail"]
+    with record.recording() as run:
+        assert not kube_ops.run_join(state, worker, "cp-1", content, False, "15m", None)
+    assert "is not in this run" in run.host("cpu-1").checks[0]["detail"]
 
 
 def test_operator_kubeconfig_is_private_from_creation(tmp_path):

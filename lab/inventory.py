@@ -93,8 +93,12 @@ def _runtime_settings(gateway: str, published: offline.Published | None) -> dict
             # The machine's root has no CAP_SYS_RESOURCE, so neither has any lab host's.
             restrict_oom_score_adj=True,
             sandbox_image=f"{offline.UPSTREAM_REGISTRY}/pause:{published.pause_tag}",
-            # registry.k8s.io is out of reach: the lab's registry mirrors it under its names.
-            registry_mirrors={offline.UPSTREAM_REGISTRY: [offline.registry_url(gateway)]},
+            # registry.k8s.io is out of reach: the lab's registry mirrors it under its names,
+            # and serves the lab's own images (plain HTTP, on the lab's bridge only).
+            registry_mirrors={
+                offline.UPSTREAM_REGISTRY: [offline.registry_url(gateway)],
+                f"{gateway}:{offline.REGISTRY_PORT}": [offline.registry_url(gateway)],
+            },
         )
     return settings
 

@@ -53,6 +53,8 @@ CNI_PLUGINS = ("bridge", "host-local", "loopback", "portmap")
 PROXY_BASE_PACKAGES = ("nftables", "iptables", "conntrack")
 PAUSE_TAG = "3.10.1"  # what kubeadm 1.35 names as the sandbox image
 CONTROL_PLANE = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
+TOOLBOX = "gpuinfra/toolbox"
+TOOLBOX_TAG = rootfs.SUITE
 PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -86,6 +88,11 @@ def registry_url(gateway: str) -> str:
 
 def files_url(gateway: str) -> str:
     return f"http://{gateway}:{FILES_PORT}"
+
+
+def toolbox_image(gateway: str) -> str:
+    """The lab's test pods' image, by the name a lab host pulls it under."""
+    return f"{gateway}:{REGISTRY_PORT}/{TOOLBOX}:{TOOLBOX_TAG}"
 
 
 # ---------------------------------------------------------------- the two services
@@ -378,6 +385,10 @@ def publish_images(kubernetes: gobuild.GoModule, mirror: rootfs.Mirror) -> tuple
         _push_image(name, version, layers, f"/{binary}", label=digest)
     layer, digest = _layer_file("coredns", {"coredns": tools.binary("coredns")})
     _push_image("coredns/coredns", coredns, [layer], "/coredns", label=digest)
+    # A shell and a resolver for the lab's own test pods (the same Debian root, nothing else):
+    # served under the lab registry's own name, not as a mirror of anyone's.
+    base = proxy_base(mirror)
+    _push_image(TOOLBOX, TOOLBOX_TAG, [base], "/bin/sh", label=f"base-{_sha256(base)[:16]}")
     pause = gobuild.module("pause")
     layer, digest = _layer_file("pause", {"pause": pause.binary("pause")})
     _push_image("pause", PAUSE_TAG, [layer], "/pause", label=digest)

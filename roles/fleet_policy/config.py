@@ -46,8 +46,8 @@ class FleetPolicyConfig(BaseModel):
     balloon_priority: int = Field(-5, gt=-10, lt=0)
     # Pool name -> pool; the name becomes the Deployment's (balloon-<name>): a DNS label.
     balloons: dict[HostName, BalloonPool] = Field(default_factory=dict)
-    # The pause image kubeadm 1.31 itself pulls for pod sandboxes: already on every node.
-    pause_image: str = "registry.k8s.io/pause:3.10"
+    # The pause image kubeadm 1.35 itself pulls for pod sandboxes: already on every node.
+    pause_image: str = "registry.k8s.io/pause:3.10.1"
 
     # NVIDIA's device plugin advertises nvidia.com/gpu; v0.17.0 supports driver R550 and CDI.
     device_plugin_image: str = "nvcr.io/nvidia/k8s-device-plugin:v0.17.0"

@@ -114,7 +114,7 @@ def test_docker_and_containerd_run_with_systemd_cgroups(applied, host):
     lab.ssh(host, "test -S /run/containerd/containerd.sock && ctr version")
     dump = lab.ssh(host, "containerd config dump").stdout
     assert "SystemdCgroup = true" in dump
-    assert 'sandbox_image = "registry.k8s.io/pause:3.10"' in dump
+    assert 'sandbox_image = "registry.k8s.io/pause:3.10.1"' in dump
 
 
 def test_hosts_outside_kubernetes_get_no_runtime(applied):

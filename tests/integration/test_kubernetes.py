@@ -1,0 +1,507 @@
+"""Kubernetes for real on a lab: kubeadm, kubelet, the API server, CoreDNS and kube-proxy built
+on this machine from Go modules (lab/gobuild.py), served by the lab's file server and registry
+(lab/offline.py), and the lab's pod network (`cni: routes`).
+
+Own lab `<GPUINFRA_LAB_NAME>-k8s` (GPUINFRA_KUBE_LAB_NAME overrides): the default topology with
+Kubernetes on, so five etcd members (etcd 3.6, built here), three control-plane nodes behind
+lb-1's HAProxy, and cpu-1 and gpu-1 as workers; gpu-1 belongs to the team `research`, a balloon
+pool keeps capacity warm on cpu-1, and workers join one per 20 s. One full apply converges it;
+the tests then read and change the cluster through the operator's kubeconfig with the kubectl
+built here. A test that stops something starts it again before it ends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cli.exitcodes import ExitCode
+from lab import gobuild, lifecycle, offline
+from lab.topology import default_topology
+from tests.integration.conftest import KEEP_ENV, LAB_NAME, LabCluster, boot_lab
+from tests.integration.roles_helpers import failed_run, gpuinfra
+
+pytestmark = pytest.mark.integration
+
+KUBE_LAB = os.environ.get("GPUINFRA_KUBE_LAB_NAME", f"{LAB_NAME}-k8s")
+CONTROL_PLANE = ["cp-1", "cp-2", "cp-3"]
+WORKERS = ["cpu-1", "gpu-1"]
+NODES = CONTROL_PLANE + WORKERS
+TEAM = "research"
+JOIN_RATE_S = 20
+NAMESPACE = "gpuinfra-itest"
+BALLOON_CPU = "700m"  # of cpu-1's 1 CPU allocatable (2 cores less the role's reservations)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    lab: LabCluster
+    inventory: Path
+    apply_report: dict
+    apply_seconds: float
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.inventory.parent / ".state" / "kubernetes" / "admin.conf"
+
+    @property
+    def gateway(self) -> str:
+        return str(self.lab.loaded.cluster.networks.admin[0].network_address)
+
+    def kubectl(
+        self, *args: str, stdin: str | None = None, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        version = self.lab.loaded.cluster.versions.kubernetes
+        binary = gobuild.kubernetes_module(version).binary("kubectl")
+        result = subprocess.run(
+            [str(binary), "--kubeconfig", str(self.kubeconfig), *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)}: {result.stderr.strip()}")
+        return result
+
+    def get(self, *args: str) -> dict:
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+    def create(self, *documents: dict, dry_run: bool = False, check: bool = True):
+        text = yaml.safe_dump_all(documents)
+        extra = ["--dry-run=server"] if dry_run else []
+        return self.kubectl("create", "-f", "-", *extra, stdin=text, check=check)
+
+
+def lab_inventory(path: Path) -> None:
+    """The lab's own inventory, with what these tests exercise: a team, a balloon pool, a join
+    rate slow enough to see."""
+    data = yaml.safe_load(path.read_text())
+    data["teams"] = {TEAM: {"hosts": ["gpu-1"]}}
+    everyone = data["group_vars"]["all"]
+    everyone["kubernetes"]["join_rate"] = f"1/{JOIN_RATE_S}s"
+    everyone["fleet_policy"] = {
+        "balloons": {"warm": {"replicas": 1, "cpu": BALLOON_CPU, "memory": "32Mi"}}
+    }
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory) -> Cluster:
+    inventory = Path(f"/tmp/gpuinfra-itest-{KUBE_LAB}/cluster.yml")
+    lab = boot_lab(KUBE_LAB, default_topology(), inventory, kubernetes=True)
+    lab_inventory(inventory)
+    report = tmp_path_factory.mktemp("k8s") / "apply.json"
+    started = time.monotonic()
+    result = gpuinfra("apply", str(inventory), "--yes", "--report", str(report), timeout=1800)
+    seconds = time.monotonic() - started
+    assert result.returncode == ExitCode.OK, result.stdout[-4000:] + result.stderr[-3000:]
+    print(f"apply of the {KUBE_LAB} lab, Kubernetes included: {seconds:.0f} s")
+    yield Cluster(lab, inventory, json.loads(report.read_text()), seconds)
+    if os.environ.get(KEEP_ENV) != "1":
+        lifecycle.down(KUBE_LAB)
+
+
+def wait_until(what: str, check, timeout: float = 120, interval: float = 2):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+def ready(node: dict) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"]["conditions"])
+
+
+def stamp(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def test_every_node_is_ready_on_the_version_built_here(cluster):
+    nodes = {n["metadata"]["name"]: n for n in cluster.get("nodes")["items"]}
+    assert sorted(nodes) == sorted(NODES)
+    published = offline.published()
+    assert published is not None
+    for name, node in nodes.items():
+        info = node["status"]["nodeInfo"]
+        assert ready(node), name
+        assert info["kubeletVersion"] == published.kubernetes_version
+        assert info["containerRuntimeVersion"] == "containerd://1.7.24"
+    version = json.loads(cluster.kubectl("version", "-o", "json").stdout)["serverVersion"]
+    assert version["gitVersion"] == published.kubernetes_version
+
+
+def test_three_api_servers_on_the_five_external_etcd_members_behind_the_balancer(cluster):
+    """kubeadm's stored ClusterConfiguration names the five etcd members and the balanced
+    endpoint; an API server runs on each control-plane node (static pods kubeadm wrote), and
+    the operator's kubeconfig dials lb-1."""
+    config = cluster.get("configmap", "-n", "kube-system", "kubeadm-config")
+    stored = yaml.safe_load(config["data"]["ClusterConfiguration"])
+    etcd = cluster.lab.loaded.cluster.in_group("etcd")
+    assert sorted(stored["etcd"]["external"]["endpoints"]) == sorted(
+        f"https://{cluster.lab.address(name)}:2379" for name in etcd
+    )
+    assert len(etcd) == 5
+    assert stored["controlPlaneEndpoint"] == f"api.{cluster.lab.loaded.cluster.domain}:6443"
+    pods = cluster.get("pods", "-n", "kube-system", "-l", "component=kube-apiserver")["items"]
+    running = {p["spec"]["nodeName"] for p in pods if p["status"]["phase"] == "Running"}
+    assert running == set(CONTROL_PLANE)
+    server = yaml.safe_load(cluster.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+    assert server == f"https://{cluster.lab.address('lb-1')}:6443"
+
+
+def test_control_plane_nodes_joined_one_at_a_time_and_workers_at_the_join_rate(cluster):
+    """Read from the nodes themselves: each further control-plane node registered only after
+    the one before it was Ready (the serial join waits for it), and the workers' registrations
+    are spaced by the join rate (1 per 20 s; a join's own length varies by a few seconds)."""
+    nodes = {n["metadata"]["name"]: n for n in cluster.get("nodes")["items"]}
+
+    def created(name: str) -> datetime:
+        return stamp(nodes[name]["metadata"]["creationTimestamp"])
+
+    def ready_since(name: str) -> datetime:
+        (condition,) = [c for c in nodes[name]["status"]["conditions"] if c["type"] == "Ready"]
+        return stamp(condition["lastTransitionTime"])
+
+    for earlier, later in zip(CONTROL_PLANE, CONTROL_PLANE[1:], strict=False):
+        assert created(later) >= ready_since(earlier), (earlier, later)
+    gap = abs((created("gpu-1") - created("cpu-1")).total_seconds())
+    print(f"worker registrations {gap:.1f} s apart (join rate 1/{JOIN_RATE_S}s)")
+    assert gap >= JOIN_RATE_S / 2, gap
+
+
+def test_kubelet_runs_the_configuration_the_role_rendered(cluster):
+    """kubelet's live configuration (its configz endpoint, through the API server) holds the
+    role's settings, the lab's cgroup v1 ones included."""
+    for node in ("cp-1", "cpu-1"):
+        raw = cluster.kubectl("get", "--raw", f"/api/v1/nodes/{node}/proxy/configz").stdout
+        config = json.loads(raw)["kubeletconfig"]
+        assert config["cgroupDriver"] == "cgroupfs"
+        assert config["failCgroupV1"] is False
+        assert config["maxPods"] == 110
+        assert config["serializeImagePulls"] is False
+        assert config["systemReserved"] == {
+            "cpu": "500m",
+            "ephemeral-storage": "1Gi",
+            "memory": "1Gi",
+        }
+
+
+def probe_pod(name: str, node: str, image: str, command: list[str]) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"app": name}},
+        "spec": {
+            # Placed by hand (no toleration: the team policy allows none of gpu-1's team here):
+            # kubelet admits a pod bound to it despite NoSchedule taints.
+            "nodeName": node,
+            "containers": [{"name": "main", "image": image, "command": command}],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+
+
+LISTENER = (
+    "use IO::Socket::INET; my $s = IO::Socket::INET->new(LocalPort => 8080, Listen => 5, "
+    'ReuseAddr => 1) or die; while (my $c = $s->accept) { print $c "hello from gpu-1\\n"; '
+    "close $c }"
+)
+CONNECT = (
+    "use IO::Socket::INET; my $c = IO::Socket::INET->new(PeerAddr => $ARGV[0], PeerPort => "
+    '$ARGV[1], Timeout => 5) or do { print "no answer\\n"; exit 1 }; print scalar <$c>'
+)
+
+
+@pytest.fixture(scope="module")
+def probes(cluster):
+    """A listener pod on gpu-1 behind a Service, and a client pod on cpu-1."""
+    # A namespace left by an interrupted run (a kept lab) goes first, with what it holds.
+    cluster.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", timeout=180)
+    cluster.kubectl("create", "namespace", NAMESPACE)
+    image = offline.toolbox_image(cluster.gateway)
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "listener", "namespace": NAMESPACE},
+        "spec": {"selector": {"app": "listener"}, "ports": [{"port": 80, "targetPort": 8080}]},
+    }
+    cluster.create(
+        probe_pod("listener", "gpu-1", image, ["perl", "-e", LISTENER]),
+        probe_pod("client", "cpu-1", image, ["sleep", "3600"]),
+        service,
+    )
+    for name in ("listener", "client"):
+        cluster.kubectl(
+            "wait", "-n", NAMESPACE, "--for=condition=Ready", f"pod/{name}", "--timeout=120s",
+            timeout=150,
+        )  # fmt: skip
+    yield cluster
+    cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
+
+
+def from_client(cluster: Cluster, *command: str) -> subprocess.CompletedProcess[str]:
+    return cluster.kubectl("exec", "-n", NAMESPACE, "client", "--", *command, check=False)
+
+
+def test_pods_on_different_workers_reach_each_other_and_a_service(probes):
+    listener = probes.get("pod", "-n", NAMESPACE, "listener")
+    address = listener["status"]["podIP"]
+    cluster_ip = probes.get("service", "-n", NAMESPACE, "listener")["spec"]["clusterIP"]
+    direct = from_client(probes, "perl", "-e", CONNECT, address, "8080")
+    assert direct.stdout.strip() == "hello from gpu-1", direct.stderr
+    via_service = from_client(probes, "perl", "-e", CONNECT, cluster_ip, "80")
+    assert via_service.stdout.strip() == "hello from gpu-1", via_service.stderr
+    # Negative control: a port nothing listens on in the same pod answers nothing.
+    closed = from_client(probes, "perl", "-e", CONNECT, address, "8081")
+    assert closed.returncode != 0 and "hello" not in closed.stdout
+
+
+def test_coredns_answers_for_the_cluster(probes):
+    answer = from_client(probes, "getent", "hosts", "kubernetes.default.svc.cluster.local")
+    assert answer.returncode == 0, answer.stderr
+    assert answer.stdout.split()[0] == probes.get("service", "kubernetes")["spec"]["clusterIP"]
+    service = from_client(probes, "getent", "hosts", f"listener.{NAMESPACE}.svc.cluster.local")
+    assert (
+        service.stdout.split()[0]
+        == probes.get("service", "-n", NAMESPACE, "listener")["spec"]["clusterIP"]
+    )
+    # Negative control: a name the cluster does not hold does not resolve.
+    missing = from_client(probes, "getent", "hosts", "absent.default.svc.cluster.local")
+    assert missing.returncode != 0
+
+
+def test_gpu_worker_registered_with_the_preflight_and_team_taints(cluster):
+    taints = {t["key"]: t for t in cluster.get("node", "gpu-1")["spec"].get("taints", [])}
+    assert taints["gpuinfra.io/preflight"]["effect"] == "NoSchedule"
+    assert taints["gpuinfra.io/team"]["value"] == TEAM
+    labels = cluster.get("node", "gpu-1")["metadata"]["labels"]
+    assert labels["gpuinfra.io/team"] == TEAM
+    # Positive control: the CPU worker carries neither.
+    assert not cluster.get("node", "cpu-1")["spec"].get("taints")
+
+
+def team_pod(namespace: str, team: str) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "team-probe", "namespace": namespace},
+        "spec": {
+            "tolerations": [{"key": "gpuinfra.io/team", "value": team, "effect": "NoSchedule"}],
+            "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10.1"}],
+        },
+    }
+
+
+def test_the_team_policy_refuses_another_teams_nodes_and_admits_the_teams_own(cluster):
+    """The ValidatingAdmissionPolicy, evaluated by the real API server (server-side dry run:
+    admission runs, nothing is stored)."""
+    refused = cluster.create(team_pod("default", TEAM), dry_run=True, check=False)
+    assert refused.returncode != 0
+    assert "gpuinfra-team-tolerations" in refused.stderr, refused.stderr
+    admitted = cluster.create(team_pod(TEAM, TEAM), dry_run=True, check=False)
+    assert admitted.returncode == 0, admitted.stderr
+
+
+def test_a_balloon_is_preempted_by_real_work(cluster):
+    """The balloon pool holds most of cpu-1; a pod of priority 0 that needs that room evicts
+    it (the scheduler's preemption, the balloon's negative PriorityClass)."""
+    namespace = "gpuinfra-system"
+
+    def balloons() -> list[dict]:
+        return cluster.get("pods", "-n", namespace, "-l", "app.kubernetes.io/name=balloon")["items"]
+
+    running = wait_until(
+        "the balloon to run",
+        lambda: [p for p in balloons() if p["status"]["phase"] == "Running"],
+        timeout=180,
+    )
+    assert running[0]["spec"]["nodeName"] == "cpu-1"
+    assert running[0]["spec"]["priority"] < 0
+    work = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "real-work", "namespace": "default"},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": "cpu-1"},
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.k8s.io/pause:3.10.1",
+                    "resources": {"requests": {"cpu": "500m"}},
+                }
+            ],
+        },
+    }
+    cluster.create(work)
+    try:
+        cluster.kubectl(
+            "wait", "-n", "default", "--for=condition=Ready", "pod/real-work", "--timeout=120s",
+            timeout=150,
+        )  # fmt: skip
+        evicted = running[0]["metadata"]["name"]
+        names = {p["metadata"]["name"]: p["status"]["phase"] for p in balloons()}
+        assert names.get(evicted) in (None, "Failed", "Succeeded") or evicted not in names
+        assert all(phase != "Running" for phase in names.values()), names
+    finally:
+        cluster.kubectl("delete", "pod", "-n", "default", "real-work", "--now", check=False)
+
+
+def gang(name: str, cpu: str, min_count: int) -> list[dict]:
+    workload = {
+        "apiVersion": "scheduling.k8s.io/v1alpha1",
+        "kind": "Workload",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"podGroups": [{"name": "workers", "policy": {"gang": {"minCount": min_count}}}]},
+    }
+    pods = [
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"{name}-{i}", "namespace": "default", "labels": {"gang": name}},
+            "spec": {
+                "workloadRef": {"name": name, "podGroup": "workers"},
+                "nodeSelector": {"kubernetes.io/hostname": "cpu-1"},
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "registry.k8s.io/pause:3.10.1",
+                        "resources": {"requests": {"cpu": cpu}},
+                    }
+                ],
+            },
+        }
+        for i in range(min_count)
+    ]
+    return [workload, *pods]
+
+
+def test_a_gang_that_cannot_fit_stays_pending_whole_and_one_that_fits_runs(cluster):
+    """In-tree gang scheduling (Kubernetes 1.35, Workload API): two pods of 600m cannot both
+    fit on cpu-1 (1 CPU allocatable), so neither is bound, although one alone would fit; two
+    of 300m run together. Runs after the balloon test, with the balloon pending."""
+    too_big = gang("gang-big", "600m", 2)
+    fits = gang("gang-small", "300m", 2)
+    cluster.create(*too_big)
+    try:
+        time.sleep(20)  # several scheduling cycles
+        pods = cluster.get("pods", "-n", "default", "-l", "gang=gang-big")["items"]
+        assert len(pods) == 2
+        assert all(not p["spec"].get("nodeName") for p in pods), "a member was bound alone"
+        cluster.kubectl("delete", "-n", "default", "pod", "-l", "gang=gang-big", "--now",
+                        check=False)  # fmt: skip
+        cluster.kubectl("delete", "-n", "default", "workload", "gang-big", "--now", check=False)
+        cluster.create(*fits)
+
+        def both_running() -> bool:
+            pods = cluster.get("pods", "-n", "default", "-l", "gang=gang-small")["items"]
+            return sum(p["status"]["phase"] == "Running" for p in pods) == 2
+
+        wait_until("both members of the small gang to run", both_running, timeout=120)
+    finally:
+        for name in ("gang-big", "gang-small"):
+            cluster.kubectl("delete", "-n", "default", "pod", "-l", f"gang={name}", "--now",
+                            check=False)  # fmt: skip
+            cluster.kubectl("delete", "-n", "default", "workload", name, "--now", check=False)
+
+
+def write_through_the_api(cluster: Cluster, count: int) -> list[str]:
+    """count ConfigMaps created and deleted through lb-1; the errors seen."""
+    errors = []
+    for index in range(count):
+        name = f"itest-write-{index}"
+        made = cluster.kubectl(
+            "create", "configmap", name, "-n", "default", f"--from-literal=i={index}",
+            check=False, timeout=60,
+        )  # fmt: skip
+        if made.returncode != 0:
+            errors.append(made.stderr.strip())
+            continue
+        gone = cluster.kubectl("delete", "configmap", name, "-n", "default", check=False)
+        if gone.returncode != 0:
+            errors.append(gone.stderr.strip())
+    return errors
+
+
+def test_one_api_server_down_keeps_the_cluster_serving(cluster):
+    """cp-2's API server stopped (its static pod manifest moved away): writes through the
+    balancer still all succeed; the manifest is put back and the API server returns."""
+    manifest = "/etc/kubernetes/manifests/kube-apiserver.yaml"
+    lab = cluster.lab
+    lab.ssh("cp-2", f"mv {manifest} /etc/kubernetes/kube-apiserver.yaml.itest")
+    try:
+        wait_until(
+            "cp-2's API server to stop",
+            lambda: lab.ssh("cp-2", "ss -ltn | grep -q ':6443 '", check=False).returncode != 0,
+            timeout=90,
+        )
+        assert write_through_the_api(cluster, 20) == []
+    finally:
+        lab.ssh("cp-2", f"mv /etc/kubernetes/kube-apiserver.yaml.itest {manifest}")
+    wait_until(
+        "cp-2's API server to answer again",
+        lambda: lab.ssh(
+            "cp-2", "kubectl --kubeconfig /etc/kubernetes/admin.conf get --raw /readyz "
+            "--server https://127.0.0.1:6443", check=False
+        ).returncode == 0,
+        timeout=180,
+    )  # fmt: skip
+
+
+def test_one_etcd_member_down_keeps_writes_going(cluster):
+    lab = cluster.lab
+    lab.ssh("etcd-5", "systemctl stop etcd")
+    try:
+        assert write_through_the_api(cluster, 20) == []
+    finally:
+        lab.ssh("etcd-5", "systemctl start etcd")
+
+
+def test_a_second_apply_changes_nothing_and_drift_is_clean(cluster, tmp_path):
+    report = tmp_path / "again.json"
+    result = gpuinfra("apply", str(cluster.inventory), "--yes", "--report", str(report))
+    assert result.returncode == ExitCode.OK, failed_run(result)
+    changed = {
+        name: [op["name"] for op in host["operations"] if op["changed"]]
+        for name, host in json.loads(report.read_text())["hosts"].items()
+        if host["status"] != "ok"
+    }
+    assert changed == {}
+    for mode in ((), ("--exact",)):
+        drift = gpuinfra("drift", str(cluster.inventory), "--format", "json", *mode)
+        assert drift.returncode == ExitCode.OK, drift.stdout[-3000:] + drift.stderr[-2000:]
+
+
+def test_a_live_object_edited_by_hand_is_drift(cluster):
+    """The balloon PriorityClass's description edited through the API: the exact drift names the
+    first control-plane node's cluster objects (exit 3); an apply puts the object back."""
+    cluster.kubectl(
+        "patch", "priorityclass", "gpuinfra-balloon", "--type=merge",
+        "-p", '{"description": "edited by hand"}',
+    )  # fmt: skip
+    drift = gpuinfra("drift", str(cluster.inventory), "--exact", "--format", "json")
+    assert drift.returncode == ExitCode.DRIFT, drift.stdout[-3000:] + drift.stderr[-2000:]
+    hosts = json.loads(drift.stdout)["hosts"]
+    pending = {
+        name: [op["name"] for op in host["operations"] if op["changed"]]
+        for name, host in hosts.items()
+        if any(op["changed"] for op in host["operations"])
+    }
+    assert list(pending) == ["cp-1"], pending
+    assert any("cluster's objects" in name for name in pending["cp-1"]), pending
+    fixed = gpuinfra("apply", str(cluster.inventory), "--yes", "--roles", "kubernetes")
+    assert fixed.returncode == ExitCode.OK, failed_run(fixed)
+    description = cluster.get("priorityclass", "gpuinfra-balloon").get("description", "")
+    assert description != "edited by hand"

@@ -207,8 +207,10 @@ def test_a_published_build_turns_kubernetes_on_from_the_labs_own_sources(
     assert loaded.cluster.versions.kubernetes == "1.35.4"
     assert loaded.cluster.versions.etcd == "3.6.16"
     runtime = yaml.safe_load(path.read_text())["group_vars"]["all"]["container_runtime"]
+    registry = f"http://{gateway}:{offline.REGISTRY_PORT}"
     assert runtime["registry_mirrors"] == {
-        "registry.k8s.io": [f"http://{gateway}:{offline.REGISTRY_PORT}"]
+        "registry.k8s.io": [registry],  # kubeadm's images, mirrored
+        f"{gateway}:{offline.REGISTRY_PORT}": [registry],  # the lab's own test image, over HTTP
     }
     etcd = yaml.safe_load(path.read_text())["group_vars"]["etcd"]["etcd"]
     assert (etcd["source"], etcd["sha256"]) == ("mirror", "e" * 64)

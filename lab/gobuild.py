@@ -28,7 +28,7 @@ COMPLETE = ".complete"
 # Static binaries (no libc): they run from images with nothing else in them.
 GO_ENV = {"CGO_ENABLED": "0", "GOFLAGS": "-buildvcs=false -trimpath"}
 _TOOL_BLOCK = re.compile(r"^tool\s*\(\n(.*?)^\)", re.M | re.S)
-_TOOL_LINE = re.compile(r"^tool\s+(\S+)\s*$", re.M)
+_TOOL_LINE = re.compile(r"^tool\s+([^\s(]\S*)\s*$", re.M)
 # kubeadm reads its own version to choose the control plane's; the components report theirs.
 _VERSION_PACKAGES = ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version")
 

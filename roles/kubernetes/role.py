@@ -13,6 +13,7 @@ from inventory.topology import (
     api_clients,
     host_addresses,
 )
+from roles.kubernetes.checks import cluster_checks
 from roles.kubernetes.config import KubernetesConfig
 from roles.spec import Phase, Role, Rolling, lazy
 
@@ -65,5 +66,6 @@ ROLE = Role(
     ),
     ports=ports,
     cluster_files=lazy("roles.kubernetes.files:cluster_files"),
+    checks=cluster_checks,
     summary="kubeadm HA control plane on the external etcd, Calico BGP, rate-limited joins",
 )

@@ -1,0 +1,164 @@
+"""The kubernetes role's settings for an offline, cgroup v1 cluster (what the lab runs), offline:
+the routed pod network, the kubeadm and kubelet documents, and the inventory checks."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+
+import yaml
+from typer.testing import CliRunner
+
+from cli.main import app
+from roles.context import host_contexts, host_files, load
+from roles.kubernetes import operations as kube_ops
+from roles.kubernetes.config import KubernetesConfig
+from roles.kubernetes.files import (
+    CNI_CONFIG,
+    INIT_CONFIG,
+    POD_ROUTES_SCRIPT,
+    pod_block,
+)
+
+runner = CliRunner()
+LAB_LIKE = {
+    "cni": "routes",
+    "cgroup_driver": "cgroupfs",
+    "fail_cgroup_v1": False,
+    "ignore_preflight_errors": ["SystemVerification"],
+    "kube_proxy_mode": "nftables",
+    "kube_proxy_conntrack_max_per_core": 0,
+    "coredns_image_tag": "v1.14.7",
+}
+
+
+def lab_like(small_cluster, write_cluster, **kubernetes):
+    small_cluster["group_vars"] = {
+        "all": {
+            "kubernetes": {**LAB_LIKE, **kubernetes},
+            "container_runtime": {"cgroup_driver": "cgroupfs"},
+        }
+    }
+    return load(write_cluster(small_cluster))
+
+
+def files_of(loaded, host: str) -> dict[str, str]:
+    ctx = next(c for c in host_contexts(loaded) if c.name == host)
+    return {f.path: f.content for f in host_files(ctx) if f.role == "kubernetes"}
+
+
+def test_each_node_gets_the_block_of_its_own_address_and_routes_to_the_others(
+    small_cluster, write_cluster
+):
+    loaded = lab_like(small_cluster, write_cluster)
+    cfg = next(c for c in host_contexts(loaded) if c.name == "cpu-1").config(KubernetesConfig)
+    cni = json.loads(files_of(loaded, "cpu-1")[CNI_CONFIG])
+    (bridge,) = cni["plugins"]
+    # 10.0.0.71 is offset 71 in 10.0.0.0/24: block 71 of the default pod network's /24s.
+    pods = loaded.cluster.networks.pod
+    expected = list(pods.subnets(new_prefix=24))[71]
+    assert bridge["ipam"]["ranges"] == [[{"subnet": str(expected)}]]
+    assert bridge["ipMasq"] is False
+    script = files_of(loaded, "cpu-1")[POD_ROUTES_SCRIPT]
+    routes = [line for line in script.splitlines() if line.startswith("route replace")]
+    others = ["cp-1", "cp-2", "gpu-1"]  # every other Kubernetes node, never itself
+    assert len(routes) == len(others)
+    for name in others:
+        block = pod_block(loaded.cluster, name, cfg)
+        assert f"route replace {block} via {loaded.cluster.hosts[name].address}" in script
+    assert str(expected) not in "\n".join(routes)
+    assert f"route flush root {pods} proto static" in script
+
+
+def test_a_block_does_not_move_when_other_hosts_come_and_go(small_cluster, write_cluster):
+    before = lab_like(small_cluster, write_cluster)
+    cfg = next(c for c in host_contexts(before) if c.name == "cpu-1").config(KubernetesConfig)
+    block = pod_block(before.cluster, "cpu-1", cfg)
+    small_cluster["hosts"]["cpu-0"] = {"address": "10.0.0.70", "groups": ["cpu_worker"]}
+    del small_cluster["hosts"]["cp-2"]
+    after = load(write_cluster(small_cluster, "after.yml"))
+    assert pod_block(after.cluster, "cpu-1", cfg) == block
+    assert isinstance(block, ipaddress.IPv4Network)
+
+
+def test_kubeadm_and_kubelet_carry_the_cgroup_v1_and_offline_settings(small_cluster, write_cluster):
+    loaded = lab_like(small_cluster, write_cluster)
+    documents = {
+        doc["kind"]: doc for doc in yaml.safe_load_all(files_of(loaded, "cp-1")[INIT_CONFIG])
+    }
+    assert documents["InitConfiguration"]["nodeRegistration"]["ignorePreflightErrors"] == [
+        "SystemVerification"
+    ]
+    kubelet = documents["KubeletConfiguration"]
+    assert (kubelet["cgroupDriver"], kubelet["failCgroupV1"]) == ("cgroupfs", False)
+    proxy = documents["KubeProxyConfiguration"]
+    assert (proxy["mode"], proxy["conntrack"]) == ("nftables", {"maxPerCore": 0})
+    cluster = documents["ClusterConfiguration"]
+    assert cluster["dns"] == {"imageTag": "v1.14.7"}
+    assert "imageRepository" not in cluster  # registry.k8s.io, through containerd's mirror
+    flags = {a["name"]: a["value"] for a in cluster["controllerManager"]["extraArgs"]}
+    assert flags["allocate-node-cidrs"] == "false"  # the blocks come from the inventory
+
+
+def test_production_defaults_write_none_of_the_lab_settings(small_cluster, write_cluster):
+    """Negative control: without them, nothing of the above is in the documents."""
+    loaded = load(write_cluster(small_cluster))
+    text = files_of(loaded, "cp-1")[INIT_CONFIG]
+    documents = {doc["kind"]: doc for doc in yaml.safe_load_all(text)}
+    assert documents["KubeletConfiguration"]["cgroupDriver"] == "systemd"
+    assert "failCgroupV1" not in documents["KubeletConfiguration"]
+    assert "ignorePreflightErrors" not in documents["InitConfiguration"]["nodeRegistration"]
+    assert "conntrack" not in documents["KubeProxyConfiguration"]
+    assert CNI_CONFIG not in files_of(loaded, "cp-1")
+
+
+def validate(path) -> tuple[int, str]:
+    result = runner.invoke(app, ["inventory", "validate", str(path)])
+    return result.exit_code, result.stderr
+
+
+def test_kubelet_and_containerd_must_share_a_cgroup_driver(small_cluster, write_cluster):
+    small_cluster["group_vars"] = {"all": {"kubernetes": {"cgroup_driver": "cgroupfs"}}}
+    code, err = validate(write_cluster(small_cluster))
+    assert code == 2
+    assert "kubernetes.cgroup_driver" in err and "container_runtime.cgroup_driver" in err
+
+
+def test_routes_need_a_pod_block_for_every_node_address(small_cluster, write_cluster):
+    small_cluster["networks"]["pod"] = "10.128.0.0/20"  # 16 blocks of /24 for 256 addresses
+    small_cluster["group_vars"] = {
+        "all": {
+            "kubernetes": {"cni": "routes", "cgroup_driver": "cgroupfs"},
+            "container_runtime": {"cgroup_driver": "cgroupfs"},
+        }
+    }
+    code, err = validate(write_cluster(small_cluster))
+    assert code == 2
+    assert "networks.pod" in err and "16 /24 pod blocks" in err
+
+
+def test_the_certificate_upload_for_joins_reads_the_init_file():
+    """A control-plane join downloads the external etcd client certificate too; kubeadm only
+    uploads it when it reads the cluster's init file (its defaults know no external etcd)."""
+
+    class First:
+        name = "cp-1"
+        ran: list[str] = []
+
+        def run_shell_command(self, command, **_):
+            self.ran.append(str(command))
+            out = "kubeadm join api:6443 --token abcdef.0123456789abcdef "
+            out += "--discovery-token-ca-cert-hash sha256:" + "b" * 64
+            if "upload-certs" in str(command):
+                out = "c" * 64
+            return True, type("Out", (), {"stdout": out})()
+
+    first = First()
+
+    class State:
+        inventory = type("Inventory", (), {"get_host": staticmethod(lambda name: first)})()
+        active_hosts = {first}
+
+    kube_ops.join_secrets(State(), "cp-1", True, "15m")
+    upload = next(c for c in first.ran if "upload-certs" in c)
+    assert f"--config {INIT_CONFIG}" in upload

@@ -1,0 +1,123 @@
+"""The lab's Go builds and container hosts, offline: module pins, the build cache's key, a real
+build of the smallest module, and the systemd-nspawn settings of a Kubernetes node."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from lab import gobuild, host
+from lab.errors import LabError
+
+KUBERNETES_GO_MOD = """\
+module gpuinfra.local/build/kubernetes-9.9
+
+go 1.25.0
+
+require k8s.io/kubernetes v1.35.4
+
+replace k8s.io/api => k8s.io/api v0.35.4
+
+tool (
+\tk8s.io/kubernetes/cmd/kubeadm
+\tk8s.io/kubernetes/cmd/kubelet
+)
+
+tool k8s.io/kubernetes/cmd/kubectl
+"""
+
+
+def module_at(tmp_path: Path, text: str, name: str = "kubernetes-9.9") -> gobuild.GoModule:
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "go.mod").write_text(text)
+    (folder / "go.sum").write_text("k8s.io/kubernetes v1.35.4 h1:pinned=\n")
+    return gobuild.GoModule(name, folder)
+
+
+def test_the_tools_and_pins_come_from_go_mod(tmp_path):
+    module = module_at(tmp_path, KUBERNETES_GO_MOD)
+    assert module.tools() == [
+        "k8s.io/kubernetes/cmd/kubeadm",
+        "k8s.io/kubernetes/cmd/kubectl",
+        "k8s.io/kubernetes/cmd/kubelet",
+    ]
+    assert module.requirement("k8s.io/kubernetes") == "v1.35.4"
+    assert module.requirement("k8s.io/absent") is None
+    # kubeadm picks the control plane's version from its own: it is stamped in.
+    assert "-X k8s.io/component-base/version.gitVersion=v1.35.4" in module.ldflags()
+    assert "-X k8s.io/component-base/version.gitMinor=35" in module.ldflags()
+
+
+def test_the_cache_key_follows_the_pins_and_nothing_else(tmp_path, monkeypatch):
+    monkeypatch.setattr(gobuild, "CACHE_DIR", tmp_path / "cache")
+    module = module_at(tmp_path, KUBERNETES_GO_MOD)
+    first = module.output
+    assert first == module.output  # stable
+    (module.path / "README").write_text("notes")  # not a build input
+    assert module.output == first
+    (module.path / "go.sum").write_text("k8s.io/kubernetes v1.35.4 h1:other=\n")
+    assert module.output != first
+    with pytest.raises(LabError, match="make install"):
+        module.binary("kubeadm")
+
+
+def test_the_repository_builds_each_kubernetes_version_it_pins():
+    versions = [m.requirement("k8s.io/kubernetes") for m in gobuild.kubernetes_modules()]
+    assert "v1.35.4" in versions
+    assert gobuild.kubernetes_module("1.35.4").name == "kubernetes-1.35"
+    with pytest.raises(LabError, match="no Go module"):
+        gobuild.kubernetes_module("1.20.0")
+
+
+@pytest.mark.skipif(shutil.which("go") is None, reason="needs the go command (make install)")
+def test_a_module_builds_into_the_cache_once(tmp_path, monkeypatch):
+    """The pause module (our own 30 lines, no dependency) built for real: a static binary in the
+    cache under its key, and a second build is a no-op."""
+    monkeypatch.setattr(gobuild, "CACHE_DIR", tmp_path / "cache")
+    pause = gobuild.module("pause")
+    output = gobuild.build(pause)
+    binary = pause.binary("pause")
+    assert binary.is_file() and output == pause.output
+    described = subprocess.run(["file", str(binary)], capture_output=True, text=True).stdout
+    if described:  # `file` is optional here
+        assert "statically linked" in described
+    stamp = (output / gobuild.COMPLETE).stat().st_mtime_ns
+    assert gobuild.build(pause) == output
+    assert (output / gobuild.COMPLETE).stat().st_mtime_ns == stamp
+
+
+def test_a_kubernetes_node_gets_what_runc_needs_in_systemd_nspawn(tmp_path):
+    paths = host.HostPaths(tmp_path / "cp-1")
+    argv = host.nspawn_argv(paths, "cp-1", "ns", None, runs_containers=True)
+    assert "--capability=all" in argv
+    assert "--system-call-filter=@keyring" in argv
+    assert f"--bind={paths / host.CONTAINERD_STATE}:{host.CONTAINERD_DIR}" in argv
+    plain = host.nspawn_argv(paths, "etcd-1", "ns", None)
+    assert "--capability=CAP_NET_ADMIN" in plain  # negative control: other hosts as before
+    assert not any(a.startswith("--system-call-filter") or "containerd" in a for a in plain)
+
+
+def test_a_kubernetes_node_runs_in_cgroups_of_its_own(tmp_path):
+    paths = host.HostPaths(tmp_path / "cp-1")
+    script = host.supervisor_script(paths, "cp-1", "lab", ["true"], own_cgroups=True)
+    name = host.cgroup_name("lab", "cp-1")
+    assert f'/{name}"' in script and 'echo $$ > "$dir/cgroup.procs"' in script
+    assert script.index("cgroup.procs") < script.index("while :; do")  # before nspawn starts
+    plain = host.supervisor_script(paths, "etcd-1", "lab", ["true"])
+    assert "cgroup.procs" not in plain
+
+
+def test_the_boot_unit_makes_cgroups_writable_and_kmsg(tmp_path):
+    paths = host.HostPaths(tmp_path / "cp-1")
+    (paths.merged / "etc/systemd/system").mkdir(parents=True)
+    host.write_container_support(paths)
+    script = (paths.merged / host.CONTAINERS_SCRIPT).read_text()
+    assert "mount -t cgroup" in script and "/dev/kmsg" in script
+    link = paths.merged / "etc/systemd/system/sysinit.target.wants/gpuinfra-lab-containers.service"
+    assert link.is_symlink()
+    result = subprocess.run(["sh", "-n", str(paths.merged / host.CONTAINERS_SCRIPT)])
+    assert result.returncode == 0  # valid shell

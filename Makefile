@@ -51,14 +51,19 @@ format: install
 render: install
 	$(BIN)/gpuinfra render inventory/sample --out build/render
 
-# The main job on the embedded default: boot the 12-host lab, converge it, then the CI checks
-# (drift: exit 0 when every host matches the inventory; verify: every behaviour check passes)
-# with their JSON and JUnit reports.
+# The main job on the embedded default: boot the 13-host lab, converge it (Kubernetes built
+# here included), then the CI checks (drift: exit 0 when every host matches the inventory;
+# verify: every behaviour check passes) with their JSON and JUnit reports, and the cluster's
+# nodes, all Ready, through the operator's kubeconfig.
 demo: install
 	$(BIN)/gpuinfra lab up --name $(LAB) --inventory inventory/$(LAB)/cluster.yml
 	$(BIN)/gpuinfra apply inventory/$(LAB) --yes --report build/demo/apply.json
 	$(BIN)/gpuinfra drift inventory/$(LAB) --report build/demo/drift.json --junit build/demo/drift.xml
 	$(BIN)/gpuinfra verify inventory/$(LAB) --junit build/demo/verify.xml
+	$$($(BIN)/python -m lab.gobuild kubectl) --kubeconfig inventory/$(LAB)/.state/kubernetes/admin.conf \
+		wait --for=condition=Ready nodes --all --timeout=300s
+	$$($(BIN)/python -m lab.gobuild kubectl) --kubeconfig inventory/$(LAB)/.state/kubernetes/admin.conf \
+		get nodes -o wide
 
 lab-down: install
 	$(BIN)/gpuinfra lab down --name $(LAB)

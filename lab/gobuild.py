@@ -168,12 +168,19 @@ def build(target: GoModule, log=sys.stderr) -> Path:
     return output
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """`python -m lab.gobuild`: build every module; `... kubectl`: print the path of the newest
+    Kubernetes build's kubectl (what `make demo` reads the cluster with)."""
+    args = sys.argv[1:] if argv is None else argv
     try:
+        if args:
+            (program,) = args
+            print(kubernetes_modules()[-1].binary(program))
+            return 0
         for target in modules():
             build(target)
-    except LabError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except (LabError, ValueError, IndexError) as exc:
+        print(f"error: {exc or 'no Kubernetes build in go/'}", file=sys.stderr)
         return 2
     return 0
 

@@ -12,6 +12,7 @@ from fnmatch import fnmatchcase
 
 import pytest
 
+from roles.container_runtime.config import ContainerRuntimeConfig
 from roles.context import host_context
 from roles.nvidia.compat import version_key
 from roles.nvidia.facts import STACK_PROBE
@@ -127,7 +128,8 @@ def test_unattended_upgrades_leave_the_stack_alone(host) -> None:
 
 def test_containerd_keeps_its_cri_settings_with_the_nvidia_drop_in(host, ctx) -> None:
     dump = host.check_output("containerd config dump")
-    assert "SystemdCgroup = true" in dump
+    systemd = ctx.config(ContainerRuntimeConfig).cgroup_driver == "systemd"
+    assert f"SystemdCgroup = {'true' if systemd else 'false'}" in dump
     runtime = '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]'
     assert (runtime in dump) is toolkit_installed(ctx)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 GPUINFRA = str(Path(sys.executable).parent / "gpuinfra")
@@ -61,3 +63,18 @@ def probe_tcp(lab, host: str, address: str, port: int, timeout: float = 3) -> st
     )
     command = f'python3 -c "{script}" {address} {port} {timeout}'
     return lab.ssh(host, command).stdout.strip()
+
+
+def eventually(
+    check: Callable[[], object], what: str, seconds: float = 90, interval: float = 1
+) -> object:
+    """Poll until check() returns something truthy; daemons, VRRP and Kubernetes
+    settle asynchronously."""
+    deadline = time.monotonic() + seconds
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not seen within {seconds:.0f} s")
+        time.sleep(interval)

@@ -27,7 +27,7 @@ from cli.exitcodes import ExitCode
 from lab import gobuild, lifecycle, offline
 from lab.topology import default_topology
 from tests.integration.conftest import KEEP_ENV, LAB_NAME, LabCluster, boot_lab
-from tests.integration.roles_helpers import failed_run, gpuinfra
+from tests.integration.roles_helpers import eventually, failed_run, gpuinfra
 
 pytestmark = pytest.mark.integration
 
@@ -108,17 +108,6 @@ def cluster(tmp_path_factory) -> Cluster:
     yield Cluster(lab, inventory, json.loads(report.read_text()), seconds)
     if os.environ.get(KEEP_ENV) != "1":
         lifecycle.down(KUBE_LAB)
-
-
-def wait_until(what: str, check, timeout: float = 120, interval: float = 2):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
 
 
 def ready(node: dict) -> bool:
@@ -323,10 +312,10 @@ def test_a_balloon_is_preempted_by_real_work(cluster):
     def balloons() -> list[dict]:
         return cluster.get("pods", "-n", namespace, "-l", "app.kubernetes.io/name=balloon")["items"]
 
-    running = wait_until(
-        "the balloon to run",
-        lambda: [p for p in balloons() if p["status"]["phase"] == "Running"],
-        timeout=180,
+    running = eventually(
+        what="the balloon to run",
+        check=lambda: [p for p in balloons() if p["status"]["phase"] == "Running"],
+        seconds=180,
     )
     assert running[0]["spec"]["nodeName"] == "cpu-1"
     assert running[0]["spec"]["priority"] < 0
@@ -409,7 +398,7 @@ def test_a_gang_that_cannot_fit_stays_pending_whole_and_one_that_fits_runs(clust
             pods = cluster.get("pods", "-n", "default", "-l", "gang=gang-small")["items"]
             return sum(p["status"]["phase"] == "Running" for p in pods) == 2
 
-        wait_until("both members of the small gang to run", both_running, timeout=120)
+        eventually(what="both members of the small gang to run", check=both_running, seconds=120)
     finally:
         for name in ("gang-big", "gang-small"):
             cluster.kubectl("delete", "-n", "default", "pod", "-l", f"gang={name}", "--now",
@@ -442,22 +431,25 @@ def test_one_api_server_down_keeps_the_cluster_serving(cluster):
     lab = cluster.lab
     lab.ssh("cp-2", f"mv {manifest} /etc/kubernetes/kube-apiserver.yaml.itest")
     try:
-        wait_until(
-            "cp-2's API server to stop",
-            lambda: lab.ssh("cp-2", "ss -ltn | grep -q ':6443 '", check=False).returncode != 0,
-            timeout=90,
+        eventually(
+            what="cp-2's API server to stop",
+            check=lambda: (
+                lab.ssh("cp-2", "ss -ltn | grep -q ':6443 '", check=False).returncode != 0
+            ),
+            seconds=90,
         )
         assert write_through_the_api(cluster, 20) == []
     finally:
         lab.ssh("cp-2", f"mv /etc/kubernetes/kube-apiserver.yaml.itest {manifest}")
-    wait_until(
-        "cp-2's API server to answer again",
-        lambda: lab.ssh(
-            "cp-2", "kubectl --kubeconfig /etc/kubernetes/admin.conf get --raw /readyz "
-            "--server https://127.0.0.1:6443", check=False
-        ).returncode == 0,
-        timeout=180,
-    )  # fmt: skip
+    readyz = (
+        "kubectl --kubeconfig /etc/kubernetes/admin.conf get --raw /readyz "
+        "--server https://127.0.0.1:6443"
+    )
+    eventually(
+        what="cp-2's API server to answer again",
+        check=lambda: lab.ssh("cp-2", readyz, check=False).returncode == 0,
+        seconds=180,
+    )
 
 
 def test_one_etcd_member_down_keeps_writes_going(cluster):

@@ -13,7 +13,6 @@ import os
 import shlex
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from cli.exitcodes import ExitCode
 from lab import lifecycle
 from lab.topology import HostSpec, Topology
 from tests.integration.conftest import KEEP_ENV, LAB_NAME, LabCluster, boot_lab
+from tests.integration.roles_helpers import eventually
 
 GPUINFRA = str(Path(sys.executable).parent / "gpuinfra")
 SOCKET = "/run/haproxy/admin.sock"
@@ -80,18 +80,6 @@ def pending_changes(lab: LabCluster, roles: str) -> dict[str, list[str]]:
     }
     assert (result.returncode == ExitCode.DRIFT) == bool(pending), result.stdout[-3000:]
     return pending
-
-
-def eventually(check: Callable[[], object], what: str, seconds: float = 90) -> object:
-    """Poll until check() returns something truthy; daemons and VRRP settle asynchronously."""
-    deadline = time.monotonic() + seconds
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not seen within {seconds:.0f} s")
-        time.sleep(1)
 
 
 def server_status(lab: LabCluster, balancer: str) -> dict[str, str]:

@@ -52,7 +52,9 @@ def inventory_data(state: LabState) -> dict[str, Any]:
     # Kubernetes comes from this machine's own builds (lab/gobuild.py), served by the lab's file
     # server and registry (lab/offline.py); a lab without Kubernetes nodes leaves the role off.
     published = (
-        offline.published() if any(spec.runs_containers for _, spec, _ in state.hosts()) else None
+        offline.published()
+        if any(state.runs_containers(spec) for _, spec, _ in state.hosts())
+        else None
     )
     gateway = str(state.gateway)
     data["group_vars"] = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -186,6 +187,22 @@ PUBLISHED = offline.Published(
     etcd_sha256="e" * 64,
     sha256={"kubeadm": "a" * 64, "kubelet": "b" * 64, "kubectl": "c" * 64, "cni-plugins": "d" * 64},
 )
+
+
+def test_a_lab_without_kubernetes_ignores_the_published_build(
+    labs_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lab booted with --no-kubernetes (the shared integration lab, the benchmarks' labs)
+    keeps the role off and Debian's etcd even where this machine published a build."""
+    monkeypatch.setattr(offline, "published", lambda version=None: PUBLISHED)
+    state = replace(lab_state(labs_dir, "itest", default_topology()), kubernetes=False)
+    data = inventory_data(state)
+    assert data["group_vars"]["all"]["kubernetes"] == {"enabled": False}
+    assert data["group_vars"]["etcd"]["etcd"]["source"] == "distribution"
+    assert "versions" not in data
+    # Positive control: the same lab with Kubernetes on takes the build.
+    on = inventory_data(replace(state, kubernetes=True))
+    assert on["group_vars"]["all"]["kubernetes"]["source"] == "binaries"
 
 
 def test_a_published_build_turns_kubernetes_on_from_the_labs_own_sources(

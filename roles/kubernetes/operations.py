@@ -16,6 +16,7 @@ import os
 import re
 import shlex
 import threading
+import time
 from dataclasses import dataclass
 from io import BytesIO, StringIO
 from pathlib import Path
@@ -55,6 +56,10 @@ _JOIN_COMMAND = re.compile(r"--token\s+(\S+).*--discovery-token-ca-cert-hash\s+(
 _CERT_KEY = re.compile(r"^([0-9a-f]{64})\s*$", re.M)
 HEALTHZ = f"kubectl --kubeconfig {ADMIN_CONF} --request-timeout=5s get --raw /healthz"
 JOIN_ATTEMPTS = 4
+# Making a join token or certificate key on the first control-plane node: tries, and the pause
+# between them (the API can be briefly unavailable while control-plane nodes join).
+SECRET_ATTEMPTS = 5
+SECRET_RETRY_S = 6.0
 
 
 class JoinFailed(RuntimeError):
@@ -327,12 +332,18 @@ def _run_on_first(state, first_name: str, command: str, what: str) -> str:
             f"{first_name} (the first control-plane node) failed or is not in this run: it "
             f"hands out the {what}; include it (--limit) and fix it first"
         )
-    ok, output = first.run_shell_command(
-        StringCommand(command), print_output=False, print_input=False, _timeout=120
-    )
-    if not ok:
-        raise JoinFailed(f"{first_name} could not create the {what}")
-    return output.stdout
+    detail = ""
+    for attempt in range(SECRET_ATTEMPTS):
+        if attempt:
+            time.sleep(SECRET_RETRY_S)  # an API server restarting, or the balancer catching up
+        ok, output = first.run_shell_command(
+            StringCommand(command), print_output=False, print_input=False, _timeout=120
+        )
+        if ok:
+            return output.stdout
+        detail = " | ".join(line.line for line in output if line.line.strip())[-300:]
+    # What kubeadm said (never a secret: a failed create prints none) names the cause.
+    raise JoinFailed(f"{first_name} could not create the {what}: {redact(detail, None)}")
 
 
 def join_secrets(state, first_name: str, control_plane: bool, token_ttl: str) -> JoinSecrets:

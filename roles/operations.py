@@ -150,7 +150,7 @@ def service_running(unit: str, container_skips: bool = False):
         # Not installed yet when the run is prepared: a package operation before this one
         # installs it. Should it still be missing, systemctl fails and names the unit.
         yield f"systemctl enable {unit}"
-        yield f"systemctl start {unit}"
+        yield start_command(unit)
         return
     if state.get("UnitFileState") not in ("enabled", "static", "alias", "enabled-runtime"):
         yield f"systemctl enable {unit}"
@@ -159,7 +159,22 @@ def service_running(unit: str, container_skips: bool = False):
         # too quickly") until its failure is cleared.
         yield f"systemctl reset-failed {unit}"
     if state.get("ActiveState") != "active":
-        yield f"systemctl start {unit}"
+        yield start_command(unit)
+
+
+def start_command(unit: str) -> str:
+    """`systemctl start`, tried once more when systemd could not spawn the unit or one it needs
+    (result `resources`, or `dependency` after such a failure of a dependency): seen on a lab
+    host under load, "etcd-data.service: Failed to spawn executor", which failed etcd's start.
+    Any other failure, or a second one, fails with the unit's last journal lines."""
+    quoted = shlex.quote(unit)
+    result = f"$(systemctl show -p Result --value {quoted})"
+    transient = f'case "{result}" in resources|dependency) true ;; *) false ;; esac'
+    journal = f"journalctl -u {quoted} -n 10 --no-pager -o cat >&2"
+    return (
+        f"systemctl start {quoted} || {{ {transient} && sleep 2 && systemctl start {quoted}; }}"
+        f" || {{ {journal}; exit 1; }}"
+    )
 
 
 def restart_command(unit: str, reload: bool = False) -> str:

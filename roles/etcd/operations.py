@@ -19,6 +19,7 @@ from roles.etcd.facts import BlockDevice, EtcdInstalled, FstabEntry, Machine, Me
 from roles.etcd.gate import fio_command, judge
 from roles.etcd.release import binary_dir, release
 from roles.facts import UnitState
+from roles.operations import start_command
 
 LABEL = "gpuinfra-etcd"  # a filesystem with this label was made by us: safe to mount as ours
 
@@ -175,4 +176,4 @@ def unit_running(unit: str):
     if state.get("UnitFileState") not in ("enabled", "static", "alias", "enabled-runtime"):
         yield f"systemctl enable {unit}"
     if state.get("ActiveState") != "active":
-        yield f"systemctl start {unit}"
+        yield start_command(unit)

@@ -30,7 +30,7 @@ def cluster_checks(loaded: LoadedCluster, settings: HostSettings) -> Iterator[tu
             problems.append(
                 (
                     "kubernetes.cgroup_driver",
-                    f"{kube.cgroup_driver} on {name}, but container_runtime.cgroup_driver is "
+                    f"{kube.cgroup_driver}, but container_runtime.cgroup_driver is "
                     f"{runtime.cgroup_driver}: kubelet and containerd must use the same one",
                 )
             )

@@ -224,3 +224,42 @@ def test_a_restart_refused_for_want_of_resources_is_started_once_more(
     assert seen == calls
     assert ("containerd: the why" in run.stderr) == ("journal" in calls)
     assert "systemctl show -p Result --value containerd" in log.read_text() or "show" not in calls
+
+
+FAKE_SYSTEMCTL_START = """#!/bin/sh
+echo "systemctl $*" >> "$LOG"
+case "$1" in
+  show) echo "$RESULT" ;;
+  start) [ -e "$STARTED" ] && exit 0; touch "$STARTED"; exit 1 ;;
+esac
+"""
+
+
+@pytest.mark.parametrize(
+    ("result", "rc", "starts"),
+    [("resources", 0, 2), ("dependency", 0, 2), ("exit-code", 1, 1)],
+)
+def test_a_start_refused_for_want_of_resources_is_tried_once_more(tmp_path, result, rc, starts):
+    """The same stand-in for systemd as above, for a first start that fails: a spawn failure of
+    the unit or of one it needs earns a second start, a failure of the unit itself does not."""
+    from roles.operations import start_command
+
+    log = tmp_path / "calls"
+    for name, text in {
+        "systemctl": FAKE_SYSTEMCTL_START,
+        "journalctl": '#!/bin/sh\necho "journal $*" >> "$LOG"\n',
+        "sleep": "#!/bin/sh\n",
+    }.items():
+        (tmp_path / name).write_text(text)
+        (tmp_path / name).chmod(0o755)
+    env = {
+        "PATH": f"{tmp_path}:/usr/bin:/bin",
+        "LOG": str(log),
+        "RESULT": result,
+        "STARTED": str(tmp_path / "started"),
+    }
+    run = subprocess.run(["/bin/sh", "-c", start_command("etcd")], env=env, capture_output=True)
+    assert run.returncode == rc
+    calls = log.read_text().splitlines()
+    assert sum(line.startswith("systemctl start") for line in calls) == starts
+    assert any(line.startswith("journal") for line in calls) == (rc != 0)

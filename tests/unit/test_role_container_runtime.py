@@ -50,7 +50,10 @@ def test_a_cgroup_v1_host_without_cap_sys_resource_gets_cgroupfs_and_clamped_oom
 ):
     """The lab's settings: runc manages the cgroups itself and never lowers oom_score_adj."""
     small_cluster["group_vars"] = {
-        "all": {"container_runtime": {"cgroup_driver": "cgroupfs", "restrict_oom_score_adj": True}}
+        "all": {
+            "container_runtime": {"cgroup_driver": "cgroupfs", "restrict_oom_score_adj": True},
+            "kubernetes": {"cgroup_driver": "cgroupfs"},  # kubelet's must match (checked)
+        }
     }
     loaded = load(write_cluster(small_cluster))
     node = next(n for n, h in loaded.cluster.hosts.items() if "cpu_worker" in h.groups)

@@ -2,7 +2,7 @@
 on this machine from Go modules (lab/gobuild.py), served by the lab's file server and registry
 (lab/offline.py), and the lab's pod network (`cni: routes`).
 
-Own lab `<GPUINFRA_LAB_NAME>-k8s` (GPUINFRA_KUBE_LAB_NAME overrides): the default topology with
+Own lab `<GPUINFRA_LAB_NAME>-k8s` (GPUINFRA_K8S_LAB_NAME overrides): the default topology with
 Kubernetes on, so five etcd members (etcd 3.6, built here), three control-plane nodes behind
 lb-1's HAProxy, and cpu-1 and gpu-1 as workers; gpu-1 belongs to the team `research`, a balloon
 pool keeps capacity warm on cpu-1, and workers join one per 20 s. One full apply converges it;
@@ -31,7 +31,7 @@ from tests.integration.roles_helpers import eventually, failed_run, gpuinfra
 
 pytestmark = pytest.mark.integration
 
-KUBE_LAB = os.environ.get("GPUINFRA_KUBE_LAB_NAME", f"{LAB_NAME}-k8s")
+KUBE_LAB = os.environ.get("GPUINFRA_K8S_LAB_NAME", f"{LAB_NAME}-k8s")
 CONTROL_PLANE = ["cp-1", "cp-2", "cp-3"]
 WORKERS = ["cpu-1", "gpu-1"]
 NODES = CONTROL_PLANE + WORKERS

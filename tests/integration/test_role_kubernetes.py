@@ -1,10 +1,12 @@
-"""The kubernetes role's orchestration on lab hosts, against a STAND-IN kubeadm/kubectl/kubelet.
+"""The kubernetes role's orchestration on lab hosts, against a STAND-IN kubeadm/kubectl/kubelet:
+what has not run against the real cluster yet (tests/integration/test_kubernetes.py), the
+upgrade, node removal and the node-local proxy above all.
 
-kubeadm, kubelet and the API server cannot be obtained on these machines, so each test here runs
-the role's real code path (facts, `kubeadm config validate`, init, joins, waits, the operator
-kubeconfig) against the stand-in of tests/integration/kube_standin.py, which the TEST installs
-on the hosts and which records every call with its start and end time. What these tests show is
-the order and pacing of the calls, idempotence and secret handling, not a running control plane.
+Each test here runs the role's real code path (facts, `kubeadm config validate`, init, joins,
+waits, the operator kubeconfig) against the stand-in of tests/integration/kube_standin.py,
+which the TEST installs on the hosts and which records every call with its start and end time.
+What these tests show is the order and pacing of the calls, idempotence and secret handling,
+not a running control plane.
 
 Own lab `<GPUINFRA_LAB_NAME>-kube` (GPUINFRA_KUBE_LAB_NAME overrides): one etcd member (the
 inventory needs one), three control-plane nodes, one load balancer, three workers.
@@ -25,8 +27,6 @@ import yaml
 from cli.exitcodes import ExitCode
 from lab import lifecycle
 from lab.topology import HostSpec, Topology
-from roles.context import cluster_files, load
-from roles.kubernetes.files import CLUSTER_OBJECTS_DIR, STAGES, cluster_objects
 from tests.integration import kube_standin
 from tests.integration.conftest import KEEP_ENV, LAB_NAME, boot_lab
 from tests.integration.roles_helpers import gpuinfra, pending
@@ -197,105 +197,6 @@ def test_second_apply_makes_no_changing_call(lab, standin_inventory, tmp_path):
         if h["status"] != "ok"
     }
     assert changed == {}
-    planned = gpuinfra("plan", str(standin_inventory), "--roles", "kubernetes", "--format", "json")
-    assert planned.returncode == ExitCode.OK, planned.stdout[-3000:]
-
-
-def server_side_applies(entries: list[dict]) -> list[dict]:
-    return [
-        e
-        for e in entries
-        if e["tool"] == "kubectl" and kube_standin.words(e)[:1] == ["apply"] and e.get("files")
-    ]
-
-
-def object_keys(inventory: Path) -> list[str]:
-    """What the stand-in calls each Kubernetes object the role should apply ("Kind ns/name")."""
-    rendered = cluster_files(load(inventory))
-    keys = []
-    for _path, obj in cluster_objects(rendered):
-        meta = obj["metadata"]
-        keys.append(f"{obj['kind']} {meta.get('namespace', '')}/{meta.get('name', '?')}")
-    return keys
-
-
-def test_cluster_objects_applied_server_side_once_then_only_on_drift(
-    lab, standin_inventory, tmp_path
-):
-    """Against the stand-in's kubectl, after the applies above: the first apply ran
-    `kubectl apply --server-side --field-manager=gpuinfra --force-conflicts` on cp-1 only, once
-    per stage (namespaces, then the rest: no role renders a CRD, so no CRD stage and no wait), and
-    together the stages held every object under _cluster/kubernetes/ but Calico's (its own step);
-    the second apply ran none. A hand edit of a placed file on cp-1 makes plan report drift;
-    apply writes the file back and, the live objects being unchanged, applies nothing. A live
-    object deleted behind the role's back makes plan report drift and apply apply again.
-    The team's label and taint are in gpu-1's placed join file, and in no other node's."""
-    entries = kube_standin.calls(lab, NODES)
-    applies = server_side_applies(entries)
-    stages = [f"{CLUSTER_OBJECTS_DIR}/{name}" for name, _, _ in STAGES[1:]]
-    assert [(e["host"], e["files"]) for e in applies] == [("cp-1", [path]) for path in stages]
-    assert all(e["rc"] == 0 for e in applies)
-    for entry in applies:
-        assert {"--server-side", "--field-manager=gpuinfra", "--force-conflicts"} <= set(
-            entry["argv"]
-        )
-    wanted = object_keys(standin_inventory)
-    applied = [key for e in applies for key in e["applied"]]
-    assert sorted(applied) == sorted(wanted) and len(set(applied)) == len(applied)
-    # Gang scheduling's Workload is a built-in kind: nothing waits for a CRD to be Established.
-    assert not any(key.startswith("CustomResourceDefinition ") for key in applied)
-    waits = [e for e in entries if e["tool"] == "kubectl" and kube_standin.words(e)[:1] == ["wait"]]
-    assert waits == []
-    # The second apply of test_second_apply_makes_no_changing_call asked (diff) and applied nothing.
-    diffs = [e for e in entries if e["tool"] == "kubectl" and kube_standin.words(e)[:1] == ["diff"]]
-    assert diffs and diffs[-1]["rc"] == 0 and diffs[-1]["start"] > applies[-1]["end"]
-
-    join = lab.ssh("gpu-1", "cat /etc/kubernetes/gpuinfra/kubeadm.yaml").stdout
-    registration = yaml.safe_load(join)["nodeRegistration"]
-    assert {"key": "gpuinfra.io/team", "value": TEAM, "effect": "NoSchedule"} in registration[
-        "taints"
-    ]
-    labels = {a["name"]: a["value"] for a in registration["kubeletExtraArgs"]}["node-labels"]
-    assert f"gpuinfra.io/team={TEAM}" in labels.split(",")
-    for node in ("cpu-1", "cp-2"):  # negative control: teamless nodes
-        assert (
-            "gpuinfra.io/team"
-            not in lab.ssh(node, "cat /etc/kubernetes/gpuinfra/kubeadm.yaml").stdout
-        )
-
-    edited = stages[1]  # the namespaces: one object's name changed by hand
-    lab.ssh("cp-1", f"sed -i 's/name: gpuinfra-system$/name: edited/' {edited}")
-    assert "name: edited" in lab.ssh("cp-1", f"cat {edited}").stdout
-    planned = gpuinfra("plan", str(standin_inventory), "--roles", "kubernetes", "--format", "json")
-    assert planned.returncode == ExitCode.DRIFT, planned.stdout[-3000:] + planned.stderr[-2000:]
-    drifted = pending(json.loads(planned.stdout))
-    assert set(drifted) == {"cp-1"}, drifted
-    assert any(name.endswith(f"Write {edited}") for name in drifted["cp-1"]), drifted
-    assert any("Apply the cluster's objects" in name for name in drifted["cp-1"]), drifted
-
-    # apply writes the file back first, then asks kubectl diff with it: the live objects never
-    # changed, so nothing is applied.
-    before = len(server_side_applies(kube_standin.calls(lab, NODES)))
-    result = apply(standin_inventory, tmp_path / "report.json")
-    assert result.returncode == ExitCode.OK, result.stdout[-3000:] + result.stderr[-2000:]
-    assert "name: edited" not in lab.ssh("cp-1", f"cat {edited}").stdout
-    assert len(server_side_applies(kube_standin.calls(lab, NODES))) == before
-
-    # A live object deleted by hand (the placed files untouched): only `kubectl diff` sees it.
-    lab.ssh(
-        "cp-1",
-        "python3 -c \"import json; p='/var/lib/kube-standin/live.json'; s=json.load(open(p)); "
-        "s.pop('Namespace /gpuinfra-system'); json.dump(s, open(p, 'w'))\"",
-    )
-    planned = gpuinfra("plan", str(standin_inventory), "--roles", "kubernetes", "--format", "json")
-    assert planned.returncode == ExitCode.DRIFT, planned.stdout[-3000:] + planned.stderr[-2000:]
-    drifted = pending(json.loads(planned.stdout))
-    assert list(drifted) == ["cp-1"] and all("Write" not in name for name in drifted["cp-1"])
-    result = apply(standin_inventory, tmp_path / "report-2.json")
-    assert result.returncode == ExitCode.OK, result.stdout[-3000:] + result.stderr[-2000:]
-    reapplied = server_side_applies(kube_standin.calls(lab, NODES))[before:]
-    assert [e["files"] for e in reapplied] == [[path] for path in stages]
-    assert "Namespace /gpuinfra-system" in reapplied[1]["applied"]
     planned = gpuinfra("plan", str(standin_inventory), "--roles", "kubernetes", "--format", "json")
     assert planned.returncode == ExitCode.OK, planned.stdout[-3000:]
 

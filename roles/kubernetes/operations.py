@@ -355,7 +355,10 @@ def join_secrets(state, first_name: str, control_plane: bool, token_ttl: str) ->
             printed = _run_on_first(
                 state,
                 first_name,
-                f"kubeadm token create --ttl {shlex.quote(token_ttl)} --print-join-command",
+                # The admin kubeconfig named: left to itself, kubeadm 1.35 once looked for
+                # /root/.kube/config on cp-1 and failed every try.
+                f"kubeadm token create --kubeconfig {ADMIN_CONF} --ttl {shlex.quote(token_ttl)} "
+                "--print-join-command",
                 "join token",
             )
             match = _JOIN_COMMAND.search(printed)

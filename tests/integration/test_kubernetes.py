@@ -29,7 +29,7 @@ from lab.topology import default_topology
 from tests.integration.conftest import KEEP_ENV, LAB_NAME, LabCluster, boot_lab
 from tests.integration.roles_helpers import eventually, failed_run, gpuinfra
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.k8s]
 
 KUBE_LAB = os.environ.get("GPUINFRA_K8S_LAB_NAME", f"{LAB_NAME}-k8s")
 CONTROL_PLANE = ["cp-1", "cp-2", "cp-3"]

@@ -3,7 +3,6 @@ build of the smallest module, and the systemd-nspawn settings of a Kubernetes no
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -73,7 +72,6 @@ def test_the_repository_builds_each_kubernetes_version_it_pins():
         gobuild.kubernetes_module("1.20.0")
 
 
-@pytest.mark.skipif(shutil.which("go") is None, reason="needs the go command (make install)")
 def test_a_module_builds_into_the_cache_once(tmp_path, monkeypatch):
     """The pause module (our own 30 lines, no dependency) built for real: a static binary in the
     cache under its key, and a second build is a no-op."""

@@ -170,6 +170,13 @@ def test_a_restart_or_reload_is_decided_on_the_host_when_it_runs():
     assert restart_command("ssh", reload=True).startswith("systemctl try-reload-or-restart ssh ")
 
 
+def fake_commands(folder, scripts: dict[str, str]) -> None:
+    """Executable stand-in scripts (systemctl, journalctl, ...) in folder, first on PATH."""
+    for name, text in scripts.items():
+        (folder / name).write_text(text)
+        (folder / name).chmod(0o755)
+
+
 FAKE_SYSTEMCTL = """#!/bin/sh
 echo "systemctl $*" >> "$LOG"
 case "$1" in
@@ -200,12 +207,13 @@ def test_a_restart_refused_for_want_of_resources_is_started_once_more(
     from roles.operations import restart_command
 
     log = tmp_path / "calls"
-    for name, text in {
-        "systemctl": FAKE_SYSTEMCTL,
-        "journalctl": '#!/bin/sh\necho "journal $*" >> "$LOG"\necho "containerd: the why"\n',
-    }.items():
-        (tmp_path / name).write_text(text)
-        (tmp_path / name).chmod(0o755)
+    fake_commands(
+        tmp_path,
+        {
+            "systemctl": FAKE_SYSTEMCTL,
+            "journalctl": '#!/bin/sh\necho "journal $*" >> "$LOG"\necho "containerd: the why"\n',
+        },
+    )
     env = {
         "PATH": f"{tmp_path}:/usr/bin:/bin",
         "LOG": str(log),
@@ -245,13 +253,14 @@ def test_a_start_refused_for_want_of_resources_is_tried_once_more(tmp_path, resu
     from roles.operations import start_command
 
     log = tmp_path / "calls"
-    for name, text in {
-        "systemctl": FAKE_SYSTEMCTL_START,
-        "journalctl": '#!/bin/sh\necho "journal $*" >> "$LOG"\n',
-        "sleep": "#!/bin/sh\n",
-    }.items():
-        (tmp_path / name).write_text(text)
-        (tmp_path / name).chmod(0o755)
+    fake_commands(
+        tmp_path,
+        {
+            "systemctl": FAKE_SYSTEMCTL_START,
+            "journalctl": '#!/bin/sh\necho "journal $*" >> "$LOG"\n',
+            "sleep": "#!/bin/sh\n",
+        },
+    )
     env = {
         "PATH": f"{tmp_path}:/usr/bin:/bin",
         "LOG": str(log),

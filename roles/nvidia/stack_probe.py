@@ -82,9 +82,13 @@ def main():
     out("cudnn_library", so_names("libcudnn.so.*.*"))
     devices = "/proc/driver/nvidia-nvswitch/devices"
     out("nvswitch_devices", len(os.listdir(devices)) if os.path.isdir(devices) else 0)
-    state = subprocess.run(
-        ["systemctl", "is-active", "nvidia-fabricmanager"], capture_output=True, text=True
-    )
+    try:
+        state = subprocess.run(
+            ["systemctl", "is-active", "nvidia-fabricmanager"], capture_output=True, text=True
+        )
+    except FileNotFoundError:  # no systemd here (a container, the lent GPU machine's VM)
+        out("fabricmanager", "unknown")
+        return
     out("fabricmanager", state.stdout.strip() or "unknown")
 
 

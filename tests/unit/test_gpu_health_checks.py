@@ -67,6 +67,27 @@ def test_healthy_h100_node_passes_every_check():
     assert checks[("allreduce", None)].verdict is Verdict.ok
 
 
+def test_a_real_h200_recording_passes_and_a_wrong_model_fails_it():
+    """Recording captured from hardware (a lent 1x H200, scripts/gpu_device_check.py): the live
+    NVML answers, kernel log and burn-in figures judge ok; the same node held to H100 fails."""
+    report = judge(
+        "h200-lent-machine.json", expect_count=1, expect_model="H200", expect_driver="580.159.04"
+    )
+    checks = by_key(report)
+    assert report.verdict is Verdict.ok, [c for c in report.checks if c.verdict is not Verdict.ok]
+    assert checks[("pcie", 0)].measured == "gen5 x16"
+    assert checks[("nvlink", 0)].verdict is Verdict.skipped  # a PCIe-attached single GPU
+    # Sustained 8192^3 bf16 burn-in at the 700 W cap: 661 TFLOP/s, 67% of the 989 datasheet.
+    assert checks[("matmul", 0)].value == pytest.approx(661, abs=1)
+    assert checks[("matmul", 0)].threshold.endswith("(60% of 989)")
+    assert checks[("membw", 0)].value == pytest.approx(4238, abs=1)
+    wrong = judge(
+        "h200-lent-machine.json", expect_count=1, expect_model="H100", expect_driver="580.159.04"
+    )
+    assert wrong.verdict is Verdict.failed
+    assert by_key(wrong)[("model", 0)].verdict is Verdict.failed
+
+
 def test_uncorrectable_ecc_and_xid_79_fail_the_node():
     """Recording (hand-written): GPU 3 fell off the bus (Xid 79), GPU 5 has a volatile
     uncorrectable ECC error (Xid 48) and a pending row remap; its matmul hit a CUDA ECC error."""

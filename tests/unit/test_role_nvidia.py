@@ -9,6 +9,8 @@ recordings (their `provenance` says so): no GPU machine was lent to this task.""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ from roles.facts import Container, HeldPackages, UnitState
 from roles.nvidia import operations as nvidia_ops
 from roles.nvidia.compat import CUDA_MINIMUM_DRIVER, gpu_family, has_nvswitch
 from roles.nvidia.config import NvidiaConfig
-from roles.nvidia.facts import DriverLoaded, NvidiaStack, NvswitchDevices
+from roles.nvidia.facts import STACK_PROBE, DriverLoaded, NvidiaStack, NvswitchDevices
 from roles.nvidia.packages import package_plan
 from roles.nvidia.role import ROLE
 from roles.render import render_cluster
@@ -324,6 +326,35 @@ def test_stack_fact_reads_the_recorded_probe(name):
         assert facts["driver_loaded"] == "no" and "nvml_error" in facts
     else:
         assert facts["driver_version"] == "550.163.01" and facts["persistence"] == "Enabled"
+
+
+def test_stack_fact_reads_a_probe_recorded_on_a_real_gpu():
+    """Captured on a lent H200 machine: the driver answers through nvidia-smi, libcuda and the
+    PyTorch wheels' NCCL and cuDNN through ctypes; no systemd there, so fabric manager is
+    unknown rather than a traceback."""
+    facts = NvidiaStack().process(recording("h200-lent-machine-probe.json")["stack_probe"])
+    assert facts["driver_loaded"] == "yes" and facts["driver_version"] == "580.159.04"
+    assert facts["gpus"] == "1" and facts["persistence"] == "Enabled"
+    assert (facts["cuda_driver_api"], facts["nccl"], facts["cudnn"]) == ("13.0", "2.28.3", "9.14.0")
+    assert facts["fabricmanager"] == "unknown"
+
+
+def test_stack_probe_runs_where_there_is_no_systemctl(tmp_path):
+    """Seen on the lent GPU machine: the probe died on FileNotFoundError('systemctl')."""
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    probe = [sys.executable, "-c", STACK_PROBE]
+    without = subprocess.run(probe, capture_output=True, text=True, env={"PATH": str(bare)})
+    assert without.returncode == 0, without.stderr
+    facts = NvidiaStack().process(without.stdout.splitlines())
+    assert facts["fabricmanager"] == "unknown" and facts["driver_loaded"] in ("yes", "no")
+    # Positive control: with a systemctl on the PATH, its answer is what the fact reports.
+    (bare / "systemctl").write_text("#!/bin/sh\necho inactive\n")
+    (bare / "systemctl").chmod(0o755)
+    (bare / "nvidia-smi").write_text("#!/bin/sh\nexit 9\n")
+    (bare / "nvidia-smi").chmod(0o755)
+    with_it = subprocess.run(probe, capture_output=True, text=True, env={"PATH": str(bare)})
+    assert NvidiaStack().process(with_it.stdout.splitlines())["fabricmanager"] == "inactive"
 
 
 class FakeHost:

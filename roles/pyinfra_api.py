@@ -137,6 +137,27 @@ def phase_position(host, index: int) -> Iterator[None]:
         host.loop_position = []
 
 
+def phases_in_order(state) -> None:
+    """Run every host's operations of one phase before any host's operations of the next.
+
+    pyinfra 3.10 (api/state.py get_op_order) orders operations in levels of each host's own
+    chain: a host's n-th operation runs with every other host's n-th. Hosts with fewer
+    operations therefore reach a later role early: a CPU worker (no nvidia role) asked the
+    first control-plane node for a join token before `kubeadm init` had run there. The phase
+    index is the second element of each operation's order (phase_position); sorting by it first
+    keeps each host's own sequence, since both numbers only grow along it."""
+    levels = state.get_op_order
+
+    def by_phase(op_hash: str) -> tuple[int, ...]:
+        order = state.op_meta[op_hash].op_order
+        return (order[1], order[0], *order[2:]) if len(order) > 1 else (-1, *order)
+
+    def ordered() -> list[str]:
+        return sorted(levels(), key=by_phase)  # levels() still refuses a cycle
+
+    state.get_op_order = ordered
+
+
 @contextlib.contextmanager
 def commands_routed(host, run_shell_command: Callable) -> Iterator[None]:
     """Send the host's shell commands through `run_shell_command` while the block runs (an

@@ -35,6 +35,7 @@ from roles.pyinfra_api import (
     memoise_global_arguments,
     output_lines,
     phase_position,
+    phases_in_order,
     ssh_transport,
     stderr_tail,
     will_change,
@@ -405,6 +406,7 @@ def _prepare_and_execute(
     _skip_unchanged_while_clean(state, active, recorder)
     clock = time.monotonic()
     state.set_stage(StateStage.Execute)
+    phases_in_order(state)
     try:
         run_ops(state)
     except PyinfraError as exc:

@@ -116,6 +116,37 @@ def test_the_phase_position_keeps_operations_at_the_same_position_apart():
     assert first_hash(3) == first_hash(3)
 
 
+def test_a_later_phase_never_runs_before_an_earlier_phase_of_another_host():
+    """A worker with fewer operations than the control plane reached the workers' join before
+    `kubeadm init` ran on cp-1: pyinfra orders by each host's operation count first."""
+    inventory = Inventory((["cp-1", "cpu-1"], {}))
+    state = State(inventory, Config())
+    state.set_stage(StateStage.Prepare)
+    cp, worker = inventory.get_host("cp-1"), inventory.get_host("cpu-1")
+    names: dict[str, str] = {}
+
+    def add(host, phase: int, name: str) -> None:
+        with ctx_state.use(state), ctx_host.use(host), pyinfra_api.phase_position(host, phase):
+            names[pyinfra_api.op_hash(server.shell(name=name, commands=["true"]))] = name
+
+    cp_steps, worker_steps = ["base", "kernel", "runtime", "kubeadm init"], ["base", "join"]
+    for name in cp_steps:
+        add(cp, 0, name)
+    add(worker, 0, "base")  # the same position in the same phase: one operation for both
+    add(worker, 1, "join")
+
+    def run_order() -> list[str]:
+        return [names[op] for op in state.get_op_order()]
+
+    # pyinfra alone: the worker's second operation runs beside cp-1's second (the control).
+    assert run_order().index("join") < run_order().index("kubeadm init")
+    pyinfra_api.phases_in_order(state)
+    order = run_order()
+    assert order.index("join") > order.index("kubeadm init")
+    for steps in (cp_steps, worker_steps):  # each host's own sequence is kept
+        assert [name for name in order if name in steps] == steps
+
+
 def test_commands_are_routed_and_then_the_class_method_is_back(offline):
     _, host = offline
     seen = []

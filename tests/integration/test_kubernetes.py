@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import subprocess
 import time
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cryptography import x509
 
 from cli.exitcodes import ExitCode
 from lab import gobuild, lifecycle, offline
@@ -499,3 +501,76 @@ def test_a_live_object_edited_by_hand_is_drift(cluster):
     assert fixed.returncode == ExitCode.OK, failed_run(fixed)
     description = cluster.get("priorityclass", "gpuinfra-balloon").get("description", "")
     assert description != "edited by hand"
+
+
+# Day 2 on the real cluster: last in the module, since they take nodes away and back.
+
+
+def serial_on_disk(cluster: Cluster, host: str) -> int:
+    pem = cluster.lab.ssh(host, "cat /etc/kubernetes/pki/apiserver.crt").stdout
+    return x509.load_pem_x509_certificate(pem.encode()).serial_number
+
+
+def serial_served(cluster: Cluster, host: str) -> int:
+    """The serial of the certificate host's API server presents right now (the controller is in
+    the admin network, which the firewall admits to 6443)."""
+    address = str(cluster.lab.loaded.cluster.hosts[host].address)
+    pem = ssl.get_server_certificate((address, 6443), timeout=10)
+    return x509.load_pem_x509_certificate(pem.encode()).serial_number
+
+
+def test_certificate_renewal_restarts_each_api_server_with_its_new_certificate(cluster):
+    """`kubernetes certs renew`: every control-plane node gets new certificates and its API
+    server serves them (the static pods restarted one node at a time); the cluster answers
+    through the balancer throughout and after."""
+    before = {host: serial_on_disk(cluster, host) for host in CONTROL_PLANE}
+    assert before == {host: serial_served(cluster, host) for host in CONTROL_PLANE}  # control
+    result = gpuinfra(
+        "kubernetes", "certs", "renew", str(cluster.inventory), "--yes", "--format", "json",
+        timeout=900,
+    )  # fmt: skip
+    assert result.returncode == ExitCode.OK, result.stdout[-3000:] + result.stderr[-2000:]
+    after = {host: serial_on_disk(cluster, host) for host in CONTROL_PLANE}
+    assert all(after[host] != before[host] for host in CONTROL_PLANE), (before, after)
+    for host in CONTROL_PLANE:
+        eventually(
+            what=f"{host}'s API server to serve its renewed certificate",
+            check=lambda host=host: serial_served(cluster, host) == after[host],
+            seconds=120,
+        )
+    assert write_through_the_api(cluster, 5) == []
+    assert all(ready(node) for node in cluster.get("nodes")["items"])
+
+
+def drainable_pods(cluster: Cluster, node: str) -> list[str]:
+    """Pods on the node that a drain moves (it leaves DaemonSet pods to the garbage collector)."""
+    pods = cluster.get("pods", "--all-namespaces", "--field-selector", f"spec.nodeName={node}")
+    return [
+        pod["metadata"]["name"]
+        for pod in pods["items"]
+        if all(ref["kind"] != "DaemonSet" for ref in pod["metadata"].get("ownerReferences", []))
+    ]
+
+
+def test_a_worker_removed_is_drained_and_reset_and_joins_again(cluster):
+    """`kubernetes node remove cpu-1`: its pods move off (the balloon reschedules elsewhere or
+    waits), the Node object goes, kubeadm reset clears the host; `node add` joins it again and
+    it is Ready."""
+    assert drainable_pods(cluster, "cpu-1")  # the control: the balloon, CoreDNS, ...
+    result = gpuinfra(
+        "kubernetes", "node", "remove", str(cluster.inventory), "cpu-1", "--yes",
+        "--format", "json", timeout=900,
+    )  # fmt: skip
+    assert result.returncode == ExitCode.OK, result.stdout[-3000:] + result.stderr[-2000:]
+    names = [node["metadata"]["name"] for node in cluster.get("nodes")["items"]]
+    assert "cpu-1" not in names and "gpu-1" in names
+    assert drainable_pods(cluster, "cpu-1") == []
+    reset = cluster.lab.ssh("cpu-1", "test -e /etc/kubernetes/kubelet.conf", check=False)
+    assert reset.returncode != 0, "kubeadm reset left kubelet.conf"
+    added = gpuinfra("kubernetes", "node", "add", str(cluster.inventory), "cpu-1", timeout=1200)
+    assert added.returncode == ExitCode.OK, failed_run(added)
+    eventually(
+        what="cpu-1 to be Ready again",
+        check=lambda: ready(cluster.get("node", "cpu-1")),
+        seconds=300,
+    )

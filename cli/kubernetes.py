@@ -147,13 +147,20 @@ def node_add(
 def node_remove(
     cluster: ClusterArg,
     node: Annotated[str, typer.Argument(help="The node to cordon, drain, delete and reset.")],
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="Also delete pods that no controller manages (they are lost)."
+        ),
+    ] = False,
     yes: YesOpt = False,
     output: FormatOpt = OutputFormat.table,
 ) -> None:
-    """cordon, drain, delete the Node, then kubeadm reset on it."""
+    """cordon, drain, delete the Node, then kubeadm reset on it. A drain that fails leaves the
+    node in the cluster, schedulable again if it was."""
     from day2.kubernetes import remove_node
 
     with reporting():
         loaded = _load(cluster)
     _confirm(yes, f"Remove {node} from {loaded.cluster.name} (drain, delete, kubeadm reset)?")
-    _emit_outcome(_call(lambda: remove_node(loaded, node)), output)
+    _emit_outcome(_call(lambda: remove_node(loaded, node, force)), output)

@@ -28,8 +28,12 @@ from roles.spec import host_config
 from roles.ssh import ssh_argv
 
 KUBECTL = f"kubectl --kubeconfig {ADMIN_CONF} --request-timeout=30s"
-HEALTHZ = f"{KUBECTL} get --raw /healthz"
+# The node's own API server, not admin.conf's endpoint: through the balancer, another node's API
+# server answers while this one is still down or has not restarted yet (seen on the lab).
+HEALTHZ = f"{KUBECTL} --server https://127.0.0.1:6443 get --raw /readyz"
 MANIFESTS = "/etc/kubernetes/manifests"
+# kube-apiserver, kube-controller-manager and kube-scheduler listen here while they run.
+CONTROL_PLANE_PORTS = (6443, 10257, 10259)
 
 
 class KubernetesOperationError(RuntimeError):
@@ -149,14 +153,26 @@ def status(loaded: LoadedCluster, runner: Runner = ssh_run) -> ClusterStatus:
 
 def restart_control_plane(session: Session, host: str) -> None:
     """kubeadm's documented restart of static pods: take their manifests away until kubelet
-    stopped them (it looks every 20 s), put them back, wait for /healthz."""
+    has stopped them (it looks every 20 s: wait until none of their ports listens, rather than
+    a fixed sleep), put them back, wait until this node's API server is ready."""
     away = "/etc/kubernetes/manifests.gpuinfra-away"
     session.step(
-        host,
-        "restart the control-plane pods",
-        f"mkdir -p {away} && mv {MANIFESTS}/*.yaml {away}/ && sleep 20 && "
-        f"mv {away}/*.yaml {MANIFESTS}/ && rmdir {away}",
+        host, "stop the control-plane pods", f"mkdir -p {away} && mv {MANIFESTS}/*.yaml {away}/"
     )
+    ports = " or ".join(f"sport = :{port}" for port in CONTROL_PLANE_PORTS)
+    stopped, said = session.runner(
+        session.loaded, host, _wait(f"! ss -ltnH '( {ports} )' | grep -q .", 120), 180
+    )
+    session.outcome.steps.append(Step(host, "wait for the pods to stop", stopped, said))
+    # Back in place whatever happened: a node left without its manifests serves nothing.
+    session.step(
+        host, "start the control-plane pods", f"mv {away}/*.yaml {MANIFESTS}/ && rmdir {away}"
+    )
+    if not stopped:
+        raise KubernetesOperationError(
+            f"{host}: kubelet did not stop the control-plane pods within 120 s; their "
+            "manifests are back in place and the pods still run the old certificates"
+        )
     session.step(host, "wait for /healthz", _wait(HEALTHZ))
 
 
@@ -271,19 +287,24 @@ def _upgrade_kubelet(session: Session, loaded: LoadedCluster, host: str, tag: st
     session.step(host, "restart kubelet", "systemctl daemon-reload && systemctl restart kubelet")
 
 
-def drain_command(node: str) -> str:
+def drain_command(node: str, force: bool = False) -> str:
+    """kubectl drain; `force` also deletes pods that no controller manages (they are lost)."""
     return (
         f"{KUBECTL} drain {shlex.quote(node)} --ignore-daemonsets --delete-emptydir-data "
-        "--timeout=600s"
+        f"--timeout=600s{' --force' if force else ''}"
     )
 
 
 # ---------------------------------------------------------------- nodes
 
 
-def remove_node(loaded: LoadedCluster, node: str, runner: Runner = ssh_run) -> Outcome:
+def remove_node(
+    loaded: LoadedCluster, node: str, force: bool = False, runner: Runner = ssh_run
+) -> Outcome:
     """cordon, drain, delete the Node object (on the first control-plane node), then
-    `kubeadm reset` on the node itself. The first control-plane node is never removed here."""
+    `kubeadm reset` on the node itself. The first control-plane node is never removed here.
+    A drain that fails (a pod no controller manages, without `force`; a disruption budget)
+    uncordons the node again if it was schedulable before, so nothing is left half done."""
     cluster = loaded.cluster
     if node not in cluster.hosts:
         raise KubernetesOperationError(f"{loaded.source}: no host {node!r} in the inventory")
@@ -295,8 +316,27 @@ def remove_node(loaded: LoadedCluster, node: str, runner: Runner = ssh_run) -> O
         )
     session = Session(loaded, f"node remove {node}", runner)
     quoted = shlex.quote(node)
+    found = session.step(
+        first,
+        f"read {node}",
+        f"{KUBECTL} get node {quoted} --ignore-not-found "
+        "-o jsonpath='{.metadata.name} {.spec.unschedulable}'",
+    ).split()
+    if not found:  # deleted by an earlier run that stopped before the reset: finish it
+        session.outcome.notes.append(f"{node} was no longer in the cluster: reset only")
+        session.step(node, "kubeadm reset", "kubeadm reset -f")
+        return session.outcome
+    was_cordoned = found[1:] == ["true"]
     session.step(first, f"cordon {node}", f"{KUBECTL} cordon {quoted}")
-    session.step(first, f"drain {node}", drain_command(node))
+    try:
+        session.step(first, f"drain {node}", drain_command(node, force))
+    except KubernetesOperationError as exc:
+        if was_cordoned:
+            raise
+        ok, said = runner(loaded, first, f"{KUBECTL} uncordon {quoted}", 60)
+        session.outcome.steps.append(Step(first, f"uncordon {node}", ok, "" if ok else said))
+        left = "schedulable again" if ok else f"still cordoned (uncordon failed: {said})"
+        raise KubernetesOperationError(f"{exc}\n{node} is in the cluster, {left}") from None
     session.step(first, f"delete node {node}", f"{KUBECTL} delete node {quoted}")
     session.step(node, "kubeadm reset", "kubeadm reset -f")
     session.outcome.notes.append(f"remove {node} from the inventory so apply does not join it")

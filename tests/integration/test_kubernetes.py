@@ -511,11 +511,14 @@ def serial_on_disk(cluster: Cluster, host: str) -> int:
     return x509.load_pem_x509_certificate(pem.encode()).serial_number
 
 
-def serial_served(cluster: Cluster, host: str) -> int:
+def serial_served(cluster: Cluster, host: str) -> int | None:
     """The serial of the certificate host's API server presents right now (the controller is in
-    the admin network, which the firewall admits to 6443)."""
+    the admin network, which the firewall admits to 6443); None while nothing answers."""
     address = str(cluster.lab.loaded.cluster.hosts[host].address)
-    pem = ssl.get_server_certificate((address, 6443), timeout=10)
+    try:
+        pem = ssl.get_server_certificate((address, 6443), timeout=10)
+    except OSError:
+        return None
     return x509.load_pem_x509_certificate(pem.encode()).serial_number
 
 
@@ -553,14 +556,24 @@ def drainable_pods(cluster: Cluster, node: str) -> list[str]:
 
 
 def test_a_worker_removed_is_drained_and_reset_and_joins_again(cluster):
-    """`kubernetes node remove cpu-1`: its pods move off (the balloon reschedules elsewhere or
-    waits), the Node object goes, kubeadm reset clears the host; `node add` joins it again and
-    it is Ready."""
-    assert drainable_pods(cluster, "cpu-1")  # the control: the balloon, CoreDNS, ...
-    result = gpuinfra(
-        "kubernetes", "node", "remove", str(cluster.inventory), "cpu-1", "--yes",
-        "--format", "json", timeout=900,
+    """`kubernetes node remove cpu-1`: refused while a bare pod would be lost (the node stays,
+    schedulable); with `--force` its pods move off, the Node object goes, kubeadm reset clears
+    the host; `node add` joins it again and it is Ready."""
+    bare = probe_pod("bare", "cpu-1", offline.toolbox_image(cluster.gateway), ["sleep", "3600"])
+    bare["metadata"]["namespace"] = "default"
+    cluster.create(bare)
+    cluster.kubectl(
+        "wait", "-n", "default", "--for=condition=Ready", "pod/bare", "--timeout=120s",
+        timeout=150,
     )  # fmt: skip
+    assert "bare" in drainable_pods(cluster, "cpu-1")  # beside the balloon's pod
+    remove = ["kubernetes", "node", "remove", str(cluster.inventory), "cpu-1", "--yes"]
+    refused = gpuinfra(*remove, timeout=900)
+    assert refused.returncode != ExitCode.OK
+    assert "default/bare" in refused.stderr and "schedulable again" in refused.stderr
+    node = cluster.get("node", "cpu-1")  # still in the cluster, not left cordoned
+    assert not node["spec"].get("unschedulable") and ready(node)
+    result = gpuinfra(*remove, "--force", "--format", "json", timeout=900)
     assert result.returncode == ExitCode.OK, result.stdout[-3000:] + result.stderr[-2000:]
     names = [node["metadata"]["name"] for node in cluster.get("nodes")["items"]]
     assert "cpu-1" not in names and "gpu-1" in names

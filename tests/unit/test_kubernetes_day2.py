@@ -20,15 +20,18 @@ def loaded(small_cluster, write_cluster):
 
 
 class Recorder:
-    def __init__(self, fail_on: str | None = None):
+    def __init__(self, fail_on: str | None = None, node: str = "cpu-2 "):
         self.calls: list[tuple[str, str]] = []
         self.fail_on = fail_on
+        self.node = node  # what `get node` prints: name and spec.unschedulable
 
     def __call__(self, loaded, host, command, timeout):
         self.calls.append((host, command))
         if self.fail_on and self.fail_on in command:
             return False, "boom"
-        return True, '{"items": []}' if "get nodes" in command else ""
+        if "get nodes" in command:
+            return True, '{"items": []}'
+        return True, self.node if "get node " in command else ""
 
 
 def actions(outcome) -> list[tuple[str, str]]:
@@ -98,16 +101,65 @@ def test_node_remove_order_and_refusals(loaded):
     runner = Recorder()
     outcome = day2.remove_node(loaded, "cpu-2", runner=runner)
     assert actions(outcome) == [
+        ("cp-1", "read cpu-2"),
         ("cp-1", "cordon cpu-2"),
         ("cp-1", "drain cpu-2"),
         ("cp-1", "delete node cpu-2"),
         ("cpu-2", "kubeadm reset"),
     ]
-    assert "--ignore-daemonsets" in runner.calls[1][1]
+    drain = runner.calls[2][1]
+    assert "--ignore-daemonsets" in drain and "--force" not in drain
+    forced = Recorder()
+    day2.remove_node(loaded, "cpu-2", force=True, runner=forced)
+    assert forced.calls[2][1].endswith(" --force")
     with pytest.raises(day2.KubernetesOperationError, match="first control-plane node"):
         day2.remove_node(loaded, "cp-1", runner=Recorder())
     with pytest.raises(day2.KubernetesOperationError, match="no host"):
         day2.remove_node(loaded, "nope", runner=Recorder())
+
+
+def test_a_failed_drain_uncordons_a_node_that_was_schedulable(loaded):
+    """Seen on the lab: a bare pod stops the drain; the node must not stay cordoned."""
+    runner = Recorder(fail_on="drain")
+    with pytest.raises(day2.KubernetesOperationError, match="cpu-2 is in the cluster, schedulable"):
+        day2.remove_node(loaded, "cpu-2", runner=runner)
+    assert runner.calls[-1] == ("cp-1", f"{day2.KUBECTL} uncordon cpu-2")
+    assert not any("delete node" in command or "reset" in command for _, command in runner.calls)
+    # A node the operator had cordoned before stays cordoned.
+    cordoned = Recorder(fail_on="drain", node="cpu-2 true")
+    with pytest.raises(day2.KubernetesOperationError):
+        day2.remove_node(loaded, "cpu-2", runner=cordoned)
+    assert not any("uncordon" in command for _, command in cordoned.calls)
+
+
+def test_a_node_already_deleted_is_only_reset(loaded):
+    runner = Recorder(node="")
+    outcome = day2.remove_node(loaded, "cpu-2", runner=runner)
+    assert actions(outcome) == [("cp-1", "read cpu-2"), ("cpu-2", "kubeadm reset")]
+
+
+def test_a_restart_waits_for_the_pods_to_stop_and_for_this_api_server():
+    """Through the balancer another API server answers at once: the wait names 127.0.0.1."""
+
+    class Session(day2.Session):
+        def __init__(self, runner):
+            super().__init__(None, "restart", runner)
+
+    runner = Recorder()
+    session = Session(runner)
+    day2.restart_control_plane(session, "cp-2")
+    assert actions(session.outcome) == [
+        ("cp-2", "stop the control-plane pods"),
+        ("cp-2", "wait for the pods to stop"),
+        ("cp-2", "start the control-plane pods"),
+        ("cp-2", "wait for /healthz"),
+    ]
+    commands = [command for _, command in runner.calls]
+    assert "sport = :6443" in commands[1] and "--server https://127.0.0.1:6443" in commands[3]
+    stuck = Recorder(fail_on="ss -ltnH")
+    with pytest.raises(day2.KubernetesOperationError, match="did not stop"):
+        day2.restart_control_plane(Session(stuck), "cp-2")
+    assert any("mv /etc/kubernetes/manifests.gpuinfra-away" in c for _, c in stuck.calls)
 
 
 def test_certificate_renewal_rolls_over_the_control_plane(loaded):

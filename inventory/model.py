@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-# The groups a host can belong to, and what each one means. Documented in README too.
+# The groups a host can belong to, and what each one means. Documented in docs/inventory.md too.
 GROUPS: dict[str, str] = {
     "etcd": "dedicated etcd members (odd count; 5 in the reference design), data on local disk",
     "control_plane": "Kubernetes API server, controller-manager and scheduler (kubeadm)",

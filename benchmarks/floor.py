@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -96,10 +97,12 @@ def compare(
 
 
 def ssh_argv(hosts: dict, name: str) -> list[str]:
-    """OpenSSH to one host, its key checked against the lab's known_hosts."""
+    """OpenSSH to one host, its key checked against the lab's known_hosts; no ssh_config read,
+    as gpuinfra's probes read none (a ControlMaster there would spare the floor alone its key
+    exchange)."""
     ssh = hosts["ssh"]
     argv = [
-        "ssh", "-T", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+        "ssh", "-F", os.devnull, "-T", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
         "-o", f"UserKnownHostsFile={ssh['known_hosts']}", "-o", "ConnectTimeout=10",
         "-p", str(ssh["port"]), "-l", ssh["user"],
     ]  # fmt: skip

@@ -24,12 +24,19 @@ def load(path: str | Path, role_checks: RoleChecks | None = None) -> LoadedClust
 
 
 def _is_ansible(path: Path) -> bool:
+    """Whether `path` is an Ansible inventory rather than our cluster file. Told by content, not
+    by name: `inventory import --out NAME` writes a cluster file under whatever name the
+    operator gives, and INI inventories have no fixed suffix either."""
     if path.name in CLUSTER_FILE_NAMES:
         return False
-    if path.suffix not in (".yml", ".yaml"):
-        return True  # INI inventories have no fixed suffix
+    yaml_named = path.suffix in (".yml", ".yaml")
     try:
         data = yaml.load(path.read_text(), Loader=SAFE_LOADER)
-    except (yaml.YAMLError, OSError):
-        return False  # let the cluster loader report it with a line number
-    return isinstance(data, dict) and "all" in data and "hosts" not in data
+    except (yaml.YAMLError, OSError, UnicodeDecodeError):
+        # A .yml file is ours to report with a line number; anything else may be INI.
+        return not yaml_named
+    if isinstance(data, dict) and "hosts" in data:
+        return False  # our top-level `hosts:`; an Ansible YAML inventory nests hosts in groups
+    if yaml_named:
+        return isinstance(data, dict) and "all" in data
+    return True

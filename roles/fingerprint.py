@@ -152,18 +152,26 @@ def code_files() -> list[tuple[str, Path]]:
 
 def _distributions() -> list[str]:
     """The installed distributions as their metadata folders are named ("pyinfra-3.5.1.dist-info")
-    on the import path: a listing, where importlib.metadata would parse each one. Not the
-    working folder or this checkout (the first entry of sys.path is one or the other depending on
-    how gpuinfra was started): gpuinfra's own code is in code_files."""
+    on the import path: a listing, where importlib.metadata would parse each one. In the folder
+    that holds gpuinfra's own code, gpuinfra's own metadata is left out, and only that: a
+    checkout is on sys.path or not depending on how gpuinfra was started (its code is in
+    code_files either way), while a wheel's folder is site-packages, which holds every
+    dependency."""
     found = []
     for entry in dict.fromkeys(sys.path):
-        if not entry or Path(entry).resolve() == _ROOT:
+        if not entry:
             continue
         try:
             names = os.listdir(entry)
         except OSError:
             continue
-        found += (f"{entry}/{n}" for n in names if n.endswith((".dist-info", ".egg-info")))
+        own = Path(entry).resolve() == _ROOT
+        found += (
+            f"{entry}/{n}"
+            for n in names
+            if n.endswith((".dist-info", ".egg-info"))
+            and not (own and n.startswith(("gpuinfra-", "gpuinfra.")))
+        )
     return sorted(found)
 
 
@@ -171,14 +179,36 @@ def state_digest(state_dir: Path) -> str:
     """The controller's state the deploys read (PKI, keys, serials, the operator kubeconfig)."""
     digest = hashlib.sha256()
     if state_dir.is_dir():
-        for path in sorted(state_dir.rglob("*")):
-            relative = path.relative_to(state_dir)
-            if relative.parts[0] in _STATE_IGNORED or path.name.endswith(".partial"):
-                continue
-            if path.is_file():
-                digest.update(f"{relative}\n".encode())
-                digest.update(hashlib.sha256(path.read_bytes()).digest())
+        for relative, path in _state_files(state_dir):
+            digest.update(f"{relative}\n".encode())
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
     return digest.hexdigest()
+
+
+def _state_files(state_dir: Path) -> list[tuple[Path, Path]]:
+    """(path relative to `state_dir`, path) of each state file, in order of the relative path.
+    Symlinks are followed, as the deploys follow them when they read: a folder or key linked in
+    from elsewhere is state all the same. A link to a folder it is inside is not entered again."""
+    found: list[tuple[Path, Path]] = []
+
+    def walk(folder: Path, inside: frozenset[str]) -> None:
+        real = os.path.realpath(folder)
+        if real in inside:
+            return
+        with os.scandir(folder) as listing:
+            entries = list(listing)
+        for entry in entries:
+            path = Path(entry.path)
+            relative = path.relative_to(state_dir)
+            if relative.parts[0] in _STATE_IGNORED:
+                continue
+            if entry.is_dir():
+                walk(path, inside | {real})
+            elif entry.is_file() and not entry.name.endswith(".partial"):
+                found.append((relative, path))
+
+    walk(state_dir, frozenset())
+    return sorted(found)
 
 
 def cluster_digest(loaded: LoadedCluster) -> str:

@@ -96,7 +96,11 @@ class SSHSettings:
     # OpenSSH ----------------------------------------------------------------------------
 
     def _common_options(self) -> list[str]:
+        # -F: no ~/.ssh/config nor /etc/ssh/ssh_config, whose HostName, ProxyJump or Match
+        # blocks would send a command elsewhere than pyinfra's connections go (paramiko reads
+        # neither); everything the connection needs is on the command line.
         options = [
+            "-F", os.devnull,
             "-o", "StrictHostKeyChecking=yes",
             "-o", f"UserKnownHostsFile={self.known_hosts}",
             "-o", f"ConnectTimeout={self.connect_timeout}",

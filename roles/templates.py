@@ -25,4 +25,7 @@ def environment() -> jinja2.Environment:
 
 
 def render_template(name: str, **context: object) -> str:
-    return environment().get_template(name).render(**context)
+    """A template rendered as a text file: ending in a newline, as POSIX text files do. (A
+    template that ends on a block tag loses its last newline to `trim_blocks`.)"""
+    text = environment().get_template(name).render(**context)
+    return text if not text or text.endswith("\n") else text + "\n"

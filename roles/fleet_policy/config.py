@@ -74,10 +74,5 @@ class FleetPolicyConfig(BaseModel):
             "DCGM_FI_PROF_DRAM_ACTIVE",
         ]
     )
-    # Where Prometheus (monitoring host) finds a token and the cluster CA to scrape the API
-    # servers over HTTPS; the kubernetes role writes them (0600) with a read-only metrics token.
-    apiserver_ca_file: str = "/etc/prometheus/kubernetes/ca.crt"
-    apiserver_token_file: str = "/etc/prometheus/kubernetes/token"
-
     # Where the control plane nodes keep the scheduler's configuration (kubeadm mounts it).
     scheduler_config_path: str = "/etc/kubernetes/gpuinfra/kube-scheduler-config.yaml"

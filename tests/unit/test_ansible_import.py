@@ -55,6 +55,30 @@ def test_cli_import_writes_a_valid_cluster_file(tmp_path):
     assert again.exit_code == 2 and "exists" in again.stderr
 
 
+def test_an_imported_cluster_file_without_a_yaml_suffix_validates_as_one(tmp_path):
+    """--out names the file as the operator likes; validate must read it back as the cluster
+    file it is, not hand it to ansible-core as an INI inventory."""
+    out = tmp_path / "mycluster"
+    result = runner.invoke(
+        app, ["inventory", "import", str(KUBESPRAY / "inventory.ini"), "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    validated = runner.invoke(app, ["inventory", "validate", str(out)])
+    assert validated.exit_code == 0, validated.output
+    assert validated.stdout == f"{out}: valid (6 hosts)\n"
+    assert "WARNING" not in validated.stderr
+
+
+def test_an_ini_inventory_without_a_suffix_is_still_ansible(tmp_path):
+    """The control for the test above: a suffixless file that is not our mapping goes to
+    ansible-core, which maps its groups."""
+    path = tmp_path / "hosts-prod"
+    path.write_text("[etcd]\nn1 ansible_host=10.1.0.1\n[kube_node]\nn2 ansible_host=10.1.0.2\n")
+    loaded = load(path)
+    assert loaded.cluster.in_group("etcd") == ["n1"]
+    assert loaded.cluster.in_group("cpu_worker") == ["n2"]
+
+
 def test_commands_accept_an_ansible_inventory_directly(tmp_path):
     result = runner.invoke(app, ["inventory", "validate", str(KUBESPRAY / "inventory.ini")])
     assert result.exit_code == 0, result.output

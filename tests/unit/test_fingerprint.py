@@ -232,6 +232,63 @@ def test_the_key_moves_with_the_inventory_and_the_state_not_with_locks_or_record
     assert key_of(cluster) != first
 
 
+def test_the_state_digest_follows_symlinks_and_ends_a_loop(tmp_path):
+    """The deploys read state through symlinks (a PKI folder kept elsewhere): its content is
+    the state's, and a link back up is not walked forever."""
+    state = tmp_path / ".state"
+    state.mkdir()
+    (state / "dns").mkdir()
+    (state / "dns" / "serials.json").write_text("{}")
+    elsewhere = tmp_path / "kept-elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "ca.key").write_text("one")
+    (state / "etcd-pki").symlink_to(elsewhere, target_is_directory=True)
+    (elsewhere / "loop").symlink_to(state, target_is_directory=True)
+    first = fingerprint.state_digest(state)
+    (elsewhere / "ca.key").write_text("two")
+    assert fingerprint.state_digest(state) != first
+    (elsewhere / "ca.key").write_text("one")
+    assert fingerprint.state_digest(state) == first
+    # The control: a change in a folder held in place moves the digest too.
+    (state / "dns" / "serials.json").write_text("{1}")
+    assert fingerprint.state_digest(state) != first
+
+
+def _site(folder: Path, *names: str) -> Path:
+    folder.mkdir()
+    for name in names:
+        (folder / name).mkdir()
+    return folder
+
+
+def test_code_digest_sees_the_dependencies_of_a_wheel_install(tmp_path, monkeypatch):
+    """Installed from a wheel, gpuinfra's code sits in site-packages beside every dependency:
+    their versions are in the digest there too, gpuinfra's own metadata is not."""
+    site = _site(tmp_path / "site", "pyinfra-3.5.1.dist-info", "gpuinfra-0.1.0.dist-info")
+    monkeypatch.setattr(fingerprint, "_ROOT", site.resolve())
+    monkeypatch.setattr(sys, "path", [str(site)])
+    monkeypatch.setattr(fingerprint, "_code_digest", "kept for the process")
+    assert fingerprint._distributions() == [f"{site}/pyinfra-3.5.1.dist-info"]
+    first = fingerprint.code_digest(again=True)
+    (site / "pyinfra-3.5.1.dist-info").rename(site / "pyinfra-3.6.0.dist-info")
+    assert fingerprint.code_digest(again=True) != first
+
+
+def test_code_digest_of_a_checkout_is_the_same_however_it_was_started(tmp_path, monkeypatch):
+    """The control for the wheel: a checkout on sys.path (python -m from it) or not (the
+    console script) gives one digest, and a dependency's version still moves it."""
+    site = _site(tmp_path / "site", "pyinfra-3.5.1.dist-info", "gpuinfra-0.1.0.dist-info")
+    checkout = _site(tmp_path / "checkout", "gpuinfra.egg-info")
+    monkeypatch.setattr(fingerprint, "_ROOT", checkout.resolve())
+    monkeypatch.setattr(fingerprint, "_code_digest", "kept for the process")
+    monkeypatch.setattr(sys, "path", [str(site)])
+    script = fingerprint.code_digest(again=True)
+    monkeypatch.setattr(sys, "path", [str(checkout), str(site)])
+    assert fingerprint.code_digest(again=True) == script
+    (site / "pyinfra-3.5.1.dist-info").rename(site / "pyinfra-3.6.0.dist-info")
+    assert fingerprint.code_digest(again=True) != script
+
+
 def test_the_key_moves_with_a_managed_file(tmp_path, monkeypatch):
     """A rendered file can change with nothing else changed (a certificate renewed near its
     expiry, a zone's serial on a new day): the key digests every managed file's content."""

@@ -628,7 +628,7 @@ def sample_series() -> list[str]:
 def test_the_dcgm_scrape_job_keeps_only_the_used_series(rendered):
     scrape = yaml.safe_load((rendered / files.SCRAPE).read_text())
     jobs = {job["job_name"]: job for job in scrape["scrape_configs"]}
-    assert set(jobs) == {"dcgm-exporter", "kube-apiserver", "etcd"}
+    assert set(jobs) == {"dcgm-exporter", "etcd"}
     rules = jobs["dcgm-exporter"]["metric_relabel_configs"]
     series = sample_series()
     kept = [name for name in series if relabel(name, rules)]
@@ -641,19 +641,23 @@ def test_the_dcgm_scrape_job_keeps_only_the_used_series(rendered):
     assert targets[0] == "gpu-1.sample.gpu.internal:9400" and len(targets) == 8
 
 
-def test_apiserver_and_etcd_jobs_drop_their_bucket_storms(rendered):
+def test_the_etcd_job_drops_its_debugging_series(rendered):
     scrape = yaml.safe_load((rendered / files.SCRAPE).read_text())
     jobs = {job["job_name"]: job for job in scrape["scrape_configs"]}
-    api = jobs["kube-apiserver"]
-    assert api["scheme"] == "https" and "credentials_file" in api["authorization"]
-    assert len(api["static_configs"]) == 5
-    rules = api["metric_relabel_configs"]
-    assert not relabel("apiserver_request_duration_seconds_bucket", rules)
-    assert relabel("apiserver_request_total", rules)
-    assert relabel("apiserver_request_duration_seconds_count", rules)
     etcd = jobs["etcd"]["metric_relabel_configs"]
     assert not relabel("etcd_debugging_mvcc_keys_total", etcd)
     assert relabel("etcd_disk_wal_fsync_duration_seconds_bucket", etcd)
+
+
+def test_no_scrape_job_needs_credentials_nothing_provides(rendered):
+    """An API server job would read a token and the cluster CA from the monitoring host, and
+    no role puts them there: the fragment holds only jobs that need no credentials."""
+    scrape = yaml.safe_load((rendered / files.SCRAPE).read_text())
+    jobs = {job["job_name"]: job for job in scrape["scrape_configs"]}
+    assert set(jobs) == {"dcgm-exporter", "etcd"}
+    for job in jobs.values():
+        assert job.keys() == {"job_name", "static_configs", "metric_relabel_configs"}
+    assert "apiserver_ca_file" not in FleetPolicyConfig.model_fields
 
 
 def test_gpu_daemonsets_are_pinned_and_land_on_every_gpu_worker(rendered):

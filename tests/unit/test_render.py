@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from roles import render as render_module
-from roles.context import host_contexts, host_files, load
+from roles.context import cluster_files, host_contexts, host_files, load
 from roles.render import render_cluster
 from roles.templates import TEMPLATES, environment
 from tests.unit.conftest import SAMPLE
@@ -37,6 +37,18 @@ def test_every_template_is_rendered_from_the_sample(tmp_path):
     present = {str(p.relative_to(TEMPLATES)) for p in TEMPLATES.rglob("*.j2")}
     assert present, "no templates found"
     assert present - used == set()
+
+
+def test_every_rendered_file_ends_with_a_newline():
+    """POSIX text files end in a newline; a template that ends on a block tag loses it to
+    trim_blocks (the alert rules did), so render_template puts it back."""
+    loaded = load(SAMPLE)
+    contents = {
+        f"{ctx.name}:{f.path}": f.content for ctx in host_contexts(loaded) for f in host_files(ctx)
+    }
+    contents |= {f"_cluster/{rel}": text for rel, text in cluster_files(loaded).items()}
+    assert "mon-1:/etc/prometheus/gpuinfra-alerts.yml" in contents
+    assert [name for name, text in contents.items() if not text.endswith("\n")] == []
 
 
 def test_a_missing_variable_is_an_error_not_an_empty_string(tmp_path):

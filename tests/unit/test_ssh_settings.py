@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from inventory.errors import InventoryInvalid
-from roles import runner
+from roles import fingerprint, runner
 from roles.context import host_context, load, topology_of
 from roles.ssh import BASTION_ALIAS, Bastion, SSHSettings
 
@@ -119,10 +119,63 @@ def test_ssh_argv_checks_the_bastion_key_too(bastion_cluster) -> None:
     assert resolved["userknownhostsfile"] == str(settings.known_hosts)
     hop = shlex.split(resolved["proxycommand"])
     assert hop[0] == "ssh" and hop[-3:] == ["-W", "%h:%p", "10.0.0.11"]
-    assert hop[1:3] == ["-o", "StrictHostKeyChecking=yes"]
+    assert hop[hop.index("-o") + 1] == "StrictHostKeyChecking=yes"
     assert f"UserKnownHostsFile={settings.known_hosts}" in hop
     assert hop[hop.index("-p") + 1] == "2200" and hop[hop.index("-l") + 1] == "jump"
     assert hop[hop.index("-i") + 1] == str(settings.key)
+
+
+# A user's ssh_config that would send a command elsewhere. ssh finds ~/.ssh/config through the
+# password database, not $HOME, so the tests hand it to ssh with an earlier -F: the last -F is
+# the one ssh reads, as a -F in our command line replaces ~/.ssh/config.
+HOSTILE_CONFIG = """\
+Host 10.0.0.71 10.0.0.11
+    HostName elsewhere.example
+    User mallory
+    Port 2022
+    ProxyJump mallory@evil.example
+"""
+
+
+@pytest.fixture
+def hostile_config(tmp_path) -> Path:
+    path = tmp_path / "user_ssh_config"
+    path.write_text(HOSTILE_CONFIG)
+    # The control: read by ssh, this file does send the host elsewhere.
+    resolved = ssh_g("-F", str(path), "10.0.0.71")
+    assert (resolved["hostname"], resolved["user"]) == ("elsewhere.example", "mallory")
+    assert resolved["proxyjump"] == "mallory@evil.example"
+    return path
+
+
+def test_the_probe_ignores_the_users_ssh_config(small_cluster, write_cluster, hostile_config):
+    """The drift probe goes where pyinfra's connection goes (paramiko reads no ssh_config)."""
+    small_cluster["ssh"] = {"user": "admin", "port": 2222}
+    settings = SSHSettings.from_cluster(load(write_cluster(small_cluster)))
+    argv = fingerprint.probe_argv(settings, "10.0.0.71")
+    assert argv[-2:] == ["sh", "-s"]
+    resolved = ssh_g("-F", str(hostile_config), *argv[1:-2])
+    assert (resolved["hostname"], resolved["user"], resolved["port"]) == (
+        "10.0.0.71",
+        "admin",
+        "2222",
+    )
+    assert resolved.get("proxyjump", "none") == "none"
+    assert resolved.get("proxycommand", "none") == "none"
+
+
+def test_the_bastion_hop_ignores_the_users_ssh_config(bastion_cluster, hostile_config):
+    """Through the bastion, the node and the hop to the bastion both ignore it."""
+    settings = SSHSettings.from_cluster(bastion_cluster)
+    argv = fingerprint.probe_argv(settings, "10.0.0.71")
+    node = ssh_g("-F", str(hostile_config), *argv[1:-2])
+    assert (node["hostname"], node["user"], node["port"]) == ("10.0.0.71", "admin", "2222")
+    assert node.get("proxyjump", "none") == "none"
+    hop = shlex.split(node["proxycommand"])
+    assert hop[-3:] == ["-W", "%h:%p", "10.0.0.11"]
+    bastion = ssh_g("-F", str(hostile_config), *hop[1:-3], "10.0.0.11")
+    assert (bastion["hostname"], bastion["user"], bastion["port"]) == ("10.0.0.11", "jump", "2200")
+    assert bastion.get("proxyjump", "none") == "none"
 
 
 def test_firewall_admits_ssh_on_the_inventory_port_and_from_the_bastion(

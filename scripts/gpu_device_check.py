@@ -11,8 +11,10 @@ needs pyinfra. Writes into OUTDIR:
 - `record.json`: `gpuinfra health record` of this node, with the active measurements added in
   the shape `health run --replay` reads (a test fixture captured from hardware);
 - `run.json`: `gpuinfra health run --format json` on the live GPUs (PyTorch backend);
-- `summary.json`: the exit codes, the CuPy backend's figures beside PyTorch's, timings, and
-  whether replaying the recording gives the live verdict.
+- `run-contended.json`: the same run while another process keeps the GPU busy (the negative
+  case: the burn-in must fall below its line);
+- `summary.json`: the exit codes, the CuPy backend's figures beside PyTorch's, timings,
+  whether replaying the recording gives the live verdict, and the contended run's verdict.
 Each step is timed and a failing step is recorded, never fatal to the others.
 """
 
@@ -140,6 +142,45 @@ def cupy_figures(summary: dict) -> None:
     }
 
 
+# Another job on the same GPU: bf16 products back to back until killed.
+BURNER = """
+import torch
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+print("burning", flush=True)
+while True:
+    for _ in range(50):
+        a @ b
+    torch.cuda.synchronize()
+"""
+
+
+def contended(out: Path, summary: dict) -> None:
+    """The negative case on hardware: with another process busy on the GPU, the burn-in must
+    measure far less and the node must not read as healthy. The uncontended run above is the
+    positive control."""
+    burner = subprocess.Popen(
+        [sys.executable, "-c", BURNER], stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    try:
+        assert burner.stdout is not None and burner.stdout.readline().strip() == "burning"
+        done = shell(HEALTH_RUN, timeout=400)
+    finally:
+        burner.kill()
+        burner.wait()
+    (out / "run-contended.json").write_text(done.stdout)
+    report = json.loads(done.stdout)
+    summary["contended"] = {
+        "exit": done.returncode,
+        "verdict": report["verdict"],
+        "checks": {
+            check["check"]: [check["measured"], check["verdict"]]
+            for check in report["checks"]
+            if check["check"] in ("matmul", "membw", "throttle")
+        },
+    }
+
+
 def main() -> int:
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
@@ -151,6 +192,7 @@ def main() -> int:
     if path is not None:
         step(summary, "replay", lambda: replay(path, summary, live))
     step(summary, "cupy", lambda: cupy_figures(summary))
+    step(summary, "contended", lambda: contended(out, summary))
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
     return 0

@@ -88,6 +88,24 @@ def test_a_real_h200_recording_passes_and_a_wrong_model_fails_it():
     assert by_key(wrong)[("model", 0)].verdict is Verdict.failed
 
 
+def test_a_real_h200_shared_with_another_job_reads_degraded():
+    """Recording captured from hardware: the same lent H200 while another process ran bf16
+    products on it (the healthy recording above is the control)."""
+    report = judge(
+        "h200-lent-machine-contended.json",
+        expect_count=1,
+        expect_model="H200",
+        expect_driver="580.159.04",
+    )
+    not_ok = {c.check: c.verdict for c in report.checks if c.verdict is not Verdict.ok}
+    assert report.verdict is Verdict.degraded
+    assert {k: v for k, v in not_ok.items() if v is not Verdict.skipped} == {
+        "matmul": Verdict.degraded,
+        "membw": Verdict.degraded,
+    }
+    assert by_key(report)[("matmul", 0)].value == pytest.approx(308, abs=1)  # 31% of 989
+
+
 def test_uncorrectable_ecc_and_xid_79_fail_the_node():
     """Recording (hand-written): GPU 3 fell off the bus (Xid 79), GPU 5 has a volatile
     uncorrectable ECC error (Xid 48) and a pending row remap; its matmul hit a CUDA ECC error."""

@@ -66,6 +66,10 @@ def inventory_data(state: LabState) -> dict[str, Any]:
     }
     if published is not None:
         data["versions"] = {"kubernetes": published.kubernetes_version.lstrip("v")}
+        # The GPU health pods run gpuinfra's own image, built from this checkout (lab/offline.py).
+        data["group_vars"]["all"]["gpu_health"] = {
+            "image": offline.gpuinfra_image(gateway, published)
+        }
     if any("etcd" in spec.groups for _, spec, _ in state.hosts()):
         # GitHub's releases are unreachable from the lab: etcd 3.6 built here and served by the
         # lab's file server where the lab runs Kubernetes (kubeadm 1.35 wants etcd 3.5.24+),

@@ -21,13 +21,17 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
+import sys
 import tarfile
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 from lab import gobuild, processes, rootfs
@@ -69,9 +73,11 @@ class Published:
     etcd_version: str  # 3.6.16: kubeadm 1.35 refuses an external etcd older than 3.5.24
     etcd_sha256: str
     sha256: dict[str, str]  # kubeadm, kubelet, kubectl, cni-plugins
+    gpuinfra_image: str  # gpuinfra/gpuinfra:<version>-<digest>, under the registry's own name
 
     def to_json(self) -> dict:
         return {
+            "gpuinfra_image": self.gpuinfra_image,
             "kubernetes_version": self.kubernetes_version,
             "coredns_version": self.coredns_version,
             "cni_plugins_version": self.cni_plugins_version,
@@ -88,6 +94,11 @@ def registry_url(gateway: str) -> str:
 
 def files_url(gateway: str) -> str:
     return f"http://{gateway}:{FILES_PORT}"
+
+
+def gpuinfra_image(gateway: str, published: Published) -> str:
+    """gpuinfra's own image (the GPU health pods run it), by the name a lab host pulls it under."""
+    return f"{gateway}:{REGISTRY_PORT}/{published.gpuinfra_image}"
 
 
 def toolbox_image(gateway: str) -> str:
@@ -308,6 +319,7 @@ def _push_image(
     entrypoint: str,
     *,
     label: str,
+    env: tuple[str, ...] = (),
 ) -> None:
     """name:tag in the registry: the given layers on an empty base, with PATH and entrypoint.
 
@@ -319,10 +331,12 @@ def _push_image(
     for layer in layers:
         args += ["--new_layer", str(layer)]
     _crane(*args)
+    extra = [arg for variable in env for arg in ("--env", variable)]
     _crane(
         "mutate", reference,
         "--set-platform", "linux/amd64",
         "--env", PATH_ENV,
+        *extra,
         "--entrypoint", entrypoint,
         "--label", f"gpuinfra.build={label}",
     )  # fmt: skip
@@ -351,15 +365,20 @@ def _layer_file(name: str, members: dict[str, Path]) -> tuple[Path, str]:
 
 def proxy_base(mirror: rootfs.Mirror) -> Path:
     """A layer of a minimal Debian 13 root with nft and iptables, built once per machine."""
-    layer = BASE_DIR / f"kube-proxy-base-{rootfs.SUITE}.tar"
+    return _debian_base("kube-proxy-base", PROXY_BASE_PACKAGES, mirror)
+
+
+def _debian_base(name: str, packages: tuple[str, ...], mirror: rootfs.Mirror) -> Path:
+    """A layer of a minimal Debian 13 root with these packages, built once per machine."""
+    layer = BASE_DIR / f"{name}-{rootfs.SUITE}.tar"
     if layer.is_file():
         return layer
     BASE_DIR.mkdir(parents=True, exist_ok=True)
-    build = BASE_DIR / f".kube-proxy-base-{rootfs.SUITE}.build"
+    build = BASE_DIR / f".{name}-{rootfs.SUITE}.build"
     shutil.rmtree(build, ignore_errors=True)
     build.mkdir()
     try:
-        rootfs.debootstrap(build, mirror, rootfs.SUITE, PROXY_BASE_PACKAGES)
+        rootfs.debootstrap(build, mirror, rootfs.SUITE, packages)
         for bulky in ("usr/share/doc", "usr/share/man", "usr/share/locale", "var/cache/apt"):
             shutil.rmtree(build / bulky, ignore_errors=True)
         staged = layer.with_name(f".{layer.name}.new")
@@ -395,6 +414,132 @@ def publish_images(kubernetes: gobuild.GoModule, mirror: rootfs.Mirror) -> tuple
     return version, coredns
 
 
+# ---------------------------------------------------------------- gpuinfra's own image
+
+GPUINFRA = "gpuinfra/gpuinfra"
+GPUINFRA_BASE_PACKAGES = ("python3",)  # Debian 13: Python 3.13
+GPUINFRA_PYTHON = "3.13"
+GPUINFRA_LIB = "opt/gpuinfra/lib"
+# Not in the image: rendering's offline schemas (108 MB), Ansible inventory import and testinfra
+# verification run on the controller; the pods check GPUs, gate nodes and probe hosts.
+GPUINFRA_LEFT_OUT = ("kubernetes-validate", "ansible-core", "pytest-testinfra")
+GPUINFRA_WRAPPER = """#!/bin/sh
+exec python3 -c 'import sys; from cli.launch import main; sys.argv[0] = "gpuinfra"; main()' "$@"
+"""
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _pip_target(target: Path, *requirements: str, deps: bool = True) -> None:
+    """Install wheels for Debian 13's Python into target (binary wheels only, from PyPI or
+    what the machine's pip is configured with; pip's own cache keeps a second build quick)."""
+    argv = [
+        sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+        "--no-compile", "--target", str(target), "--only-binary=:all:",
+        "--python-version", GPUINFRA_PYTHON, "--implementation", "cp",
+        "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64",
+        "--platform", "manylinux2014_x86_64", "--platform", "linux_x86_64",
+        *([] if deps else ["--no-deps"]), *requirements,
+    ]  # fmt: skip
+    result = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise LabError(f"pip could not install {requirements[0]} for the gpuinfra image: {tail}")
+
+
+def _runtime_requirements() -> list[str]:
+    """gpuinfra's dependencies at the versions this controller runs, less GPUINFRA_LEFT_OUT."""
+    wanted = []
+    for requirement in metadata.requires("gpuinfra") or []:
+        if "extra ==" in requirement:
+            continue
+        name = re.split(r"[<>=!~ ;\[]", requirement, maxsplit=1)[0]
+        if name.lower() not in GPUINFRA_LEFT_OUT:
+            wanted.append(f"{name}=={metadata.version(name)}")
+    return sorted(wanted)
+
+
+def _tree_layer(name: str, fill) -> tuple[Path, str]:
+    """A cached layer of the tree `fill(root)` writes, named by the digest of its files."""
+    BASE_DIR.mkdir(parents=True, exist_ok=True)
+    build = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=BASE_DIR))
+    try:
+        fill(build)
+        members = {
+            str(path.relative_to(build)): path
+            for path in sorted(build.rglob("*"))
+            if path.is_file() and not path.is_symlink()
+        }
+        digest = hashlib.sha256()
+        for member, path in members.items():
+            digest.update(member.encode() + b"\0" + path.read_bytes() + b"\0")
+        short = digest.hexdigest()[:16]
+        layer = BASE_DIR / f"{name}-{short}.tar"
+        if not layer.is_file():
+            staged = layer.with_name(f".{layer.name}.new")
+            subprocess.run(
+                ["tar", "--numeric-owner", "--owner=0", "--group=0", "--mtime=@0", "--sort=name",
+                 "-C", str(build), "-cf", str(staged), "."],
+                check=True,
+            )  # fmt: skip
+            staged.replace(layer)
+        return layer, short
+    finally:
+        shutil.rmtree(build, ignore_errors=True)
+
+
+def publish_gpuinfra(kubernetes: gobuild.GoModule, mirror: rootfs.Mirror) -> str:
+    """gpuinfra's image: Debian 13 with python3, gpuinfra's runtime dependencies at this
+    controller's versions, gpuinfra itself from a wheel of this checkout, and kubectl. Its tag
+    is gpuinfra's version and the digest of its layers, so changed code is a new tag."""
+    requirements = _runtime_requirements()
+
+    def dependencies(root: Path) -> None:
+        _pip_target(root / GPUINFRA_LIB, *requirements)
+
+    def code(root: Path) -> None:
+        wheels = root.parent / f".{root.name}-wheel"
+        try:
+            built = subprocess.run(
+                [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
+                 "--no-build-isolation", "--wheel-dir", str(wheels), str(REPO)],
+                capture_output=True, text=True, check=False,
+            )  # fmt: skip
+            if built.returncode != 0:
+                tail = (built.stderr.strip().splitlines() or ["no output"])[-1]
+                raise LabError(f"pip could not build gpuinfra's wheel from {REPO}: {tail}")
+            _pip_target(root / GPUINFRA_LIB, *map(str, wheels.glob("*.whl")), deps=False)
+        finally:
+            shutil.rmtree(wheels, ignore_errors=True)
+        shutil.rmtree(root / GPUINFRA_LIB / "bin", ignore_errors=True)  # the controller's paths
+        # Where pip took the wheel from (a temporary folder): the same code, another digest.
+        for installed in (root / GPUINFRA_LIB).glob("gpuinfra-*.dist-info"):
+            (installed / "direct_url.json").unlink(missing_ok=True)
+            (installed / "RECORD").unlink(missing_ok=True)
+        wrapper = root / "usr/local/bin/gpuinfra"
+        wrapper.parent.mkdir(parents=True)
+        wrapper.write_text(GPUINFRA_WRAPPER)
+        wrapper.chmod(0o755)
+
+    deps_key = hashlib.sha256("\n".join(requirements).encode()).hexdigest()[:16]
+    deps_layer = BASE_DIR / f"gpuinfra-deps-{deps_key}.tar"
+    if not deps_layer.is_file():
+        built, _ = _tree_layer("gpuinfra-deps", dependencies)
+        built.replace(deps_layer)
+    for old in BASE_DIR.glob("gpuinfra-code-*.tar"):  # one per checkout that was published
+        old.unlink()
+    code_layer, code_digest = _tree_layer("gpuinfra-code", code)
+    kubectl, kubectl_digest = _layer_file(
+        "kubectl", {"usr/local/bin/kubectl": kubernetes.binary("kubectl")}
+    )
+    base = _debian_base("gpuinfra-base", GPUINFRA_BASE_PACKAGES, mirror)
+    tag = f"{metadata.version('gpuinfra')}-{code_digest[:12]}"
+    _push_image(
+        GPUINFRA, tag, [base, deps_layer, kubectl, code_layer], "/usr/local/bin/gpuinfra",
+        label=f"{deps_key}-{kubectl_digest}-{code_digest}", env=(f"PYTHONPATH=/{GPUINFRA_LIB}",),
+    )  # fmt: skip
+    return f"{GPUINFRA}:{tag}"
+
+
 def _record(version: str) -> Path:
     return RUN_DIR / f"published-{version}.json"
 
@@ -405,6 +550,7 @@ def publish(kubernetes: gobuild.GoModule, mirror: rootfs.Mirror) -> Published:
     sha256 = publish_files(kubernetes)
     etcd_version, etcd_sha256 = publish_etcd()
     version, coredns = publish_images(kubernetes, mirror)
+    image = publish_gpuinfra(kubernetes, mirror)
     cni = gobuild.module("cluster-tools").requirement("github.com/containernetworking/plugins")
     published = Published(
         kubernetes_version=version,
@@ -414,6 +560,7 @@ def publish(kubernetes: gobuild.GoModule, mirror: rootfs.Mirror) -> Published:
         etcd_version=etcd_version,
         etcd_sha256=etcd_sha256,
         sha256=sha256,
+        gpuinfra_image=image,
     )
     RUN_DIR.mkdir(parents=True, exist_ok=True)
     _record(version).write_text(json.dumps(published.to_json(), indent=2) + "\n")

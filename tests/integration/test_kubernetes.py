@@ -286,6 +286,56 @@ def test_gpu_worker_registered_with_the_preflight_and_team_taints(cluster):
     assert not cluster.get("node", "cpu-1")["spec"].get("taints")
 
 
+def health_condition(cluster: Cluster, node: str) -> dict | None:
+    conditions = cluster.get("node", node)["status"].get("conditions", [])
+    return next((c for c in conditions if c["type"] == "GPUHealthy"), None)
+
+
+def test_the_preflight_gate_keeps_the_taint_and_says_why_without_a_gpu(cluster):
+    """gpu-health's preflight pod runs gpuinfra's own image (built here from this checkout) on
+    gpu-1. The lab has no GPU, so NVML fails: the gate keeps the preflight taint and says why
+    through the real API, as the GPUHealthy condition and a Warning Event on the node."""
+    eventually(
+        what="the gate to set gpu-1's GPUHealthy condition",
+        check=lambda: health_condition(cluster, "gpu-1") is not None,
+        seconds=300,
+    )
+    condition = health_condition(cluster, "gpu-1")
+    assert (condition["status"], condition["reason"]) == ("False", "GPUHealthFailed")
+    assert "nvml" in condition["message"]
+    taints = [t["key"] for t in cluster.get("node", "gpu-1")["spec"].get("taints", [])]
+    assert "gpuinfra.io/preflight" in taints
+    events = cluster.get("events", "-n", "default", "--field-selector", "involvedObject.name=gpu-1")
+    failed = [e for e in events["items"] if e["reason"] == "GPUPreflightFailed"]
+    assert failed and failed[0]["type"] == "Warning", [e["reason"] for e in events["items"]]
+    # Only GPU workers: cpu-1 has no condition from the gate.
+    assert health_condition(cluster, "cpu-1") is None
+
+
+def test_the_node_write_policy_holds_the_gate_to_its_own_node(cluster):
+    """The gate's admission policy in the real API server: the preflight pod's account, with
+    the node name its token carries (impersonated here), may annotate gpu-1 (the control) but
+    neither write cpu-1 nor change gpu-1's labels."""
+    pod = [
+        "--as=system:serviceaccount:gpu-health:gpu-health-preflight",
+        "--as-user-extra=authentication.kubernetes.io/node-name=gpu-1",
+    ]
+
+    def patch(node: str, body: dict) -> subprocess.CompletedProcess[str]:
+        return cluster.kubectl(
+            *pod, "patch", "node", node, "--type=merge", "-p", json.dumps(body), check=False
+        )
+
+    note = {"metadata": {"annotations": {"gpuinfra.io/itest": "1"}}}
+    allowed = patch("gpu-1", note)
+    assert allowed.returncode == 0, allowed.stderr
+    other = patch("cpu-1", note)
+    assert other.returncode != 0 and "only write the node they run on" in other.stderr
+    label = patch("gpu-1", {"metadata": {"labels": {"gpuinfra.io/itest": "1"}}})
+    assert label.returncode != 0 and "may not change node labels" in label.stderr
+    cluster.kubectl("annotate", "node", "gpu-1", "gpuinfra.io/itest-")
+
+
 def team_pod(namespace: str, team: str) -> dict:
     return {
         "apiVersion": "v1",

@@ -186,6 +186,7 @@ PUBLISHED = offline.Published(
     etcd_version="3.6.16",
     etcd_sha256="e" * 64,
     sha256={"kubeadm": "a" * 64, "kubelet": "b" * 64, "kubectl": "c" * 64, "cni-plugins": "d" * 64},
+    gpuinfra_image="gpuinfra/gpuinfra:0.1.0-0123456789ab",
 )
 
 
@@ -199,7 +200,7 @@ def test_a_lab_without_kubernetes_ignores_the_published_build(
     data = inventory_data(state)
     assert data["group_vars"]["all"]["kubernetes"] == {"enabled": False}
     assert data["group_vars"]["etcd"]["etcd"]["source"] == "distribution"
-    assert "versions" not in data
+    assert "versions" not in data and "gpu_health" not in data["group_vars"]["all"]
     # Positive control: the same lab with Kubernetes on takes the build.
     on = inventory_data(replace(state, kubernetes=True))
     assert on["group_vars"]["all"]["kubernetes"]["source"] == "binaries"
@@ -231,3 +232,22 @@ def test_a_published_build_turns_kubernetes_on_from_the_labs_own_sources(
     }
     etcd = yaml.safe_load(path.read_text())["group_vars"]["etcd"]["etcd"]
     assert (etcd["source"], etcd["sha256"]) == ("mirror", "e" * 64)
+    # The GPU health pods pull gpuinfra's own image from the lab's registry.
+    assert loaded.cluster.group_vars["all"]["gpu_health"]["image"] == (
+        f"{gateway}:{offline.REGISTRY_PORT}/gpuinfra/gpuinfra:0.1.0-0123456789ab"
+    )
+
+
+def test_the_gpuinfra_image_carries_the_controllers_runtime_dependencies() -> None:
+    """Pinned at the versions this controller runs; rendering's schemas, Ansible import and
+    testinfra stay out of the image."""
+    from importlib import metadata
+
+    wanted = offline._runtime_requirements()
+    names = {requirement.split("==")[0].lower() for requirement in wanted}
+    assert {"pydantic", "pyinfra", "typer", "nvidia-ml-py", "pyyaml"} <= names
+    assert names.isdisjoint(offline.GPUINFRA_LEFT_OUT)
+    assert f"pyinfra=={metadata.version('pyinfra')}" in wanted
+    # The control: the left-out ones are gpuinfra dependencies, not names that never matched.
+    declared = " ".join(metadata.requires("gpuinfra") or []).lower()
+    assert all(name in declared for name in offline.GPUINFRA_LEFT_OUT)

@@ -79,9 +79,14 @@ class Session:
         self.outcome = Outcome(operation)
         self.runner = runner
 
-    def step(self, host: str, action: str, command: str, timeout: float = 600) -> str:
+    def attempt(self, host: str, action: str, command: str, timeout: float = 600):
+        """Run and record one step; (ok, output) without stopping the operation."""
         ok, output = self.runner(self.loaded, host, command, timeout)
         self.outcome.steps.append(Step(host, action, ok, "" if ok else output))
+        return ok, output
+
+    def step(self, host: str, action: str, command: str, timeout: float = 600) -> str:
+        ok, output = self.attempt(host, action, command, timeout)
         if not ok:
             raise KubernetesOperationError(f"{host}: {action} failed: {output}")
         return output
@@ -160,10 +165,9 @@ def restart_control_plane(session: Session, host: str) -> None:
         host, "stop the control-plane pods", f"mkdir -p {away} && mv {MANIFESTS}/*.yaml {away}/"
     )
     ports = " or ".join(f"sport = :{port}" for port in CONTROL_PLANE_PORTS)
-    stopped, said = session.runner(
-        session.loaded, host, _wait(f"! ss -ltnH '( {ports} )' | grep -q .", 120), 180
+    stopped, _ = session.attempt(
+        host, "wait for the pods to stop", _wait(f"! ss -ltnH '( {ports} )' | grep -q .", 120), 180
     )
-    session.outcome.steps.append(Step(host, "wait for the pods to stop", stopped, said))
     # Back in place whatever happened: a node left without its manifests serves nothing.
     session.step(
         host, "start the control-plane pods", f"mv {away}/*.yaml {MANIFESTS}/ && rmdir {away}"
@@ -333,8 +337,7 @@ def remove_node(
     except KubernetesOperationError as exc:
         if was_cordoned:
             raise
-        ok, said = runner(loaded, first, f"{KUBECTL} uncordon {quoted}", 60)
-        session.outcome.steps.append(Step(first, f"uncordon {node}", ok, "" if ok else said))
+        ok, said = session.attempt(first, f"uncordon {node}", f"{KUBECTL} uncordon {quoted}", 60)
         left = "schedulable again" if ok else f"still cordoned (uncordon failed: {said})"
         raise KubernetesOperationError(f"{exc}\n{node} is in the cluster, {left}") from None
     session.step(first, f"delete node {node}", f"{KUBECTL} delete node {quoted}")

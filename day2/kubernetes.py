@@ -13,6 +13,7 @@ drained, upgraded and uncordoned in batches no larger than the budget.
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import shlex
@@ -21,8 +22,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from inventory.model import LoadedCluster
+from roles.context import host_contexts
 from roles.kubernetes.config import KubernetesConfig
-from roles.kubernetes.files import ADMIN_CONF, PATCHES_DIR, first_control_plane
+from roles.kubernetes.files import (
+    ADMIN_CONF,
+    CONFIG_DIR,
+    PATCHES_DIR,
+    cluster_configuration,
+    dump,
+    first_control_plane,
+)
+from roles.kubernetes.operations import binary_url, checked_download
 from roles.runner import Mode, RunOptions, run
 from roles.spec import host_config
 from roles.ssh import ssh_argv
@@ -220,20 +230,58 @@ def batch_size(workers: int, budget_percent: float) -> int:
 
 
 def package_commands(loaded: LoadedCluster, host: str, version: str, names: list[str]) -> str:
-    """Install the target version's packages on a node (held again after), or nothing when the
-    host image provides them (source: preinstalled)."""
+    """Install the target version's kubeadm, kubelet or kubectl on a node: packages held again
+    after, release binaries checked against the inventory's pins for that version
+    (kubernetes.release_sha256), or nothing where the host image provides them (preinstalled)."""
     cfg = host_config(loaded, host, "kubernetes", KubernetesConfig)
     if cfg.source == "preinstalled":
         return "true"
     if cfg.source == "binaries":
-        raise KubernetesOperationError(
-            f"{host}: upgrade with source: binaries is not supported here: pin the new "
-            "binaries' SHA-256 in the inventory and use a package source or an image"
-        )
+        plain = version.removeprefix("v")
+        pins = cfg.release_sha256.get(plain, {})
+        missing = [name for name in names if name not in pins]
+        if missing:
+            raise KubernetesOperationError(
+                f"{host}: no SHA-256 pin for {', '.join(missing)} {plain}: set "
+                f"kubernetes.release_sha256.{plain} in the inventory (from the release's own "
+                "checksum files) before upgrading with source: binaries"
+            )
+        commands: list[str] = []
+        for name in names:
+            install = f"install -m 0755 {{file}} /usr/local/bin/{name}"
+            commands += checked_download(name, binary_url(cfg, plain, name), pins[name], install)
+        return " && ".join(commands)
     pins = " ".join(f"{name}={version.lstrip('v')}-{cfg.package_revision}" for name in names)
     return (
         f"apt-mark unhold {' '.join(names)} && DEBIAN_FRONTEND=noninteractive apt-get install "
         f"-y -q --no-install-recommends {pins} && apt-mark hold {' '.join(names)}"
+    )
+
+
+def target_cluster_configuration(loaded: LoadedCluster, target: str) -> str:
+    """The ClusterConfiguration the role renders for the target version, as kubeadm stores it in
+    kube-system/kubeadm-config. `kubeadm upgrade` writes the new static pod manifests from that
+    ConfigMap, and flags that change between minors must change with them: 1.35's gang
+    scheduling API (scheduling.k8s.io/v1alpha1) is gone in 1.36, whose API server would refuse
+    to start when --runtime-config still named it."""
+    versions = loaded.cluster.versions.model_copy(update={"kubernetes": target.removeprefix("v")})
+    cluster = loaded.cluster.model_copy(update={"versions": versions})
+    moved = loaded.model_copy(update={"cluster": cluster})
+    first = _first(loaded)
+    ctx = next(c for c in host_contexts(moved) if c.name == first)
+    return dump([cluster_configuration(ctx, ctx.config(KubernetesConfig))])
+
+
+def store_cluster_configuration(loaded: LoadedCluster, target: str) -> str:
+    """The command that puts target_cluster_configuration into kubeadm-config (kept on the node
+    too, beside the role's kubeadm files, for the operator to read)."""
+    document = target_cluster_configuration(loaded, target)
+    patch = json.dumps({"data": {"ClusterConfiguration": document}})
+    path = f"{CONFIG_DIR}/upgrade-{target}-cluster-configuration.json"
+    encoded = base64.b64encode(patch.encode()).decode()
+    return (
+        f"echo {encoded} | base64 -d > {path} && {KUBECTL} -n kube-system patch configmap "
+        f"kubeadm-config --type merge --patch-file {path}"
     )
 
 
@@ -253,6 +301,11 @@ def upgrade(
     workers = cluster.in_group("gpu_worker") + cluster.in_group("cpu_worker")
 
     session.step(first, "install kubeadm", package_commands(loaded, first, tag, ["kubeadm"]))
+    session.step(
+        first,
+        "store the target's ClusterConfiguration in kubeadm-config",
+        store_cluster_configuration(loaded, tag),
+    )
     session.step(first, "plan the upgrade", f"kubeadm upgrade plan {tag}")
     # kubeadm keeps no patches in the cluster: named again, the directory's kubelet patch is
     # applied to the kubelet configuration the upgrade writes.

@@ -31,6 +31,8 @@ _TOOL_BLOCK = re.compile(r"^tool\s*\(\n(.*?)^\)", re.M | re.S)
 _TOOL_LINE = re.compile(r"^tool\s+([^\s(]\S*)\s*$", re.M)
 # kubeadm reads its own version to choose the control plane's; the components report theirs.
 _VERSION_PACKAGES = ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version")
+# containerd reports this version over CRI, where kubelet reads which containerd it talks to.
+CONTAINERD = "github.com/containerd/containerd/v2"
 
 
 class GoBuildFailed(LabError):
@@ -70,6 +72,9 @@ class GoModule:
                     f"-X {package}.gitMinor={minor}",
                     f"-X {package}.gitTreeState=clean",
                 ]
+        containerd = self.requirement(CONTAINERD)
+        if containerd:
+            flags.append(f"-X {CONTAINERD}/version.Version={containerd}")
         return " ".join(flags)
 
     def digest(self) -> str:
@@ -117,6 +122,14 @@ def kubernetes_modules() -> list[GoModule]:
     """The Kubernetes builds, oldest first (go/kubernetes-<minor>)."""
     found = [m for m in modules() if m.requirement("k8s.io/kubernetes")]
     return sorted(found, key=lambda m: _version_key(m.requirement("k8s.io/kubernetes") or ""))
+
+
+def lab_modules() -> list[GoModule]:
+    """What a lab cluster runs: every module but the Kubernetes builds newer than the oldest,
+    which only an upgrade needs (`python -m lab.gobuild --all`). Each Kubernetes build is about
+    12 minutes cold on 2 cores: `make install` builds one."""
+    newer = {m.name for m in kubernetes_modules()[1:]}
+    return [m for m in modules() if m.name not in newer]
 
 
 def kubernetes_module(version: str) -> GoModule:
@@ -169,15 +182,16 @@ def build(target: GoModule, log=sys.stderr) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m lab.gobuild`: build every module; `... kubectl`: print the path of the newest
-    Kubernetes build's kubectl (what `make demo` reads the cluster with)."""
+    """`python -m lab.gobuild`: build what a lab cluster runs; `... --all`: every module, the
+    newer Kubernetes builds an upgrade goes to included; `... kubectl`: print the path of the
+    lab's Kubernetes build's kubectl (what `make demo` reads the cluster with)."""
     args = sys.argv[1:] if argv is None else argv
     try:
-        if args:
+        if args and args != ["--all"]:
             (program,) = args
-            print(kubernetes_modules()[-1].binary(program))
+            print(kubernetes_modules()[0].binary(program))
             return 0
-        for target in modules():
+        for target in modules() if args == ["--all"] else lab_modules():
             build(target)
     except (LabError, ValueError, IndexError) as exc:
         print(f"error: {exc or 'no Kubernetes build in go/'}", file=sys.stderr)

@@ -65,7 +65,10 @@ def inventory_data(state: LabState) -> dict[str, Any]:
         }
     }
     if published is not None:
-        data["versions"] = {"kubernetes": published.kubernetes_version.lstrip("v")}
+        data["versions"] = {
+            "kubernetes": published.kubernetes_version.lstrip("v"),
+            "containerd": published.containerd_version,
+        }
         # The GPU health pods run gpuinfra's own image, built from this checkout (lab/offline.py).
         data["group_vars"]["all"]["gpu_health"] = {
             "image": offline.gpuinfra_image(gateway, published)
@@ -93,6 +96,11 @@ def _runtime_settings(gateway: str, published: offline.Published | None) -> dict
     settings: dict[str, Any] = {"source": "distribution"}
     if published is not None:
         settings.update(
+            # containerd 2 built here (Debian 13 ships 1.7, which Kubernetes 1.36 refuses), from
+            # the lab's file server in its release layout; runc from Debian.
+            source="binaries",
+            containerd_url=f"{offline.files_url(gateway)}/{offline.CONTAINERD_FILES}",
+            containerd_sha256=published.containerd_sha256,
             # The hosts' systemd cannot delegate the machine's cgroup v1 controllers: runc
             # manages them itself, as kubelet does (kubernetes.cgroup_driver below).
             cgroup_driver="cgroupfs",
@@ -117,6 +125,13 @@ def _kubernetes_settings(gateway: str, published: offline.Published | None) -> d
         "source": "binaries",
         "binaries_url": f"{files}/{offline.KUBERNETES_FILES}",
         "binary_sha256": dict(published.sha256),
+        # The newer builds served beside it, pinned, for `gpuinfra kubernetes upgrade`.
+        "release_sha256": {
+            newer.kubernetes_version.lstrip("v"): {
+                name: newer.sha256[name] for name in ("kubeadm", "kubelet", "kubectl")
+            }
+            for newer in offline.upgrades()
+        },
         "cni_plugins_version": published.cni_plugins_version,
         "cni_plugins_url": f"{files}/{offline.CNI_FILES}",
         "cri_tools_version": None,  # kubeadm needs no crictl; ctr comes with containerd

@@ -50,12 +50,12 @@ UPSTREAM_REGISTRY = "registry.k8s.io"
 KUBERNETES_FILES = "kubernetes/release"  # under FILES_DIR: kubeadm's release layout
 CNI_FILES = "cni-plugins"
 ETCD_FILES = "etcd"
+CONTAINERD_FILES = "containerd"  # containerd's release layout: v<version>/containerd-....tar.gz
 CNI_PLUGINS = ("bridge", "host-local", "loopback", "portmap")
 # kube-proxy programs the kernel through nft (nftables mode) or iptables: its image needs them,
 # and a Debian root with just those is the smallest honest base (the upstream image is a
 # distroless root with iptables).
 PROXY_BASE_PACKAGES = ("nftables", "iptables", "conntrack")
-PAUSE_TAG = "3.10.1"  # what kubeadm 1.35 names as the sandbox image
 CONTROL_PLANE = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
 TOOLBOX = "gpuinfra/toolbox"
 TOOLBOX_TAG = rootfs.SUITE
@@ -73,6 +73,8 @@ class Published:
     etcd_version: str  # 3.6.16: kubeadm 1.35 refuses an external etcd older than 3.5.24
     etcd_sha256: str
     sha256: dict[str, str]  # kubeadm, kubelet, kubectl, cni-plugins
+    containerd_version: str  # 2.2.9: Kubernetes 1.36 needs containerd 2; Debian 13 ships 1.7
+    containerd_sha256: str
     gpuinfra_image: str  # gpuinfra/gpuinfra:<version>-<digest>, under the registry's own name
 
     def to_json(self) -> dict:
@@ -85,6 +87,8 @@ class Published:
             "etcd_version": self.etcd_version,
             "etcd_sha256": self.etcd_sha256,
             "sha256": self.sha256,
+            "containerd_version": self.containerd_version,
+            "containerd_sha256": self.containerd_sha256,
         }
 
 
@@ -253,12 +257,7 @@ def publish_files(kubernetes: gobuild.GoModule) -> dict[str, str]:
     cni_version = tools.requirement("github.com/containernetworking/plugins") or ""
     archive = FILES_DIR / CNI_FILES / cni_version / f"cni-plugins-linux-amd64-{cni_version}.tgz"
     if not archive.is_file():
-        archive.parent.mkdir(parents=True, exist_ok=True)
-        layer = _tar_files({f"./{name}": tools.binary(name) for name in CNI_PLUGINS})
-        staged = archive.with_name(f".{archive.name}.new")
-        with staged.open("wb") as out, gzip.GzipFile(fileobj=out, mode="wb", mtime=0) as packed:
-            packed.write(layer)
-        staged.replace(archive)
+        _write_tarball(archive, {f"./{name}": tools.binary(name) for name in CNI_PLUGINS})
     pins["cni-plugins"] = _sha256(archive)
     return pins
 
@@ -271,18 +270,36 @@ def publish_etcd() -> tuple[str, str]:
     folder = f"etcd-v{version}-linux-amd64"
     archive = FILES_DIR / ETCD_FILES / f"{folder}.tar.gz"
     if not archive.is_file():
-        archive.parent.mkdir(parents=True, exist_ok=True)
         # go names the server's binary after its package (go.etcd.io/etcd/server/v3): server.
         members = {
             f"{folder}/etcd": build.binary("server"),
             f"{folder}/etcdctl": build.binary("etcdctl"),
             f"{folder}/etcdutl": build.binary("etcdutl"),
         }
-        staged = archive.with_name(f".{archive.name}.new")
-        with staged.open("wb") as out, gzip.GzipFile(fileobj=out, mode="wb", mtime=0) as packed:
-            packed.write(_tar_files(members))
-        staged.replace(archive)
+        _write_tarball(archive, members)
     return version, _sha256(archive)
+
+
+def publish_containerd() -> tuple[str, str]:
+    """containerd, its runc shim and ctr in the upstream release's tarball layout (what the
+    container_runtime role's source: binaries downloads); returns the version and its SHA-256."""
+    build = gobuild.module("containerd-2")
+    version = (build.requirement(gobuild.CONTAINERD) or "").lstrip("v")
+    name = f"containerd-{version}-linux-amd64.tar.gz"
+    archive = FILES_DIR / CONTAINERD_FILES / f"v{version}" / name
+    if not archive.is_file():
+        programs = ("containerd", "containerd-shim-runc-v2", "ctr")
+        _write_tarball(archive, {f"bin/{name}": build.binary(name) for name in programs})
+    return version, _sha256(archive)
+
+
+def _write_tarball(archive: Path, members: dict[str, Path]) -> None:
+    """A gzipped tar of members at archive, replaced atomically, the same bytes every time."""
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    staged = archive.with_name(f".{archive.name}.new")
+    with staged.open("wb") as out, gzip.GzipFile(fileobj=out, mode="wb", mtime=0) as packed:
+        packed.write(_tar_files(members))
+    staged.replace(archive)
 
 
 def _crane(*args: str) -> str:
@@ -410,8 +427,24 @@ def publish_images(kubernetes: gobuild.GoModule, mirror: rootfs.Mirror) -> tuple
     _push_image(TOOLBOX, TOOLBOX_TAG, [base], "/bin/sh", label=f"base-{_sha256(base)[:16]}")
     pause = gobuild.module("pause")
     layer, digest = _layer_file("pause", {"pause": pause.binary("pause")})
-    _push_image("pause", PAUSE_TAG, [layer], "/pause", label=digest)
+    _push_image("pause", pause_tag(kubernetes), [layer], "/pause", label=digest)
     return version, coredns
+
+
+def pause_tag(kubernetes: gobuild.GoModule) -> str:
+    """The pause image's tag this kubeadm names (3.10.1 for 1.35, 3.10.2 for 1.36): kubeadm
+    pulls it before an init or an upgrade, so each version's must be served."""
+    version = kubernetes.requirement("k8s.io/kubernetes") or ""
+    result = subprocess.run(
+        [str(kubernetes.binary("kubeadm")), "config", "images", "list"]
+        + ["--kubernetes-version", version],
+        capture_output=True,
+        text=True,
+    )
+    for image in result.stdout.split():
+        if image.startswith(f"{UPSTREAM_REGISTRY}/pause:"):
+            return image.rpartition(":")[2]
+    raise LabError(f"kubeadm {version} names no pause image: {result.stderr.strip()[-200:]}")
 
 
 # ---------------------------------------------------------------- gpuinfra's own image
@@ -532,7 +565,10 @@ def publish_gpuinfra(kubernetes: gobuild.GoModule, mirror: rootfs.Mirror) -> str
         "kubectl", {"usr/local/bin/kubectl": kubernetes.binary("kubectl")}
     )
     base = _debian_base("gpuinfra-base", GPUINFRA_BASE_PACKAGES, mirror)
-    tag = f"{metadata.version('gpuinfra')}-{code_digest[:12]}"
+    # One tag per code and kubectl: each Kubernetes build publishes its own, never overwriting
+    # another's.
+    tag_digest = hashlib.sha256(f"{code_digest}-{kubectl_digest}".encode()).hexdigest()
+    tag = f"{metadata.version('gpuinfra')}-{tag_digest[:12]}"
     _push_image(
         GPUINFRA, tag, [base, deps_layer, kubectl, code_layer], "/usr/local/bin/gpuinfra",
         label=f"{deps_key}-{kubectl_digest}-{code_digest}", env=(f"PYTHONPATH=/{GPUINFRA_LIB}",),
@@ -549,6 +585,7 @@ def publish(kubernetes: gobuild.GoModule, mirror: rootfs.Mirror) -> Published:
     what a lab inventory pins for it."""
     sha256 = publish_files(kubernetes)
     etcd_version, etcd_sha256 = publish_etcd()
+    containerd_version, containerd_sha256 = publish_containerd()
     version, coredns = publish_images(kubernetes, mirror)
     image = publish_gpuinfra(kubernetes, mirror)
     cni = gobuild.module("cluster-tools").requirement("github.com/containernetworking/plugins")
@@ -556,10 +593,12 @@ def publish(kubernetes: gobuild.GoModule, mirror: rootfs.Mirror) -> Published:
         kubernetes_version=version,
         coredns_version=coredns,
         cni_plugins_version=(cni or "").lstrip("v"),
-        pause_tag=PAUSE_TAG,
+        pause_tag=pause_tag(kubernetes),
         etcd_version=etcd_version,
         etcd_sha256=etcd_sha256,
         sha256=sha256,
+        containerd_version=containerd_version,
+        containerd_sha256=containerd_sha256,
         gpuinfra_image=image,
     )
     RUN_DIR.mkdir(parents=True, exist_ok=True)
@@ -568,18 +607,28 @@ def publish(kubernetes: gobuild.GoModule, mirror: rootfs.Mirror) -> Published:
 
 
 def publish_all(mirror: rootfs.Mirror) -> list[Published]:
-    """Every Kubernetes version go/ builds (an upgrade needs the next one served too)."""
-    return [publish(build, mirror) for build in gobuild.kubernetes_modules()]
+    """Every Kubernetes version built on this machine (an upgrade needs the next one served
+    too; `python -m lab.gobuild --all` builds it)."""
+    return [publish(build, mirror) for build in gobuild.kubernetes_modules() if build.built]
 
 
 def published(version: str | None = None) -> Published | None:
-    """What publish recorded for a version (default: the newest go/ builds), None before."""
+    """What publish recorded for a version, None before. By default the version a lab runs: the
+    oldest go/ builds, so that `kubernetes upgrade` finds the next one served beside it."""
     if version is None:
         builds = gobuild.kubernetes_modules()
         if not builds:
             return None
-        version = builds[-1].requirement("k8s.io/kubernetes") or ""
+        version = builds[0].requirement("k8s.io/kubernetes") or ""
     try:
         return Published(**json.loads(_record("v" + version.lstrip("v")).read_text()))
     except (OSError, ValueError, TypeError):
         return None  # none yet, or recorded by an older gpuinfra: the next `lab up` rewrites it
+
+
+def upgrades() -> list[Published]:
+    """The newer versions go/ builds that publish recorded: where a lab cluster may upgrade to."""
+    newer = [
+        published(build.requirement("k8s.io/kubernetes")) for build in gobuild.kubernetes_modules()
+    ][1:]
+    return [record for record in newer if record is not None]

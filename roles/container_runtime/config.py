@@ -6,15 +6,24 @@ from __future__ import annotations
 from typing import Literal
 from urllib.parse import urlparse
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class ContainerRuntimeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     # "docker": Docker's own apt repository (docker-ce, containerd.io), what Ubuntu fleets run;
-    # "distribution": the OS archive (Debian 13: docker.io, docker-cli, containerd).
-    source: Literal["docker", "distribution"] = "docker"
+    # "distribution": the OS archive (Debian 13: docker.io, docker-cli, containerd);
+    # "binaries": containerd's release tarball checked against containerd_sha256 and runc from
+    # the OS archive, no Docker (Kubespray's way; a Kubernetes node needs no dockerd). The way to
+    # containerd 2 where the OS ships 1.7 (Debian 13), which Kubernetes 1.36 requires.
+    source: Literal["docker", "distribution", "binaries"] = "docker"
+    # Base URL holding v<version>/containerd-<version>-linux-amd64.tar.gz (source: binaries):
+    # containerd's releases, or a file server of the same layout (Kubespray's `files_repo`).
+    containerd_url: str = "https://github.com/containerd/containerd/releases/download"
+    # SHA-256 of that tarball (source: binaries). No default: a pin is only a pin when it was
+    # read from the release's own checksum file by whoever sets versions.containerd.
+    containerd_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
     # Docker's repository; a fleet mirror of it goes here.
     docker_repo_url: str = "https://download.docker.com/linux"
     # Docker's release key, pinned by fingerprint: a key that does not match is refused.
@@ -40,6 +49,12 @@ class ContainerRuntimeConfig(BaseModel):
     log_max_file: int = Field(5, ge=1)
     # Containers keep running while dockerd restarts (upgrades, config changes).
     live_restore: bool = True
+
+    @model_validator(mode="after")
+    def _binaries_need_a_pin(self) -> ContainerRuntimeConfig:
+        if self.source == "binaries" and self.containerd_sha256 is None:
+            raise ValueError("source: binaries needs containerd_sha256 (the tarball's SHA-256)")
+        return self
 
     # dockerd --validate (Docker 26) checks only the JSON's shape: a bad mirror URL passes it
     # and then stops dockerd from starting, so the inventory refuses it instead.

@@ -4,11 +4,12 @@ mirrors) and Docker (rotated logs, live-restore, data root), validated before th
 from __future__ import annotations
 
 from pyinfra.api import deploy
-from pyinfra.operations import apt, server
+from pyinfra.operations import apt, server, systemd
 
 from roles.container_runtime import files as runtime_files
 from roles.container_runtime.files import (
     CONTAINERD_CONFIG,
+    CONTAINERD_UNIT,
     DOCKER_CONFIG,
     DOCKER_KEY,
     DOCKER_PIN,
@@ -17,7 +18,11 @@ from roles.container_runtime.files import (
     pinned_packages,
     runtime_settings,
 )
-from roles.container_runtime.operations import repository_key
+from roles.container_runtime.operations import (
+    containerd_binaries,
+    containerd_tarball_url,
+    repository_key,
+)
 from roles.operations import put_file, restart_if_running, service_running
 from roles.spec import HostContext
 
@@ -42,25 +47,44 @@ def apply(ctx: HostContext) -> None:
         dest=DOCKER_KEY,
     )
     apt.update(name="Refresh package lists for Docker's repository", _if=sources.did_change)
-    apt.packages(
-        name="Install the container runtime",
-        packages=list(pinned_packages(ctx)),
-        no_recommends=True,
-    )
+    binaries = cfg.source == "binaries"
+    if binaries:
+        version = ctx.cluster.versions.containerd
+        apt.packages(name="Install runc", packages=["runc"], no_recommends=True)
+        installed = containerd_binaries(
+            name="Install containerd from its release",
+            url=containerd_tarball_url(cfg.containerd_url, version),
+            version=version,
+            sha256=cfg.containerd_sha256,
+        )
+        unit = put_file(managed[CONTAINERD_UNIT])
+        systemd.daemon_reload(name="Reload systemd for containerd's unit", _if=unit.did_change)
+    else:
+        apt.packages(
+            name="Install the container runtime",
+            packages=list(pinned_packages(ctx)),
+            no_recommends=True,
+        )
     containerd = put_file(managed[CONTAINERD_CONFIG])
-    docker = put_file(managed[DOCKER_CONFIG])
     service_running(name="Run containerd", unit="containerd")
-    service_running(name="Run docker", unit="docker")
+    restarted = [containerd.did_change]
+    if binaries:
+        restarted.append(installed.did_change)
+    restart_containerd = [lambda: any(changed() for changed in restarted)]
     restart_if_running(
         name="Restart containerd for its new configuration",
         unit="containerd",
-        _if=containerd.did_change,
+        _if=restart_containerd,
     )
     server.shell(
         name="Wait for containerd",
         commands=[wait_for("ctr version")],
-        _if=containerd.did_change,
+        _if=restart_containerd,
     )
+    if binaries:
+        return  # no Docker: a Kubernetes node needs none, and Debian's would bring containerd 1.7
+    docker = put_file(managed[DOCKER_CONFIG])
+    service_running(name="Run docker", unit="docker")
     docker_changed = [lambda: docker.did_change() or containerd.did_change()]
     restart_if_running(
         name="Restart docker for its new configuration",

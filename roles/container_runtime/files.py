@@ -13,6 +13,35 @@ DOCKER_CONFIG = "/etc/docker/daemon.json"
 DOCKER_SOURCES = "/etc/apt/sources.list.d/docker.sources"
 DOCKER_PIN = "/etc/apt/preferences.d/gpuinfra-container-runtime"
 DOCKER_KEY = "/etc/apt/keyrings/docker.asc"
+# containerd's unit where the role installs it from its release (source: binaries); a package
+# brings its own.
+CONTAINERD_UNIT = "/etc/systemd/system/containerd.service"
+CONTAINERD_UNIT_TEXT = """\
+# Managed by gpuinfra (role container_runtime): containerd from its release tarball
+# (source: binaries), with the settings of containerd's own unit.
+[Unit]
+Description=containerd container runtime
+Documentation=https://containerd.io
+After=network.target local-fs.target dbus.service
+
+[Service]
+ExecStartPre=-/sbin/modprobe overlay
+ExecStart=/usr/local/bin/containerd
+Type=notify
+# Containers' cgroups are delegated to containerd, and its shims outlive a restart.
+Delegate=yes
+KillMode=process
+Restart=always
+RestartSec=5
+LimitNPROC=infinity
+LimitCORE=infinity
+TasksMax=infinity
+# Kept alive under memory pressure: losing the runtime loses every node's pods.
+OOMScoreAdjust=-999
+
+[Install]
+WantedBy=multi-user.target
+"""
 # Other roles' containerd drop-ins (nvidia's runtime), imported by config.toml.
 CONTAINERD_DROP_INS = "/etc/containerd/conf.d/*.toml"
 
@@ -30,6 +59,8 @@ def docker_repository(ctx: HostContext) -> str:
 def runtime_packages(source: str, os_name: str) -> dict[str, str]:
     """Package name -> pinned version prefix for one source and OS. Debian 13 split the docker
     CLI out of docker.io; Docker's own packages carry an epoch (5:) before the version."""
+    if source == "binaries":
+        return {}  # containerd from its release tarball, runc from the OS archive, no Docker
     if source == "docker":
         return {
             "docker-ce": "5:{docker}",
@@ -59,6 +90,7 @@ def managed_files(ctx: HostContext) -> list[ManagedFile]:
         content = render_template(f"container_runtime/{template}", cfg=cfg, ctx=ctx, **extra)
         return ManagedFile("container_runtime", path, content, check=check)
 
+    binaries = cfg.source == "binaries"
     return [
         # Rendered for every source so every host runs the same operations; "Enabled: no"
         # keeps Docker's repository out of apt where the distribution's packages are used.
@@ -78,10 +110,16 @@ def managed_files(ctx: HostContext) -> list[ManagedFile]:
             drop_ins=CONTAINERD_DROP_INS,
             nvidia=None,
         ),
-        file(
-            DOCKER_CONFIG,
-            "daemon.json.j2",
-            check="dockerd --validate --config-file {path}",
-            docker_nvidia=docker_runtime(ctx),
+        *(
+            [ManagedFile("container_runtime", CONTAINERD_UNIT, CONTAINERD_UNIT_TEXT)]
+            if binaries
+            else [
+                file(
+                    DOCKER_CONFIG,
+                    "daemon.json.j2",
+                    check="dockerd --validate --config-file {path}",
+                    docker_nvidia=docker_runtime(ctx),
+                )
+            ]
         ),
     ]

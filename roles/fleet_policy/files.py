@@ -136,6 +136,7 @@ def template_context(loaded: LoadedCluster) -> dict[str, Any]:
         "gang_plugin": gang.PLUGIN,
         "api_server_gates": gang.feature_gates(in_tree.api_server_gates),
         "scheduler_gates": gang.feature_gates(in_tree.scheduler_gates),
+        "controller_manager_gates": gang.feature_gates(in_tree.controller_manager_gates),
         # The port the firewall opens to the monitoring hosts (gpu_health's record).
         "dcgm_port": DCGM_EXPORTER_PORT,
         # kube-scheduler ignores --kube-api-qps/--kube-api-burst once it reads --config: the
@@ -162,6 +163,7 @@ class SchedulerFiles:
     config: str  # the KubeSchedulerConfiguration: the default profile, client limits
     kubeadm: dict[str, Any]  # the ClusterConfiguration's `scheduler` section (extraArgs, volumes)
     api_server: dict[str, Any]  # its `apiServer` section: feature gates and runtime-config
+    controller_manager: dict[str, Any]  # its `controllerManager` section ({} when none)
 
 
 def scheduler_files(loaded: LoadedCluster, context: dict[str, Any] | None = None) -> SchedulerFiles:
@@ -174,6 +176,7 @@ def scheduler_files(loaded: LoadedCluster, context: dict[str, Any] | None = None
         config=render_template("fleet_policy/kube-scheduler-config.yaml.j2", **common),
         kubeadm=kubeadm["scheduler"],
         api_server=kubeadm["apiServer"],
+        controller_manager=kubeadm.get("controllerManager", {}),
     )
 
 

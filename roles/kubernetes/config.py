@@ -39,6 +39,12 @@ class KubernetesConfig(BaseModel):
     binary_sha256: dict[Literal["kubeadm", "kubelet", "kubectl", "crictl", "cni-plugins"], str] = (
         Field(default_factory=dict)
     )
+    # SHA-256 of kubeadm, kubelet and kubectl of other releases, by version ("1.36.3"): where
+    # `gpuinfra kubernetes upgrade` may take the cluster with source: binaries (Kubespray keeps
+    # such a table of every release it knows). The target's own pins, read the same way.
+    release_sha256: dict[str, dict[Literal["kubeadm", "kubelet", "kubectl"], str]] = Field(
+        default_factory=dict
+    )
     # The CNI plugins and crictl that go with Kubernetes 1.35 (source: binaries). No crictl
     # (None): kubeadm talks CRI itself; crictl is only the operator's debugging tool.
     cni_plugins_version: str = "1.9.0"
@@ -158,6 +164,15 @@ class KubernetesConfig(BaseModel):
         for name, digest in value.items():
             if not _SHA256.match(digest):
                 raise ValueError(f"{name}: {digest!r} is not a SHA-256 (64 hex digits)")
+        return value
+
+    @field_validator("release_sha256")
+    @classmethod
+    def _release_digests(cls, value: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+        for version, pins in value.items():
+            if not re.fullmatch(r"\d+\.\d+\.\d+", version):
+                raise ValueError(f"{version!r} is not a Kubernetes version (1.36.3)")
+            cls._digests(pins)
         return value
 
     @model_validator(mode="after")

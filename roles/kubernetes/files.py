@@ -243,7 +243,7 @@ def api_server_flags(ctx: HostContext, cfg: KubernetesConfig) -> list[Flag]:
     return flags + api_server_gang_flags(scheduler_files(ctx.loaded))
 
 
-def controller_manager_flags(cluster: Cluster, cfg: KubernetesConfig) -> list[Flag]:
+def controller_manager_flags(ctx: HostContext, cfg: KubernetesConfig) -> list[Flag]:
     flags = [
         Flag(
             "kube-api-qps",
@@ -261,7 +261,11 @@ def controller_manager_flags(cluster: Cluster, cfg: KubernetesConfig) -> list[Fl
                 "each node's pod block comes from the inventory (cni: routes), not from here",
             )
         )
-    return flags
+    reasons = {
+        "feature-gates": "in-tree gang scheduling (roles/fleet_policy): the podgroup-protection "
+        "controller removes the finalizer the API server puts on every PodGroup (alpha)",
+    }
+    return flags + _fleet_policy_flags(scheduler_files(ctx.loaded).controller_manager, reasons)
 
 
 def _fleet_policy_flags(section: dict[str, Any], reasons: dict[str, str]) -> list[Flag]:
@@ -363,7 +367,7 @@ def cluster_configuration(ctx: HostContext, cfg: KubernetesConfig) -> m.ClusterC
             certSANs=cert_sans(ctx),
         ),
         controllerManager=m.ControlPlaneComponent(
-            extraArgs=_args(controller_manager_flags(ctx.cluster, cfg))
+            extraArgs=_args(controller_manager_flags(ctx, cfg))
         ),
         scheduler=m.ControlPlaneComponent(
             extraArgs=_args(scheduler_flags(scheduler)), extraVolumes=scheduler_volumes(scheduler)
@@ -811,7 +815,7 @@ def managed_files(ctx: HostContext) -> list[ManagedFile]:
             f"kubeadm init of {ctx.cluster.name} on {ctx.name}",
             {
                 "kube-apiserver": api_server_flags(ctx, cfg),
-                "kube-controller-manager": controller_manager_flags(ctx.cluster, cfg),
+                "kube-controller-manager": controller_manager_flags(ctx, cfg),
                 "kube-scheduler": scheduler_flags(scheduler_files(ctx.loaded)),
             },
         )

@@ -139,7 +139,7 @@ def _binary_commands(cfg: KubernetesConfig, version: str):
     downloads = []
     for name in PACKAGES:
         if found.get(name, "").lstrip("v") != version:
-            url = f"{cfg.binaries_url}/v{version}/bin/linux/amd64/{name}"
+            url = binary_url(cfg, version, name)
             downloads.append((name, url, f"install -m 0755 {{file}} /usr/local/bin/{name}"))
     if not host.get_fact(FileExists, path=f"/opt/cni/bin/.gpuinfra-v{cfg.cni_plugins_version}"):
         tag = f"v{cfg.cni_plugins_version}"
@@ -158,13 +158,24 @@ def _binary_commands(cfg: KubernetesConfig, version: str):
         unpack = f"tar -xzf {{file}} -C /usr/local/bin crictl && touch /usr/local/bin/.crictl-{tag}"
         downloads.append(("crictl", url, unpack))
     for name, url, install in downloads:
-        staged = f"/var/tmp/gpuinfra-{name}-download"
-        yield f"curl -fsSL --retry 3 -o {staged} {shlex.quote(url)}"
-        yield (
-            f"echo '{cfg.binary_sha256[name]}  {staged}' | sha256sum -c --quiet - || "
-            f"{{ rm -f {staged}; echo 'kubernetes: {name} SHA-256 mismatch' >&2; exit 1; }}"
-        )
-        yield f"{install.format(file=staged)} && rm -f {staged}"
+        yield from checked_download(name, url, cfg.binary_sha256[name], install)
+
+
+def binary_url(cfg: KubernetesConfig, version: str, name: str) -> str:
+    """Where a release keeps one of kubeadm, kubelet and kubectl (dl.k8s.io's layout)."""
+    return f"{cfg.binaries_url}/v{version.removeprefix('v')}/bin/linux/amd64/{name}"
+
+
+def checked_download(name: str, url: str, sha256: str, install: str) -> list[str]:
+    """Download to a staging file, check it against its SHA-256 pin, then `install` it
+    ({file} is the staged file): a file that does not match is removed, never used."""
+    staged = f"/var/tmp/gpuinfra-{name}-download"
+    return [
+        f"curl -fsSL --retry 3 -o {staged} {shlex.quote(url)}",
+        f"echo '{sha256}  {staged}' | sha256sum -c --quiet - || "
+        f"{{ rm -f {staged}; echo 'kubernetes: {name} SHA-256 mismatch' >&2; exit 1; }}",
+        f"{install.format(file=staged)} && rm -f {staged}",
+    ]
 
 
 @operation()

@@ -130,7 +130,7 @@ def test_every_node_is_ready_on_the_version_built_here(cluster):
         info = node["status"]["nodeInfo"]
         assert ready(node), name
         assert info["kubeletVersion"] == published.kubernetes_version
-        assert info["containerRuntimeVersion"] == "containerd://1.7.24"
+        assert info["containerRuntimeVersion"] == f"containerd://v{published.containerd_version}"
     version = json.loads(cluster.kubectl("version", "-o", "json").stdout)["serverVersion"]
     assert version["gitVersion"] == published.kubernetes_version
 

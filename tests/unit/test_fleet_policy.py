@@ -548,7 +548,7 @@ def test_node_placement_gives_the_kubernetes_role_labels_and_taints(rendered):
 # --- gang scheduling ---
 
 
-def test_gang_scheduling_is_in_tree_from_the_sources_of_kubernetes_1_35():
+def test_gang_scheduling_is_in_tree_from_the_sources_of_kubernetes_1_35_and_1_36():
     assert (
         gang.in_tree_gang("1.35.4")
         == gang.in_tree_gang("v1.35.0")
@@ -558,9 +558,24 @@ def test_gang_scheduling_is_in_tree_from_the_sources_of_kubernetes_1_35():
             scheduler_gates=("GenericWorkload", "GangScheduling"),
         )
     )
-    for other in ("1.34.2", "1.36.0", "v1.37.2"):
-        with pytest.raises(gang.UnsupportedKubernetes, match="for Kubernetes 1.35 only"):
+    assert gang.in_tree_gang("1.36.3") == gang.InTreeGang(
+        workload_api="scheduling.k8s.io/v1alpha2",
+        api_server_gates=("GenericWorkload",),
+        scheduler_gates=("GenericWorkload", "GangScheduling"),
+        controller_manager_gates=("GenericWorkload",),
+    )
+    for other in ("1.34.2", "v1.37.2"):
+        with pytest.raises(gang.UnsupportedKubernetes, match="for Kubernetes 1.35, 1.36 only"):
             gang.in_tree_gang(other)
+
+
+def test_on_1_36_the_controller_manager_gets_the_workload_gate(small_cluster, write_cluster):
+    """1.36's API server stamps a finalizer on every PodGroup; the controller manager's
+    podgroup-protection controller, on only with GenericWorkload, removes it."""
+    small_cluster["versions"] = {**small_cluster.get("versions", {}), "kubernetes": "1.36.3"}
+    loaded = load(write_cluster(small_cluster))
+    section = files.scheduler_files(loaded).controller_manager
+    assert section == {"extraArgs": [{"name": "feature-gates", "value": "GenericWorkload=true"}]}
 
 
 def test_the_api_server_and_the_scheduler_get_the_gates_the_scheduler_no_image_patch(rendered):
@@ -597,7 +612,7 @@ def test_a_kubernetes_minor_without_in_tree_gang_settings_is_refused_at_load(tmp
     path = tmp_path / "cluster.yml"
     path.write_text(text)
     (error,) = errors_of(path)
-    assert "versions.kubernetes: gang scheduling is set up for Kubernetes 1.35 only" in error
+    assert "versions.kubernetes: gang scheduling is set up for Kubernetes 1.35, 1.36 only" in error
     assert error.endswith("not 1.31")
 
 

@@ -204,3 +204,47 @@ def test_control_plane_upgrades_pass_the_patches_directory_workers_do_not_need_i
     assert upgrades["cp-1"] == f"kubeadm upgrade apply v1.36.0 -y {patches}"
     assert upgrades["cp-2"] == upgrades["cp-3"] == f"kubeadm upgrade node {patches}"
     assert upgrades["cpu-1"] == "kubeadm upgrade node"
+
+
+def test_upgrade_stores_the_targets_cluster_configuration_before_kubeadm_reads_it(loaded):
+    recorder = Recorder()
+    outcome = day2.upgrade(loaded, "1.36.3", runner=recorder)
+    steps = actions(outcome)
+    stored = steps.index(("cp-1", "store the target's ClusterConfiguration in kubeadm-config"))
+    assert stored < steps.index(("cp-1", "plan the upgrade"))
+    document = day2.target_cluster_configuration(loaded, "v1.36.3")
+    # 1.36 serves gang scheduling's Workload API at v1alpha2 only: 1.35's v1alpha1 would stop
+    # the new API server from starting.
+    assert "scheduling.k8s.io/v1alpha2=true" in document
+    assert "v1alpha1" not in document
+    assert "kubernetesVersion: v1.36.3" in document
+    command = recorder.calls[stored][1]
+    assert "patch configmap kubeadm-config --type merge" in command
+
+
+def test_upgrade_with_release_binaries_checks_each_against_the_targets_pin(
+    small_cluster, write_cluster
+):
+    pins = {"kubeadm": "a" * 64, "kubelet": "b" * 64, "kubectl": "c" * 64}
+    small_cluster["group_vars"] = {
+        "all": {
+            "kubernetes": {
+                "source": "binaries",
+                "binaries_url": "http://files:3144/kubernetes/release",
+                "binary_sha256": {n: "0" * 64 for n in (*pins, "cni-plugins", "crictl")},
+                "release_sha256": {"1.36.3": pins},
+            }
+        }
+    }
+    loaded = load(write_cluster(small_cluster))
+    command = day2.package_commands(loaded, "cp-1", "v1.36.3", ["kubelet", "kubectl"])
+    parts = command.split(" && ")
+    fetch = parts.index(
+        "curl -fsSL --retry 3 -o /var/tmp/gpuinfra-kubelet-download "
+        "http://files:3144/kubernetes/release/v1.36.3/bin/linux/amd64/kubelet"
+    )
+    assert pins["kubelet"] in parts[fetch + 1] and "sha256sum -c" in parts[fetch + 1]
+    assert parts[fetch + 2].startswith("install -m 0755 /var/tmp/gpuinfra-kubelet-download ")
+    assert "/usr/local/bin/kubectl" in command
+    with pytest.raises(day2.KubernetesOperationError, match=r"release_sha256\.1\.37\.0"):
+        day2.package_commands(loaded, "cp-1", "v1.37.0", ["kubeadm"])

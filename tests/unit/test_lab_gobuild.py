@@ -66,10 +66,26 @@ def test_the_cache_key_follows_the_pins_and_nothing_else(tmp_path, monkeypatch):
 
 def test_the_repository_builds_each_kubernetes_version_it_pins():
     versions = [m.requirement("k8s.io/kubernetes") for m in gobuild.kubernetes_modules()]
-    assert "v1.35.4" in versions
+    assert versions == ["v1.35.4", "v1.36.3"]  # oldest first
     assert gobuild.kubernetes_module("1.35.4").name == "kubernetes-1.35"
     with pytest.raises(LabError, match="no Go module"):
         gobuild.kubernetes_module("1.20.0")
+
+
+def test_make_install_builds_the_labs_kubernetes_and_leaves_the_upgrades_target():
+    """A lab runs the oldest build; the newer one (about 12 minutes cold) only for an upgrade."""
+    names = [m.name for m in gobuild.lab_modules()]
+    assert "kubernetes-1.35" in names and "kubernetes-1.36" not in names
+    assert {"containerd-2", "etcd-3.6", "cluster-tools", "pause"} <= set(names)
+    assert "kubernetes-1.36" in [m.name for m in gobuild.modules()]
+
+
+def test_containerd_reports_its_release_version():
+    """kubelet reads the runtime's version over CRI; `containerd --version` prints it."""
+    containerd = gobuild.module("containerd-2")
+    version = containerd.requirement(gobuild.CONTAINERD)
+    assert version and version.startswith("v2.")
+    assert f"-X {gobuild.CONTAINERD}/version.Version={version}" in containerd.ldflags()
 
 
 def test_a_module_builds_into_the_cache_once(tmp_path, monkeypatch):

@@ -186,7 +186,15 @@ PUBLISHED = offline.Published(
     etcd_version="3.6.16",
     etcd_sha256="e" * 64,
     sha256={"kubeadm": "a" * 64, "kubelet": "b" * 64, "kubectl": "c" * 64, "cni-plugins": "d" * 64},
+    containerd_version="2.2.9",
+    containerd_sha256="f" * 64,
     gpuinfra_image="gpuinfra/gpuinfra:0.1.0-0123456789ab",
+)
+NEWER = replace(
+    PUBLISHED,
+    kubernetes_version="v1.36.3",
+    pause_tag="3.10.2",
+    sha256={"kubeadm": "1" * 64, "kubelet": "2" * 64, "kubectl": "3" * 64, "cni-plugins": "d" * 64},
 )
 
 
@@ -196,6 +204,7 @@ def test_a_lab_without_kubernetes_ignores_the_published_build(
     """A lab booted with --no-kubernetes (the shared integration lab, the benchmarks' labs)
     keeps the role off and Debian's etcd even where this machine published a build."""
     monkeypatch.setattr(offline, "published", lambda version=None: PUBLISHED)
+    monkeypatch.setattr(offline, "upgrades", lambda: [])
     state = replace(lab_state(labs_dir, "itest", default_topology()), kubernetes=False)
     data = inventory_data(state)
     assert data["group_vars"]["all"]["kubernetes"] == {"enabled": False}
@@ -213,6 +222,7 @@ def test_a_published_build_turns_kubernetes_on_from_the_labs_own_sources(
     and registry (the gateway), pinned by the published digests, and the lab's cgroup v1
     settings stay in the lab's inventory."""
     monkeypatch.setattr(offline, "published", lambda version=None: PUBLISHED)
+    monkeypatch.setattr(offline, "upgrades", lambda: [NEWER])
     state = lab_state(labs_dir, "itest", default_topology())
     path = write_inventory(state, state.inventory_path)
     loaded = load(path)
@@ -224,7 +234,15 @@ def test_a_published_build_turns_kubernetes_on_from_the_labs_own_sources(
     assert kube["fail_cgroup_v1"] is False
     assert loaded.cluster.versions.kubernetes == "1.35.4"
     assert loaded.cluster.versions.etcd == "3.6.16"
+    # The newer build is pinned too, for `kubernetes upgrade` (kubeadm, kubelet, kubectl).
+    assert kube["release_sha256"] == {
+        "1.36.3": {"kubeadm": "1" * 64, "kubelet": "2" * 64, "kubectl": "3" * 64}
+    }
     runtime = yaml.safe_load(path.read_text())["group_vars"]["all"]["container_runtime"]
+    # containerd 2, built here and pinned: Debian 13's 1.7 is too old for Kubernetes 1.36.
+    assert loaded.cluster.versions.containerd == "2.2.9"
+    assert (runtime["source"], runtime["containerd_sha256"]) == ("binaries", "f" * 64)
+    assert runtime["containerd_url"] == f"http://{gateway}:{offline.FILES_PORT}/containerd"
     registry = f"http://{gateway}:{offline.REGISTRY_PORT}"
     assert runtime["registry_mirrors"] == {
         "registry.k8s.io": [registry],  # kubeadm's images, mirrored

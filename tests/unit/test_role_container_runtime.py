@@ -11,9 +11,16 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from roles.container_runtime.files import runtime_packages
-from roles.container_runtime.operations import KeyFingerprints, fetch_key_commands
+from roles.container_runtime.operations import (
+    ContainerdVersion,
+    KeyFingerprints,
+    containerd_binaries,
+    containerd_tarball_url,
+    fetch_key_commands,
+)
 from roles.context import host_contexts, host_files, load
 from tests.unit.conftest import SAMPLE
+from tests.unit.fake_host import commands
 
 runner = CliRunner()
 
@@ -170,3 +177,57 @@ def test_values_dockerd_validate_lets_through_are_refused(
     result = runner.invoke(app, ["inventory", "validate", str(write_cluster(small_cluster))])
     assert result.exit_code == 2
     assert message in result.stderr
+
+
+PIN = "a" * 64
+
+
+def binaries_cluster(small_cluster, write_cluster, **settings):
+    small_cluster["versions"] = {**small_cluster.get("versions", {}), "containerd": "2.2.9"}
+    small_cluster["group_vars"] = {
+        "all": {"container_runtime": {"source": "binaries", "containerd_sha256": PIN, **settings}}
+    }
+    return load(write_cluster(small_cluster))
+
+
+def test_binaries_source_installs_containerd_with_its_own_unit_and_no_docker(
+    small_cluster, write_cluster
+):
+    files = files_of(binaries_cluster(small_cluster, write_cluster), "cpu-1")
+    assert "/etc/docker/daemon.json" not in files
+    unit = files["/etc/systemd/system/containerd.service"]
+    assert "ExecStart=/usr/local/bin/containerd\n" in unit
+    assert "Delegate=yes" in unit and "KillMode=process" in unit
+    assert "After=network.target" in unit
+    assert "Package:" not in files["/etc/apt/preferences.d/gpuinfra-container-runtime"]
+    assert "Enabled: no" in files["/etc/apt/sources.list.d/docker.sources"]
+    assert runtime_packages("binaries", "debian-13") == {}
+
+
+def test_binaries_source_needs_the_tarballs_pin(small_cluster, write_cluster):
+    small_cluster["group_vars"] = {"all": {"container_runtime": {"source": "binaries"}}}
+    result = runner.invoke(app, ["inventory", "validate", str(write_cluster(small_cluster))])
+    assert result.exit_code == 2
+    assert "containerd_sha256" in result.stderr
+
+
+def test_containerd_tarball_is_checked_before_it_is_unpacked():
+    url = containerd_tarball_url("http://files:3144/containerd/", "2.2.9")
+    assert url == "http://files:3144/containerd/v2.2.9/containerd-2.2.9-linux-amd64.tar.gz"
+    found, _ = commands(
+        containerd_binaries, {ContainerdVersion: "1.7.24"}, url=url, version="2.2.9", sha256=PIN
+    )
+    check = next(i for i, c in enumerate(found) if "sha256sum -c" in c)
+    unpack = next(i for i, c in enumerate(found) if c.startswith("tar -xzf"))
+    assert check < unpack and PIN in found[check]
+    assert "bin/containerd-shim-runc-v2" in found[unpack]
+    same, _ = commands(
+        containerd_binaries, {ContainerdVersion: "2.2.9"}, url=url, version="2.2.9", sha256=PIN
+    )
+    assert same == []
+
+
+def test_containerd_version_fact_reads_the_release_version():
+    line = "containerd github.com/containerd/containerd/v2 v2.2.9 0123abc"
+    assert ContainerdVersion().process([line]) == "2.2.9"
+    assert ContainerdVersion().process([]) == ""

@@ -1,6 +1,6 @@
 """The container_runtime role, checked on the running host: containerd and Docker run, with
 the cgroup driver kubelet uses (systemd; cgroupfs where the inventory says so), live-restore
-and rotated logs."""
+and rotated logs. With source: binaries, containerd is the pinned release and Docker is absent."""
 
 from __future__ import annotations
 
@@ -15,15 +15,31 @@ def settings(ctx) -> ContainerRuntimeConfig:
     return ctx.config(ContainerRuntimeConfig)
 
 
-def docker_info(host) -> dict:
+def docker_info(host, ctx) -> dict:
+    if settings(ctx).source == "binaries":
+        pytest.skip("source: binaries installs no Docker (test_binaries_bring_no_docker)")
     return json.loads(host.check_output("docker info --format '{{json .}}'"))
 
 
-@pytest.mark.parametrize("unit", ["containerd", "docker"])
-def test_service_running_and_enabled(host, unit: str) -> None:
-    service = host.service(unit)
+def test_containerd_running_and_enabled(host) -> None:
+    service = host.service("containerd")
     assert service.is_running
     assert service.is_enabled
+
+
+def test_docker_running_and_enabled(host, ctx) -> None:
+    docker_info(host, ctx)
+    service = host.service("docker")
+    assert service.is_running
+    assert service.is_enabled
+
+
+def test_binaries_bring_the_pinned_containerd_and_no_docker(host, ctx) -> None:
+    if settings(ctx).source != "binaries":
+        pytest.skip("a package source: the packages' versions are pinned by apt")
+    version = host.check_output("containerd --version").split()[2]
+    assert version == "v" + ctx.cluster.versions.containerd
+    assert not host.exists("dockerd")
 
 
 def test_containerd_socket_exists(host) -> None:
@@ -38,23 +54,26 @@ def test_containerd_uses_the_cgroup_driver_and_pinned_pause_image(host, ctx) -> 
     dump = host.check_output("containerd config dump")
     systemd = settings(ctx).cgroup_driver == "systemd"
     assert f"SystemdCgroup = {'true' if systemd else 'false'}" in dump
-    assert f'sandbox_image = "{settings(ctx).sandbox_image}"' in dump
+    # containerd 1.x's CRI section names it sandbox_image; 2.x's pinned images name it sandbox.
+    image = settings(ctx).sandbox_image
+    named = (f'sandbox_image = "{image}"', f"sandbox = '{image}'", f'sandbox = "{image}"')
+    assert any(line in dump for line in named)
 
 
-def test_docker_cgroup_driver_is_systemd(host) -> None:
-    assert docker_info(host)["CgroupDriver"] == "systemd"
+def test_docker_cgroup_driver_is_systemd(host, ctx) -> None:
+    assert docker_info(host, ctx)["CgroupDriver"] == "systemd"
 
 
 def test_docker_live_restore(host, ctx) -> None:
-    assert docker_info(host)["LiveRestoreEnabled"] is settings(ctx).live_restore
+    assert docker_info(host, ctx)["LiveRestoreEnabled"] is settings(ctx).live_restore
 
 
 def test_docker_logs_rotate(host, ctx) -> None:
     cfg = settings(ctx)
-    assert docker_info(host)["LoggingDriver"] == "json-file"
+    assert docker_info(host, ctx)["LoggingDriver"] == "json-file"
     daemon = json.loads(host.file("/etc/docker/daemon.json").content_string)
     assert daemon["log-opts"] == {"max-size": cfg.log_max_size, "max-file": str(cfg.log_max_file)}
 
 
 def test_docker_data_root(host, ctx) -> None:
-    assert docker_info(host)["DockerRootDir"] == settings(ctx).data_root
+    assert docker_info(host, ctx)["DockerRootDir"] == settings(ctx).data_root

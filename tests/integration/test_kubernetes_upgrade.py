@@ -1,0 +1,168 @@
+"""A Kubernetes upgrade by one minor, for real: a lab cluster on the oldest version go/ builds
+(1.35) taken to the next (1.36) by `gpuinfra kubernetes upgrade`, both built on this machine
+and served by the lab's file server and registry, while a client reads and writes through the
+balancer the whole time and counts its errors.
+
+Opt-in (`pytest -m upgrade`): its own 13-host lab `<GPUINFRA_LAB_NAME>-k8s-up`
+(GPUINFRA_K8S_UPGRADE_LAB_NAME overrides) with one apply and one upgrade takes about half an
+hour on the project's 2-core machine, which `make test` cannot spare. Run it before changing
+the upgrade flow, the kubeadm configuration or the Go builds; docs/kubernetes-lab.md keeps its
+figures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cli.exitcodes import ExitCode
+from lab import gobuild, lifecycle, offline
+from lab.topology import default_topology
+from tests.integration.conftest import KEEP_ENV, LAB_NAME, boot_lab
+from tests.integration.roles_helpers import failed_run, gpuinfra
+from tests.integration.test_kubernetes import NODES, Cluster, ready
+
+pytestmark = [pytest.mark.integration, pytest.mark.k8s, pytest.mark.upgrade]
+
+UPGRADE_LAB = os.environ.get("GPUINFRA_K8S_UPGRADE_LAB_NAME", f"{LAB_NAME}-k8s-up")
+PROBE = "upgrade-probe-"
+
+
+@dataclass
+class Client:
+    """Writes a ConfigMap and reads it back through the balancer, one pair after another, until
+    stopped; records every failure (the operation, when, and kubectl's message)."""
+
+    cluster: Cluster
+    writes: list[str] = field(default_factory=list)  # names whose create succeeded
+    operations: int = 0
+    errors: list[tuple[float, str, str]] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        index = 0
+        while not self.stop.is_set():
+            name = f"{PROBE}{index}"
+            index += 1
+            made = self.cluster.kubectl(
+                "create", "configmap", name, "-n", "default", f"--from-literal=i={index}",
+                check=False, timeout=30,
+            )  # fmt: skip
+            self._count("write", made)
+            if made.returncode != 0:
+                continue
+            self.writes.append(name)
+            read = self.cluster.kubectl(
+                "get", "configmap", name, "-n", "default", "-o", "name", check=False, timeout=30
+            )
+            self._count("read", read)
+            time.sleep(0.5)
+
+    def _count(self, what: str, result) -> None:
+        self.operations += 1
+        if result.returncode != 0:
+            self.errors.append((time.time(), what, result.stderr.strip()[-300:]))
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory) -> Cluster:
+    # `make install` builds the lab's own version only; the target is built here (about 12
+    # minutes cold, nothing once built) and `lab up` publishes every build.
+    for newer in gobuild.kubernetes_modules()[1:]:
+        gobuild.build(newer)
+    inventory = Path(f"/tmp/gpuinfra-itest-{UPGRADE_LAB}/cluster.yml")
+    lab = boot_lab(UPGRADE_LAB, default_topology(), inventory, kubernetes=True)
+    report = tmp_path_factory.mktemp("k8s-up") / "apply.json"
+    started = time.monotonic()
+    result = gpuinfra("apply", str(inventory), "--yes", "--report", str(report), timeout=1800)
+    seconds = time.monotonic() - started
+    assert result.returncode == ExitCode.OK, result.stdout[-4000:] + result.stderr[-3000:]
+    print(f"apply of the {UPGRADE_LAB} lab: {seconds:.0f} s")
+    assert offline.upgrades(), "lab up published no newer Kubernetes build"
+    yield Cluster(lab, inventory, json.loads(report.read_text()), seconds)
+    if os.environ.get(KEEP_ENV) != "1":
+        lifecycle.down(UPGRADE_LAB)
+
+
+def versions(cluster: Cluster) -> dict[str, str]:
+    return {
+        node["metadata"]["name"]: node["status"]["nodeInfo"]["kubeletVersion"]
+        for node in cluster.get("nodes")["items"]
+        if ready(node)
+    }
+
+
+def test_an_upgrade_by_one_minor_keeps_the_api_serving(cluster):
+    old = offline.published()
+    (new, *_) = offline.upgrades()
+    assert versions(cluster) == dict.fromkeys(NODES, old.kubernetes_version)
+    client = Client(cluster)
+    thread = threading.Thread(target=client.run, daemon=True)
+    thread.start()
+    started = time.monotonic()
+    try:
+        result = gpuinfra(
+            "kubernetes", "upgrade", str(cluster.inventory), new.kubernetes_version.lstrip("v"),
+            "--yes", "--format", "json", timeout=3600,
+        )  # fmt: skip
+    finally:
+        client.stop.set()
+        thread.join(timeout=120)
+    seconds = time.monotonic() - started
+    print(
+        f"upgrade {old.kubernetes_version} -> {new.kubernetes_version}: {seconds:.0f} s; client: "
+        f"{client.operations} operations, {len(client.errors)} errors: {client.errors}"
+    )
+    assert result.returncode == ExitCode.OK, result.stdout[-4000:] + result.stderr[-3000:]
+    assert versions(cluster) == dict.fromkeys(NODES, new.kubernetes_version)
+    server = json.loads(cluster.kubectl("version", "-o", "json").stdout)["serverVersion"]
+    assert server["gitVersion"] == new.kubernetes_version
+    for component in ("kube-apiserver", "kube-controller-manager", "kube-scheduler"):
+        pods = cluster.get("pods", "-n", "kube-system", "-l", f"component={component}")["items"]
+        images = {pod["spec"]["containers"][0]["image"] for pod in pods}
+        assert images == {f"registry.k8s.io/{component}:{new.kubernetes_version}"}, component
+    proxy = cluster.get("daemonset", "kube-proxy", "-n", "kube-system")
+    image = proxy["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image == f"registry.k8s.io/kube-proxy:{new.kubernetes_version}"
+    # Every write the client saw acknowledged is still there, and the API kept serving: at
+    # least nine operations in ten succeeded while each API server restarted in turn.
+    items = cluster.get("configmaps", "-n", "default")["items"]
+    kept = {item["metadata"]["name"] for item in items}
+    assert client.operations > 20
+    assert len(client.errors) <= client.operations / 10, client.errors
+    assert [name for name in client.writes if name not in kept] == []
+    probes = sorted(name for name in kept if name.startswith(PROBE))
+    cluster.kubectl("delete", "configmap", "-n", "default", *probes, timeout=120)
+
+
+def test_the_inventory_moved_to_the_new_version_converges_and_drift_is_clean(cluster, tmp_path):
+    """The operator's next step: versions.kubernetes and the binaries' pins moved to the new
+    release. One apply brings the role's own files in line (its kubeadm configuration names the
+    version); kubeadm, kubelet and kubectl are left alone, and then drift is clean."""
+    (new, *_) = offline.upgrades()
+    data = yaml.safe_load(cluster.inventory.read_text())
+    data["versions"]["kubernetes"] = new.kubernetes_version.lstrip("v")
+    kubernetes = data["group_vars"]["all"]["kubernetes"]
+    kubernetes["binary_sha256"] = dict(new.sha256)
+    kubernetes["release_sha256"] = {}
+    cluster.inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+    report = tmp_path / "moved.json"
+    result = gpuinfra("apply", str(cluster.inventory), "--yes", "--report", str(report))
+    assert result.returncode == ExitCode.OK, failed_run(result)
+    installs = [
+        (name, op["name"])
+        for name, host in json.loads(report.read_text())["hosts"].items()
+        for op in host["operations"]
+        if op["changed"] and "Install kubeadm" in op["name"]
+    ]
+    assert installs == []
+    for mode in ((), ("--exact",)):
+        drift = gpuinfra("drift", str(cluster.inventory), "--format", "json", *mode)
+        assert drift.returncode == ExitCode.OK, drift.stdout[-3000:] + drift.stderr[-2000:]

@@ -67,10 +67,10 @@ def apply(ctx: HostContext) -> None:
         )
     containerd = put_file(managed[CONTAINERD_CONFIG])
     service_running(name="Run containerd", unit="containerd")
-    restarted = [containerd.did_change]
-    if binaries:
-        restarted.append(installed.did_change)
-    restart_containerd = [lambda: any(changed() for changed in restarted)]
+    # did_change looked up when the condition runs: a plan answers it with what the operation
+    # will do (pyinfra_api.conditions_hold), which a method bound here would not.
+    changes = [containerd, installed] if binaries else [containerd]
+    restart_containerd = [lambda: any(op.did_change() for op in changes)]
     restart_if_running(
         name="Restart containerd for its new configuration",
         unit="containerd",

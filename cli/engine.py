@@ -27,10 +27,10 @@ from cli.options import (
     parse_shard,
 )
 from cli.output import console, drift_report, emit, exit_code, write_reports
-from roles.ssh import CONNECT_TIMEOUT_S
+from toolkit.ssh import CONNECT_TIMEOUT_S
 
 # Seconds to wait for each host's SSH connection (pyinfra's connect and banner timeouts); the
-# probes drift sends before it parses its options (roles/fingerprint.py send_early) use it too.
+# probes drift sends before it parses its options (engine/fingerprint.py send_early) use it too.
 DEFAULT_CONNECT_TIMEOUT = CONNECT_TIMEOUT_S
 
 # For tests that act at a given point of a run (tests/integration/test_faults.py kills the
@@ -50,8 +50,8 @@ def plan(
 ) -> None:
     """Show what apply would change, per host and operation; changes nothing."""
     connecting()
-    from roles.context import load
-    from roles.reports import Mode
+    from engine.context import load
+    from engine.reports import Mode
 
     with reporting():
         loaded = load(cluster)
@@ -99,11 +99,11 @@ def apply(
     Holds the cluster's lock while it runs (exit 8 when another apply has it), and refuses
     (exit 2) when the etcd members trust another CA than the controller's .state/."""
     connecting()
-    from roles.clusterstate import applying
-    from roles.context import load
+    from engine.clusterstate import applying
+    from engine.context import load
+    from engine.reports import Mode
     from roles.etcd.trust import TrustRefused
-    from roles.pacing import Rate
-    from roles.reports import Mode
+    from toolkit.pacing import Rate
 
     with reporting():
         loaded = load(cluster)
@@ -168,8 +168,8 @@ def drift(
     A host that the last apply found converged is checked in one round trip: the commands its
     deploys asked then are run again and their outputs compared. Any other host, and any host
     whose outputs differ, is checked operation by operation (what `--exact` does for all)."""
-    from roles.context import load
-    from roles.reports import Mode
+    from engine.context import load
+    from engine.reports import Mode
 
     with reporting():
         loaded = load(cluster)
@@ -193,15 +193,15 @@ def _read_only(loaded, roles: str | None, checked: bool = True):
     """The cluster for plan and drift: its state must be there (never created), and a note
     when an apply is running on it. Not `checked`: the caller renders every host's files
     itself, which finds a missing secret as the check would (the drift fast path)."""
+    from engine.applylock import current_holder
     from inventory.model import StateAccess
-    from roles.applylock import current_holder
 
     holder = current_holder(loaded.state_dir)
     if holder is not None:
         stderr.print(f"note: an apply is running on this cluster: {holder.describe()}")
     if not checked:
         return loaded.with_state_access(StateAccess.existing)
-    from roles.clusterstate import require_state  # the PKI: cryptography, only when checking
+    from engine.clusterstate import require_state  # the PKI: cryptography, only when checking
 
     with reporting():
         return require_state(loaded, _split(roles))
@@ -220,8 +220,8 @@ def _options(
     rate=None,
 ):
     """RunOptions from the command line, with the checks that need the inventory (exit 2)."""
-    from roles.registry import PHASES
-    from roles.reports import RunOptions
+    from engine.registry import PHASES
+    from engine.reports import RunOptions
 
     with reporting():
         known_roles = {phase.role for phase in PHASES}
@@ -255,15 +255,15 @@ def _host_and_group_names(loaded) -> set[str]:
 
 
 def _drift(loaded, options, output, roles):
-    """The fast path first (roles/fingerprint.py), then the exact check for the hosts it left.
+    """The fast path first (engine/fingerprint.py), then the exact check for the hosts it left.
     The hosts with a record are asked before the state is checked and the keys are computed
     (both only read the controller's files), so that their answers are on their way."""
     import time
     from dataclasses import replace
 
-    from roles import fingerprint
-    from roles.reports import RunReport
-    from roles.selection import selected_hosts
+    from engine import fingerprint
+    from engine.reports import RunReport
+    from engine.selection import selected_hosts
 
     started = time.monotonic()
     hosts, notes = selected_hosts(loaded, options)
@@ -286,7 +286,7 @@ def _drift(loaded, options, output, roles):
         raise
     rest = [name for name in hosts if name in fast.exact]
     if rest:
-        from roles.clusterstate import require_state
+        from engine.clusterstate import require_state
 
         with reporting():
             loaded = require_state(loaded, _split(roles))
@@ -298,7 +298,7 @@ def _drift(loaded, options, output, roles):
 
 
 def _run(loaded, options, output, record: bool = False):
-    from roles.runner import run
+    from engine.runner import run
 
     if os.environ.get(PROGRESS_FILE_ENV):
         return run(
@@ -332,11 +332,11 @@ def _reboot(cluster, report, batch: str | None) -> None:
     """Reboot the hosts the run left "reboot required", in rolling steps by each group's policy
     (quorum and serving groups one member at a time, workers --batch at a time, one by
     default); the report says which came back (flag cleared) and which did not (failed)."""
-    from roles.context import load
-    from roles.orchestrate import batch_size, group_policies, plan_steps
-    from roles.reboot import Rebooter
-    from roles.registry import PHASES
-    from roles.reports import HostStatus
+    from engine.context import load
+    from engine.orchestrate import batch_size, group_policies, plan_steps
+    from engine.reboot import Rebooter
+    from engine.registry import PHASES
+    from engine.reports import HostStatus
 
     waiting = [
         host.name

@@ -172,7 +172,7 @@ class LoadedCluster(BaseModel):
     # Line of each key path in the source (for errors found after load); empty for imports.
     lines: dict[tuple[str, ...], int] = Field(default_factory=dict, repr=False)
     # host -> role -> the role's typed settings, merged and validated as a whole at load by the
-    # roles' layer (roles/context.py); empty when only the inventory layer loaded the cluster.
+    # roles' layer (engine/context.py); empty when only the inventory layer loaded the cluster.
     settings: dict[str, dict[str, Any]] = Field(default_factory=dict, repr=False)
     # Set by each command (`with_state_access`); library callers and day-2 commands create.
     state_access: StateAccess = StateAccess.create

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from roles.base.config import BaseConfig
-from roles.spec import HostContext, ManagedFile
-from roles.templates import render_template
+from toolkit.spec import HostContext, ManagedFile
+from toolkit.templates import render_template
 
 # Release code names and archive layout per target OS.
 DISTRIBUTIONS = {

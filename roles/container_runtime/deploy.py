@@ -18,8 +18,8 @@ from roles.container_runtime.files import (
     runtime_settings,
 )
 from roles.container_runtime.operations import repository_key
-from roles.operations import put_file, restart_if_running, service_running
-from roles.spec import HostContext
+from toolkit.operations import put_file, restart_if_running, service_running
+from toolkit.spec import HostContext
 
 
 def wait_for(command: str, seconds: int = 60) -> str:

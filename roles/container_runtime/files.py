@@ -5,8 +5,8 @@ from __future__ import annotations
 from roles.base.files import DISTRIBUTIONS
 from roles.container_runtime.config import ContainerRuntimeConfig
 from roles.nvidia.runtime import docker_runtime
-from roles.spec import HostContext, ManagedFile
-from roles.templates import render_template
+from toolkit.spec import HostContext, ManagedFile
+from toolkit.templates import render_template
 
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"
 DOCKER_CONFIG = "/etc/docker/daemon.json"

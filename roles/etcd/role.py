@@ -11,7 +11,7 @@ from inventory.topology import (
     host_addresses,
 )
 from roles.etcd.config import EtcdConfig
-from roles.spec import Phase, Role, Rolling, lazy
+from toolkit.spec import Phase, Role, Rolling, lazy
 
 
 def ports(loaded: LoadedCluster) -> dict[str, list[FirewallRule]]:

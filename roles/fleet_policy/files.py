@@ -30,8 +30,8 @@ from roles.fleet_policy.teams import (
 )
 from roles.gpu_health.expect import cluster_config as gpu_health_config
 from roles.kubernetes.config import KubernetesConfig
-from roles.spec import host_config
-from roles.templates import render_template
+from toolkit.spec import host_config
+from toolkit.templates import render_template
 
 KUBERNETES_DIR = "kubernetes/fleet-policy"
 NAMESPACE = f"{KUBERNETES_DIR}/namespace.yaml"

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from inventory.model import LoadedCluster
 from roles.fleet_policy import checks
 from roles.fleet_policy.config import FleetPolicyConfig
-from roles.spec import HostSettings, Role, lazy
+from toolkit.spec import HostSettings, Role, lazy
 
 
 def cluster_checks(loaded: LoadedCluster, settings: HostSettings) -> Iterator[tuple[str, str]]:

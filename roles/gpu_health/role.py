@@ -5,7 +5,7 @@ from __future__ import annotations
 from inventory.model import LoadedCluster
 from inventory.topology import DCGM_EXPORTER_PORT, FirewallRule, host_addresses
 from roles.gpu_health.config import GpuHealthConfig
-from roles.spec import Role, lazy
+from toolkit.spec import Role, lazy
 
 
 def ports(loaded: LoadedCluster) -> dict[str, list[FirewallRule]]:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from inventory.model import LoadedCluster
 from roles.container_runtime.config import ContainerRuntimeConfig
 from roles.kubernetes.config import KubernetesConfig
-from roles.spec import HostSettings
+from toolkit.spec import HostSettings
 
 
 def cluster_checks(loaded: LoadedCluster, settings: HostSettings) -> Iterator[tuple[str, str]]:

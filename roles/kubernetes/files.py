@@ -19,7 +19,7 @@ from roles.fleet_policy.files import SchedulerFiles, scheduler_files
 from roles.kubernetes import models as m
 from roles.kubernetes.config import KubernetesConfig
 from roles.kubernetes.role import NODE_GROUPS
-from roles.spec import HostContext, ManagedFile, host_config
+from toolkit.spec import HostContext, ManagedFile, host_config
 
 CONFIG_DIR = "/etc/kubernetes/gpuinfra"
 DEFAULT_IMAGE_REPOSITORY = "registry.k8s.io"

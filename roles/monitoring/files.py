@@ -10,8 +10,8 @@ from roles.gpu_health.config import GpuHealthConfig
 from roles.monitoring.config import MonitoringConfig
 from roles.monitoring.dashboards import DASHBOARDS
 from roles.monitoring.targets import PROMETHEUS_PORT, scrape_jobs
-from roles.spec import HostContext, ManagedFile, host_config
-from roles.templates import render_template
+from toolkit.spec import HostContext, ManagedFile, host_config
+from toolkit.templates import render_template
 
 NODE_EXPORTER_DEFAULTS = "/etc/default/prometheus-node-exporter"
 PROMETHEUS_DEFAULTS = "/etc/default/prometheus"

@@ -29,8 +29,8 @@ from roles.nvidia.operations import (
     packages_pinned,
     unavailable_reported,
 )
-from roles.operations import enable_at_boot, put_file, restart_if_running, wait_for
-from roles.spec import HostContext
+from toolkit.operations import enable_at_boot, put_file, restart_if_running, wait_for
+from toolkit.spec import HostContext
 
 
 @deploy("Nvidia")

@@ -8,8 +8,8 @@ from roles.nvidia.compat import REPOSITORY_OS, driver_branch, module_flavour
 from roles.nvidia.config import NvidiaConfig
 from roles.nvidia.packages import PackagePlan, package_plan
 from roles.nvidia.runtime import containerd_runtime
-from roles.spec import HostContext, ManagedFile
-from roles.templates import render_template
+from toolkit.spec import HostContext, ManagedFile
+from toolkit.templates import render_template
 
 SOURCES = "/etc/apt/sources.list.d/nvidia-cuda.sources"
 KEY = "/etc/apt/keyrings/nvidia-cuda.asc"

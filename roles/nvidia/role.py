@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from roles.nvidia.compat import check_pins
 from roles.nvidia.config import NvidiaConfig
-from roles.spec import Phase, Role, Rolling, lazy
+from toolkit.spec import Phase, Role, Rolling, lazy
 
 ROLE = Role(
     name="nvidia",

@@ -1,4 +1,4 @@
-"""Drift's probes sent by the command line before it loads the inventory (roles/fingerprint.py
+"""Drift's probes sent by the command line before it loads the inventory (engine/fingerprint.py
 send_early): kept only where they are exactly the probes drift would send, stopped otherwise.
 
 Stand-in: each "host" is `sh -s` on this machine (the probe's ssh command line is replaced by
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from roles import fingerprint
-from roles.context import load
-from roles.fingerprint import Asking, Record
+from engine import fingerprint
+from engine.context import load
+from engine.fingerprint import Asking, Record
 from tests.unit.loopback import loopback_cluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,9 +62,9 @@ def imported(code: str) -> list[str]:
 
 
 def test_the_command_line_sends_before_it_imports_the_rest():
-    assert imported("import cli.launch, roles.fingerprint, inventory.paths") == []
+    assert imported("import cli.launch, engine.fingerprint, inventory.paths") == []
     # Positive control: the check sees what the inventory's loader brings in.
-    assert {"pydantic", "yaml"} <= set(imported("import roles.context"))
+    assert {"pydantic", "yaml"} <= set(imported("import engine.context"))
 
 
 def answers_of(asking: Asking, name: str, commands: list[str]) -> dict:
@@ -320,7 +320,7 @@ def change_an_answer(folder, monkeypatch):
 
 def hold_the_lock(folder, monkeypatch):
     """The record an apply that runs keeps in the lock file (this process stands for it)."""
-    from roles.applylock import LOCK_FILE, this_process
+    from engine.applylock import LOCK_FILE, this_process
 
     holder = json.dumps(asdict(this_process("gpuinfra apply")))
     (folder / ".state" / LOCK_FILE).write_text(holder + "\n")
@@ -362,7 +362,7 @@ def test_what_a_load_or_the_fast_check_would_see_leaves_drift_to_its_own_path(
 # on every file and directory opened while it loads and validates.
 _LOADING = """
 import json, sys
-from roles.context import load
+from engine.context import load
 
 opened = []
 watched = {"open", "os.listdir", "os.scandir"}

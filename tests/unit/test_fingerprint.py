@@ -1,4 +1,4 @@
-"""The drift fast path (roles/fingerprint.py): the batched answers are the single commands'
+"""The drift fast path (engine/fingerprint.py): the batched answers are the single commands'
 answers, the key moves with everything a deploy is given, and nothing but atime is compared
 loosely. Commands run with this machine's own shell and coreutils, as a host runs them."""
 
@@ -22,14 +22,15 @@ from pyinfra.connectors.util import make_unix_command
 from pyinfra.facts.files import File, Sha1File
 from pyinfra.facts.systemd import SystemdStatus
 
-import roles.context
-from roles import clock, fingerprint
-from roles.context import host_context, host_files, load
+import engine.context
+from engine import fingerprint
+from engine.context import host_context, host_files, load
+from engine.factcache import _fact_command
+from engine.fingerprint import Record
 from roles.etcd.pki import pki_dir
-from roles.factcache import _fact_command
-from roles.facts import UnitState
-from roles.fingerprint import Record
 from tests.unit.loopback import loopback_cluster
+from toolkit import clock
+from toolkit.facts import UnitState
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -301,7 +302,7 @@ def test_the_key_moves_with_a_managed_file(tmp_path, monkeypatch):
             replace(f, content="other\n") if f.path == "/etc/hostname" else f for f in render(ctx)
         ]
 
-    monkeypatch.setattr(roles.context, "host_files", renewed)  # fingerprint imports it per call
+    monkeypatch.setattr(engine.context, "host_files", renewed)  # fingerprint imports it per call
     assert key_of(cluster) != first
 
 
@@ -335,8 +336,9 @@ def test_unwrapped_commands_answer_what_their_sh_c_answers(tmp_path):
 _RENDERING = """
 import json, shutil, sys
 from pathlib import Path
-from roles import clock, fingerprint
-from roles.context import host_context, host_files, load
+from engine import fingerprint
+from toolkit import clock
+from engine.context import host_context, host_files, load
 
 folder = Path(sys.argv[1])
 loaded = load(folder)
@@ -388,7 +390,7 @@ def test_rendering_reads_nothing_the_inputs_do_not_digest(rendering):
     assert outside == []
 
 
-# Reading the clock or the environment: allowed in roles/clock.py only, among the modules loaded
+# Reading the clock or the environment: allowed in toolkit/clock.py only, among the modules loaded
 # when rendering.
 _CLOCK_OR_ENVIRONMENT = re.compile(
     r"\b(datetime\.now|datetime\.today|date\.today|utcnow|time\.time|time\.time_ns|"
@@ -413,8 +415,8 @@ _NOT_RENDERING = {
     ("inventory/model.py", "resolve"),
     # What `~` stood for when the last apply validated the inventory, and stands for now: the
     # drift that answers without loading compares the two (fingerprint.settled).
-    ("roles/fingerprint.py", "_alone"),
-    ("roles/fingerprint.py", "_loads_the_same"),
+    ("engine/fingerprint.py", "_alone"),
+    ("engine/fingerprint.py", "_loads_the_same"),
 }
 
 
@@ -445,12 +447,12 @@ def test_the_modules_that_render_read_the_clock_only_through_roles_clock(renderi
     readers = [
         f"{path.relative_to(REPO)} {function}: {what}"
         for path in ours
-        if path != REPO / "roles/clock.py"
+        if path != REPO / "toolkit/clock.py"
         for function, what in _clock_readers(path)
         if (str(path.relative_to(REPO)), function) not in _NOT_RENDERING
     ]
     assert readers == [], readers
-    planted = REPO / "roles/clock.py"  # the positive control: the scan sees clock.py's reads
+    planted = REPO / "toolkit/clock.py"  # the positive control: the scan sees clock.py's reads
     assert ("today", "date.today") in _clock_readers(planted)
 
 
@@ -556,12 +558,14 @@ def test_an_apply_records_nothing_when_its_code_changed_on_disk_during_the_run(
     checkout meanwhile), no host is recorded and the records from before go too: drift checks
     each host operation by operation. Control: the same call with the code unchanged records
     the converged host (cpu-1: the loopback cluster's one host keyed without controller state)."""
-    from roles import runner
-    from roles.reports import HostReport, Mode, RunOptions, RunReport
+    from engine import runner
+    from engine.reports import HostReport, Mode, RunOptions, RunReport
 
     loaded = load(loopback_cluster(tmp_path / "c"))
     loaded.state_dir.mkdir(mode=0o700)
-    contexts = {ctx.name: ctx for ctx in roles.context.host_contexts(loaded) if ctx.name == "cpu-1"}
+    contexts = {
+        ctx.name: ctx for ctx in engine.context.host_contexts(loaded) if ctx.name == "cpu-1"
+    }
     asked = {"cpu-1": (("echo cpu-1", (0,), fingerprint.output_digest(["cpu-1"])),)}
 
     def record() -> RunReport:

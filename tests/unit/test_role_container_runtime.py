@@ -10,9 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
+from engine.context import host_contexts, host_files, load
 from roles.container_runtime.files import runtime_packages
 from roles.container_runtime.operations import KeyFingerprints, fetch_key_commands
-from roles.context import host_contexts, host_files, load
 from tests.unit.conftest import SAMPLE
 
 runner = CliRunner()

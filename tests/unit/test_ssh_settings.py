@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from engine import fingerprint, runner
+from engine.context import host_context, load, topology_of
 from inventory.errors import InventoryInvalid
-from roles import fingerprint, runner
-from roles.context import host_context, load, topology_of
-from roles.ssh import BASTION_ALIAS, Bastion, SSHSettings
+from toolkit.ssh import BASTION_ALIAS, Bastion, SSHSettings
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
+from engine.context import load
 from inventory.errors import InventoryInvalid
-from roles.context import load
 from tests.unit.conftest import SAMPLE
 
 runner = CliRunner()

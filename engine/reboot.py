@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from inventory.model import LoadedCluster
-from roles.operations import REBOOT_FLAG
-from roles.ssh import ssh_argv
+from toolkit.operations import REBOOT_FLAG
+from toolkit.ssh import ssh_argv
 
 # /run is a tmpfs on every systemd host (lab hosts included): a marker there is gone exactly
 # when the host booted again. A boot id would not do: lab hosts share the machine's kernel.

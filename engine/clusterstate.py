@@ -10,11 +10,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Iterator
 
+from engine.applylock import LOCK_FILE, HeldLock, apply_lock
+from engine.context import host_contexts, host_files
 from inventory.model import LoadedCluster, StateAccess
-from roles.applylock import LOCK_FILE, HeldLock, apply_lock
-from roles.context import host_contexts, host_files
 from roles.etcd.trust import TrustRefused, check_live_ca
-from roles.statefiles import StateMissing
+from toolkit.statefiles import StateMissing
 
 
 def require_state(loaded: LoadedCluster, roles: Iterable[str] = ()) -> LoadedCluster:

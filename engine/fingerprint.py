@@ -8,7 +8,7 @@ changing a host) finds a host converged, it keeps, under `.state/converged/<host
 
 - the key: a digest of everything the deploys were given, and the inputs: the same without the
   rendered files, with the moment until which the clock cannot change those files
-  (roles/clock.py);
+  (toolkit/clock.py);
 - every command the host's deploys asked for while preparing, as the SSH channel carried it,
   with a digest of its output;
 - the report that check made for the host (operations, notes, reboot flag).
@@ -52,14 +52,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from roles import clock
-from roles.reports import HostReport, HostStatus, OperationResult
-from roles.ssh import SSHSettings
-from roles.statefiles import PLACEHOLDER, StateMissing, write_secret_atomically
+from engine.reports import HostReport, HostStatus, OperationResult
+from toolkit import clock
+from toolkit.ssh import SSHSettings
+from toolkit.statefiles import PLACEHOLDER, StateMissing, write_secret_atomically
 
 if TYPE_CHECKING:
     from inventory.model import LoadedCluster
-    from roles.spec import HostContext, ManagedFile
+    from toolkit.spec import HostContext, ManagedFile
 
 FORMAT = 2  # bump when the record or the key changes meaning: old records are then ignored
 RECORDS = "converged"  # under the cluster's .state/
@@ -118,7 +118,7 @@ def code_digest(again: bool = False) -> str:
     installed distribution's name and version (pyinfra's, Jinja's, pydantic's...), as they were
     at the first call of the process (`again`: as they are on disk now, the first kept). The
     command line takes it before an apply imports the inventory or a role (cli/launch.py); the
-    apply records its hosts only when the files are still those at its end (roles/runner.py),
+    apply records its hosts only when the files are still those at its end (engine/runner.py),
     so a record never names code the run did not have loaded."""
     global _code_digest
     if _code_digest is None or again:
@@ -133,13 +133,16 @@ def code_digest(again: bool = False) -> str:
 
 
 def code_files() -> list[tuple[str, Path]]:
-    """(name, path) of each file of the roles' and the inventory layer's code and templates:
-    the Python of both packages (`inventory/` also holds inventories) and every template."""
-    from roles.assets import TEMPLATES
+    """(name, path) of each file of the engine's, the roles' and the inventory layer's code and
+    templates: the Python of those packages and of the role toolkit (`inventory/` also holds
+    inventories) and every template."""
+    from toolkit.assets import TEMPLATES
 
     root = Path(__file__).resolve().parents[1]
     found = []
     for folder, pattern in (
+        (root / "engine", "*.py"),
+        (root / "toolkit", "*.py"),
         (root / "roles", "*.py"),
         (root / "inventory", "*.py"),
         (TEMPLATES, "*"),
@@ -230,7 +233,7 @@ def inputs_stand(record: Record, common: str, name: str) -> bool:
 def host_key(ctx: HostContext, common: str, files: list[ManagedFile] | None = None) -> str:
     """The key of one host: `common` (code, cluster, state), its settings and its files
     (rendered now unless given)."""
-    from roles.context import host_files
+    from engine.context import host_files
 
     digest = hashlib.sha256(f"{FORMAT}\n{common}\n{ctx.name}\n".encode())
     for role, settings in sorted(ctx.settings.items()):
@@ -261,8 +264,8 @@ def record_keys(
     (a role not applied yet) or hold a placeholder for what only apply makes (a certificate
     that entered its renewal window since) gets no keys: (keys, host -> why not). `common` is
     common_digest(loaded)."""
+    from engine.context import host_contexts, host_files
     from inventory.model import StateAccess
-    from roles.context import host_contexts, host_files
 
     names = list(names)
     if not names:
@@ -297,7 +300,7 @@ def record_keys(
 def host_roles(groups: Iterable[str], wanted: Iterable[str] = ()) -> tuple[str, ...]:
     """The roles with a phase on a host of these groups (of `wanted`; all when empty), in
     phase order."""
-    from roles.registry import PHASES
+    from engine.registry import PHASES
 
     wanted, groups = set(wanted), list(groups)
     roles = [
@@ -354,7 +357,7 @@ def sha1_fact_text(path: str) -> str:
 
 
 def unit_state_text(unit: str) -> str:
-    """roles.facts.UnitState for `unit`, as sent."""
+    """toolkit.facts.UnitState for `unit`, as sent."""
     return _sh(f"systemctl show {UNIT_PROPERTIES} {unit} 2>/dev/null || true")
 
 
@@ -810,7 +813,7 @@ def settled() -> Settled | None:
             return None
         if any(found.records[n].roles != tuple(alone["roles"][n]) for n in order):
             return None
-        from roles.applylock import current_holder
+        from engine.applylock import current_holder
 
         if current_holder(found.state_dir) is not None:
             return None  # the command's own path says so, and checks as it does then
@@ -909,7 +912,7 @@ Answer = tuple[int, bytes, bytes, float]  # exit code (-1: none), stdout, stderr
 def probe_argv(ssh: SSHSettings, address: str) -> list[str]:
     """The ssh command line of one host's probe; the script goes on stdin (one argument of a
     remote command is limited to 128 KiB). A silent peer is dropped as the exact check drops
-    one (roles/runner.py DEAD_PEER_S)."""
+    one (engine/runner.py DEAD_PEER_S)."""
     argv = [*ssh.argv(address), "sh", "-s"]
     argv[1:1] = ["-o", f"ServerAliveInterval={KEEPALIVE_S}", "-o", "ServerAliveCountMax=6"]
     return argv
@@ -1102,7 +1105,7 @@ class Probes:
         common = common_digest(loaded)
         rendered = [n for n, r in self.records.items() if not inputs_stand(r, common, n)]
         if rendered:
-            from roles.context import host_contexts
+            from engine.context import host_contexts
 
             contexts = {ctx.name: ctx for ctx in host_contexts(loaded)}  # cluster files once
             for name in rendered:

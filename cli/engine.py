@@ -102,8 +102,8 @@ def apply(
     from engine.clusterstate import applying
     from engine.context import load
     from engine.reports import Mode
-    from roles.etcd.trust import TrustRefused
     from toolkit.pacing import Rate
+    from toolkit.spec import PreApplyRefused
 
     with reporting():
         loaded = load(cluster)
@@ -123,7 +123,7 @@ def apply(
         with reporting():
             try:
                 loaded, lock = held.enter_context(applying(loaded, break_lock=break_lock))
-            except TrustRefused as exc:
+            except PreApplyRefused as exc:
                 raise UserError(str(exc)) from None
         if lock.taken_over:
             stderr.print(

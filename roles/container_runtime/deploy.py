@@ -17,7 +17,7 @@ from roles.container_runtime.files import (
     pinned_packages,
     runtime_settings,
 )
-from roles.container_runtime.operations import repository_key
+from toolkit.aptkeys import repository_key
 from toolkit.operations import put_file, restart_if_running, service_running
 from toolkit.spec import HostContext
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from roles.base.files import DISTRIBUTIONS
 from roles.container_runtime.config import ContainerRuntimeConfig
-from roles.nvidia.runtime import docker_runtime
-from toolkit.spec import HostContext, ManagedFile
+from toolkit.distributions import DISTRIBUTIONS
+from toolkit.spec import HostContext, ManagedFile, provided
 from toolkit.templates import render_template
 
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"
@@ -15,6 +14,9 @@ DOCKER_PIN = "/etc/apt/preferences.d/gpuinfra-container-runtime"
 DOCKER_KEY = "/etc/apt/keyrings/docker.asc"
 # Other roles' containerd drop-ins (nvidia's runtime), imported by config.toml.
 CONTAINERD_DROP_INS = "/etc/containerd/conf.d/*.toml"
+
+# The nvidia role's runtime entry for Docker's daemon.json (None: no NVIDIA runtime here).
+docker_runtime = provided("nvidia", "docker_runtime")
 
 
 def runtime_settings(ctx: HostContext) -> ContainerRuntimeConfig:

@@ -61,5 +61,7 @@ ROLE = Role(
         ),
     ),
     ports=ports,
+    # Before an apply changes anything: the members must trust the controller's CA.
+    pre_apply=lazy("roles.etcd.trust:check_live_ca"),
     summary="five dedicated members on local disk, mutual TLS, disk gate, day-2 commands",
 )

@@ -20,5 +20,6 @@ ROLE = Role(
     config=FleetPolicyConfig,
     cluster_files=lazy("roles.fleet_policy.files:cluster_files"),
     checks=cluster_checks,
+    provides={"scheduler_files": lazy("roles.fleet_policy.files:scheduler_files")},
     summary="team isolation, balloons, gang scheduling and GPU metrics on the cluster",
 )

@@ -3,7 +3,6 @@ blacklist, module settings, containerd drop-in and the CDI refresh unit."""
 
 from __future__ import annotations
 
-from roles.container_runtime.config import ContainerRuntimeConfig
 from roles.nvidia.compat import REPOSITORY_OS, driver_branch, module_flavour
 from roles.nvidia.config import NvidiaConfig
 from roles.nvidia.packages import PackagePlan, package_plan
@@ -98,7 +97,7 @@ def managed_files(ctx: HostContext) -> list[ManagedFile]:
             CONTAINERD_DROP_IN,
             "containerd.toml.j2",
             check="containerd --config {path} config dump >/dev/null",
-            runtime_cfg=ctx.config(ContainerRuntimeConfig),
+            runtime_cfg=ctx.settings_of("container_runtime"),
             nvidia=containerd_runtime(ctx),
         ),
         file(f"/etc/systemd/system/{CDI_UNIT}", "nvidia-cdi.service.j2", spec=CDI_SPEC),

@@ -20,6 +20,7 @@ ROLE = Role(
         ),
     ),
     checks=check_pins,
+    provides={"docker_runtime": lazy("roles.nvidia.runtime:docker_runtime")},
     summary="NVIDIA driver, CUDA, cuDNN, NCCL, fabric manager, DCGM, container toolkit: pinned, "
     "held, checked against each other",
 )

@@ -29,7 +29,7 @@ from roles.fleet_policy import files, gang
 from roles.fleet_policy.config import FleetPolicyConfig
 from roles.fleet_policy.role import ROLE
 from roles.fleet_policy.schemas import crd_schemas, documents, validate_objects
-from roles.fleet_policy.teams import team_of
+from toolkit.nodes import team_of
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "inventory" / "sample"

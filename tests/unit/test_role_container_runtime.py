@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 from cli.main import app
 from engine.context import host_contexts, host_files, load
 from roles.container_runtime.files import runtime_packages
-from roles.container_runtime.operations import KeyFingerprints, fetch_key_commands
 from tests.unit.conftest import SAMPLE
+from toolkit.aptkeys import KeyFingerprints, fetch_key_commands
 
 runner = CliRunner()
 

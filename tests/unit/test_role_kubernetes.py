@@ -455,7 +455,7 @@ def test_operator_kubeconfig_is_private_from_creation(tmp_path):
 
 
 def test_an_unreachable_package_key_stops_with_one_line():
-    from roles.container_runtime.operations import KeyFingerprints
+    from toolkit.aptkeys import KeyFingerprints
 
     done, _ = commands(
         kube_ops.repository_key,

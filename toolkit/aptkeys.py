@@ -1,4 +1,6 @@
-"""Operations of the container_runtime role."""
+"""Third-party apt repository keys, pinned by fingerprint: the container runtime's (Docker)
+and NVIDIA's repositories use `repository_key`; the kubernetes role its own operation built on
+`fetch_key_commands` and `KeyFingerprints`."""
 
 from __future__ import annotations
 
@@ -42,8 +44,8 @@ def fetch_key_commands(url: str, fingerprint: str, dest: str) -> list[str]:
 
 @operation()
 def repository_key(enabled: bool, url: str, fingerprint: str, dest: str):
-    """Docker's apt key, pinned by fingerprint; nothing where the distribution's packages are
-    used."""
+    """A repository's apt key, pinned by fingerprint; nothing where the distribution's packages
+    are used."""
     if not enabled:
         return
     if fingerprint.upper() in (host.get_fact(KeyFingerprints, path=dest) or []):

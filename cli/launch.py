@@ -39,12 +39,13 @@ def answer_settled(args: list[str]) -> None:
     from pathlib import Path
 
     from cli.exitcodes import ExitCode
-    from cli.output import drift_report, emit, exit_code, write_reports
+    from cli.output import emit, exit_code, write_reports
+    from engine.drift import merged_report
     from engine.reports import Mode, RunReport
 
     fast = found.result
     exact = RunReport(cluster=found.cluster, mode=Mode.drift)
-    report = drift_report(found.cluster, found.hosts, [], fast, exact, fast.started)
+    report = merged_report(found.cluster, found.hosts, [], fast, exact, fast.started)
     try:
         write_reports(
             report,

@@ -14,7 +14,6 @@ from cli.consoles import DeferredConsole
 from cli.exitcodes import ExitCode
 
 if TYPE_CHECKING:
-    from engine.fingerprint import FastCheck
     from engine.reports import RunReport
 
 console = DeferredConsole(highlight=False)
@@ -43,30 +42,6 @@ def write_reports(report: RunReport, report_path: Path | None, junit: Path | Non
         from engine.junit import write_junit
 
         write_junit(report, junit)
-
-
-def drift_report(
-    cluster: str,
-    hosts: list[str],
-    notes: list[str],
-    fast: FastCheck,
-    exact: RunReport,
-    started: float,
-) -> RunReport:
-    """drift's report: each host as the fast check matched it or as the exact check found it,
-    in inventory order; the total time from the first probe (which the command line may have
-    sent before the command began) or from `started`, whichever came first."""
-    import time
-
-    from engine import fingerprint
-    from engine.reports import Mode, RunReport
-
-    report = RunReport(cluster=cluster, mode=Mode.drift)
-    report.hosts = {name: fast.reports.get(name) or exact.hosts[name] for name in hosts}
-    report.phase_seconds = {"fast check": fast.seconds, **exact.phase_seconds}
-    report.notes = [*notes, fingerprint.summary(fast, len(hosts)), *exact.notes]
-    report.seconds = time.monotonic() - min(started, fast.started)
-    return report
 
 
 def emit(report: RunReport, output: str, show_diff: bool) -> None:

@@ -30,7 +30,7 @@ from cli.output import console, emit, exit_code, write_reports
 from toolkit.ssh import CONNECT_TIMEOUT_S
 
 # Seconds to wait for each host's SSH connection (pyinfra's connect and banner timeouts); the
-# probes drift sends before it parses its options (engine/fingerprint.py send_early) use it too.
+# probes drift sends before it parses its options (engine/fingerprint/ send_early) use it too.
 DEFAULT_CONNECT_TIMEOUT = CONNECT_TIMEOUT_S
 
 # For tests that act at a given point of a run (tests/integration/test_faults.py kills the

@@ -1,5 +1,5 @@
 """The `gpuinfra` command. A plain `gpuinfra drift CLUSTER` sends its probes to the hosts first,
-before typer, pydantic and the inventory are imported (engine/fingerprint.py send_early): the
+before typer, pydantic and the inventory are imported (engine/fingerprint/ send_early): the
 hosts answer while the rest of the command starts. When the inventory and the code are as the
 last apply left them and every host answers as its record says, that is drift's answer
 (fingerprint.settled): the command never loads the inventory, and never imports typer or

@@ -1,4 +1,4 @@
-"""drift as one engine call: the fast path first (engine/fingerprint.py), then the exact check
+"""drift as one engine call: the fast path first (engine/fingerprint/), then the exact check
 for the hosts it left, merged into one report in inventory order.
 
 Standard library only at import: the drift that answers before the command line is imported

@@ -55,7 +55,7 @@ class PrepareCache:
     """Outputs of successful commands on one host during the prepare stage.
 
     With `recording`, it also keeps every command the host's deploys asked for, in order, with
-    the output they were given (engine/fingerprint.py replays them to tell that nothing changed);
+    the output they were given (engine/fingerprint/ replays them to tell that nothing changed);
     `replayable` turns False when one of them failed or cannot be replayed from its text."""
 
     def __init__(self, state, host, recording: bool = False):

@@ -1,6 +1,6 @@
 """What a run reports: per host, its status and operations; per run, timings and notes.
 Standard library only, so that a command that never connects through pyinfra (the drift fast
-path, engine/fingerprint.py) can build the same report."""
+path, engine/fingerprint/) can build the same report."""
 
 from __future__ import annotations
 

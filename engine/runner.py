@@ -95,7 +95,7 @@ def run(
     record: bool = False,
 ) -> RunReport:
     """Plan, apply or check the hosts. With `record` (apply only: it writes `.state/`), every
-    host found converged gets its record for the drift fast path (engine/fingerprint.py); hosts
+    host found converged gets its record for the drift fast path (engine/fingerprint/); hosts
     the apply changed are checked again, exactly, to find them converged."""
     started = time.monotonic()
     if record:  # the code this run has loaded, unless the command line took it before

@@ -109,7 +109,7 @@ def test_a_clean_fleets_drift_renders_nothing_and_imports_no_engine(converged):
 
 def test_each_batched_answer_is_what_its_command_prints_alone(converged):
     """The grouped file and unit facts and the commands run without their own `sh -c`
-    (engine/fingerprint.py) against each command run on its own as the SSH channel runs it, on
+    (engine/fingerprint/) against each command run on its own as the SSH channel runs it, on
     hosts of every kind the lab has: control for the batching itself."""
     loaded = load(converged.inventory_path)
     for host in ("etcd-1", "lb-1", "gpu-1"):

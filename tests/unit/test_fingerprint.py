@@ -1,4 +1,4 @@
-"""The drift fast path (engine/fingerprint.py): the batched answers are the single commands'
+"""The drift fast path (engine/fingerprint/): the batched answers are the single commands'
 answers, the key moves with everything a deploy is given, and nothing but atime is compared
 loosely. Commands run with this machine's own shell and coreutils, as a host runs them."""
 
@@ -266,10 +266,10 @@ def test_code_digest_sees_the_dependencies_of_a_wheel_install(tmp_path, monkeypa
     """Installed from a wheel, gpuinfra's code sits in site-packages beside every dependency:
     their versions are in the digest there too, gpuinfra's own metadata is not."""
     site = _site(tmp_path / "site", "pyinfra-3.5.1.dist-info", "gpuinfra-0.1.0.dist-info")
-    monkeypatch.setattr(fingerprint, "_ROOT", site.resolve())
+    monkeypatch.setattr(fingerprint.keys, "_ROOT", site.resolve())
     monkeypatch.setattr(sys, "path", [str(site)])
-    monkeypatch.setattr(fingerprint, "_code_digest", "kept for the process")
-    assert fingerprint._distributions() == [f"{site}/pyinfra-3.5.1.dist-info"]
+    monkeypatch.setattr(fingerprint.keys, "_code_digest", "kept for the process")
+    assert fingerprint.keys._distributions() == [f"{site}/pyinfra-3.5.1.dist-info"]
     first = fingerprint.code_digest(again=True)
     (site / "pyinfra-3.5.1.dist-info").rename(site / "pyinfra-3.6.0.dist-info")
     assert fingerprint.code_digest(again=True) != first
@@ -280,8 +280,8 @@ def test_code_digest_of_a_checkout_is_the_same_however_it_was_started(tmp_path, 
     console script) gives one digest, and a dependency's version still moves it."""
     site = _site(tmp_path / "site", "pyinfra-3.5.1.dist-info", "gpuinfra-0.1.0.dist-info")
     checkout = _site(tmp_path / "checkout", "gpuinfra.egg-info")
-    monkeypatch.setattr(fingerprint, "_ROOT", checkout.resolve())
-    monkeypatch.setattr(fingerprint, "_code_digest", "kept for the process")
+    monkeypatch.setattr(fingerprint.keys, "_ROOT", checkout.resolve())
+    monkeypatch.setattr(fingerprint.keys, "_code_digest", "kept for the process")
     monkeypatch.setattr(sys, "path", [str(site)])
     script = fingerprint.code_digest(again=True)
     monkeypatch.setattr(sys, "path", [str(checkout), str(site)])
@@ -308,7 +308,7 @@ def test_the_key_moves_with_a_managed_file(tmp_path, monkeypatch):
 
 def test_only_an_exact_sh_c_text_is_unwrapped():
     assert fingerprint.unwrapped("sh -c 'uname -n'") == "uname -n"
-    quoted = fingerprint._sh("printf '%s\\n' \"$x\"; exit 3")
+    quoted = fingerprint.probe._sh("printf '%s\\n' \"$x\"; exit 3")
     assert fingerprint.unwrapped(quoted) == "printf '%s\\n' \"$x\"; exit 3"
     assert fingerprint.unwrapped("sudo -H -n sh -c 'id'") is None
     assert fingerprint.unwrapped('sh -c "id"') is None  # not the quoting pyinfra sends
@@ -319,10 +319,10 @@ def test_only_an_exact_sh_c_text_is_unwrapped():
 def test_unwrapped_commands_answer_what_their_sh_c_answers(tmp_path):
     """Exit codes, output, $0, positional parameters and what a command leaves behind."""
     commands = [
-        fingerprint._sh('echo $0 $# "$*"; exit 5'),
-        fingerprint._sh("x=1; cd /; pwd; set -e; false; echo never"),
-        fingerprint._sh("echo ${x:-unset}; pwd"),
-        fingerprint._sh(f"cat {tmp_path}/missing 2>/dev/null || echo missing"),
+        fingerprint.probe._sh('echo $0 $# "$*"; exit 5'),
+        fingerprint.probe._sh("x=1; cd /; pwd; set -e; false; echo never"),
+        fingerprint.probe._sh("echo ${x:-unset}; pwd"),
+        fingerprint.probe._sh(f"cat {tmp_path}/missing 2>/dev/null || echo missing"),
     ]
     answers = run_probe(commands)
     for index, command in enumerate(commands):
@@ -415,8 +415,8 @@ _NOT_RENDERING = {
     ("inventory/model.py", "resolve"),
     # What `~` stood for when the last apply validated the inventory, and stands for now: the
     # drift that answers without loading compares the two (fingerprint.settled).
-    ("engine/fingerprint.py", "_alone"),
-    ("engine/fingerprint.py", "_loads_the_same"),
+    ("engine/fingerprint/early.py", "_alone"),
+    ("engine/fingerprint/early.py", "_loads_the_same"),
 }
 
 
@@ -528,7 +528,7 @@ def _unwrapped_by_shlex(command: str) -> str | None:
         parts = shlex.split(command)
     except ValueError:
         return None
-    if len(parts) == 3 and parts[:2] == ["sh", "-c"] and fingerprint._sh(parts[2]) == command:
+    if len(parts) == 3 and parts[:2] == ["sh", "-c"] and fingerprint.probe._sh(parts[2]) == command:
         return parts[2]
     return None
 
@@ -575,6 +575,6 @@ def test_an_apply_records_nothing_when_its_code_changed_on_disk_during_the_run(
 
     assert record().notes == []
     assert fingerprint.load_record(loaded.state_dir, "cpu-1") is not None
-    monkeypatch.setattr(fingerprint, "_code_digest", "the code when the run began")
+    monkeypatch.setattr(fingerprint.keys, "_code_digest", "the code when the run began")
     assert record().notes == [f"{runner.NOT_RECORDED}: {runner.CODE_CHANGED}"]
     assert fingerprint.load_record(loaded.state_dir, "cpu-1") is None

@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 # The groups a host can belong to, and what each one means. Documented in docs/inventory.md too.
+# `Group` below spells the same names for type checkers, in the same order (pydantic's error
+# lists them so); tests/unit/test_validation.py keeps the two equal.
 GROUPS: dict[str, str] = {
     "etcd": "dedicated etcd members (odd count; 5 in the reference design), data on local disk",
     "control_plane": "Kubernetes API server, controller-manager and scheduler (kubeadm)",

@@ -1,7 +1,7 @@
 """Build step that ships the templates and the verification suites inside the wheel.
 
 The folders stay where a reader looks for them (`templates/`, `tests/verify/`); a built wheel
-gets copies under `roles/_assets/` (found by roles/assets.py). An editable install reads the
+gets copies under `toolkit/_assets/` (found by toolkit/assets.py). An editable install reads the
 checkout itself, so it copies nothing.
 """
 
@@ -14,7 +14,7 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
-# (source in the checkout, destination under the built `roles` package)
+# (source in the checkout, destination under the built `toolkit` package)
 ASSETS = [
     (HERE / "templates", Path("_assets/templates")),
     (HERE / "tests" / "__init__.py", Path("_assets/tests/__init__.py")),
@@ -27,9 +27,9 @@ class BuildWithAssets(build_py):
         super().run()
         if getattr(self, "editable_mode", False):
             return
-        roles = Path(self.build_lib) / "roles"
+        toolkit = Path(self.build_lib) / "toolkit"
         for source, destination in ASSETS:
-            target = roles / destination
+            target = toolkit / destination
             if source.is_dir():
                 shutil.rmtree(target, ignore_errors=True)
                 shutil.copytree(

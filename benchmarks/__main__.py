@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from benchmarks import commandline, report, scale, suites
-from roles.limits import raise_open_files_limit
+from toolkit.limits import raise_open_files_limit
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import yaml
 
+from engine.context import host_contexts
+from engine.registry import PHASES
 from inventory.model import LoadedCluster
-from roles.context import host_contexts
-from roles.registry import PHASES
 
 
 @dataclass(frozen=True)
@@ -239,7 +239,7 @@ def write_probes(loaded: LoadedCluster, floor_hosts: Path) -> Path:
     checks it: a host that does not answer as recorded stops the benchmark (the lab is not the
     converged one the records say)."""
     from benchmarks.floor import answer_digest, ask
-    from roles import fingerprint
+    from engine import fingerprint
 
     hosts = json.loads(floor_hosts.read_text())
     marker = "gpuinfra-fingerprint-benchmark"

@@ -14,7 +14,7 @@ no host differs, 3 when one does, 4 when a host could not be reached (gpuinfra d
 
 With `--probes PROBES.json` in place of STATE.json (the `floor-probe` engine), each host is sent
 gpuinfra's own probe instead: the script `gpuinfra drift` sends it (every command its roles'
-deploys asked when the last apply found it converged, batched: roles/fingerprint.py), on stdin
+deploys asked when the last apply found it converged, batched: engine/fingerprint/), on stdin
 to `sh -s` as drift sends it, and the whole answer is compared with the answer the benchmark
 checked against the host's record before the runs (engines.py). What gpuinfra drift costs
 beyond this engine is gpuinfra's controller; what this engine costs beyond the floor is the
@@ -164,7 +164,7 @@ def check(state: dict, hosts: dict) -> dict:
 
 
 # The one field of the probe's answer that may move while the host is unchanged: the access
-# time in the lines of pyinfra's file facts (roles/fingerprint.py masks it the same way).
+# time in the lines of pyinfra's file facts (engine/fingerprint/ masks it the same way).
 _ATIME = re.compile(rb"^(user=\S* group=\S* mode=\S* atime=)-?[0-9]+( mtime=)", re.MULTILINE)
 
 

@@ -7,7 +7,7 @@ import statistics
 from pathlib import Path
 
 from benchmarks.suites import BASELINE, CONNECT, ENGINES, EXACT, PROBE_FLOOR
-from roles.fingerprint import DEFAULT_PARALLEL
+from engine.fingerprint.check import DEFAULT_PARALLEL
 
 FLEET = 7500  # the fleet size the projection is for
 HOSTS_PER_SHARD = 200  # the largest lab measured: a shard never goes past measured ground
@@ -172,7 +172,7 @@ def markdown(results: dict) -> str:
             "state the pyinfra deploy and the Ansible playbook check. gpuinfra checks more of "
             "each host than that (services, sysctls, the live nftables table, users, the pending "
             "restarts): `gpuinfra` is `gpuinfra drift` as operators run it (each host the last "
-            "apply found converged answers in one round trip, roles/fingerprint.py), "
+            "apply found converged answers in one round trip, engine/fingerprint/), "
             f"`{EXACT}` is `gpuinfra drift --exact` (every host operation by operation). "
             f"`{PROBE_FLOOR}` is the floor's client sending each host gpuinfra's own probe (the "
             "script `gpuinfra drift` sends it) and comparing the answer whole: gpuinfra / "

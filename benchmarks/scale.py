@@ -28,7 +28,7 @@ PER_HOST_PROBE = """
 import json, statistics, sys, time
 import cli.main  # the same process setup as the command line
 from inventory.loader import load
-from roles.render import host_contexts, host_files
+from engine.render import host_contexts, host_files
 
 loaded = load(sys.argv[1])
 started = time.process_time()

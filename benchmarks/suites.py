@@ -19,7 +19,7 @@ from pathlib import Path
 from benchmarks.commandline import WRITE_BYTECODE
 from benchmarks.engines import declared_state, write_engines, write_probes
 from benchmarks.measure import Measurement, run_measured
-from roles.context import load
+from engine.context import load
 
 BIN = Path(sys.executable).parent
 GPUINFRA = str(BIN / "gpuinfra")

@@ -26,11 +26,11 @@ from cli.options import (
     ShardOpt,
     parse_shard,
 )
-from cli.output import console, drift_report, emit, exit_code, write_reports
-from roles.ssh import CONNECT_TIMEOUT_S
+from cli.output import console, emit, exit_code, write_reports
+from toolkit.ssh import CONNECT_TIMEOUT_S
 
 # Seconds to wait for each host's SSH connection (pyinfra's connect and banner timeouts); the
-# probes drift sends before it parses its options (roles/fingerprint.py send_early) use it too.
+# probes drift sends before it parses its options (engine/fingerprint/ send_early) use it too.
 DEFAULT_CONNECT_TIMEOUT = CONNECT_TIMEOUT_S
 
 # For tests that act at a given point of a run (tests/integration/test_faults.py kills the
@@ -50,8 +50,8 @@ def plan(
 ) -> None:
     """Show what apply would change, per host and operation; changes nothing."""
     connecting()
-    from roles.context import load
-    from roles.reports import Mode
+    from engine.context import load
+    from engine.reports import Mode
 
     with reporting():
         loaded = load(cluster)
@@ -99,11 +99,11 @@ def apply(
     Holds the cluster's lock while it runs (exit 8 when another apply has it), and refuses
     (exit 2) when the etcd members trust another CA than the controller's .state/."""
     connecting()
-    from roles.clusterstate import applying
-    from roles.context import load
-    from roles.etcd.trust import TrustRefused
-    from roles.pacing import Rate
-    from roles.reports import Mode
+    from engine.clusterstate import applying
+    from engine.context import load
+    from engine.reports import Mode
+    from toolkit.pacing import Rate
+    from toolkit.spec import PreApplyRefused
 
     with reporting():
         loaded = load(cluster)
@@ -123,7 +123,7 @@ def apply(
         with reporting():
             try:
                 loaded, lock = held.enter_context(applying(loaded, break_lock=break_lock))
-            except TrustRefused as exc:
+            except PreApplyRefused as exc:
                 raise UserError(str(exc)) from None
         if lock.taken_over:
             stderr.print(
@@ -168,8 +168,8 @@ def drift(
     A host that the last apply found converged is checked in one round trip: the commands its
     deploys asked then are run again and their outputs compared. Any other host, and any host
     whose outputs differ, is checked operation by operation (what `--exact` does for all)."""
-    from roles.context import load
-    from roles.reports import Mode
+    from engine.context import load
+    from engine.reports import Mode
 
     with reporting():
         loaded = load(cluster)
@@ -179,7 +179,7 @@ def drift(
         connecting()
         report = _run(loaded, options, output)
     else:
-        report = _drift(loaded, options, output, roles)
+        report = _drift(loaded, options, output)
     write_reports(report, report_path, junit)
     emit(report, output, show_diff=True)
     raise typer.Exit(exit_code(report))
@@ -189,22 +189,22 @@ def _split(value: str | None) -> tuple[str, ...]:
     return tuple(v.strip() for v in value.split(",") if v.strip()) if value else ()
 
 
-def _read_only(loaded, roles: str | None, checked: bool = True):
-    """The cluster for plan and drift: its state must be there (never created), and a note
-    when an apply is running on it. Not `checked`: the caller renders every host's files
-    itself, which finds a missing secret as the check would (the drift fast path)."""
-    from inventory.model import StateAccess
-    from roles.applylock import current_holder
+def _read_only(loaded, roles: str | None):
+    """The cluster for plan and drift --exact: its state must be there (never created), and a
+    note when an apply is running on it."""
+    _note_running_apply(loaded)
+    from engine.clusterstate import require_state  # the PKI: cryptography, only when checking
+
+    with reporting():
+        return require_state(loaded, _split(roles))
+
+
+def _note_running_apply(loaded) -> None:
+    from engine.applylock import current_holder
 
     holder = current_holder(loaded.state_dir)
     if holder is not None:
         stderr.print(f"note: an apply is running on this cluster: {holder.describe()}")
-    if not checked:
-        return loaded.with_state_access(StateAccess.existing)
-    from roles.clusterstate import require_state  # the PKI: cryptography, only when checking
-
-    with reporting():
-        return require_state(loaded, _split(roles))
 
 
 def _options(
@@ -220,8 +220,8 @@ def _options(
     rate=None,
 ):
     """RunOptions from the command line, with the checks that need the inventory (exit 2)."""
-    from roles.registry import PHASES
-    from roles.reports import RunOptions
+    from engine.registry import PHASES
+    from engine.reports import RunOptions
 
     with reporting():
         known_roles = {phase.role for phase in PHASES}
@@ -254,51 +254,22 @@ def _host_and_group_names(loaded) -> set[str]:
     return set(cluster.hosts) | {g for host in cluster.hosts.values() for g in host.groups}
 
 
-def _drift(loaded, options, output, roles):
-    """The fast path first (roles/fingerprint.py), then the exact check for the hosts it left.
-    The hosts with a record are asked before the state is checked and the keys are computed
-    (both only read the controller's files), so that their answers are on their way."""
-    import time
-    from dataclasses import replace
+def _drift(loaded, options, output):
+    """The fast path, then the exact check of the hosts it left (engine/drift.py)."""
+    from engine.drift import drift
 
-    from roles import fingerprint
-    from roles.reports import RunReport
-    from roles.selection import selected_hosts
+    _note_running_apply(loaded)
 
-    started = time.monotonic()
-    hosts, notes = selected_hosts(loaded, options)
-    probes = fingerprint.Probes(
-        loaded,
-        hosts,
-        options.roles,
-        options.connect_timeout,
-        options.parallel,
-        early=fingerprint.claim_early(),
-    )
-    try:
-        # When a host's inputs changed, its files are rendered for its key: a missing secret
-        # stops the command there, with the message require_state gives (exit 2), before any
-        # exact check (a secret gone also changes the inputs).
-        with reporting():
-            fast = probes.finish(_read_only(loaded, roles, checked=False))
-    except BaseException:
-        probes.cancel()
-        raise
-    rest = [name for name in hosts if name in fast.exact]
-    if rest:
-        from roles.clusterstate import require_state
-
-        with reporting():
-            loaded = require_state(loaded, _split(roles))
+    def run_exact(loaded, options):
         connecting()
-        exact = _run(loaded, replace(options, limit=tuple(rest), shard=None), output)
-    else:
-        exact = RunReport(cluster=loaded.cluster.name, mode=options.mode)
-    return drift_report(loaded.cluster.name, hosts, notes, fast, exact, started)
+        return _run(loaded, options, output)
+
+    with reporting():
+        return drift(loaded, options, run_exact)
 
 
 def _run(loaded, options, output, record: bool = False):
-    from roles.runner import run
+    from engine.runner import run
 
     if os.environ.get(PROGRESS_FILE_ENV):
         return run(
@@ -329,35 +300,8 @@ def _progress_to_file(path: Path):
 
 
 def _reboot(cluster, report, batch: str | None) -> None:
-    """Reboot the hosts the run left "reboot required", in rolling steps by each group's policy
-    (quorum and serving groups one member at a time, workers --batch at a time, one by
-    default); the report says which came back (flag cleared) and which did not (failed)."""
-    from roles.context import load
-    from roles.orchestrate import batch_size, group_policies, plan_steps
-    from roles.reboot import Rebooter
-    from roles.registry import PHASES
-    from roles.reports import HostStatus
+    """Reboot the hosts the run left "reboot required" (engine/reboot.py `reboot_waiting`)."""
+    from engine.reboot import reboot_waiting
 
-    waiting = [
-        host.name
-        for host in report.hosts.values()
-        if host.reboot_required and host.status in (HostStatus.ok, HostStatus.changed)
-    ]
-    if not waiting:
-        return
     with reporting():
-        loaded = load(cluster)
-    groups_of = {name: loaded.cluster.hosts[name].groups for name in waiting}
-    size = batch_size(batch or "1", len(waiting))
-    steps = plan_steps(waiting, groups_of, group_policies(PHASES), size, rebooting=True)
-    for outcome in Rebooter(loaded).rolling(steps):
-        entry = report.hosts[outcome.host]
-        if outcome.ok:
-            entry.reboot_required = False
-            report.notes.append(f"{outcome.host}: rebooted, back in {outcome.seconds:.1f} s")
-        else:
-            entry.status = HostStatus.failed
-            entry.error = f"reboot: {outcome.error}"
-    left = [name for name in waiting if report.hosts[name].reboot_required]
-    if left:
-        report.notes.append(f"still waiting for a reboot: {', '.join(left)}")
+        reboot_waiting(cluster, report, batch)

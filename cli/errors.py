@@ -11,9 +11,9 @@ import typer
 from cli.consoles import DeferredConsole
 from cli.exitcodes import ExitCode
 from cli.options import state
+from engine.applylock import LockHeld
 from inventory.errors import InventoryInvalid
-from roles.applylock import LockHeld
-from roles.statefiles import StateMissing
+from toolkit.statefiles import StateMissing
 
 stderr = DeferredConsole(stderr=True, highlight=False, soft_wrap=True)
 
@@ -59,7 +59,7 @@ def _traceback_if_verbose() -> None:
 def load_cluster(cluster):
     """The cluster with its role settings. Imported here: `gpuinfra --help` must not pay for
     the inventory's model."""
-    from roles.context import load
+    from engine.context import load
 
     return load(cluster)
 

@@ -161,7 +161,7 @@ def fleet(
     output: FormatOpt = OutputFormat.table,
 ) -> None:
     """Run the checks over SSH on sampled GPU workers; with --cordon, cordon failed ones."""
-    from roles.context import load
+    from engine.context import load
     from roles.gpu_health.expect import cluster_config
     from roles.gpu_health.fleet import run_fleet
 

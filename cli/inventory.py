@@ -19,7 +19,7 @@ console = DeferredConsole(highlight=False)
 @app.command()
 def validate(cluster: ClusterArg) -> None:
     """Check a cluster inventory without connecting to anything; exit 2 on any problem."""
-    from roles.context import load
+    from engine.context import load
 
     with reporting():
         loaded = load(cluster)
@@ -31,7 +31,7 @@ def validate(cluster: ClusterArg) -> None:
 @app.command()
 def show(cluster: ClusterArg, output: FormatOpt = OutputFormat.table) -> None:
     """Show hosts, groups and the derived topology (endpoints, DNS, firewall peers)."""
-    from roles.context import load, topology_of
+    from engine.context import load, topology_of
 
     with reporting():
         loaded = load(cluster)

@@ -127,7 +127,7 @@ def node_add(
 ) -> None:
     """Join nodes of the inventory (rate-limited, like every join)."""
     from day2.kubernetes import add_nodes
-    from roles.runner import HostStatus
+    from engine.runner import HostStatus
 
     with reporting():
         loaded = _load(cluster)

@@ -1,5 +1,5 @@
 """The `gpuinfra` command. A plain `gpuinfra drift CLUSTER` sends its probes to the hosts first,
-before typer, pydantic and the inventory are imported (roles/fingerprint.py send_early): the
+before typer, pydantic and the inventory are imported (engine/fingerprint/ send_early): the
 hosts answer while the rest of the command starts. When the inventory and the code are as the
 last apply left them and every host answers as its record says, that is drift's answer
 (fingerprint.settled): the command never loads the inventory, and never imports typer or
@@ -13,12 +13,12 @@ import sys
 def main() -> None:
     if sys.argv[1:2] == ["apply"]:
         # The code an apply records its hosts under, read before the inventory or any role is
-        # imported (roles/runner.py checks at the end that it is still the code on disk).
-        from roles.fingerprint import code_digest
+        # imported (engine/runner.py checks at the end that it is still the code on disk).
+        from engine.fingerprint import code_digest
 
         code_digest()
     if sys.argv[1:2] == ["drift"]:
-        from roles.fingerprint import send_early
+        from engine.fingerprint import send_early
 
         send_early(sys.argv[2:])
         answer_settled(sys.argv[2:])
@@ -30,7 +30,7 @@ def main() -> None:
 def answer_settled(args: list[str]) -> None:
     """Exit with drift's answer when fingerprint.settled has it; return otherwise (nothing
     printed or written)."""
-    from roles import fingerprint
+    from engine import fingerprint
 
     plain = fingerprint.plain_drift(args)
     found = fingerprint.settled() if plain is not None else None
@@ -39,12 +39,13 @@ def answer_settled(args: list[str]) -> None:
     from pathlib import Path
 
     from cli.exitcodes import ExitCode
-    from cli.output import drift_report, emit, exit_code, write_reports
-    from roles.reports import Mode, RunReport
+    from cli.output import emit, exit_code, write_reports
+    from engine.drift import merged_report
+    from engine.reports import Mode, RunReport
 
     fast = found.result
     exact = RunReport(cluster=found.cluster, mode=Mode.drift)
-    report = drift_report(found.cluster, found.hosts, [], fast, exact, fast.started)
+    report = merged_report(found.cluster, found.hosts, [], fast, exact, fast.started)
     try:
         write_reports(
             report,

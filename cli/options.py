@@ -58,7 +58,7 @@ def _batch(value: str | None) -> str | None:
 
 
 def _rate(value: str | None) -> str | None:
-    from roles.pacing import Rate, RateInvalid
+    from toolkit.pacing import Rate, RateInvalid
 
     if value is not None:
         try:

@@ -14,14 +14,13 @@ from cli.consoles import DeferredConsole
 from cli.exitcodes import ExitCode
 
 if TYPE_CHECKING:
-    from roles.fingerprint import FastCheck
-    from roles.reports import RunReport
+    from engine.reports import RunReport
 
 console = DeferredConsole(highlight=False)
 
 
 def exit_code(report: RunReport) -> ExitCode:
-    from roles.reports import HostStatus
+    from engine.reports import HostStatus
 
     if report.with_status(HostStatus.failed):
         return ExitCode.ERROR
@@ -34,39 +33,15 @@ def exit_code(report: RunReport) -> ExitCode:
 
 def write_reports(report: RunReport, report_path: Path | None, junit: Path | None) -> None:
     """The JSON report (--report) and the JUnit file (--junit), each when asked for."""
-    from roles.statefiles import write_atomically
+    from toolkit.statefiles import write_atomically
 
     if report_path:
         report_path.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(report_path, json.dumps(asdict(report), indent=2).encode())
     if junit:
-        from roles.junit import write_junit
+        from engine.junit import write_junit
 
         write_junit(report, junit)
-
-
-def drift_report(
-    cluster: str,
-    hosts: list[str],
-    notes: list[str],
-    fast: FastCheck,
-    exact: RunReport,
-    started: float,
-) -> RunReport:
-    """drift's report: each host as the fast check matched it or as the exact check found it,
-    in inventory order; the total time from the first probe (which the command line may have
-    sent before the command began) or from `started`, whichever came first."""
-    import time
-
-    from roles import fingerprint
-    from roles.reports import Mode, RunReport
-
-    report = RunReport(cluster=cluster, mode=Mode.drift)
-    report.hosts = {name: fast.reports.get(name) or exact.hosts[name] for name in hosts}
-    report.phase_seconds = {"fast check": fast.seconds, **exact.phase_seconds}
-    report.notes = [*notes, fingerprint.summary(fast, len(hosts)), *exact.notes]
-    report.seconds = time.monotonic() - min(started, fast.started)
-    return report
 
 
 def emit(report: RunReport, output: str, show_diff: bool) -> None:

@@ -19,9 +19,9 @@ def render(
 
     Reads the cluster's .state/ and never writes it: secrets only apply generates (etcd
     certificates and keys, the TSIG key, the keepalived password) are placeholders until then."""
+    from engine.context import load
+    from engine.render import render_cluster
     from inventory.model import StateAccess
-    from roles.context import load
-    from roles.render import render_cluster
 
     with reporting():
         loaded = load(cluster).with_state_access(StateAccess.placeholder)

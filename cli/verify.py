@@ -15,7 +15,7 @@ from cli.consoles import DeferredConsole
 from cli.errors import UserError, reporting
 from cli.exitcodes import ExitCode
 from cli.options import ClusterArg, FormatOpt, OutputFormat
-from roles.verify import DEFAULT_PROCESSES, available_suites, verify
+from engine.verify import DEFAULT_PROCESSES, available_suites, verify
 
 console = DeferredConsole(highlight=False)
 
@@ -41,8 +41,8 @@ def verify_command(
     Exit codes: 0 every check passed, 7 a check failed, 4 a host could not be reached,
     2 bad input."""
     connecting()
-    from roles.context import load
-    from roles.runner import select_hosts
+    from engine.context import load
+    from engine.runner import select_hosts
 
     selected_roles = _split(roles)
     selected_limit = _split(limit)

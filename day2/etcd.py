@@ -19,15 +19,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.runner import Mode, RunOptions, run
 from inventory.model import LoadedCluster
 from inventory.topology import ETCD_CLIENT_PORT, ETCD_METRICS_PORT, ETCD_PEER_PORT, build_topology
 from roles.etcd.config import EtcdConfig
 from roles.etcd.files import INITIAL_STATE_ENV, WAIT_HEALTHY, cluster_settings
 from roles.etcd.gate import GateResult, fio_command, judge
 from roles.etcd.pki import CertExpiry, ensure_pki, expiry_report
-from roles.runner import Mode, RunOptions, run
-from roles.spec import host_config
-from roles.ssh import ssh_argv
+from toolkit.spec import host_config
+from toolkit.ssh import ssh_argv
 
 ENV = "set -a; . /etc/etcd/etcdctl.env; set +a;"
 LOCAL = f"--endpoints=https://127.0.0.1:{ETCD_CLIENT_PORT} --command-timeout=3s --dial-timeout=2s"
@@ -901,7 +901,7 @@ def _ca_serial(loaded: LoadedCluster, stem: str) -> str | None:
 
 def _roll_out(loaded: LoadedCluster, step: str) -> CaRotationStep:
     """One apply of the etcd role (members one at a time, then the clients) and a health check."""
-    from roles.runner import Mode, RunOptions, run
+    from engine.runner import Mode, RunOptions, run
 
     started = time.monotonic()
     report = run(loaded, RunOptions(mode=Mode.apply, roles=("etcd",)))

@@ -1,7 +1,7 @@
 """Day-2 operations on a kubeadm cluster: status, certificate renewal, upgrades one minor at a
 time, and adding or removing nodes.
 
-A layer above the engine (it calls `roles.runner` for `node add`), kept out of the role's deploy
+A layer above the engine (it calls `engine.runner` for `node add`), kept out of the role's deploy
 path: the deploy never imports this module. Commands run on the nodes over SSH (host keys
 checked, as everywhere): kubectl with admin.conf on the first control-plane node, kubeadm on
 the node it acts on. Every step is recorded in order; the first failing step stops the
@@ -21,8 +21,9 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from engine.context import host_contexts
+from engine.runner import Mode, RunOptions, run
 from inventory.model import LoadedCluster
-from roles.context import host_contexts
 from roles.kubernetes.config import KubernetesConfig
 from roles.kubernetes.files import (
     ADMIN_CONF,
@@ -33,9 +34,8 @@ from roles.kubernetes.files import (
     first_control_plane,
 )
 from roles.kubernetes.operations import binary_url, checked_download
-from roles.runner import Mode, RunOptions, run
-from roles.spec import host_config
-from roles.ssh import ssh_argv
+from toolkit.spec import host_config
+from toolkit.ssh import ssh_argv
 
 KUBECTL = f"kubectl --kubeconfig {ADMIN_CONF} --request-timeout=30s"
 # The node's own API server, not admin.conf's endpoint: through the balancer, another node's API

@@ -15,7 +15,7 @@ from inventory.errors import InventoryError, InventoryInvalid
 from inventory.model import Cluster, LoadedCluster
 from inventory.validate import check_cluster
 
-# What the layer above adds to a load (roles/context.py): each host's typed role settings and
+# What the layer above adds to a load (engine/context.py): each host's typed role settings and
 # the problems found while merging and checking them, as (key path, message).
 RoleSettings = dict[str, dict[str, Any]]
 # libyaml's parser when PyYAML was built with it (Debian's and the wheels are), else pure Python.

@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 # The groups a host can belong to, and what each one means. Documented in docs/inventory.md too.
+# `Group` below spells the same names for type checkers, in the same order (pydantic's error
+# lists them so); tests/unit/test_validation.py keeps the two equal.
 GROUPS: dict[str, str] = {
     "etcd": "dedicated etcd members (odd count; 5 in the reference design), data on local disk",
     "control_plane": "Kubernetes API server, controller-manager and scheduler (kubeadm)",
@@ -172,7 +174,7 @@ class LoadedCluster(BaseModel):
     # Line of each key path in the source (for errors found after load); empty for imports.
     lines: dict[tuple[str, ...], int] = Field(default_factory=dict, repr=False)
     # host -> role -> the role's typed settings, merged and validated as a whole at load by the
-    # roles' layer (roles/context.py); empty when only the inventory layer loaded the cluster.
+    # roles' layer (engine/context.py); empty when only the inventory layer loaded the cluster.
     settings: dict[str, dict[str, Any]] = Field(default_factory=dict, repr=False)
     # Set by each command (`with_state_access`); library callers and day-2 commands create.
     state_access: StateAccess = StateAccess.create

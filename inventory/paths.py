@@ -1,6 +1,6 @@
 """Which file a cluster argument names: a cluster.yml, a folder holding one, or an Ansible
 inventory. Standard library only: the command line finds drift's converged records with it
-before it imports the rest of the inventory layer (roles/fingerprint.py send_early)."""
+before it imports the rest of the inventory layer (engine/fingerprint/ send_early)."""
 
 from __future__ import annotations
 
@@ -36,6 +36,6 @@ def locate(path: Path) -> Path:
 
 def text_digest(text: str) -> str:
     """What a cluster file's text was when it was parsed (the file as read, decoded as the
-    loader decodes it): the drift that answers without loading (roles/fingerprint.py settled)
+    loader decodes it): the drift that answers without loading (engine/fingerprint/ settled)
     compares it with the text it reads."""
     return hashlib.sha256(text.encode()).hexdigest()

@@ -57,7 +57,7 @@ class Topology:
     reverse_zones: dict[str, tuple[DNSRecord, ...]]
     forward_records: tuple[DNSRecord, ...]
     # group -> rules; a host gets the union of its groups' rules plus the "all" rules. Filled
-    # from every role's ports by the roles' layer (roles/context.py `topology_of`).
+    # from every role's ports by the roles' layer (engine/context.py `topology_of`).
     firewall: dict[str, tuple[FirewallRule, ...]] = field(default_factory=dict)
 
     def rules_for(self, groups: list[str]) -> list[FirewallRule]:

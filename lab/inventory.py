@@ -12,7 +12,7 @@ from inventory.model import LoadedCluster
 from lab import aptcache, offline, rootfs
 from lab.state import LabState
 from lab.topology import DISK_DEVICE, LAB_GPU_COUNT, LAB_GPU_MODEL
-from roles.statefiles import write_atomically
+from toolkit.statefiles import write_atomically
 
 HEADER = """\
 # Written by `gpuinfra lab up --name {name}`; rewritten on every `up`, do not edit.

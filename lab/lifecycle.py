@@ -25,7 +25,7 @@ from lab.naming import LabNames, check_lab_name
 from lab.state import LabState, locked, read_state, recorded_labs, write_state
 from lab.system import require_root_and_tools, run, succeeds
 from lab.topology import DEFAULT_PARALLEL, Topology, default_topology
-from roles.statefiles import write_secret_atomically
+from toolkit.statefiles import write_secret_atomically
 
 if TYPE_CHECKING:
     from inventory.model import LoadedCluster
@@ -543,7 +543,7 @@ def attach_disk(name: str, host_name: str, size_bytes: int) -> str:
 
 def ssh_argv(name: str, host_name: str, command: list[str], *, batch: bool = True) -> list[str]:
     """The ssh command line to a lab host, with the lab's key and strict host-key checking."""
-    from roles.ssh import ssh_argv as cluster_ssh_argv
+    from toolkit.ssh import ssh_argv as cluster_ssh_argv
 
     state = _state(name)
     state.host(host_name)

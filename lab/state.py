@@ -15,7 +15,7 @@ from lab import addressing, naming
 from lab.errors import LabError, LabInvalid
 from lab.naming import LabNames
 from lab.topology import HostSpec, Topology
-from roles.statefiles import write_secret_atomically
+from toolkit.statefiles import write_secret_atomically
 
 STATE_FILE = "lab.json"
 PRIVATE_KEY = "id_ed25519"

@@ -9,8 +9,8 @@ from pyinfra.operations import apt, files, server
 
 from roles.base.config import BaseConfig
 from roles.base.files import managed_files
-from roles.operations import live_hostname, put_file, restart_if_running, service_running
-from roles.spec import HostContext
+from toolkit.operations import live_hostname, put_file, restart_if_running, service_running
+from toolkit.spec import HostContext
 
 # The distribution's own source lists duplicate ours; apt warns about every duplicate entry.
 DISTRIBUTION_SOURCES = ("/etc/apt/sources.list.d/debian.sources",

@@ -3,16 +3,9 @@
 from __future__ import annotations
 
 from roles.base.config import BaseConfig
-from roles.spec import HostContext, ManagedFile
-from roles.templates import render_template
-
-# Release code names and archive layout per target OS.
-DISTRIBUTIONS = {
-    "debian-12": ("debian", "bookworm", "http://deb.debian.org/debian"),
-    "debian-13": ("debian", "trixie", "http://deb.debian.org/debian"),
-    "ubuntu-22.04": ("ubuntu", "jammy", "http://archive.ubuntu.com/ubuntu"),
-    "ubuntu-24.04": ("ubuntu", "noble", "http://archive.ubuntu.com/ubuntu"),
-}
+from toolkit.distributions import DISTRIBUTIONS
+from toolkit.spec import HostContext, ManagedFile
+from toolkit.templates import render_template
 
 
 def managed_files(ctx: HostContext) -> list[ManagedFile]:

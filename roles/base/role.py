@@ -7,7 +7,7 @@ import ipaddress
 from inventory.model import Cluster, LoadedCluster
 from inventory.topology import FirewallRule, collapse_sources
 from roles.base.config import BaseConfig
-from roles.spec import Phase, Role, lazy
+from toolkit.spec import Phase, Role, lazy
 
 
 def bastion_address(cluster: Cluster) -> list[str]:

@@ -18,13 +18,10 @@ from roles.container_runtime.files import (
     pinned_packages,
     runtime_settings,
 )
-from roles.container_runtime.operations import (
-    containerd_binaries,
-    containerd_tarball_url,
-    repository_key,
-)
-from roles.operations import put_file, restart_if_running, service_running
-from roles.spec import HostContext
+from roles.container_runtime.operations import containerd_binaries, containerd_tarball_url
+from toolkit.aptkeys import repository_key
+from toolkit.operations import put_file, restart_if_running, service_running
+from toolkit.spec import HostContext
 
 
 def wait_for(command: str, seconds: int = 60) -> str:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from roles.base.files import DISTRIBUTIONS
 from roles.container_runtime.config import ContainerRuntimeConfig
-from roles.nvidia.runtime import docker_runtime
-from roles.spec import HostContext, ManagedFile
-from roles.templates import render_template
+from toolkit.distributions import DISTRIBUTIONS
+from toolkit.spec import HostContext, ManagedFile, provided
+from toolkit.templates import render_template
 
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"
 DOCKER_CONFIG = "/etc/docker/daemon.json"
@@ -44,6 +43,9 @@ WantedBy=multi-user.target
 """
 # Other roles' containerd drop-ins (nvidia's runtime), imported by config.toml.
 CONTAINERD_DROP_INS = "/etc/containerd/conf.d/*.toml"
+
+# The nvidia role's runtime entry for Docker's daemon.json (None: no NVIDIA runtime here).
+docker_runtime = provided("nvidia", "docker_runtime")
 
 
 def runtime_settings(ctx: HostContext) -> ContainerRuntimeConfig:

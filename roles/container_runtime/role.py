@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from roles.container_runtime.config import ContainerRuntimeConfig
-from roles.spec import Phase, Role, lazy
+from toolkit.spec import Phase, Role, lazy
 
 KUBERNETES_NODES = ("control_plane", "gpu_worker", "cpu_worker")
 

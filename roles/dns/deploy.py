@@ -17,8 +17,8 @@ from roles.dns.files import (
     zones,
 )
 from roles.dns.operations import put_zone, regular_file, zone_served
-from roles.operations import put_file, service_running
-from roles.spec import HostContext
+from toolkit.operations import put_file, service_running
+from toolkit.spec import HostContext
 
 SERVER_PACKAGES = ["bind9", "bind9-dnsutils"]
 # dig, for checks and for operators on every host.

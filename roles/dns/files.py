@@ -9,11 +9,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from inventory.topology import DNSRecord
-from roles import clock
 from roles.dns.config import DnsConfig
 from roles.dns.secrets import TSIG_ALGORITHM, TSIG_KEY_NAME, tsig_secret, zone_serial
-from roles.spec import HostContext, ManagedFile
-from roles.templates import render_template
+from toolkit import clock
+from toolkit.spec import HostContext, ManagedFile
+from toolkit.templates import render_template
 
 BIND_DIR = "/etc/bind"
 KEY_FILE = f"{BIND_DIR}/{TSIG_KEY_NAME}.key"

@@ -11,9 +11,9 @@ from pyinfra.api.operation import OperationMeta
 from pyinfra.facts.files import Link
 
 from roles.dns.facts import ServedSerials
-from roles.operations import put_checked, remember_file
-from roles.pyinfra_api import inner
-from roles.spec import ManagedFile
+from toolkit.operations import put_checked, remember_file
+from toolkit.pyinfra_api import inner
+from toolkit.spec import ManagedFile
 
 # A secondary picks a change up on the primary's NOTIFY, normally within a second or two.
 SERVE_TIMEOUT_S = 60

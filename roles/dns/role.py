@@ -5,7 +5,7 @@ from __future__ import annotations
 from inventory.model import LoadedCluster
 from inventory.topology import DNS_PORT, FirewallRule, collapse_sources
 from roles.dns.config import DnsConfig
-from roles.spec import Phase, Role, Rolling, lazy
+from toolkit.spec import Phase, Role, Rolling, lazy
 
 
 def ports(loaded: LoadedCluster) -> dict[str, list[FirewallRule]]:

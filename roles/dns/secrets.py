@@ -11,8 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from inventory.model import StateAccess
-from roles import clock
-from roles.statefiles import kept_secret, private_dir, state_lock, write_secret_atomically
+from toolkit import clock
+from toolkit.statefiles import kept_secret, private_dir, state_lock, write_secret_atomically
 
 TSIG_KEY_NAME = "gpuinfra-transfer"
 TSIG_ALGORITHM = "hmac-sha256"
@@ -52,7 +52,7 @@ def zone_serial(
 ) -> int:
     """The zone's serial: unchanged while its records (digest) are, the next one otherwise.
     Rendering the same inventory twice thus gives the same file, and a plan after an apply
-    shows no change; the date is read only for a new serial (roles/clock.py). Only apply
+    shows no change; the date is read only for a new serial (toolkit/clock.py). Only apply
     (`StateAccess.create`) records a new serial; plan and render compute the one apply would
     record."""
     path = dns_state_dir(state_dir) / "serials.json"

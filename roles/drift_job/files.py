@@ -7,7 +7,7 @@ from typing import Any
 
 from inventory.model import LoadedCluster
 from roles.drift_job.config import DriftJobConfig
-from roles.templates import render_template
+from toolkit.templates import render_template
 
 MANIFEST = "drift-job/drift-job.yaml"  # not under kubernetes/: applied by hand, with its inputs
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from roles.drift_job.config import DriftJobConfig
-from roles.spec import Role, lazy
+from toolkit.spec import Role, lazy
 
 ROLE = Role(
     name="drift_job",

@@ -26,9 +26,9 @@ from roles.etcd.files import (
     managed_files,
     settings,
 )
-from roles.facts import UnitState
-from roles.operations import put_file, system_account
-from roles.spec import HostContext
+from toolkit.facts import UnitState
+from toolkit.operations import put_file, system_account
+from toolkit.spec import HostContext
 
 
 @deploy("Etcd")

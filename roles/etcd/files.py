@@ -7,8 +7,8 @@ from inventory.topology import ETCD_CLIENT_PORT, ETCD_METRICS_PORT, ETCD_PEER_PO
 from roles.etcd.config import EtcdConfig
 from roles.etcd.pki import KeyPair, ensure_pki, trusted_cas
 from roles.etcd.release import binary_dir
-from roles.spec import HostContext, ManagedFile, host_config
-from roles.templates import render_template
+from toolkit.spec import HostContext, ManagedFile, host_config
+from toolkit.templates import render_template
 
 PKI = "/etc/etcd/pki"
 ETCDCTL_ENV = "/etc/etcd/etcdctl.env"

@@ -13,13 +13,13 @@ from pyinfra.api import FunctionCommand, OperationError, StringCommand, operatio
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.server import Mounts
 
-from roles import record
 from roles.etcd.config import EtcdConfig
 from roles.etcd.facts import BlockDevice, EtcdInstalled, FstabEntry, Machine, MemberData
 from roles.etcd.gate import fio_command, judge
 from roles.etcd.release import binary_dir, release
-from roles.facts import UnitState
-from roles.operations import start_command
+from toolkit import record
+from toolkit.facts import UnitState
+from toolkit.operations import start_command
 
 LABEL = "gpuinfra-etcd"  # a filesystem with this label was made by us: safe to mount as ours
 
@@ -127,7 +127,7 @@ def etcd_installed(cfg: EtcdConfig, version: str):
     release tarball checked against its SHA-256 before anything is unpacked."""
     bin_dir = binary_dir(cfg)
     if cfg.source == "distribution":
-        # dpkg's list, which every host's roles read already (roles/operations.py prefetch): no
+        # dpkg's list, which every host's roles read already (toolkit/operations.py prefetch): no
         # dpkg-query of its own. An installed or held package only, never one removed with its
         # configuration left.
         versions = sorted((host.get_fact(DebPackages) or {}).get("etcd-server", ()))

@@ -30,8 +30,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from inventory.model import LoadedCluster, StateAccess
-from roles import clock
-from roles.statefiles import (
+from toolkit import clock
+from toolkit.statefiles import (
     PLACEHOLDER,
     StateMissing,
     private_dir,
@@ -307,7 +307,7 @@ def _matches(cert_path: Path, spec: CertSpec, ca_cert: x509.Certificate, renewal
     cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
     if cert.not_valid_after_utc <= renewal.now + renewal.window:
         return False
-    # Kept from this reading of the clock until its renewal window opens (roles/clock.py).
+    # Kept from this reading of the clock until its renewal window opens (toolkit/clock.py).
     clock.holds_until(cert.not_valid_after_utc - renewal.window)
     try:
         # The signature, not only the issuer's name: a new CA may carry the old one's name.

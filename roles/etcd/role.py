@@ -11,7 +11,7 @@ from inventory.topology import (
     host_addresses,
 )
 from roles.etcd.config import EtcdConfig
-from roles.spec import Phase, Role, Rolling, lazy
+from toolkit.spec import Phase, Role, Rolling, lazy
 
 
 def ports(loaded: LoadedCluster) -> dict[str, list[FirewallRule]]:
@@ -61,5 +61,7 @@ ROLE = Role(
         ),
     ),
     ports=ports,
+    # Before an apply changes anything: the members must trust the controller's CA.
+    pre_apply=lazy("roles.etcd.trust:check_live_ca"),
     summary="five dedicated members on local disk, mutual TLS, disk gate, day-2 commands",
 )

@@ -17,14 +17,15 @@ from dataclasses import dataclass
 from inventory.model import LoadedCluster
 from roles.etcd.files import PKI
 from roles.etcd.pki import ca_fingerprint, local_ca_fingerprint, pki_dir
-from roles.ssh import ssh_argv
+from toolkit.spec import PreApplyRefused
+from toolkit.ssh import ssh_argv
 
 LIVE_CA = f"{PKI}/ca.crt"
 NO_CA = "gpuinfra: no CA file"
 READ_TIMEOUT_S = 30
 
 
-class TrustRefused(Exception):
+class TrustRefused(PreApplyRefused):
     """The apply must not go on: the message names the host and why."""
 
 

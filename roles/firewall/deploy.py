@@ -7,8 +7,8 @@ from pyinfra.operations import apt, systemd
 
 from roles.firewall.files import SERVICE_DROPIN, TABLE_FILE, managed_files
 from roles.firewall.operations import table_loaded
-from roles.operations import put_file, service_running
-from roles.spec import HostContext
+from toolkit.operations import put_file, service_running
+from toolkit.spec import HostContext
 
 
 @deploy("Firewall")

@@ -6,7 +6,7 @@ import hashlib
 
 from pyinfra.api import FactBase
 
-from roles.facts import lines_of
+from toolkit.facts import lines_of
 
 # `nft -s`: stateless listing (no counter values), so only the rules themselves are compared.
 LIST_TABLE = "nft -s list table inet gpuinfra"

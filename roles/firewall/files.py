@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from inventory.topology import FirewallRule, collapse_sources
 from roles.firewall.config import FirewallConfig
-from roles.spec import HostContext, ManagedFile
-from roles.templates import render_template
+from toolkit.spec import HostContext, ManagedFile
+from toolkit.templates import render_template
 
 TABLE_FILE = "/etc/nftables.d/gpuinfra.nft"
 NFTABLES_CONF = "/etc/nftables.conf"

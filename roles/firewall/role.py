@@ -8,7 +8,7 @@ from pydantic import BaseModel
 
 from inventory.model import LoadedCluster
 from roles.firewall.config import FirewallConfig
-from roles.spec import Phase, Role, lazy
+from toolkit.spec import Phase, Role, lazy
 
 
 def checks(loaded: LoadedCluster, settings: Mapping[str, Mapping[str, BaseModel]]) -> Iterator:

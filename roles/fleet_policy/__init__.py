@@ -4,13 +4,14 @@ and GPU metrics (device plugin, DCGM exporter, scrape jobs). The preflight gate 
 periodic check are gpu_health's (roles/gpu_health/gate.py and its manifest).
 
 Cluster-wide only (the record in role.py has no host phases): the kubernetes role applies the
-rendered objects with server-side apply and places the scheduler files (`files.scheduler_files`).
-For that role: `team_of`, `node_labels`, `node_taints` and the label/taint constants below.
+rendered objects with server-side apply and places the scheduler files (`scheduler_files`,
+which the record provides). The team labels and taints are the role toolkit's
+(toolkit/nodes.py), re-exported here.
 """
 
 from __future__ import annotations
 
-from roles.fleet_policy.teams import (
+from toolkit.nodes import (
     TEAM_LABEL_KEY,
     TEAM_TAINT_EFFECT,
     TEAM_TAINT_KEY,

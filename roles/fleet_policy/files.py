@@ -9,29 +9,27 @@ is returned, so `gpuinfra render` never writes an object the API server would re
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
 from inventory.model import Cluster, LoadedCluster
 from inventory.topology import DCGM_EXPORTER_PORT, ETCD_METRICS_PORT
-from roles import gpu_health
 from roles.fleet_policy import gang
 from roles.fleet_policy.config import FleetPolicyConfig
 from roles.fleet_policy.schemas import crd_schemas, documents, validate_objects
-from roles.fleet_policy.teams import (
+from toolkit import nodes
+from toolkit.nodes import (
     TEAM_LABEL_KEY,
     TEAM_TAINT_EFFECT,
     TEAM_TAINT_KEY,
+    SchedulerFiles,
     node_labels,
     node_taints,
     team_namespaces,
 )
-from roles.gpu_health.expect import cluster_config as gpu_health_config
-from roles.kubernetes.config import KubernetesConfig
-from roles.spec import host_config
-from roles.templates import render_template
+from toolkit.spec import default_settings, provided, settings_of
+from toolkit.templates import render_template
 
 KUBERNETES_DIR = "kubernetes/fleet-policy"
 NAMESPACE = f"{KUBERNETES_DIR}/namespace.yaml"
@@ -45,6 +43,9 @@ NODES = "fleet-policy/nodes.yaml"
 SCRAPE = "prometheus/fleet-policy-scrape.yml"
 # Namespaces whose pods tolerate every taint by design (node agents): the team policy skips them.
 SYSTEM_NAMESPACES = ("kube-system", "kube-node-lease", "kube-public")
+
+# gpu_health's cluster-wide settings (its namespace is exempt from the team policy).
+gpu_health_config = provided("gpu_health", "cluster_config")
 
 # etcd's debugging and per-method gRPC series; the alerts use fsync/commit latency and leader.
 ETCD_DROP = ["etcd_debugging_.*", "grpc_server_handled_total", "grpc_server_msg_.*", "go_.*"]
@@ -66,7 +67,7 @@ def balloon_pools(cluster: Cluster, cfg: FleetPolicyConfig) -> list[tuple[str, d
     for name, pool in cfg.balloons.items():
         selector: dict[str, str] = {}
         if pool.gpus:
-            selector[gpu_health.GPU_WORKER_LABEL_KEY] = gpu_health.GPU_WORKER_LABEL_VALUE
+            selector[nodes.GPU_WORKER_LABEL_KEY] = nodes.GPU_WORKER_LABEL_VALUE
         if pool.team:
             selector[TEAM_LABEL_KEY] = pool.team
         selector.update(pool.node_selector)
@@ -82,8 +83,8 @@ def node_placement(cluster: Cluster) -> dict[str, Any]:
         labels = node_labels(cluster, name)
         taints = node_taints(cluster, name)
         if name in cluster.in_group("gpu_worker"):
-            labels = {gpu_health.GPU_WORKER_LABEL_KEY: gpu_health.GPU_WORKER_LABEL_VALUE, **labels}
-            taints = [gpu_health.PREFLIGHT_TAINT, *taints]
+            labels = {nodes.GPU_WORKER_LABEL_KEY: nodes.GPU_WORKER_LABEL_VALUE, **labels}
+            taints = [nodes.PREFLIGHT_TAINT, *taints]
         if labels or taints:
             hosts[name] = {"labels": labels, "taints": taints}
     return {"hosts": hosts}
@@ -126,8 +127,8 @@ def template_context(loaded: LoadedCluster) -> dict[str, Any]:
     return {
         "cluster_name": cluster.name,
         "cfg": cfg,
-        "label_key": gpu_health.GPU_WORKER_LABEL_KEY,
-        "label_value": gpu_health.GPU_WORKER_LABEL_VALUE,
+        "label_key": nodes.GPU_WORKER_LABEL_KEY,
+        "label_value": nodes.GPU_WORKER_LABEL_VALUE,
         "taint_key": TEAM_TAINT_KEY,
         "taint_effect": TEAM_TAINT_EFFECT,
         "gpu_resource": health.gpu_resource,
@@ -145,25 +146,13 @@ def template_context(loaded: LoadedCluster) -> dict[str, Any]:
     }
 
 
-def scheduler_client(loaded: LoadedCluster) -> KubernetesConfig:
+def scheduler_client(loaded: LoadedCluster) -> Any:
     """The kubernetes role's settings of the first control-plane node (its defaults without one):
     the scheduler's client limits come from there."""
-    nodes = loaded.cluster.in_group("control_plane")
-    if not nodes:
-        return KubernetesConfig()
-    return host_config(loaded, nodes[0], "kubernetes", KubernetesConfig)
-
-
-@dataclass(frozen=True)
-class SchedulerFiles:
-    """What the kubernetes role puts on every control-plane node for gang scheduling: the
-    upstream kube-scheduler, so no image patch."""
-
-    config_path: str  # where kube-scheduler reads `config` from (mounted by kubeadm)
-    config: str  # the KubeSchedulerConfiguration: the default profile, client limits
-    kubeadm: dict[str, Any]  # the ClusterConfiguration's `scheduler` section (extraArgs, volumes)
-    api_server: dict[str, Any]  # its `apiServer` section: feature gates and runtime-config
-    controller_manager: dict[str, Any]  # its `controllerManager` section ({} when none)
+    control_plane = loaded.cluster.in_group("control_plane")
+    if not control_plane:
+        return default_settings("kubernetes")
+    return settings_of(loaded, control_plane[0], "kubernetes")
 
 
 def scheduler_files(loaded: LoadedCluster, context: dict[str, Any] | None = None) -> SchedulerFiles:

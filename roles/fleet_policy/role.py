@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from inventory.model import LoadedCluster
 from roles.fleet_policy import checks
 from roles.fleet_policy.config import FleetPolicyConfig
-from roles.spec import HostSettings, Role, lazy
+from toolkit.spec import HostSettings, Role, lazy
 
 
 def cluster_checks(loaded: LoadedCluster, settings: HostSettings) -> Iterator[tuple[str, str]]:
@@ -20,5 +20,6 @@ ROLE = Role(
     config=FleetPolicyConfig,
     cluster_files=lazy("roles.fleet_policy.files:cluster_files"),
     checks=cluster_checks,
+    provides={"scheduler_files": lazy("roles.fleet_policy.files:scheduler_files")},
     summary="team isolation, balloons, gang scheduling and GPU metrics on the cluster",
 )

@@ -10,7 +10,7 @@ from typing import Any
 from inventory.model import LoadedCluster
 from roles.gpu_health.checks import Expectations
 from roles.gpu_health.config import GpuHealthConfig
-from roles.spec import host_config
+from toolkit.spec import host_config
 
 
 class UnknownHost(LookupError):

@@ -9,7 +9,7 @@ from inventory.model import LoadedCluster
 from roles import gpu_health
 from roles.gpu_health.expect import cluster_config, expectations_document
 from roles.gpu_health.fleet import parse_budget
-from roles.templates import render_template
+from toolkit.templates import render_template
 
 MANIFEST = "kubernetes/gpu-health.yaml"
 

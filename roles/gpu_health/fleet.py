@@ -14,7 +14,7 @@ from inventory.model import LoadedCluster
 from roles.gpu_health import HEALTH_ANNOTATION
 from roles.gpu_health.commands import CommandResult, run_command
 from roles.gpu_health.results import NodeReport, Verdict
-from roles.ssh import ssh_argv
+from toolkit.ssh import ssh_argv
 
 # (argv, timeout seconds) -> result; the default runs the local ssh and kubectl binaries.
 SshRunner = Callable[[list[str], float], CommandResult]

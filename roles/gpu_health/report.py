@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from roles import statefiles
 from roles.gpu_health.results import NodeReport, Verdict
+from toolkit import statefiles
 
 # Numeric verdicts for metrics: higher is worse; skipped is apart so alerts on > 0 ignore it.
 VERDICT_VALUE = {Verdict.ok: 0, Verdict.degraded: 1, Verdict.failed: 2, Verdict.skipped: -1}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from inventory.model import LoadedCluster
 from inventory.topology import DCGM_EXPORTER_PORT, FirewallRule, host_addresses
 from roles.gpu_health.config import GpuHealthConfig
-from roles.spec import Role, lazy
+from toolkit.spec import Role, lazy
 
 
 def ports(loaded: LoadedCluster) -> dict[str, list[FirewallRule]]:
@@ -20,5 +20,6 @@ ROLE = Role(
     config=GpuHealthConfig,
     ports=ports,
     cluster_files=lazy("roles.gpu_health.files:cluster_files"),
+    provides={"cluster_config": lazy("roles.gpu_health.expect:cluster_config")},
     summary="passive and active GPU checks, preflight taint, budgeted cordoning (in-cluster)",
 )

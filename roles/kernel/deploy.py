@@ -26,8 +26,8 @@ from roles.kernel.operations import (
     sysctls_live,
     sysfs_setting,
 )
-from roles.operations import enable_at_boot, put_file, reboot_required
-from roles.spec import HostContext
+from toolkit.operations import enable_at_boot, put_file, reboot_required
+from toolkit.spec import HostContext
 
 GOVERNOR_FILES = "/sys/devices/system/cpu/cpu*/cpufreq/scaling_governor"
 THP_FILES = "/sys/kernel/mm/transparent_hugepage/enabled"

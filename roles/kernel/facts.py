@@ -6,7 +6,7 @@ import shlex
 
 from pyinfra.api import FactBase
 
-from roles.facts import lines_of
+from toolkit.facts import lines_of
 
 
 def sysctl_path(name: str) -> str:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from roles.kernel.config import DEFAULT_SYSCTLS, KernelConfig
-from roles.spec import HostContext, ManagedFile
-from roles.templates import render_template
+from toolkit.spec import HostContext, ManagedFile
+from toolkit.templates import render_template
 
 SYSCTL_FILE = "/etc/sysctl.d/90-gpuinfra.conf"
 MODULES_FILE = "/etc/modules-load.d/gpuinfra.conf"

@@ -9,7 +9,6 @@ from pyinfra import host
 from pyinfra.api import operation
 from pyinfra.facts.server import Which
 
-from roles.facts import Container
 from roles.kernel.facts import (
     ActiveSwap,
     KernelModules,
@@ -18,7 +17,8 @@ from roles.kernel.facts import (
     SysctlState,
     SysfsValues,
 )
-from roles.operations import reboot_flag_commands, report_note
+from toolkit.facts import Container
+from toolkit.operations import reboot_flag_commands, report_note
 
 # What an operator reads in the report for settings the host cannot take live.
 PERSISTED = "persisted for the next boot"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from roles.kernel.config import KernelConfig
-from roles.spec import Phase, Role, lazy
+from toolkit.spec import Phase, Role, lazy
 
 ROLE = Role(
     name="kernel",

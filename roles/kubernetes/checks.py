@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from inventory.model import LoadedCluster
-from roles.container_runtime.config import ContainerRuntimeConfig
 from roles.kubernetes.config import KubernetesConfig
-from roles.spec import HostSettings
+from toolkit.spec import HostSettings
 
 
 def cluster_checks(loaded: LoadedCluster, settings: HostSettings) -> Iterator[tuple[str, str]]:
@@ -24,9 +23,7 @@ def cluster_checks(loaded: LoadedCluster, settings: HostSettings) -> Iterator[tu
         if not isinstance(kube, KubernetesConfig) or not kube.enabled:
             continue
         problems = []
-        if isinstance(runtime, ContainerRuntimeConfig) and (
-            runtime.cgroup_driver != kube.cgroup_driver
-        ):
+        if runtime is not None and (runtime.cgroup_driver != kube.cgroup_driver):
             problems.append(
                 (
                     "kubernetes.cgroup_driver",

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from roles.pacing import Rate, RateInvalid
+from toolkit.pacing import Rate, RateInvalid
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 

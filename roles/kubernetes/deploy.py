@@ -4,7 +4,7 @@ Two phases: the control plane, then the workers. On the control plane the first 
 `kubeadm init --upload-certs` once, Calico and then every role's cluster objects (server-side
 apply, CRDs first) are applied from it, and the other nodes join one at a time (`_serial`),
 each waiting for /healthz (and Ready, with a CNI) before the next starts.
-Workers join in parallel, paced by the run's shared rate limit (roles/pacing.py), which they
+Workers join in parallel, paced by the run's shared rate limit (toolkit/pacing.py), which they
 acquire inside the join itself, so nodes that are already joined never wait.
 """
 
@@ -37,8 +37,8 @@ from roles.kubernetes.files import (
     repository_url,
     settings,
 )
-from roles.operations import put_file, restart_if_running, service_running
-from roles.spec import HostContext
+from toolkit.operations import put_file, restart_if_running, service_running
+from toolkit.spec import HostContext
 
 OPERATOR_KUBECONFIG = "kubernetes/admin.conf"  # under the cluster's state directory
 POD_ROUTES_SERVICE = "gpuinfra-pod-routes"

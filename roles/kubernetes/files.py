@@ -14,12 +14,12 @@ from typing import Any
 import yaml
 
 from inventory.model import Cluster, LoadedCluster
-from roles import fleet_policy, gpu_health
-from roles.fleet_policy.files import SchedulerFiles, scheduler_files
 from roles.kubernetes import models as m
 from roles.kubernetes.config import KubernetesConfig
 from roles.kubernetes.role import NODE_GROUPS
-from roles.spec import HostContext, ManagedFile, host_config
+from toolkit import nodes
+from toolkit.nodes import SchedulerFiles
+from toolkit.spec import HostContext, ManagedFile, host_config, provided
 
 CONFIG_DIR = "/etc/kubernetes/gpuinfra"
 DEFAULT_IMAGE_REPOSITORY = "registry.k8s.io"
@@ -82,6 +82,9 @@ KUBELET_CONF = "/etc/kubernetes/kubelet.conf"
 # Where the etcd role's client phase puts the API servers' etcd CA and client certificate
 # (roles/etcd/files.py APISERVER_PKI and client_files; kubeadm's external-etcd layout).
 APISERVER_PKI = "/etc/kubernetes/pki"
+
+# fleet_policy renders the scheduler's files; this role places them on the control plane.
+scheduler_files = provided("fleet_policy", "scheduler_files")
 
 
 def settings(ctx: HostContext) -> KubernetesConfig:
@@ -378,10 +381,10 @@ def cluster_configuration(ctx: HostContext, cfg: KubernetesConfig) -> m.ClusterC
 def node_labels(ctx: HostContext, cfg: KubernetesConfig) -> dict[str, str]:
     """kubelet's --node-labels: the inventory's own, the team's (`teams:`), the GPU's."""
     labels = dict(cfg.node_labels)
-    labels.update(fleet_policy.node_labels(ctx.cluster, ctx.name))
+    labels.update(nodes.node_labels(ctx.cluster, ctx.name))
     gpu = ctx.host.gpu
     if "gpu_worker" in ctx.host.groups and gpu is not None:
-        labels[gpu_health.GPU_WORKER_LABEL_KEY] = gpu_health.GPU_WORKER_LABEL_VALUE
+        labels[nodes.GPU_WORKER_LABEL_KEY] = nodes.GPU_WORKER_LABEL_VALUE
         labels["nvidia.com/gpu.product"] = gpu.model
         labels["nvidia.com/gpu.count"] = str(gpu.count)
     return labels
@@ -397,18 +400,14 @@ def registration_taints(ctx: HostContext) -> list[m.Taint] | None:
     if "gpu_worker" in ctx.host.groups:
         taints.append(
             m.Taint(
-                key=gpu_health.PREFLIGHT_TAINT_KEY,
-                value=gpu_health.PREFLIGHT_TAINT_VALUE,
-                effect=gpu_health.PREFLIGHT_TAINT_EFFECT,
+                key=nodes.PREFLIGHT_TAINT_KEY,
+                value=nodes.PREFLIGHT_TAINT_VALUE,
+                effect=nodes.PREFLIGHT_TAINT_EFFECT,
             )
         )
-    team = fleet_policy.team_of(ctx.cluster, ctx.name)
+    team = nodes.team_of(ctx.cluster, ctx.name)
     if team is not None:
-        taints.append(
-            m.Taint(
-                key=fleet_policy.TEAM_TAINT_KEY, value=team, effect=fleet_policy.TEAM_TAINT_EFFECT
-            )
-        )
+        taints.append(m.Taint(key=nodes.TEAM_TAINT_KEY, value=team, effect=nodes.TEAM_TAINT_EFFECT))
     if not taints and "control_plane" in ctx.host.groups:
         return None
     return taints

@@ -26,9 +26,6 @@ from pyinfra.api import FunctionCommand, OperationError, StringCommand, operatio
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import Sha1File
 
-from roles import record
-from roles.container_runtime.operations import KeyFingerprints, fetch_key_commands
-from roles.facts import HeldPackages
 from roles.kubernetes import models as m
 from roles.kubernetes.config import KubernetesConfig
 from roles.kubernetes.facts import (
@@ -45,8 +42,11 @@ from roles.kubernetes.files import (
     SECRET_DIR,
     ApplyStage,
 )
-from roles.operations import report_note, wait_for
-from roles.pacing import Pacer, Rate, shared_pacer
+from toolkit import record
+from toolkit.aptkeys import KeyFingerprints, fetch_key_commands
+from toolkit.facts import HeldPackages
+from toolkit.operations import report_note, wait_for
+from toolkit.pacing import Pacer, Rate, shared_pacer
 
 PACKAGES = ("kubeadm", "kubelet", "kubectl")
 JOIN_PACER = "kubernetes-join"

@@ -15,7 +15,7 @@ from inventory.topology import (
 )
 from roles.kubernetes.checks import cluster_checks
 from roles.kubernetes.config import KubernetesConfig
-from roles.spec import Phase, Role, Rolling, lazy
+from toolkit.spec import Phase, Role, Rolling, lazy
 
 CONTROL_PLANE_NODE_GROUPS = ("control_plane",)
 WORKER_GROUPS = ("gpu_worker", "cpu_worker")

@@ -14,8 +14,8 @@ from roles.loadbalancer.files import (
     uses_keepalived,
 )
 from roles.loadbalancer.operations import haproxy_serving
-from roles.operations import put_file, service_running, wait_for
-from roles.spec import HostContext
+from toolkit.operations import put_file, service_running, wait_for
+from toolkit.spec import HostContext
 
 # socat: the way to talk to HAProxy's runtime API socket (show stat, disable server...).
 PACKAGES = ["haproxy", "socat"]

@@ -9,9 +9,9 @@ import string
 from inventory.model import Cluster, LoadedCluster
 from inventory.topology import HAPROXY_STATS_PORT
 from roles.loadbalancer.config import LoadBalancerConfig
-from roles.spec import HostContext, ManagedFile
-from roles.statefiles import kept_secret
-from roles.templates import render_template
+from toolkit.spec import HostContext, ManagedFile
+from toolkit.statefiles import kept_secret
+from toolkit.templates import render_template
 
 HAPROXY_CONFIG = "/etc/haproxy/haproxy.cfg"
 HAPROXY_SOCKET = "/run/haproxy/admin.sock"

@@ -6,7 +6,7 @@ from pyinfra import host
 from pyinfra.api import operation
 
 from roles.loadbalancer.facts import HAProxyServing
-from roles.operations import wait_for
+from toolkit.operations import wait_for
 
 
 @operation()

@@ -10,7 +10,7 @@ from inventory.topology import (
     host_addresses,
 )
 from roles.loadbalancer.config import LoadBalancerConfig
-from roles.spec import Phase, Role, Rolling, lazy
+from toolkit.spec import Phase, Role, Rolling, lazy
 
 
 def ports(loaded: LoadedCluster) -> dict[str, list[FirewallRule]]:

@@ -16,8 +16,8 @@ from roles.monitoring.files import (
     textfile_dir,
 )
 from roles.monitoring.targets import PROMETHEUS_PORT
-from roles.operations import put_file, restart_if_running, service_running, wait_for
-from roles.spec import HostContext
+from toolkit.operations import put_file, restart_if_running, service_running, wait_for
+from toolkit.spec import HostContext
 
 
 @deploy("Node exporter")

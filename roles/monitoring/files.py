@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 
 from inventory.model import LoadedCluster
-from roles.gpu_health.config import GpuHealthConfig
 from roles.monitoring.config import MonitoringConfig
 from roles.monitoring.dashboards import DASHBOARDS
 from roles.monitoring.targets import PROMETHEUS_PORT, scrape_jobs
-from roles.spec import HostContext, ManagedFile, host_config
-from roles.templates import render_template
+from toolkit.spec import HostContext, ManagedFile, default_settings, settings_of
+from toolkit.templates import render_template
 
 NODE_EXPORTER_DEFAULTS = "/etc/default/prometheus-node-exporter"
 PROMETHEUS_DEFAULTS = "/etc/default/prometheus"
@@ -26,7 +25,7 @@ GPU_HEALTH_STALE_RUNS = 3
 
 def textfile_dir(ctx: HostContext) -> str:
     """Where gpu_health writes its .prom file on this host: node exporter reads the same place."""
-    cfg = ctx.config(GpuHealthConfig)
+    cfg = ctx.settings_of("gpu_health")
     return cfg.textfile_dir
 
 
@@ -44,10 +43,11 @@ def node_exporter_files(ctx: HostContext) -> list[ManagedFile]:
 def gpu_health_stale_seconds(loaded: LoadedCluster) -> int:
     """Age past which GPU health metrics are stale: a few runs of the slowest configured node."""
     intervals = [
-        host_config(loaded, name, "gpu_health", GpuHealthConfig).passive_interval_s
+        settings_of(loaded, name, "gpu_health").passive_interval_s
         for name in loaded.cluster.in_group("gpu_worker")
     ]
-    return GPU_HEALTH_STALE_RUNS * max(intervals or [GpuHealthConfig().passive_interval_s])
+    default = default_settings("gpu_health").passive_interval_s
+    return GPU_HEALTH_STALE_RUNS * max(intervals or [default])
 
 
 def prometheus_files(ctx: HostContext) -> list[ManagedFile]:

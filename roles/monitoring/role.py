@@ -11,7 +11,7 @@ from inventory.topology import (
     host_addresses,
 )
 from roles.monitoring.config import MonitoringConfig
-from roles.spec import Phase, Role, lazy
+from toolkit.spec import Phase, Role, lazy
 
 
 def ports(loaded: LoadedCluster) -> dict[str, list[FirewallRule]]:

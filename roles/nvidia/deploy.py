@@ -7,7 +7,6 @@ from __future__ import annotations
 from pyinfra.api import deploy
 from pyinfra.operations import apt, server, systemd
 
-from roles.container_runtime.operations import repository_key
 from roles.nvidia import files as nvidia_files
 from roles.nvidia.compat import has_nvswitch
 from roles.nvidia.files import (
@@ -29,8 +28,9 @@ from roles.nvidia.operations import (
     packages_pinned,
     unavailable_reported,
 )
-from roles.operations import enable_at_boot, put_file, restart_if_running, wait_for
-from roles.spec import HostContext
+from toolkit.aptkeys import repository_key
+from toolkit.operations import enable_at_boot, put_file, restart_if_running, wait_for
+from toolkit.spec import HostContext
 
 
 @deploy("Nvidia")

@@ -3,13 +3,12 @@ blacklist, module settings, containerd drop-in and the CDI refresh unit."""
 
 from __future__ import annotations
 
-from roles.container_runtime.config import ContainerRuntimeConfig
 from roles.nvidia.compat import REPOSITORY_OS, driver_branch, module_flavour
 from roles.nvidia.config import NvidiaConfig
 from roles.nvidia.packages import PackagePlan, package_plan
 from roles.nvidia.runtime import containerd_runtime
-from roles.spec import HostContext, ManagedFile
-from roles.templates import render_template
+from toolkit.spec import HostContext, ManagedFile
+from toolkit.templates import render_template
 
 SOURCES = "/etc/apt/sources.list.d/nvidia-cuda.sources"
 KEY = "/etc/apt/keyrings/nvidia-cuda.asc"
@@ -98,7 +97,7 @@ def managed_files(ctx: HostContext) -> list[ManagedFile]:
             CONTAINERD_DROP_IN,
             "containerd.toml.j2",
             check="containerd --config {path} config dump >/dev/null",
-            runtime_cfg=ctx.config(ContainerRuntimeConfig),
+            runtime_cfg=ctx.settings_of("container_runtime"),
             nvidia=containerd_runtime(ctx),
         ),
         file(f"/etc/systemd/system/{CDI_UNIT}", "nvidia-cdi.service.j2", spec=CDI_SPEC),

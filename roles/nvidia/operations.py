@@ -11,10 +11,10 @@ from pyinfra.api import operation
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.server import Which
 
-from roles.facts import Container, HeldPackages, UnitState
 from roles.nvidia.facts import DriverLoaded, NvswitchDevices
 from roles.nvidia.packages import Missing, Package
-from roles.operations import reboot_flag_commands, report_note
+from toolkit.facts import Container, HeldPackages, UnitState
+from toolkit.operations import reboot_flag_commands, report_note
 
 APT_INSTALL = (
     "DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from roles.nvidia.compat import check_pins
 from roles.nvidia.config import NvidiaConfig
-from roles.spec import Phase, Role, Rolling, lazy
+from toolkit.spec import Phase, Role, Rolling, lazy
 
 ROLE = Role(
     name="nvidia",
@@ -20,6 +20,7 @@ ROLE = Role(
         ),
     ),
     checks=check_pins,
+    provides={"docker_runtime": lazy("roles.nvidia.runtime:docker_runtime")},
     summary="NVIDIA driver, CUDA, cuDNN, NCCL, fabric manager, DCGM, container toolkit: pinned, "
     "held, checked against each other",
 )

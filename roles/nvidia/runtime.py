@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from roles.nvidia.config import NvidiaConfig
 from roles.nvidia.packages import package_plan
-from roles.spec import HostContext
+from toolkit.spec import HostContext
 
 RUNTIME_BINARY = "/usr/bin/nvidia-container-runtime"
 

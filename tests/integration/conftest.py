@@ -28,12 +28,12 @@ from pathlib import Path
 
 import pytest
 
+from engine.context import load
 from inventory.model import LoadedCluster
 from lab import lifecycle
 from lab.state import read_state
 from lab.topology import Topology, default_topology
-from roles.context import load
-from roles.ssh import ssh_argv
+from toolkit.ssh import ssh_argv
 
 # Two sessions at once on one machine (two developers) each set their own name.
 LAB_NAME = os.environ.get("GPUINFRA_LAB_NAME", "itest")

@@ -15,11 +15,11 @@ import pytest
 import yaml
 
 from cli.exitcodes import ExitCode
-from roles import fingerprint
-from roles.context import load
-from roles.facts import HeldPackages
-from roles.ssh import ssh_argv
+from engine import fingerprint
+from engine.context import load
 from tests.integration.roles_helpers import failed_run
+from toolkit.facts import HeldPackages
+from toolkit.ssh import ssh_argv
 
 GPUINFRA = str(Path(sys.executable).parent / "gpuinfra")
 
@@ -92,12 +92,12 @@ def imported(*args: str) -> set[str]:
 
 
 def test_a_clean_fleets_drift_renders_nothing_and_imports_no_engine(converged):
-    """The converged hosts' inputs stand for their files (roles/clock.py): no Jinja, no
+    """The converged hosts' inputs stand for their files (toolkit/clock.py): no Jinja, no
     certificate parsing, no pyinfra or paramiko. The exact check of the same fleet imports
     them (the control: the probe sees those imports when they happen)."""
     engines = {"jinja2", "cryptography", "pyinfra", "paramiko"}
     fast = imported("drift", str(converged.inventory_path), "--format", "json")
-    assert "roles.fingerprint" in fast and not engines & fast
+    assert "engine.fingerprint" in fast and not engines & fast
     exact = imported("drift", str(converged.inventory_path), "--format", "json", "--exact")
     assert engines <= exact
     # Answered without the inventory: neither its loader nor the command line's parser.
@@ -109,7 +109,7 @@ def test_a_clean_fleets_drift_renders_nothing_and_imports_no_engine(converged):
 
 def test_each_batched_answer_is_what_its_command_prints_alone(converged):
     """The grouped file and unit facts and the commands run without their own `sh -c`
-    (roles/fingerprint.py) against each command run on its own as the SSH channel runs it, on
+    (engine/fingerprint/) against each command run on its own as the SSH channel runs it, on
     hosts of every kind the lab has: control for the batching itself."""
     loaded = load(converged.inventory_path)
     for host in ("etcd-1", "lb-1", "gpu-1"):
@@ -131,7 +131,7 @@ def test_each_batched_answer_is_what_its_command_prints_alone(converged):
 
 
 def test_held_packages_are_what_apt_mark_shows_on_every_kind_of_host(converged):
-    """roles.facts.HeldPackages reads dpkg's database where apt-mark reads apt's cache: the same
+    """toolkit.facts.HeldPackages reads dpkg's database where apt-mark reads apt's cache: the same
     names on each host, the GPU host's held NVIDIA packages among them (the control that
     there is something to compare)."""
     loaded = load(converged.inventory_path)

@@ -196,7 +196,7 @@ def test_a_restart_systemd_refuses_fails_with_the_units_journal_and_is_not_retri
     (a new main process); a unit whose new configuration cannot start fails the command with
     the journal's reason, and only systemd's transient `resources` result would start it again
     (exit-code here: one start, not two)."""
-    from roles.operations import restart_command
+    from toolkit.operations import restart_command
 
     host, unit = lab.hosts[0], "gpuinfra-restart-probe"
     path = f"/etc/systemd/system/{unit}.service"

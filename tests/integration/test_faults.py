@@ -53,9 +53,9 @@ from lab import lifecycle
 from lab.host import HostPaths, nspawn_pid
 from lab.state import read_state
 from lab.topology import HostSpec, Topology
-from roles.ssh import ssh_argv
 from tests.integration.conftest import KEEP_ENV, LabCluster, boot_lab
 from tests.integration.roles_helpers import GPUINFRA, gpuinfra
+from toolkit.ssh import ssh_argv
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 

@@ -21,13 +21,13 @@ import pytest
 import yaml
 
 from cli.exitcodes import ExitCode
+from engine.context import load
 from lab import lifecycle
 from lab.state import read_state
 from lab.topology import generic_topology
-from roles.context import load
-from roles.ssh import SSHSettings
 from tests.integration.conftest import KEEP_ENV, LabCluster, boot_lab
 from tests.integration.roles_helpers import gpuinfra
+from toolkit.ssh import SSHSettings
 
 pytestmark = pytest.mark.integration
 LAB_NAME = os.environ.get("GPUINFRA_SSH_LAB_NAME", "ssh")

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from cli.exitcodes import ExitCode
+from engine.context import load
 from lab import lifecycle
 from lab.topology import HostSpec, Topology
-from roles.context import load
 from roles.etcd.pki import ensure_pki, local_ca_fingerprint
 from roles.etcd.trust import LIVE_CA, check_live_ca
 from tests.integration.conftest import KEEP_ENV, LabCluster, boot_lab

@@ -70,7 +70,7 @@ def test_the_installed_package_is_the_wheel_not_the_checkout(installed) -> None:
     venv, _ = installed
     where = run(
         [venv / "bin" / "python", "-c",
-         "import roles.assets as a, cli; print(a.__file__); print(a.TEMPLATES); "
+         "import toolkit.assets as a, cli; print(a.__file__); print(a.TEMPLATES); "
          "print(a.VERIFY_SUITES)"],
         venv,
     )  # fmt: skip

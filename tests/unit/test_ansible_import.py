@@ -8,8 +8,8 @@ import yaml
 from typer.testing import CliRunner
 
 from cli.main import app
+from engine.context import load
 from inventory.ansible_import import import_ansible
-from roles.context import load
 
 KUBESPRAY = Path(__file__).parent / "data" / "kubespray"
 runner = CliRunner()

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from cli.exitcodes import ExitCode
 from cli.main import app
-from roles.applylock import LOCK_FILE, LockHeld, apply_lock, current_holder
+from engine.applylock import LOCK_FILE, LockHeld, apply_lock, current_holder
 from tests.unit.loopback import loopback_cluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,7 +28,7 @@ runner = CliRunner()
 CONTENDER = """
 import sys
 from pathlib import Path
-from roles.applylock import LockHeld, apply_lock
+from engine.applylock import LockHeld, apply_lock
 try:
     with apply_lock(Path(sys.argv[1]), sys.argv[2]):
         print("held", flush=True)

@@ -73,7 +73,7 @@ def test_the_remote_command_answers_in_the_format_compare_reads(tmp_path) -> Non
 
 def test_the_probe_answers_digest_masks_only_the_access_time_of_stat_lines() -> None:
     """What floor-probe compares moves with every field of the answer but stat's atime, the
-    one field gpuinfra drift compares loosely too (roles/fingerprint.py)."""
+    one field gpuinfra drift compares loosely too (engine/fingerprint/)."""
     line = b"user=root group=root mode=-rw-r--r-- atime=100 mtime=200 ctime=300 size=5 '/etc/x'\n"
     answer = b"m 0 0\n" + line + b"m stat 0\n"
     digest = answer_digest(answer)

@@ -11,8 +11,8 @@ import yaml
 
 from benchmarks.engines import declared_state, write_engines
 from benchmarks.report import markdown, projection
-from roles.context import host_contexts, host_files, load
-from roles.render import render_cluster
+from engine.context import host_contexts, host_files, load
+from engine.render import render_cluster
 from tests.unit.conftest import SAMPLE
 
 

@@ -15,7 +15,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 HEAVY = ("pyinfra", "gevent", "ansible", "cryptography", "jinja2")
 # What an inventory's model needs, and --help does not.
-MODEL = ("pydantic", "yaml", "inventory.model", "roles.registry")
+MODEL = ("pydantic", "yaml", "inventory.model", "engine.registry")
 # Every command module but the inventory group's, and what only they import.
 OTHER_COMMANDS = (
     "cli.engine",
@@ -27,7 +27,7 @@ OTHER_COMMANDS = (
     "cli.kubernetes",
     "lab",
     "day2",
-    "roles.verify",
+    "engine.verify",
 )
 
 
@@ -95,7 +95,7 @@ import cli.main
 from cli import connecting
 connecting()
 from gevent import monkey
-import roles.runner
+import engine.runner
 assert monkey.is_module_patched("socket") and monkey.is_module_patched("ssl")
 print("patched")
 """

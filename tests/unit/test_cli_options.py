@@ -116,7 +116,7 @@ def test_verbose_shows_the_traceback_of_an_unexpected_error(tmp_path, monkeypatc
     def broken(*args, **kwargs):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr("roles.context.load", broken)  # cli.inventory imports it when called
+    monkeypatch.setattr("engine.context.load", broken)  # cli.inventory imports it when called
     quiet = runner.invoke(app, ["inventory", "validate", str(tmp_path)])
     assert quiet.exit_code == ExitCode.ERROR
     assert quiet.stderr.strip().splitlines() == [

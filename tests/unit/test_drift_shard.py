@@ -8,10 +8,10 @@ from typer.testing import CliRunner
 
 from cli.exitcodes import ExitCode
 from cli.main import app
-from roles.context import load
+from engine.context import load
+from engine.render import render_cluster
+from engine.runner import shard_hosts
 from roles.drift_job.files import MANIFEST, cluster_files
-from roles.render import render_cluster
-from roles.runner import shard_hosts
 from tests.unit.conftest import SAMPLE
 
 runner = CliRunner()

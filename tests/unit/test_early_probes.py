@@ -1,4 +1,4 @@
-"""Drift's probes sent by the command line before it loads the inventory (roles/fingerprint.py
+"""Drift's probes sent by the command line before it loads the inventory (engine/fingerprint/
 send_early): kept only where they are exactly the probes drift would send, stopped otherwise.
 
 Stand-in: each "host" is `sh -s` on this machine (the probe's ssh command line is replaced by
@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from roles import fingerprint
-from roles.context import load
-from roles.fingerprint import Asking, Record
+from engine import fingerprint
+from engine.context import load
+from engine.fingerprint.check import Asking
+from engine.fingerprint.records import Record
 from tests.unit.loopback import loopback_cluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,9 +63,9 @@ def imported(code: str) -> list[str]:
 
 
 def test_the_command_line_sends_before_it_imports_the_rest():
-    assert imported("import cli.launch, roles.fingerprint, inventory.paths") == []
+    assert imported("import cli.launch, engine.fingerprint, inventory.paths") == []
     # Positive control: the check sees what the inventory's loader brings in.
-    assert {"pydantic", "yaml"} <= set(imported("import roles.context"))
+    assert {"pydantic", "yaml"} <= set(imported("import engine.context"))
 
 
 def answers_of(asking: Asking, name: str, commands: list[str]) -> dict:
@@ -114,9 +115,9 @@ def test_a_probe_that_is_not_the_one_drift_sends_is_stopped(tmp_path):
 def recorded(tmp_path, monkeypatch):
     """The loopback cluster with a record per host whose commands answer here, and the sheet
     an apply writes; every probe runs `sh -s` here."""
-    monkeypatch.setattr(fingerprint, "probe_argv", lambda ssh, address: list(LOCAL))
-    monkeypatch.setattr(fingerprint, "_early", None)
-    monkeypatch.setattr(fingerprint, "_sheet", None)
+    monkeypatch.setattr(fingerprint.check, "probe_argv", lambda ssh, address: list(LOCAL))
+    monkeypatch.setattr(fingerprint.early, "_early", None)
+    monkeypatch.setattr(fingerprint.early, "_sheet", None)
     key = tmp_path / "keys" / "id_test"  # outside the inventory's folder, as the lab's is
     key.parent.mkdir()
     key.write_text("not a key: validation checks its mode and that it can be read\n")
@@ -160,7 +161,7 @@ def test_a_plain_drift_keeps_every_probe_sent_early(recorded):
 
 def test_without_the_early_probes_drift_answers_the_same(recorded):
     fingerprint.send_early([str(recorded), "--exact"])  # not plain: nothing sent
-    assert fingerprint._early is None
+    assert fingerprint.early._early is None
     result = fast_check(recorded)
     assert result.early == 0
     assert sorted(result.reports) == sorted(load(recorded).cluster.hosts)
@@ -182,7 +183,7 @@ def test_an_edited_inventory_sends_nothing_early(recorded):
     cluster = recorded / "cluster.yml"
     cluster.write_text(cluster.read_text() + "\n")
     fingerprint.send_early([str(recorded)])
-    assert fingerprint._early is None
+    assert fingerprint.early._early is None
     # Control: the sheet written for the inventory as it is now sends again.
     fingerprint.write_early_sheet(load(recorded))
     fingerprint.send_early([str(recorded)])
@@ -214,11 +215,11 @@ def test_an_ansible_inventory_s_stamp_covers_its_folder(tmp_path):
 def test_other_code_sends_nothing_early(recorded, monkeypatch):
     """A sheet written by other code (an upgrade since the apply): the inventory has not been
     validated by this code, so nothing is sent before it is."""
-    monkeypatch.setattr(fingerprint, "_code_digest", "another version")
+    monkeypatch.setattr(fingerprint.keys, "_code_digest", "another version")
     fingerprint.send_early([str(recorded)])
-    assert fingerprint._early is None
+    assert fingerprint.early._early is None
     monkeypatch.undo()
-    monkeypatch.setattr(fingerprint, "probe_argv", lambda ssh, address: list(LOCAL))
+    monkeypatch.setattr(fingerprint.check, "probe_argv", lambda ssh, address: list(LOCAL))
     fingerprint.send_early([str(recorded)])  # control: this code's sheet sends
     assert fingerprint.claim_early() is not None
 
@@ -226,7 +227,7 @@ def test_other_code_sends_nothing_early(recorded, monkeypatch):
 def test_the_formats_sent_early_are_the_command_lines():
     from cli.options import OutputFormat
 
-    assert tuple(f.value for f in OutputFormat) == fingerprint._FORMATS
+    assert tuple(f.value for f in OutputFormat) == fingerprint.early._FORMATS
 
 
 def test_a_dropped_host_that_waits_for_a_slot_is_never_started(tmp_path):
@@ -268,7 +269,9 @@ def test_a_settled_fleet_is_answered_without_loading_the_inventory(recorded):
 
 def settles(folder: Path) -> bool:
     fingerprint.send_early([str(folder)])
-    assert fingerprint._early is not None  # sent: what changed is not in the inventory's stamp
+    assert (
+        fingerprint.early._early is not None
+    )  # sent: what changed is not in the inventory's stamp
     found = fingerprint.settled()
     early = fingerprint.claim_early()
     if early is not None:
@@ -320,7 +323,7 @@ def change_an_answer(folder, monkeypatch):
 
 def hold_the_lock(folder, monkeypatch):
     """The record an apply that runs keeps in the lock file (this process stands for it)."""
-    from roles.applylock import LOCK_FILE, this_process
+    from engine.applylock import LOCK_FILE, this_process
 
     holder = json.dumps(asdict(this_process("gpuinfra apply")))
     (folder / ".state" / LOCK_FILE).write_text(holder + "\n")
@@ -362,7 +365,7 @@ def test_what_a_load_or_the_fast_check_would_see_leaves_drift_to_its_own_path(
 # on every file and directory opened while it loads and validates.
 _LOADING = """
 import json, sys
-from roles.context import load
+from engine.context import load
 
 opened = []
 watched = {"open", "os.listdir", "os.scandir"}
@@ -411,8 +414,8 @@ def test_an_ansible_inventory_is_always_loaded(tmp_path):
 
     loaded = load(loopback_cluster(tmp_path / "c"))
     imported = LoadedCluster(**{**dict(loaded), "text_digest": None})  # as import_ansible builds
-    assert fingerprint._alone(imported, {}) is None
-    assert fingerprint._alone(loaded, {}) is not None  # control: a cluster file's load
+    assert fingerprint.early._alone(imported, {}) is None
+    assert fingerprint.early._alone(loaded, {}) is not None  # control: a cluster file's load
 
 
 def test_the_settled_answer_is_the_command_s_answer(recorded, tmp_path, capsys):

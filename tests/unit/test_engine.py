@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 from cli.exitcodes import ExitCode
 from cli.main import app
 from cli.output import exit_code
-from roles.context import load
-from roles.junit import write_junit
-from roles.runner import (
+from engine.context import load
+from engine.junit import write_junit
+from engine.runner import (
     REDACTED,
     HostReport,
     HostStatus,
@@ -24,8 +24,8 @@ from roles.runner import (
     _diff,
     select_hosts,
 )
-from roles.spec import ManagedFile
 from tests.unit.conftest import SAMPLE
+from toolkit.spec import ManagedFile
 
 runner = CliRunner()
 
@@ -111,7 +111,7 @@ def test_execution_skips_what_prepare_found_unchanged_until_a_command_runs():
     after its first command every later operation is evaluated again."""
     from types import SimpleNamespace
 
-    from roles.runner import _skip_unchanged_while_clean
+    from engine.runner import _skip_unchanged_while_clean
 
     evaluated: list[str] = []
 
@@ -156,7 +156,7 @@ def test_a_handler_whose_trigger_did_not_fire_leaves_the_host_clean():
     the default lab's no-op apply, where every host was re-evaluated from the base role on)."""
     from types import SimpleNamespace
 
-    from roles.runner import _skip_unchanged_while_clean
+    from engine.runner import _skip_unchanged_while_clean
 
     evaluated: list[str] = []
 

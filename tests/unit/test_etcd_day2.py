@@ -11,7 +11,7 @@ from cli.exitcodes import ExitCode
 from cli.main import app
 from day2 import etcd as day2
 from day2.etcd import Remote, wal_fsync_p99_ms
-from roles.context import load
+from engine.context import load
 
 METRICS = "\n".join(
     [

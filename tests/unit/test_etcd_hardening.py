@@ -19,7 +19,7 @@ from cli.exitcodes import ExitCode
 from cli.main import app
 from day2 import etcd as day2
 from day2.etcd import Remote, RestorePaths
-from roles.context import host_context, load
+from engine.context import host_context, load
 from roles.etcd import pki
 from roles.etcd.config import EtcdConfig
 from roles.etcd.files import PKI, client_files, managed_files

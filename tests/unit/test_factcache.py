@@ -13,8 +13,8 @@ from pyinfra.api.state import StateStage
 from pyinfra.connectors.util import CommandOutput, OutputLine
 from pyinfra.facts.files import Directory, File, Sha1File
 
-from roles import factcache
-from roles.factcache import PrepareCache, _fact_command
+from engine import factcache
+from engine.factcache import PrepareCache, _fact_command
 
 
 class Printf(FactBase):

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from roles.facts import HeldPackages, NodeName, lines_of
+from toolkit.facts import HeldPackages, NodeName, lines_of
 
 
 def sh(command: str) -> subprocess.CompletedProcess[bytes]:

@@ -20,16 +20,16 @@ from celpy import celtypes
 from typer.testing import CliRunner
 
 from cli.main import app
+from engine.context import cluster_files as every_cluster_file
+from engine.context import load
+from engine.registry import ROLE_CONFIGS, ROLES_BY_NAME
 from inventory.errors import InventoryInvalid
 from roles import fleet_policy
-from roles.context import cluster_files as every_cluster_file
-from roles.context import load
 from roles.fleet_policy import files, gang
 from roles.fleet_policy.config import FleetPolicyConfig
 from roles.fleet_policy.role import ROLE
 from roles.fleet_policy.schemas import crd_schemas, documents, validate_objects
-from roles.fleet_policy.teams import team_of
-from roles.registry import ROLE_CONFIGS, ROLES_BY_NAME
+from toolkit.nodes import team_of
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "inventory" / "sample"

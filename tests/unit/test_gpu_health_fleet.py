@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from cli.exitcodes import ExitCode
 from cli.main import app
-from roles.context import load
+from engine.context import load
 from roles.gpu_health.commands import CommandResult
 from roles.gpu_health.fleet import parse_budget, run_fleet
 from roles.gpu_health.node import NodeRequest, check_node

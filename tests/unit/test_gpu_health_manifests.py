@@ -11,13 +11,13 @@ import jinja2
 import pytest
 import yaml
 
+from engine.context import load
+from engine.registry import ROLE_CONFIGS
 from inventory.errors import InventoryInvalid
 from roles import gpu_health
-from roles.context import load
 from roles.gpu_health.config import GpuHealthConfig
 from roles.gpu_health.files import MANIFEST, cluster_files
-from roles.registry import ROLE_CONFIGS
-from roles.templates import render_template
+from toolkit.templates import render_template
 
 SAMPLE = Path(__file__).resolve().parents[2] / "inventory" / "sample"
 

@@ -115,7 +115,7 @@ def test_failed_write_leaves_the_old_textfile(tmp_path, monkeypatch):
     def crash(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr("roles.statefiles.os.replace", crash)
+    monkeypatch.setattr("toolkit.statefiles.os.replace", crash)
     with pytest.raises(OSError, match="disk full"):
         write_atomically(target, "new 2\n")
     assert target.read_text() == "old 1\n"

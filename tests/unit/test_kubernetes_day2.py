@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from day2 import kubernetes as day2
-from roles.context import load
+from engine.context import load
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from pyinfra.facts.files import Sha1File
 
-from roles.context import cluster_files, host_context, load
+from engine.context import cluster_files, host_context, load
 from roles.fleet_policy import files as fleet_files
 from roles.kubernetes import operations as kube_ops
 from roles.kubernetes.facts import ApiAnswers, LiveObjectsDiffer

@@ -10,7 +10,7 @@ import yaml
 from typer.testing import CliRunner
 
 from cli.main import app
-from roles.context import host_contexts, host_files, load
+from engine.context import host_contexts, host_files, load
 from roles.kubernetes import operations as kube_ops
 from roles.kubernetes.config import KubernetesConfig
 from roles.kubernetes.files import (

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from engine.context import load
 from lab import lifecycle, naming, offline
 from lab.errors import LabInvalid
 from lab.inventory import GPU_COMMENT, inventory_data, render_inventory, write_inventory
@@ -22,7 +23,6 @@ from lab.topology import (
     parse_size,
     scale_topology,
 )
-from roles.context import load
 
 
 @pytest.fixture

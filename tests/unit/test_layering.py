@@ -11,25 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from roles.registry import ROLE_PACKAGES
+from engine.registry import ROLE_PACKAGES, ROLES_BY_NAME
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("inventory", "roles", "lab", "cli", "day2", "benchmarks")
+PACKAGES = ("inventory", "toolkit", "roles", "engine", "lab", "cli", "day2", "benchmarks")
 
 # Lowest first; the first pattern a module matches gives its layer.
 LAYERS: list[tuple[str, list[str]]] = [
     ("model", [r"inventory\.(errors|model)"]),
     ("inventory", [r"inventory(\..*)?"]),
-    (
-        "role toolkit",
-        [
-            r"roles",
-            r"roles\.(spec|templates|assets|pacing|facts|operations|record|pyinfra_api|ssh|limits|statefiles|clock)",
-        ],
-    ),
+    ("role toolkit", [r"roles", r"toolkit(\..*)?"]),
     ("roles", [rf"roles\.{name}(\..*)?" for name in ROLE_PACKAGES]),
-    ("registry", [r"roles\.(registry|context)"]),
-    ("engine", [r"roles\..*"]),
+    ("registry", [r"engine\.(registry|context)"]),
+    ("engine", [r"engine(\..*)?"]),
     ("day-2 flows and the lab", [r"day2(\..*)?", r"lab(\..*)?"]),
     ("command line", [r"cli(\..*)?"]),
     ("benchmarks", [r"benchmarks(\..*)?"]),
@@ -80,7 +74,7 @@ def imports_of(module: str, path: Path) -> set[str]:
                 name = name.rpartition(".")[0]
             if name and name != module:
                 found.add(name)
-    if module == "roles.registry":  # roles are imported by name (ROLE_PACKAGES)
+    if module == "engine.registry":  # roles are imported by name (ROLE_PACKAGES)
         found |= {f"roles.{name}.role" for name in ROLE_PACKAGES}
     return found
 
@@ -143,22 +137,101 @@ def test_no_import_cycles():
     assert not cycles, "\n".join(" <-> ".join(cycle) for cycle in cycles)
 
 
+def role_of(module: str) -> str | None:
+    """The role package a module belongs to (`roles.etcd.trust` -> etcd), None outside one."""
+    parts = module.split(".")
+    return (
+        parts[1] if len(parts) > 1 and parts[0] == "roles" and parts[1] in ROLE_PACKAGES else None
+    )
+
+
+def role_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Imports of a role's modules (the package or any submodule) that break the floors: one
+    role importing another, or an engine module other than the registry importing a role."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            role = role_of(target)
+            if role is None:
+                continue
+            own = role_of(module)
+            if own is not None and own != role:
+                found.append(f"{module} (role {own}) imports {target} (role {role})")
+            elif module.startswith("engine.") and module != "engine.registry":
+                found.append(f"{module} (engine) imports {target}: only the registry may")
+    return found
+
+
+def test_no_role_imports_another_role_and_the_engine_only_through_the_registry():
+    """A role's submodules count: `engine.clusterstate` importing `roles.etcd.trust` is an
+    engine module importing a role (the etcd CA check is now the record's pre_apply)."""
+    assert role_imports(GRAPH) == []
+
+
+def test_the_role_check_sees_submodules(tmp_path):
+    """The positive control: synthetic modules importing a role's submodule are flagged, as
+    today's code would have been (clusterstate -> etcd.trust, kubernetes <-> fleet_policy)."""
+    engine_module = tmp_path / "clusterstate.py"
+    engine_module.write_text("from roles.etcd.trust import TrustRefused, check_live_ca\n")
+    role_module = tmp_path / "files.py"
+    role_module.write_text("from roles.fleet_policy.files import scheduler_files\n")
+    graph = {
+        "engine.clusterstate": imports_of("engine.clusterstate", engine_module),
+        "roles.kubernetes.files": imports_of("roles.kubernetes.files", role_module),
+        "roles.kubernetes.deploy": {"roles.kubernetes.files", "toolkit.spec"},  # its own: fine
+    }
+    assert role_imports(graph) == [
+        "engine.clusterstate (engine) imports roles.etcd.trust: only the registry may",
+        "roles.kubernetes.files (role kubernetes) imports roles.fleet_policy.files "
+        "(role fleet_policy)",
+    ]
+
+
 @pytest.mark.parametrize("role", ROLE_PACKAGES)
 def test_a_role_is_its_folder_and_one_registry_line(role):
-    """Each role's record lives in its own package; nothing outside the registry names it."""
+    """Each role's record lives in its own package."""
     assert (REPO / "roles" / role / "role.py").is_file()
-    engine = [m for m in MODULES if layer_of(m) >= layer_of("roles.registry")]
-    naming = sorted(
-        m
-        for m in engine
-        if m.startswith("roles.") and m not in ("roles.registry",) and f"roles.{role}" in GRAPH[m]
-    )
-    assert naming == [], f"engine modules import the {role} role directly: {naming}"
+    assert ROLES_BY_NAME[role].name == role
+
+
+def by_name_uses() -> list[tuple[str, str, str, str | None]]:
+    """(module, function, role, name) of each `provided("role", "name")`, `settings_of(...,
+    "role")` and `default_settings("role")` call in the roles: how a role reaches another."""
+    found = []
+    for module, path in MODULES.items():
+        if role_of(module) is None:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not (
+                isinstance(node, ast.Call) and isinstance(node.func, (ast.Name, ast.Attribute))
+            ):
+                continue
+            func = node.func.id if isinstance(node.func, ast.Name) else node.func.attr
+            strings = [a.value for a in node.args if isinstance(a, ast.Constant)]
+            if func == "provided" and len(strings) == 2:
+                found.append((module, func, strings[0], strings[1]))
+            elif func in ("settings_of", "default_settings") and strings:
+                found.append((module, func, strings[-1], None))
+    return found
+
+
+def test_what_a_role_reaches_by_name_exists():
+    """A role reads another's settings and calls what another provides by the role's name; each
+    name must be a registered role and each provided function in that role's record."""
+    uses = by_name_uses()
+    assert {func for _, func, _, _ in uses} >= {"provided", "settings_of"}  # the scan finds them
+    wrong = [
+        f"{module}: {func}({role!r}, {name!r})"
+        for module, func, role, name in uses
+        if role not in ROLES_BY_NAME
+        or (name is not None and name not in ROLES_BY_NAME[role].provides)
+    ]
+    assert wrong == []
 
 
 def test_the_layering_check_catches_an_upward_import(tmp_path):
     """The checker itself: a role module importing the runner is reported."""
     fake = tmp_path / "bad.py"
-    fake.write_text("from roles.runner import run\n")
-    assert "roles.runner" in imports_of("roles.base.bad", fake)
-    assert layer_of("roles.runner") > layer_of("roles.base.bad")
+    fake.write_text("from engine.runner import run\n")
+    assert "engine.runner" in imports_of("roles.base.bad", fake)
+    assert layer_of("engine.runner") > layer_of("roles.base.bad")

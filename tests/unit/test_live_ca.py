@@ -2,7 +2,7 @@
 controller's state, and creates state only for members holding no CA (issue 13, defect 3).
 
 Stand-ins: each member's live CA file (read over ssh by `roles.etcd.trust.read_live_ca`) is
-given here, and the run itself (`roles.runner.run`) is replaced by a recorder; the lock, the
+given here, and the run itself (`engine.runner.run`) is replaced by a recorder; the lock, the
 fingerprint comparison, the state and the command line are real."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from typer.testing import CliRunner
 
 from cli.exitcodes import ExitCode
 from cli.main import app
+from engine.runner import Mode, RunReport
 from inventory.loader import load
 from inventory.model import StateAccess
 from roles.etcd import trust
 from roles.etcd.pki import ensure_pki, local_ca_fingerprint
-from roles.runner import Mode, RunReport
 from tests.unit.loopback import loopback_cluster
 
 runner = CliRunner()
@@ -31,7 +31,7 @@ def runs(monkeypatch):
         seen.append(loaded)
         return RunReport(cluster=loaded.cluster.name, mode=Mode.apply)
 
-    monkeypatch.setattr("roles.runner.run", record)
+    monkeypatch.setattr("engine.runner.run", record)
     return seen
 
 

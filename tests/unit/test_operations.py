@@ -12,8 +12,8 @@ import pytest
 from pyinfra.context import ctx_host
 from pyinfra.facts.files import File, Sha1File
 
-from roles.operations import clear_pending, pending_marker, put_checked, staged_path
 from tests.unit.fake_host import commands, keyed_host
+from toolkit.operations import clear_pending, pending_marker, put_checked, staged_path
 
 DEST = "/etc/etcd/pki/member.key"
 STAGED = "/etc/etcd/pki/.member.key.gpuinfra-new"
@@ -107,7 +107,7 @@ def test_clear_pending_removes_only_the_marks_present():
 def test_a_unit_is_enabled_only_when_its_wants_link_is_missing_or_elsewhere():
     from pyinfra.facts.files import Link
 
-    from roles.operations import boot_wanted, wants_link
+    from toolkit.operations import boot_wanted, wants_link
 
     link = wants_link("gpuinfra-thp.service", "basic.target")
     assert link == "/etc/systemd/system/basic.target.wants/gpuinfra-thp.service"
@@ -132,11 +132,11 @@ def test_each_unit_enabled_by_its_wants_link_is_wanted_by_that_target_alone():
     symlink must want that one target and nothing else (no RequiredBy, Alias or Also)."""
     import pytest
 
-    from roles.context import host_contexts, host_files, load
+    from engine.context import host_contexts, host_files, load
     from roles.kernel.files import GOVERNOR_UNIT, THP_UNIT
     from roles.nvidia.files import CDI_UNIT
-    from roles.operations import wanted_by
     from tests.unit.conftest import SAMPLE
+    from toolkit.operations import wanted_by
 
     wanted = {GOVERNOR_UNIT: "multi-user.target", THP_UNIT: "basic.target"}
     wanted[CDI_UNIT] = "multi-user.target"
@@ -160,7 +160,7 @@ def test_each_unit_enabled_by_its_wants_link_is_wanted_by_that_target_alone():
 
 def test_a_restart_or_reload_is_decided_on_the_host_when_it_runs():
     """No fact: systemd restarts (or reloads) the unit only if it runs when the operation does."""
-    from roles.operations import restart_command, restart_if_running
+    from toolkit.operations import restart_command, restart_if_running
 
     assert commands(restart_if_running, {}, unit="docker") == ([restart_command("docker")], [])
     assert commands(restart_if_running, {}, unit="ssh", reload=True) == (
@@ -204,7 +204,7 @@ def test_a_restart_refused_for_want_of_resources_is_started_once_more(
     play systemd's answers (a stand-in: a spawn failure of systemd cannot be caused on demand on
     a lab host; the lab's applies run the same command against real systemd). Only the result
     `resources` earns a second start; every failure shows the unit's journal."""
-    from roles.operations import restart_command
+    from toolkit.operations import restart_command
 
     log = tmp_path / "calls"
     fake_commands(
@@ -250,7 +250,7 @@ esac
 def test_a_start_refused_for_want_of_resources_is_tried_once_more(tmp_path, result, rc, starts):
     """The same stand-in for systemd as above, for a first start that fails: a spawn failure of
     the unit or of one it needs earns a second start, a failure of the unit itself does not."""
-    from roles.operations import start_command
+    from toolkit.operations import start_command
 
     log = tmp_path / "calls"
     fake_commands(

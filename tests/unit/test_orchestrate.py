@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from roles.orchestrate import BatchInvalid, batch_size, group_policies, plan_steps
-from roles.registry import PHASES
-from roles.spec import Rolling
+from engine.orchestrate import BatchInvalid, batch_size, group_policies, plan_steps
+from engine.registry import PHASES
+from toolkit.spec import Rolling
 
 GROUPS = {
     **{f"etcd-{i}": ["etcd"] for i in range(1, 6)},

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from roles.pacing import Pacer, Rate, RateInvalid
+from toolkit.pacing import Pacer, Rate, RateInvalid
 
 
 class FakeClock:
@@ -71,13 +71,13 @@ def test_push_back_widens_the_window_and_recovery_narrows_it():
 
 
 def test_waiting_yields_to_other_greenlets_when_gevent_patched_time_after_import():
-    """The CLI patches the standard library for gevent after roles.pacing is imported: a pacer
+    """The CLI patches the standard library for gevent after toolkit.pacing is imported: a pacer
     must sleep with the patched time.sleep, or the hosts that already have a slot stall too."""
     import subprocess
     import sys
 
     script = (
-        "import roles.pacing as p, time\n"
+        "import toolkit.pacing as p, time\n"
         "from gevent import monkey; monkey.patch_all()\n"
         "import gevent\n"
         "pacer = p.Pacer(p.Rate(1, 0.5)); pacer.acquire(); seen = []\n"

@@ -1,4 +1,4 @@
-"""Contract tests for roles/pyinfra_api.py, the one seam to pyinfra's private API.
+"""Contract tests for toolkit/pyinfra_api.py, the one seam to pyinfra's private API.
 
 Each test exercises one thing gpuinfra relies on against the installed pyinfra, offline (a
 State with one host that is never connected). A pyinfra upgrade that changes any of them fails
@@ -22,7 +22,7 @@ from pyinfra.connectors.util import CommandOutput, OutputLine
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra.operations import server
 
-from roles import pyinfra_api
+from toolkit import pyinfra_api
 
 REPO = Path(__file__).resolve().parents[2]
 

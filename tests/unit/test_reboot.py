@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import subprocess
 
-from roles.context import load
-from roles.reboot import BOOT_MARKER, Rebooter
+from engine.context import load
+from engine.reboot import BOOT_MARKER, Rebooter
 
 
 class ScriptedSsh:
@@ -86,8 +86,8 @@ def test_apply_reboot_updates_the_report(small_cluster, write_cluster, monkeypat
     time by default; one that does not come back fails the run, the rest keep their flag."""
     from cli import engine
     from cli.output import exit_code
-    from roles import reboot
-    from roles.runner import HostReport, HostStatus, Mode, RunReport
+    from engine import reboot
+    from engine.runner import HostReport, HostStatus, Mode, RunReport
 
     seen: list[list[str]] = []
 

@@ -9,11 +9,11 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from roles import render as render_module
-from roles.context import cluster_files, host_contexts, host_files, load
-from roles.render import render_cluster
-from roles.templates import TEMPLATES, environment
+from engine import render as render_module
+from engine.context import cluster_files, host_contexts, host_files, load
+from engine.render import render_cluster
 from tests.unit.conftest import SAMPLE
+from toolkit.templates import TEMPLATES, environment
 
 runner = CliRunner()
 

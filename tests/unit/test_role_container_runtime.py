@@ -10,17 +10,16 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
+from engine.context import host_contexts, host_files, load
 from roles.container_runtime.files import runtime_packages
 from roles.container_runtime.operations import (
     ContainerdVersion,
-    KeyFingerprints,
     containerd_binaries,
     containerd_tarball_url,
-    fetch_key_commands,
 )
-from roles.context import host_contexts, host_files, load
 from tests.unit.conftest import SAMPLE
 from tests.unit.fake_host import commands
+from toolkit.aptkeys import KeyFingerprints, fetch_key_commands
 
 runner = CliRunner()
 

@@ -9,8 +9,7 @@ import stat
 
 import pytest
 
-from roles import clock
-from roles.context import host_contexts, host_files, load
+from engine.context import host_contexts, host_files, load
 from roles.dns.facts import ServedSerials
 from roles.dns.files import (
     KEY_FILE,
@@ -26,6 +25,7 @@ from roles.dns.operations import primary_zone, zone_served
 from roles.dns.secrets import next_serial, tsig_secret, zone_serial
 from tests.unit.conftest import SAMPLE
 from tests.unit.fake_host import commands
+from toolkit import clock
 
 DAY = datetime.date(2026, 11, 21)
 
@@ -69,7 +69,7 @@ def test_zone_serial_changes_only_with_the_records(tmp_path):
 
 def test_the_date_is_read_only_for_a_new_serial(tmp_path):
     """The drift fast path keys a zone's host on its inputs while the clock cannot change the
-    zone (roles/clock.py): the serial of unchanged records must not read the date."""
+    zone (toolkit/clock.py): the serial of unchanged records must not read the date."""
     with clock.watching() as new:
         zone_serial(tmp_path, "example.test", "digest-a")
     assert new.until is not None

@@ -10,7 +10,7 @@ import pytest
 from cryptography import x509
 from pydantic import ValidationError
 
-from roles.context import host_context, load
+from engine.context import host_context, load
 from roles.etcd import pki
 from roles.etcd.config import EtcdConfig
 from roles.etcd.files import (
@@ -25,8 +25,8 @@ from roles.etcd.files import (
 from roles.etcd.gate import judge, parse_p99_ms
 from roles.etcd.operations import refusal
 from roles.etcd.release import CHECKSUMS, ReleaseUnknown, binary_dir, release
-from roles.spec import HostContext
 from tests.unit.fake_host import commands
+from toolkit.spec import HostContext
 
 
 @pytest.fixture

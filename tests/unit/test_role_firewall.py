@@ -10,9 +10,9 @@ import subprocess
 
 import pytest
 
+from engine.context import host_contexts, load, topology_of
 from inventory.errors import InventoryInvalid
 from inventory.topology import collapse_sources
-from roles.context import host_contexts, load, topology_of
 from roles.firewall.facts import NOTHING, LoadedTable
 from roles.firewall.files import NFTABLES_CONF, TABLE_FILE, host_rules, managed_files
 from roles.firewall.operations import content_digest, table_loaded

@@ -11,15 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from roles import record
-from roles.context import host_contexts, host_files, load
-from roles.facts import (
-    REBOOT_FLAGS,
-    Container,
-    RebootReasons,
-    RebootRequired,
-    reboot_required_command,
-)
+from engine.context import host_contexts, host_files, load
 from roles.kernel import operations as kernel_ops
 from roles.kernel.config import DEFAULT_SYSCTLS, KernelConfig
 from roles.kernel.facts import (
@@ -35,6 +27,14 @@ from roles.kernel.facts import (
     sysctl_path,
 )
 from tests.unit.conftest import SAMPLE
+from toolkit import record
+from toolkit.facts import (
+    REBOOT_FLAGS,
+    Container,
+    RebootReasons,
+    RebootRequired,
+    reboot_required_command,
+)
 
 runner = CliRunner()
 
@@ -253,7 +253,7 @@ def fake_host(monkeypatch):
     def make(facts: dict[type, object]) -> FakeHost:
         fake = FakeHost(facts)
         monkeypatch.setattr(kernel_ops, "host", fake)
-        monkeypatch.setattr("roles.operations.host", fake)
+        monkeypatch.setattr("toolkit.operations.host", fake)
         return fake
 
     return make
@@ -343,7 +343,7 @@ def test_pinned_kernel_is_installed_held_and_marks_a_reboot(fake_host):
 
 
 def test_reboot_flag_is_written_once_per_reason(fake_host):
-    from roles import operations
+    from toolkit import operations
 
     fake_host({RebootReasons: []})
     commands = run(operations.reboot_required, reason="gpuinfra-kernel-cmdline")

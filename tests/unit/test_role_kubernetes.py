@@ -13,9 +13,9 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from roles import gpu_health, record
-from roles.context import host_context, load, topology_of
-from roles.facts import HeldPackages
+from engine.context import host_context, load, topology_of
+from engine.render import render_cluster
+from roles import gpu_health
 from roles.fleet_policy.config import FleetPolicyConfig
 from roles.kubernetes import models as m
 from roles.kubernetes import operations as kube_ops
@@ -31,10 +31,11 @@ from roles.kubernetes.files import (
 )
 from roles.kubernetes.role import ROLE
 from roles.kubernetes.schemas import validate_text
-from roles.pacing import Pacer, Rate
-from roles.render import render_cluster
 from tests.unit.conftest import SAMPLE
 from tests.unit.fake_host import commands
+from toolkit import record
+from toolkit.facts import HeldPackages
+from toolkit.pacing import Pacer, Rate
 
 
 @pytest.fixture
@@ -454,7 +455,7 @@ def test_operator_kubeconfig_is_private_from_creation(tmp_path):
 
 
 def test_an_unreachable_package_key_stops_with_one_line():
-    from roles.container_runtime.operations import KeyFingerprints
+    from toolkit.aptkeys import KeyFingerprints
 
     done, _ = commands(
         kube_ops.repository_key,

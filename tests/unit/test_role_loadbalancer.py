@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from engine.context import host_contexts, host_files, load
 from inventory.errors import InventoryInvalid
-from roles.context import host_contexts, host_files, load
 from roles.loadbalancer.files import (
     HAPROXY_CONFIG,
     KEEPALIVED_CHECK,

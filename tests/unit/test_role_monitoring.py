@@ -9,8 +9,8 @@ import shlex
 import pytest
 import yaml
 
+from engine.context import cluster_files, host_contexts, host_files, load
 from inventory.errors import InventoryInvalid
-from roles.context import cluster_files, host_contexts, host_files, load
 from roles.monitoring.files import (
     ALERT_RULES,
     NODE_EXPORTER_DEFAULTS,

@@ -19,16 +19,16 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from roles.context import host_context, load
-from roles.facts import Container, HeldPackages, UnitState
+from engine.context import host_context, load
+from engine.render import render_cluster
 from roles.nvidia import operations as nvidia_ops
 from roles.nvidia.compat import CUDA_MINIMUM_DRIVER, gpu_family, has_nvswitch
 from roles.nvidia.config import NvidiaConfig
 from roles.nvidia.facts import STACK_PROBE, DriverLoaded, NvidiaStack, NvswitchDevices
 from roles.nvidia.packages import package_plan
 from roles.nvidia.role import ROLE
-from roles.render import render_cluster
 from tests.unit.conftest import SAMPLE
+from toolkit.facts import Container, HeldPackages, UnitState
 
 runner = CliRunner()
 RECORDINGS = Path(__file__).parent / "recordings" / "nvidia"
@@ -388,7 +388,7 @@ def fake_host(monkeypatch):
         facts.update({(k,): v for k, v in extra.items() if isinstance(k, type)})
         fake = FakeHost(facts)
         monkeypatch.setattr(nvidia_ops, "host", fake)
-        monkeypatch.setattr("roles.operations.host", fake)
+        monkeypatch.setattr("toolkit.operations.host", fake)
         return fake
 
     return make

@@ -1,7 +1,7 @@
 """A batched apply that stops early still reports every host: the untried ones as `skipped`
 with the reason, in the JSON report and in JUnit (issue 13, defect 6).
 
-Stand-in: the batch runner (`roles.runner._run_batch`, which connects to hosts) is replaced by
+Stand-in: the batch runner (`engine.runner._run_batch`, which connects to hosts) is replaced by
 one that fails every host of its batch; the loop around it, the report and JUnit are real."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import json
 import xml.etree.ElementTree as ET
 from dataclasses import asdict
 
+from engine import runner
+from engine.junit import write_junit
+from engine.runner import HostReport, HostStatus, Mode, RunOptions, run
 from inventory.loader import load
-from roles import runner
-from roles.junit import write_junit
-from roles.runner import HostReport, HostStatus, Mode, RunOptions, run
 from tests.unit.loopback import loopback_cluster
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from roles.runner import CONNECTION_LOST, _error_detail, _Recorder, _skip_unchanged_while_clean
+from engine.runner import CONNECTION_LOST, _error_detail, _Recorder, _skip_unchanged_while_clean
 
 
 class Host:

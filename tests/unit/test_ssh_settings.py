@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from engine import fingerprint, runner
+from engine.context import host_context, load, topology_of
 from inventory.errors import InventoryInvalid
-from roles import fingerprint, runner
-from roles.context import host_context, load, topology_of
-from roles.ssh import BASTION_ALIAS, Bastion, SSHSettings
+from toolkit.ssh import BASTION_ALIAS, Bastion, SSHSettings
 
 
 @pytest.fixture
@@ -152,7 +152,7 @@ def test_the_probe_ignores_the_users_ssh_config(small_cluster, write_cluster, ho
     """The drift probe goes where pyinfra's connection goes (paramiko reads no ssh_config)."""
     small_cluster["ssh"] = {"user": "admin", "port": 2222}
     settings = SSHSettings.from_cluster(load(write_cluster(small_cluster)))
-    argv = fingerprint.probe_argv(settings, "10.0.0.71")
+    argv = fingerprint.check.probe_argv(settings, "10.0.0.71")
     assert argv[-2:] == ["sh", "-s"]
     resolved = ssh_g("-F", str(hostile_config), *argv[1:-2])
     assert (resolved["hostname"], resolved["user"], resolved["port"]) == (
@@ -167,7 +167,7 @@ def test_the_probe_ignores_the_users_ssh_config(small_cluster, write_cluster, ho
 def test_the_bastion_hop_ignores_the_users_ssh_config(bastion_cluster, hostile_config):
     """Through the bastion, the node and the hop to the bastion both ignore it."""
     settings = SSHSettings.from_cluster(bastion_cluster)
-    argv = fingerprint.probe_argv(settings, "10.0.0.71")
+    argv = fingerprint.check.probe_argv(settings, "10.0.0.71")
     node = ssh_g("-F", str(hostile_config), *argv[1:-2])
     assert (node["hostname"], node["user"], node["port"]) == ("10.0.0.71", "admin", "2222")
     assert node.get("proxyjump", "none") == "none"

@@ -16,14 +16,14 @@ from typer.testing import CliRunner
 
 from cli.exitcodes import ExitCode
 from cli.main import app
+from engine.render import render_cluster
 from inventory.loader import load
 from roles.dns.secrets import tsig_secret
 from roles.etcd.pki import ensure_pki
 from roles.loadbalancer.config import LoadBalancerConfig
-from roles.render import render_cluster
 from tests.unit.loopback import loopback_cluster
 
-# What render writes in place of a secret apply has not made (roles.statefiles.PLACEHOLDER).
+# What render writes in place of a secret apply has not made (toolkit.statefiles.PLACEHOLDER).
 PLACEHOLDER = "PLACEHOLDER-run-gpuinfra-apply"
 
 runner = CliRunner()
@@ -56,7 +56,7 @@ def test_read_only_commands_name_the_missing_secret_in_partial_state(cluster_dir
 
 def test_existing_access_raises_instead_of_minting_a_ca(cluster_dir):
     from inventory.model import StateAccess
-    from roles.statefiles import StateMissing
+    from toolkit.statefiles import StateMissing
 
     loaded = load(cluster_dir).with_state_access(StateAccess.existing)
     with pytest.raises(StateMissing):
@@ -132,7 +132,7 @@ def test_state_secrets_are_0600_and_the_folder_0700(cluster_dir):
 
 
 def test_write_secret_atomically_keeps_the_old_file_when_interrupted(tmp_path, monkeypatch):
-    from roles.statefiles import write_secret_atomically
+    from toolkit.statefiles import write_secret_atomically
 
     target = tmp_path / "secret"
     write_secret_atomically(target, b"old")
@@ -166,7 +166,7 @@ def test_vrrp_password_is_random_kept_and_not_derived(tmp_path):
 def test_vrrp_password_placeholder_and_missing(tmp_path):
     from inventory.model import StateAccess
     from roles.loadbalancer.files import vrrp_password
-    from roles.statefiles import StateMissing
+    from toolkit.statefiles import StateMissing
 
     loaded = load(loopback_cluster(tmp_path / "a"))
     placeholder = loaded.with_state_access(StateAccess.placeholder)

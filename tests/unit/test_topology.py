@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from roles.context import load, topology_of
+from engine.context import load, topology_of
 from tests.unit.conftest import SAMPLE
 
 

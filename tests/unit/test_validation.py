@@ -8,8 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
+from engine.context import load
 from inventory.errors import InventoryInvalid
-from roles.context import load
 from tests.unit.conftest import SAMPLE
 
 runner = CliRunner()
@@ -247,3 +247,12 @@ def test_loaded_settings_are_typed_and_merged_in_order(small_cluster, write_clus
     assert isinstance(first, EtcdConfig)
     assert (first.health_timeout_s, first.backup_keep) == (50, 5)
     assert (second.health_timeout_s, second.backup_keep) == (40, 5)
+
+
+def test_the_group_literal_names_the_documented_groups_in_order():
+    """`Group` (for type checkers and pydantic) and `GROUPS` (names and meanings) are one list."""
+    from typing import get_args
+
+    from inventory.model import GROUPS, Group
+
+    assert get_args(Group) == tuple(GROUPS)

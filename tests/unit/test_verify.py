@@ -11,14 +11,14 @@ from typer.testing import CliRunner
 
 from cli.exitcodes import ExitCode
 from cli.main import app
-from roles.context import load
-from roles.verify import SUITES, VerifyReport, VerifyResult, available_suites, write_junit
+from engine.context import load
+from engine.verify import SUITES, VerifyReport, VerifyResult, available_suites, write_junit
 from tests.unit.conftest import REPO, SAMPLE
 from tests.verify.conftest import role_groups, suite_role, targets
 
 
 def test_every_suite_is_named_after_a_role_with_a_phase():
-    from roles.registry import PHASES
+    from engine.registry import PHASES
 
     roles = {phase.role for phase in PHASES}
     assert "base" in available_suites()

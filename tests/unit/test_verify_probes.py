@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from roles.context import load
+from engine.context import load
 from tests.verify.firewall import test_etcd_from_control_plane as from_control_plane
 from tests.verify.firewall import test_etcd_from_workers as from_workers
 from tests.verify.probes import ControlFailed

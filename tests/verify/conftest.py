@@ -6,7 +6,7 @@ the groups a module names in `TARGET_GROUPS`. Fixtures a suite can use:
 
 - `host`: the testinfra Host of the target, over SSH with the cluster's key and host keys
   checked against its known_hosts file (an unknown or changed key is refused);
-- `ctx`: the target's roles.render.HostContext (name, groups, settings, topology);
+- `ctx`: the target's engine.render.HostContext (name, groups, settings, topology);
 - `cluster`: the LoadedCluster; `topology`: its derived Topology.
 
 Options (set by `gpuinfra verify`): --gpuinfra-inventory PATH, --gpuinfra-limit a,b
@@ -25,12 +25,12 @@ import pytest
 from testinfra.backend.paramiko import ParamikoBackend
 from testinfra.host import Host
 
+from engine.context import host_context, load, topology_of
+from engine.registry import PHASES
 from inventory.model import LoadedCluster, StateAccess
 from inventory.topology import Topology
-from roles.context import host_context, load, topology_of
-from roles.registry import PHASES
-from roles.spec import HostContext
-from roles.ssh import SSHSettings
+from toolkit.spec import HostContext
+from toolkit.ssh import SSHSettings
 
 SUITES = Path(__file__).resolve().parent
 
@@ -210,7 +210,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def connect(loaded: LoadedCluster, name: str) -> Host:
     """A testinfra Host over paramiko that refuses unknown and changed host keys (the bastion's
-    too): testinfra's own paramiko backend only warns about them. roles/ssh.py builds the
+    too): testinfra's own paramiko backend only warns about them. toolkit/ssh.py builds the
     client, with the same settings pyinfra and the ssh command lines get."""
     settings = SSHSettings.from_cluster(loaded)
     address = str(loaded.cluster.hosts[name].address)

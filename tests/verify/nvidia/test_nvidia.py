@@ -12,8 +12,8 @@ from fnmatch import fnmatchcase
 
 import pytest
 
+from engine.context import host_context
 from roles.container_runtime.config import ContainerRuntimeConfig
-from roles.context import host_context
 from roles.nvidia.compat import version_key
 from roles.nvidia.facts import STACK_PROBE
 from roles.nvidia.files import MODULES, NOUVEAU, UNATTENDED_BLACKLIST, host_packages, kernel_modules

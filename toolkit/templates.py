@@ -6,7 +6,7 @@ from functools import cache
 
 import jinja2
 
-from roles import assets
+from toolkit import assets
 
 TEMPLATES = assets.TEMPLATES  # the checkout's templates/, or the wheel's copy
 

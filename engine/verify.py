@@ -11,7 +11,7 @@ from pathlib import Path
 
 # tempfile, xml.etree and concurrent.futures (which loads logging) are imported where they are
 # used: `gpuinfra --help` imports this module for its defaults and must stay quick.
-from roles import assets
+from toolkit import assets
 
 SUITES = assets.VERIFY_SUITES
 # Each pytest process checks its share of the hosts one test at a time; SSH round trips, not

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from roles.spec import ManagedFile
+from toolkit.spec import ManagedFile
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Where the Jinja templates and the verification suites are, from a checkout or a wheel.
 
 A checkout (and an editable install) reads them where they live in the repository,
-`templates/` and `tests/verify/`; a wheel carries copies of both under `roles/_assets/`
+`templates/` and `tests/verify/`; a wheel carries copies of both under `toolkit/_assets/`
 (setup.py's build step puts them there), laid out the same way so the suites' own imports
 (`tests.verify.probes`) resolve in both.
 """

@@ -3,6 +3,10 @@
 A leaf module: it imports only the inventory layer, so every role package can import it and the
 engine (registry, render, runner) builds on it. Data flows one way: inventory -> model ->
 per-host typed role config (here, in `HostContext`) -> operations -> hosts -> report.
+
+A role never imports another role: it reads another role's settings by the role's name
+(`HostContext.settings_of`, `settings_of`) and calls what another role's record `provides` by
+name (`provided`), resolved on the first call the way `lazy` resolves.
 """
 
 from __future__ import annotations
@@ -70,6 +74,13 @@ class HostContext:
                 return value
         raise KeyError(f"{self.name}: no settings of {model.__name__} (role not registered?)")
 
+    def settings_of(self, role: str) -> Any:
+        """The host's settings of another role, by its name (a role never imports another)."""
+        try:
+            return self.settings[role]
+        except KeyError:
+            raise KeyError(f"{self.name}: no settings of the role {role!r}") from None
+
 
 def merged_settings(cluster: Cluster, host: str, role: str) -> dict[str, Any]:
     """A role's raw settings for a host: group_vars of "all", then of each of the host's groups
@@ -89,6 +100,44 @@ def host_config(loaded: LoadedCluster, host: str, role: str, model: type[Config]
     if isinstance(value, model):
         return value
     return model.model_validate(merged_settings(loaded.cluster, host, role))
+
+
+def record_of(role: str) -> Role:
+    """The record of the role named `role`, imported by name as `lazy` imports a function."""
+    return importlib.import_module(f"roles.{role}.role").ROLE
+
+
+def settings_of(loaded: LoadedCluster, host: str, role: str) -> Any:
+    """One host's settings of another role, by the role's name: `host_config` with the model
+    its record declares."""
+    return host_config(loaded, host, role, record_of(role).config)
+
+
+def default_settings(role: str) -> Any:
+    """Another role's defaults (its config model with nothing set), by the role's name."""
+    return record_of(role).config()
+
+
+def provided(role: str, name: str) -> Callable:
+    """The function the record of `role` provides as `name`, looked up on its first call: how a
+    role calls another's code without importing it (tests/unit/test_layering.py checks that
+    every such name is in the providing record)."""
+    resolved: list[Callable] = []
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if not resolved:
+            provides = record_of(role).provides
+            if name not in provides:
+                raise KeyError(f"the role {role!r} provides no {name!r} (its record's provides)")
+            resolved.append(provides[name])
+        return resolved[0](*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
+class PreApplyRefused(Exception):
+    """A role's pre-apply check refused the apply: the message names the host and why."""
 
 
 class Rolling(StrEnum):
@@ -146,6 +195,9 @@ ClusterCheck = Callable[[LoadedCluster, HostSettings], Iterable[tuple[str, str]]
 PortRules = Callable[[LoadedCluster], Mapping[str, Iterable[FirewallRule]]]
 # Cluster-wide files (Kubernetes manifests) under _cluster/: relative path -> content.
 ClusterFiles = Callable[[LoadedCluster], Mapping[str, str]]
+# Run before an apply changes anything (under the cluster lock, before the operator confirms):
+# raises PreApplyRefused to stop it (etcd: the members must trust the controller's CA).
+PreApplyCheck = Callable[[LoadedCluster], object]
 
 
 @dataclass(frozen=True)
@@ -162,6 +214,9 @@ class Role:
     ports: PortRules | None = None
     cluster_files: ClusterFiles | None = None
     checks: ClusterCheck | None = None
+    pre_apply: PreApplyCheck | None = None
+    # Functions other roles call by name through `provided(role, name)`: what the role offers.
+    provides: Mapping[str, Callable] = field(default_factory=dict)
     summary: str = ""  # one line for `gpuinfra render --help` and the docs
 
     def __post_init__(self) -> None:

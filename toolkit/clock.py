@@ -4,7 +4,7 @@ A host's rendered files are a function of the code, the inventory, the controlle
 and, in two places, of the clock: a zone's serial when its records changed (the date) and a
 certificate kept until it is within its renewal window (now + the window). Each such reading
 goes through here, so that whoever watches a rendering learns the moment before which the clock
-cannot change its result. The drift fast path (roles/fingerprint.py) keys a converged host on
+cannot change its result. The drift fast path (engine/fingerprint/) keys a converged host on
 those inputs alone until that moment, and renders its files again after it.
 tests/unit/test_fingerprint.py keeps the modules that render from reading the clock elsewhere.
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.context import cluster_files, host_contexts, host_files
 from inventory.model import LoadedCluster
-from roles.context import cluster_files, host_contexts, host_files
-from roles.spec import ManagedFile
-from roles.statefiles import PLACEHOLDER, write_atomically
+from toolkit.spec import ManagedFile
+from toolkit.statefiles import PLACEHOLDER, write_atomically
 
 CLUSTER_DIR = "_cluster"  # cluster-wide files (Kubernetes manifests) under OUT/_cluster/
 

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from roles.reports import RunReport
+    from engine.reports import RunReport
 
 
 def write_junit(report: RunReport, path: Path) -> None:
-    from roles.reports import HostStatus
+    from engine.reports import HostStatus
 
     suite = ET.Element("testsuite", name=f"gpuinfra {report.mode} {report.cluster}")
     tests = failures = errors = skipped = 0

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from engine.reports import RunOptions
 from inventory.model import LoadedCluster
-from roles.reports import RunOptions
 
 
 def select_hosts(loaded: LoadedCluster, limit: Iterable[str]) -> list[str]:

@@ -1,6 +1,6 @@
 """Every role, listed once, in the order they converge a cluster.
 
-A role is a package `roles/<name>/` whose `role.py` declares `ROLE = Role(...)` (roles/spec.py):
+A role is a package `roles/<name>/` whose `role.py` declares `ROLE = Role(...)` (toolkit/spec.py):
 its config model, phases and target groups, files, deploy, ports, checks and rolling policy.
 Adding a role is that folder plus its name in `ROLE_PACKAGES` below.
 """
@@ -11,7 +11,7 @@ import importlib
 
 from pydantic import BaseModel
 
-from roles.spec import Phase, Role
+from toolkit.spec import Phase, Role
 
 ROLE_PACKAGES: tuple[str, ...] = (
     "base",

@@ -12,12 +12,12 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from engine.registry import ROLE_CONFIGS, ROLES
 from inventory.building import RoleSettings
 from inventory.loader import load as load_inventory
 from inventory.model import Cluster, LoadedCluster
 from inventory.topology import FirewallRule, Topology, build_topology
-from roles.registry import ROLE_CONFIGS, ROLES
-from roles.spec import HostContext, ManagedFile, merged_settings
+from toolkit.spec import HostContext, ManagedFile, merged_settings
 
 
 def load(path: str | Path) -> LoadedCluster:

@@ -5,7 +5,7 @@ writes seven files costs about 30 round trips per host (a stat, a directory chec
 checksum per file, several of them twice). While operations are being prepared nothing runs
 on the host, so a fact command gives the same output every time it is asked: this module
 remembers each command's output for the prepare stage only, and fetches the facts the shared
-operations are known to ask for (`roles.operations.prefetch_requests`) in one batched command
+operations are known to ask for (`toolkit.operations.prefetch_requests`) in one batched command
 per host before the roles' deploys run.
 
 Only the SSH round trip is replaced: pyinfra still builds each fact's command, parses its output
@@ -29,7 +29,7 @@ from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
 from pyinfra.api.state import StateStage
 from pyinfra.connectors.util import CommandOutput, OutputLine
 
-from roles.pyinfra_api import MISSING_COMMAND_MARKER, commands_routed, replayable_command
+from toolkit.pyinfra_api import MISSING_COMMAND_MARKER, commands_routed, replayable_command
 
 FactRequest = tuple[type[FactBase], dict[str, Any]]
 
@@ -55,7 +55,7 @@ class PrepareCache:
     """Outputs of successful commands on one host during the prepare stage.
 
     With `recording`, it also keeps every command the host's deploys asked for, in order, with
-    the output they were given (roles/fingerprint.py replays them to tell that nothing changed);
+    the output they were given (engine/fingerprint/ replays them to tell that nothing changed);
     `replayable` turns False when one of them failed or cannot be replayed from its text."""
 
     def __init__(self, state, host, recording: bool = False):

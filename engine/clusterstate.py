@@ -1,8 +1,8 @@
 """The controller's state of a cluster (`.state/`), made explicit per command.
 
 render reads it and shows placeholders for what is missing; plan and drift need it and never
-write it; apply holds the cluster lock, checks the live etcd CA against it, and only then may
-create what is missing.
+write it; apply holds the cluster lock, runs every role's pre-apply check (etcd: the live CA
+against the state's), and only then may create what is missing.
 """
 
 from __future__ import annotations
@@ -10,11 +10,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Iterator
 
+from engine.applylock import LOCK_FILE, HeldLock, apply_lock
+from engine.context import host_contexts, host_files
+from engine.registry import ROLES
 from inventory.model import LoadedCluster, StateAccess
-from roles.applylock import LOCK_FILE, HeldLock, apply_lock
-from roles.context import host_contexts, host_files
-from roles.etcd.trust import TrustRefused, check_live_ca
-from roles.statefiles import StateMissing
+from toolkit.spec import PreApplyRefused
+from toolkit.statefiles import StateMissing
 
 
 def require_state(loaded: LoadedCluster, roles: Iterable[str] = ()) -> LoadedCluster:
@@ -42,17 +43,29 @@ def require_state(loaded: LoadedCluster, roles: Iterable[str] = ()) -> LoadedClu
 def applying(
     loaded: LoadedCluster, command: str | None = None, *, break_lock: bool = False
 ) -> Iterator[tuple[LoadedCluster, HeldLock]]:
-    """Hold the cluster's apply lock (LockHeld when another apply has it), then refuse
-    (TrustRefused) when the etcd members trust another CA than the state's; yields the cluster
-    allowed to create missing state."""
+    """Hold the cluster's apply lock (LockHeld when another apply has it), then run every role's
+    pre-apply check (PreApplyRefused: the etcd members trust another CA than the state's, say);
+    yields the cluster allowed to create missing state.
+
+    Every registered role's check runs, not only those of the roles an apply selects: the
+    checks guard state that is cluster-wide (the etcd CA signs the control plane's etcd client
+    certificates too), and they ran so before they were part of the record."""
     fresh = not loaded.state_dir.exists()
     try:
         with apply_lock(loaded.state_dir, command, break_lock=break_lock) as held:
-            check_live_ca(loaded)
+            run_pre_apply_checks(loaded)
             yield loaded.with_state_access(StateAccess.create), held
-    except TrustRefused:
+    except PreApplyRefused:
         if fresh:  # refused before anything was made: leave no state folder behind
             (loaded.state_dir / LOCK_FILE).unlink(missing_ok=True)
             with contextlib.suppress(OSError):
                 loaded.state_dir.rmdir()
         raise
+
+
+def run_pre_apply_checks(loaded: LoadedCluster) -> None:
+    """Each role's pre-apply check (its record's `pre_apply`), in registry order; the first
+    refusal (PreApplyRefused) stops the apply before anything changes."""
+    for role in ROLES:
+        if role.pre_apply is not None:
+            role.pre_apply(loaded)

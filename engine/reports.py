@@ -1,13 +1,13 @@
 """What a run reports: per host, its status and operations; per run, timings and notes.
 Standard library only, so that a command that never connects through pyinfra (the drift fast
-path, roles/fingerprint.py) can build the same report."""
+path, engine/fingerprint/) can build the same report."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from roles.pacing import Rate
+from toolkit.pacing import Rate
 
 
 class Mode(StrEnum):
@@ -71,7 +71,7 @@ class RunOptions:
     limit: tuple[str, ...] = ()  # host or group names; empty: every host
     roles: tuple[str, ...] = ()  # role names; empty: every role
     parallel: int | None = None  # concurrent hosts; None: every host (within the nofile cap)
-    batch: str | None = None  # apply in rolling steps: "N" hosts or "P%" (roles/orchestrate.py)
+    batch: str | None = None  # apply in rolling steps: "N" hosts or "P%" (engine/orchestrate.py)
     rate: Rate | None = None  # at most N batch-policy hosts start per interval
     fail_percent: float | None = None  # stop a batched run past this share of failed hosts
     connect_timeout: int = 10

@@ -13,10 +13,10 @@ from pyinfra.api.operation import OperationMeta
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File, Link, Sha1File
 
-from roles import record
-from roles.facts import Account, Container, GroupEntry, NodeName, RebootReasons, UnitState
-from roles.pyinfra_api import op_hash
-from roles.spec import ManagedFile
+from toolkit import record
+from toolkit.facts import Account, Container, GroupEntry, NodeName, RebootReasons, UnitState
+from toolkit.pyinfra_api import op_hash
+from toolkit.spec import ManagedFile
 
 
 def put_file(managed: ManagedFile) -> OperationMeta:
@@ -41,7 +41,7 @@ def put_file(managed: ManagedFile) -> OperationMeta:
 def prefetch_requests(managed: list[ManagedFile]) -> list[tuple[type, dict]]:
     """The facts `put_file` (through pyinfra's `files.put` or `put_checked`), `service_running`
     and `apt.packages` ask for on a host with these files: the runner fetches them in one
-    command per host (roles/factcache.py). A fact missing here is only fetched on its own."""
+    command per host (engine/factcache.py). A fact missing here is only fetched on its own."""
     requests: list[tuple[type, dict]] = [(Container, {}), (DebPackages, {}), (NodeName, {})]
     for f in managed:
         requests += [(File, {"path": f.path}), (Sha1File, {"path": f.path})]

@@ -1,6 +1,6 @@
 """Topology-aware rolling: which hosts may change, or reboot, in the same step.
 
-Each phase of each role declares how it may roll (roles/spec.py `Rolling`); a group takes the
+Each phase of each role declares how it may roll (toolkit/spec.py `Rolling`); a group takes the
 policy of the phases that target it by name (a phase on every host sets none):
 
 - together (etcd): the group's hosts are applied in one step, so a new cluster bootstraps with
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from roles.spec import Phase, Rolling
+from toolkit.spec import Phase, Rolling
 
 # When phases disagree about a group, the stricter requirement wins; `together` is needed for a
 # bootstrap and its restarts are serial inside the deploy, so it outranks one at a time.

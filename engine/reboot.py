@@ -8,10 +8,15 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from inventory.model import LoadedCluster
-from roles.operations import REBOOT_FLAG
-from roles.ssh import ssh_argv
+from toolkit.operations import REBOOT_FLAG
+from toolkit.ssh import ssh_argv
+
+if TYPE_CHECKING:
+    from engine.reports import RunReport
 
 # /run is a tmpfs on every systemd host (lab hosts included): a marker there is gone exactly
 # when the host booted again. A boot id would not do: lab hosts share the machine's kernel.
@@ -105,3 +110,36 @@ class Rebooter:
             if not all(outcome.ok for outcome in done):
                 break
         return outcomes
+
+
+def reboot_waiting(cluster: str | Path, report: RunReport, batch: str | None) -> None:
+    """Reboot the hosts the run left "reboot required", in rolling steps by each group's policy
+    (quorum and serving groups one member at a time, workers --batch at a time, one by
+    default); the report says which came back (flag cleared) and which did not (failed)."""
+    from engine.context import load
+    from engine.orchestrate import batch_size, group_policies, plan_steps
+    from engine.registry import PHASES
+    from engine.reports import HostStatus
+
+    waiting = [
+        host.name
+        for host in report.hosts.values()
+        if host.reboot_required and host.status in (HostStatus.ok, HostStatus.changed)
+    ]
+    if not waiting:
+        return
+    loaded = load(cluster)
+    groups_of = {name: loaded.cluster.hosts[name].groups for name in waiting}
+    size = batch_size(batch or "1", len(waiting))
+    steps = plan_steps(waiting, groups_of, group_policies(PHASES), size, rebooting=True)
+    for outcome in Rebooter(loaded).rolling(steps):
+        entry = report.hosts[outcome.host]
+        if outcome.ok:
+            entry.reboot_required = False
+            report.notes.append(f"{outcome.host}: rebooted, back in {outcome.seconds:.1f} s")
+        else:
+            entry.status = HostStatus.failed
+            entry.error = f"reboot: {outcome.error}"
+    left = [name for name in waiting if report.hosts[name].reboot_required]
+    if left:
+        report.notes.append(f"still waiting for a reboot: {', '.join(left)}")

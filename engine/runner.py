@@ -19,15 +19,25 @@ from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra.facts.files import FileContents
 
+from engine.context import host_contexts
+from engine.factcache import prepare_cache
+from engine.orchestrate import batch_size, group_policies, paced_hosts, plan_steps
+from engine.registry import PHASES
+from engine.reports import (  # noqa: F401 (the report types, re-exported for callers)
+    HostReport,
+    HostStatus,
+    Mode,
+    OperationResult,
+    RunOptions,
+    RunReport,
+)
+from engine.selection import select_hosts, selected_hosts, shard_hosts  # noqa: F401
 from inventory.model import LoadedCluster
-from roles import pyinfra_api, record
-from roles.context import host_contexts
-from roles.factcache import prepare_cache
-from roles.facts import RebootRequired
-from roles.operations import clear_pending, prefetch_requests
-from roles.orchestrate import batch_size, group_policies, paced_hosts, plan_steps
-from roles.pacing import Pacer, reset_shared
-from roles.pyinfra_api import (
+from toolkit import pyinfra_api, record
+from toolkit.facts import RebootRequired
+from toolkit.operations import clear_pending, prefetch_requests
+from toolkit.pacing import Pacer, reset_shared
+from toolkit.pyinfra_api import (
     commands_routed,
     conditions_hold,
     found_unchanged,
@@ -40,19 +50,9 @@ from roles.pyinfra_api import (
     stderr_tail,
     will_change,
 )
-from roles.record import RunRecord
-from roles.registry import PHASES
-from roles.reports import (  # noqa: F401 (the report types, re-exported for callers)
-    HostReport,
-    HostStatus,
-    Mode,
-    OperationResult,
-    RunOptions,
-    RunReport,
-)
-from roles.selection import select_hosts, selected_hosts, shard_hosts  # noqa: F401
-from roles.spec import HostContext, ManagedFile, Phase
-from roles.ssh import SSHSettings
+from toolkit.record import RunRecord
+from toolkit.spec import HostContext, ManagedFile, Phase
+from toolkit.ssh import SSHSettings
 
 REDACTED = "(secret: content differs, not shown)"
 # A host that goes silent mid-run (partitioned, or powered off without closing its connections)
@@ -77,7 +77,7 @@ def select_phases(roles: Iterable[str]) -> list[Phase]:
 
 def apply_steps(loaded: LoadedCluster, hosts: list[str], options: RunOptions) -> list[list[str]]:
     """The hosts in the steps an apply takes. One step unless --batch or --rate asks for
-    rolling; then by each group's policy (roles/orchestrate.py): etcd's members together,
+    rolling; then by each group's policy (engine/orchestrate.py): etcd's members together,
     never two of a one-at-a-time group at once, workers by --batch and --rate."""
     if options.mode is not Mode.apply or not (options.batch or options.rate):
         return [hosts] if hosts else []
@@ -95,11 +95,11 @@ def run(
     record: bool = False,
 ) -> RunReport:
     """Plan, apply or check the hosts. With `record` (apply only: it writes `.state/`), every
-    host found converged gets its record for the drift fast path (roles/fingerprint.py); hosts
+    host found converged gets its record for the drift fast path (engine/fingerprint/); hosts
     the apply changed are checked again, exactly, to find them converged."""
     started = time.monotonic()
     if record:  # the code this run has loaded, unless the command line took it before
-        from roles import fingerprint
+        from engine import fingerprint
 
         fingerprint.code_digest()
     asked: dict[str, tuple[str, ...]] = {}
@@ -162,7 +162,7 @@ def _record_converged(loaded, options, report: RunReport, asked, contexts) -> No
     """Keep the record of every host this run found converged, check the hosts an apply changed
     once more (exactly: their facts are the ones that run recorded), and forget the records of
     the hosts that are neither (their next drift checks them operation by operation)."""
-    from roles import fingerprint
+    from engine import fingerprint
 
     if fingerprint.code_digest(again=True) != fingerprint.code_digest():
         # An upgrade or a checkout while the run had the code loaded: what it found was found by
@@ -367,7 +367,7 @@ def _run_batch(
 def _asked_commands(caches, report: RunReport) -> dict[str, tuple]:
     """Per host whose run went through and whose commands can all be replayed: each command
     its deploys asked, with its success codes and the digest of what it printed."""
-    from roles.fingerprint import output_digest
+    from engine.fingerprint import output_digest
 
     return {
         host.name: tuple(
@@ -462,7 +462,7 @@ def _skip_unchanged_while_clean(state, hosts, recorder: _Recorder | None = None)
 
 def _prefetch(state, caches, phases, by_name) -> None:
     """One command per host fetching the facts every role's managed files need (see
-    roles/factcache.py): the deploys then find them instead of asking one by one."""
+    engine/factcache.py): the deploys then find them instead of asking one by one."""
 
     def prefetch(host, cache) -> None:
         ctx = by_name[host.name]

@@ -285,6 +285,29 @@ def store_cluster_configuration(loaded: LoadedCluster, target: str) -> str:
     )
 
 
+@dataclass(frozen=True)
+class CoreDNSFlags:
+    checks: str  # added to `kubeadm upgrade plan` and `apply`
+    phases: str  # added to `kubeadm upgrade apply` and a control-plane node's `upgrade node`
+    note: str
+
+
+def coredns_flags(loaded: LoadedCluster, first: str) -> CoreDNSFlags:
+    """Where the inventory pins CoreDNS (kubernetes.coredns_image_tag), kubeadm leaves it alone.
+    kubeadm would move CoreDNS to the version it was built with and migrate the Corefile, and
+    its migration library refuses a version it does not know (kubeadm 1.36 on 1.14.7: "start
+    version '1.14.7' not supported"), in the preflight checks and in the addon phase both. The
+    tag stays in the stored ClusterConfiguration, so the next apply keeps it too."""
+    cfg = host_config(loaded, first, "kubernetes", KubernetesConfig)
+    if cfg.coredns_image_tag is None:
+        return CoreDNSFlags("", "", "")
+    return CoreDNSFlags(
+        checks=" --ignore-preflight-errors=CoreDNSUnsupportedPlugins,CoreDNSMigration",
+        phases=" --skip-phases addon/coredns",
+        note=f"CoreDNS stays at {cfg.coredns_image_tag}, as kubernetes.coredns_image_tag pins it",
+    )
+
+
 def upgrade(
     loaded: LoadedCluster,
     target: str,
@@ -306,16 +329,19 @@ def upgrade(
         "store the target's ClusterConfiguration in kubeadm-config",
         store_cluster_configuration(loaded, tag),
     )
-    session.step(first, "plan the upgrade", f"kubeadm upgrade plan {tag}")
+    coredns = coredns_flags(loaded, first)
+    session.step(first, "plan the upgrade", f"kubeadm upgrade plan {tag}{coredns.checks}")
     # kubeadm keeps no patches in the cluster: named again, the directory's kubelet patch is
     # applied to the kubelet configuration the upgrade writes.
     patches = f"--patches {PATCHES_DIR}"
-    session.step(first, "kubeadm upgrade apply", f"kubeadm upgrade apply {tag} -y {patches}", 1800)
+    apply = f"kubeadm upgrade apply {tag} -y {patches}{coredns.checks}{coredns.phases}"
+    session.step(first, "kubeadm upgrade apply", apply, 1800)
     _upgrade_kubelet(session, loaded, first, tag)
     session.step(first, "wait for /healthz", _wait(HEALTHZ))
     for host in control_plane[1:]:
         session.step(host, "install kubeadm", package_commands(loaded, host, tag, ["kubeadm"]))
-        session.step(host, "kubeadm upgrade node", f"kubeadm upgrade node {patches}", 1800)
+        node = f"kubeadm upgrade node {patches}{coredns.phases}"
+        session.step(host, "kubeadm upgrade node", node, 1800)
         _upgrade_kubelet(session, loaded, host, tag)
         session.step(host, "wait for /healthz", _wait(HEALTHZ))
     size = batch_size(len(workers), budget_percent)
@@ -332,6 +358,8 @@ def upgrade(
     session.outcome.notes.append(
         f"set versions.kubernetes: {tag.lstrip('v')} in the inventory so apply keeps this version"
     )
+    if coredns.phases:
+        session.outcome.notes.append(coredns.note)
     return session.outcome
 
 

@@ -248,3 +248,24 @@ def test_upgrade_with_release_binaries_checks_each_against_the_targets_pin(
     assert "/usr/local/bin/kubectl" in command
     with pytest.raises(day2.KubernetesOperationError, match=r"release_sha256\.1\.37\.0"):
         day2.package_commands(loaded, "cp-1", "v1.37.0", ["kubeadm"])
+
+
+def test_a_pinned_coredns_is_left_to_the_inventory_during_an_upgrade(
+    small_cluster, write_cluster, loaded
+):
+    """kubeadm's Corefile migration refuses a CoreDNS it does not know (1.36 on 1.14.7): with
+    the inventory's own tag, its checks are ignored and its addon phase skipped."""
+    plain = Recorder()
+    day2.upgrade(loaded, "1.36.3", runner=plain)
+    assert not any("CoreDNS" in c or "addon/coredns" in c for _, c in plain.calls)  # control
+    small_cluster["group_vars"] = {"all": {"kubernetes": {"coredns_image_tag": "v1.14.7"}}}
+    pinned, recorder = load(write_cluster(small_cluster)), Recorder()
+    outcome = day2.upgrade(pinned, "1.36.3", runner=recorder)
+    commands = dict(recorder.calls[i][::-1] for i in range(len(recorder.calls)))
+    ignored = "--ignore-preflight-errors=CoreDNSUnsupportedPlugins,CoreDNSMigration"
+    plan = next(c for c in commands if c.startswith("kubeadm upgrade plan"))
+    apply = next(c for c in commands if c.startswith("kubeadm upgrade apply"))
+    assert ignored in plan and ignored in apply and "--skip-phases addon/coredns" in apply
+    nodes = [(h, c) for c, h in commands.items() if c.startswith("kubeadm upgrade node")]
+    assert all(("addon/coredns" in c) == (h.startswith("cp-")) for h, c in nodes), nodes
+    assert any("CoreDNS stays at v1.14.7" in note for note in outcome.notes)

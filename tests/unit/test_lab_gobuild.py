@@ -99,6 +99,9 @@ def test_a_module_builds_into_the_cache_once(tmp_path, monkeypatch):
     described = subprocess.run(["file", str(binary)], capture_output=True, text=True).stdout
     if described:  # `file` is optional here
         assert "statically linked" in described
+    # kubeadm's upgrade health check runs the pause image with -v in a Job and waits for it.
+    version = subprocess.run([str(binary), "-v"], capture_output=True, text=True, timeout=10)
+    assert (version.returncode, version.stdout) == (0, "pause (gpuinfra)\n")
     stamp = (output / gobuild.COMPLETE).stat().st_mtime_ns
     assert gobuild.build(pause) == output
     assert (output / gobuild.COMPLETE).stat().st_mtime_ns == stamp

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from engine.context import host_contexts
 from engine.runner import Mode, RunOptions, run
 from inventory.model import LoadedCluster
+from inventory.versions import KubernetesVersion
 from roles.kubernetes.config import KubernetesConfig
 from roles.kubernetes.files import (
     ADMIN_CONF,
@@ -205,22 +206,18 @@ def renew_certificates(loaded: LoadedCluster, runner: Runner = ssh_run) -> Outco
 # ---------------------------------------------------------------- upgrades
 
 
-def _minor(version: str) -> tuple[int, int]:
-    major, minor, *_ = version.lstrip("v").split(".")
-    return int(major), int(minor)
-
-
 def check_upgrade_step(current: str, target: str) -> None:
     """One minor at a time (kubeadm refuses skipping one): 1.31.x -> 1.31.y or 1.32.z."""
-    have, want = _minor(current), _minor(target)
-    if want[0] != have[0] or want[1] - have[1] not in (0, 1):
+    try:
+        have, want = KubernetesVersion.parse(current), KubernetesVersion.parse(target)
+    except ValueError as exc:
+        raise KubernetesOperationError(f"upgrade {current} -> {target}: {exc}") from None
+    if want.major != have.major or want.minor - have.minor not in (0, 1):
         raise KubernetesOperationError(
             f"upgrade {current} -> {target}: one minor version at a time "
-            f"(next: {have[0]}.{have[1] + 1}.x)"
+            f"(next: {have.major}.{have.minor + 1}.x)"
         )
-    if tuple(int(p) for p in target.lstrip("v").split(".")) <= tuple(
-        int(p) for p in current.lstrip("v").split(".")
-    ):
+    if want <= have:
         raise KubernetesOperationError(f"upgrade {current} -> {target}: not newer")
 
 
@@ -236,8 +233,8 @@ def package_commands(loaded: LoadedCluster, host: str, version: str, names: list
     cfg = host_config(loaded, host, "kubernetes", KubernetesConfig)
     if cfg.source == "preinstalled":
         return "true"
+    plain = KubernetesVersion.parse(version).plain
     if cfg.source == "binaries":
-        plain = version.removeprefix("v")
         pins = cfg.release_sha256.get(plain, {})
         missing = [name for name in names if name not in pins]
         if missing:
@@ -251,7 +248,7 @@ def package_commands(loaded: LoadedCluster, host: str, version: str, names: list
             install = f"install -m 0755 {{file}} /usr/local/bin/{name}"
             commands += checked_download(name, binary_url(cfg, plain, name), pins[name], install)
         return " && ".join(commands)
-    pins = " ".join(f"{name}={version.lstrip('v')}-{cfg.package_revision}" for name in names)
+    pins = " ".join(f"{name}={plain}-{cfg.package_revision}" for name in names)
     return (
         f"apt-mark unhold {' '.join(names)} && DEBIAN_FRONTEND=noninteractive apt-get install "
         f"-y -q --no-install-recommends {pins} && apt-mark hold {' '.join(names)}"
@@ -264,7 +261,9 @@ def target_cluster_configuration(loaded: LoadedCluster, target: str) -> str:
     ConfigMap, and flags that change between minors must change with them: 1.35's gang
     scheduling API (scheduling.k8s.io/v1alpha1) is gone in 1.36, whose API server would refuse
     to start when --runtime-config still named it."""
-    versions = loaded.cluster.versions.model_copy(update={"kubernetes": target.removeprefix("v")})
+    versions = loaded.cluster.versions.model_copy(
+        update={"kubernetes": KubernetesVersion.parse(target).plain}
+    )
     cluster = loaded.cluster.model_copy(update={"versions": versions})
     moved = loaded.model_copy(update={"cluster": cluster})
     first = _first(loaded)
@@ -316,7 +315,8 @@ def upgrade(
 ) -> Outcome:
     current = loaded.cluster.versions.kubernetes
     check_upgrade_step(current, target)
-    tag = "v" + target.lstrip("v")
+    version = KubernetesVersion.parse(target)
+    tag = version.tag
     session = Session(loaded, f"upgrade {current} -> {tag}", runner)
     cluster = loaded.cluster
     first = _first(loaded)
@@ -356,7 +356,7 @@ def upgrade(
         for host in batch:
             session.step(first, f"uncordon {host}", f"{KUBECTL} uncordon {shlex.quote(host)}")
     session.outcome.notes.append(
-        f"set versions.kubernetes: {tag.lstrip('v')} in the inventory so apply keeps this version"
+        f"set versions.kubernetes: {version.plain} in the inventory so apply keeps this version"
     )
     if coredns.phases:
         session.outcome.notes.append(coredns.note)

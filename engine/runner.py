@@ -52,7 +52,7 @@ from toolkit.pyinfra_api import (
 )
 from toolkit.record import RunRecord
 from toolkit.spec import HostContext, ManagedFile, Phase
-from toolkit.ssh import SSHSettings
+from toolkit.ssh import SSHSettings, ssh_settings
 
 REDACTED = "(secret: content differs, not shown)"
 # A host that goes silent mid-run (partitioned, or powered off without closing its connections)
@@ -298,7 +298,7 @@ def _explain_connect_error(error: Exception) -> str:
 def _pyinfra_inventory(
     loaded: LoadedCluster, names: list[str], timeout: int, persist: bool = False
 ) -> Inventory:
-    settings = SSHSettings.from_cluster(loaded, timeout)
+    settings = ssh_settings(loaded, timeout)
     addresses = {name: str(loaded.cluster.hosts[name].address) for name in names}
     config_file = _bastion_config(loaded, settings, list(addresses.values()), persist)
     hosts = [(name, {"ssh_hostname": address}) for name, address in addresses.items()]
@@ -323,7 +323,7 @@ def _run_batch(
     names = [ctx.name for ctx in contexts]
     for name in names:
         report.hosts[name] = HostReport(name)
-    bastion_problem = SSHSettings.from_cluster(loaded, options.connect_timeout).bastion_problem()
+    bastion_problem = ssh_settings(loaded, options.connect_timeout).bastion_problem()
     if bastion_problem is not None:  # every host is behind it: none is tried
         for entry in report.hosts.values():
             entry.status, entry.error = HostStatus.unreachable, bastion_problem

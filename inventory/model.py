@@ -8,7 +8,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+
+from inventory.versions import KubernetesVersion, check_kubernetes_version
 
 # The groups a host can belong to, and what each one means. Documented in docs/inventory.md too.
 # `Group` below spells the same names for type checkers, in the same order (pydantic's error
@@ -32,6 +34,9 @@ HostName = Annotated[
     StringConstraints(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"),
 ]
 
+# "1.36.3" (or "v1.36.3"), kept as written; `Versions.kubernetes_version` is the parsed value.
+KubernetesVersionText = Annotated[str, AfterValidator(check_kubernetes_version)]
+
 # [user@]host[:port], as `ssh -J` takes it.
 JumpHost = Annotated[str, StringConstraints(pattern=r"^([^@\s:]+@)?[^@\s:]+(:\d{1,5})?$")]
 
@@ -45,7 +50,7 @@ class Strict(BaseModel):
 class Versions(Strict):
     """Pinned versions; the NVIDIA stack is checked against each other by the nvidia role."""
 
-    kubernetes: str = "1.35.4"
+    kubernetes: KubernetesVersionText = "1.35.4"
     etcd: str = "3.5.16"  # Debian 13's etcd-server; upstream 3.5 otherwise
     containerd: str = "1.7.24"
     docker: str = "26.1.5"
@@ -53,6 +58,10 @@ class Versions(Strict):
     cuda: str = "12.4"
     cudnn: str = "9.1.0"
     nccl: str = "2.22.3"
+
+    @property
+    def kubernetes_version(self) -> KubernetesVersion:
+        return KubernetesVersion.parse(self.kubernetes)
 
 
 class Networks(Strict):

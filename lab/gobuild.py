@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from inventory.versions import KubernetesVersion
 from lab.errors import LabError, LabMissingTool
 
 MODULES_DIR = Path(__file__).resolve().parents[1] / "go"
@@ -64,12 +65,12 @@ class GoModule:
         flags = ["-s", "-w"]
         kubernetes = self.requirement("k8s.io/kubernetes")
         if kubernetes:
-            major, minor = kubernetes.lstrip("v").split(".")[:2]
+            version = KubernetesVersion.parse(kubernetes)
             for package in _VERSION_PACKAGES:
                 flags += [
                     f"-X {package}.gitVersion={kubernetes}",
-                    f"-X {package}.gitMajor={major}",
-                    f"-X {package}.gitMinor={minor}",
+                    f"-X {package}.gitMajor={version.major}",
+                    f"-X {package}.gitMinor={version.minor}",
                     f"-X {package}.gitTreeState=clean",
                 ]
         containerd = self.requirement(CONTAINERD)
@@ -134,7 +135,7 @@ def lab_modules() -> list[GoModule]:
 
 def kubernetes_module(version: str) -> GoModule:
     """The build of one Kubernetes version (v1.35.4 or 1.35.4)."""
-    wanted = "v" + version.lstrip("v")
+    wanted = KubernetesVersion.parse(version).tag
     for candidate in kubernetes_modules():
         if candidate.requirement("k8s.io/kubernetes") == wanted:
             return candidate

@@ -13,6 +13,7 @@ import os
 import shlex
 import shutil
 import tempfile
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -302,6 +303,24 @@ def _config_value(path: Path | None) -> str:
     return f'"{text}"' if any(c.isspace() for c in text) else text
 
 
+# id(loaded) -> connect timeout -> its settings; an entry goes when its cluster object does, so
+# an id that Python hands out again never finds another cluster's settings.
+_BUILT: dict[int, dict[int, SSHSettings]] = {}
+
+
+def ssh_settings(loaded: LoadedCluster, connect_timeout: int = CONNECT_TIMEOUT_S) -> SSHSettings:
+    """The cluster's SSH settings, built once per loaded cluster and timeout: every SSH user of
+    a run (pyinfra's inventory, the drift probes, day-2 commands) shares them, so a key or
+    known_hosts path is resolved once and the same way for all of them."""
+    built = _BUILT.get(id(loaded))
+    if built is None:
+        built = _BUILT[id(loaded)] = {}
+        weakref.finalize(loaded, _BUILT.pop, id(loaded), None)
+    if connect_timeout not in built:
+        built[connect_timeout] = SSHSettings.from_cluster(loaded, connect_timeout)
+    return built[connect_timeout]
+
+
 def ssh_argv(loaded: LoadedCluster, host: str, *, batch: bool = True) -> list[str]:
     """argv for `ssh` to one inventory host; append the remote command to it.
 
@@ -309,4 +328,4 @@ def ssh_argv(loaded: LoadedCluster, host: str, *, batch: bool = True) -> list[st
     unknown or changed host key makes ssh refuse, and the caller reports that host as failed.
     """
     address = str(loaded.cluster.hosts[host].address)
-    return SSHSettings.from_cluster(loaded).argv(address, batch=batch)
+    return ssh_settings(loaded).argv(address, batch=batch)

@@ -16,7 +16,7 @@ from engine.fingerprint.keys import common_digest, host_key, host_roles, inputs_
 from engine.fingerprint.probe import differences, probe_script, read_probe
 from engine.fingerprint.records import Record, load_record
 from engine.reports import HostReport, HostStatus, OperationResult
-from toolkit.ssh import SSHSettings
+from toolkit.ssh import SSHSettings, ssh_settings
 
 if TYPE_CHECKING:
     from inventory.model import LoadedCluster
@@ -200,7 +200,7 @@ class Probes:
     ):
         self.result = FastCheck()
         self.records: dict[str, Record] = {}
-        ssh = SSHSettings.from_cluster(loaded, connect_timeout)
+        ssh = ssh_settings(loaded, connect_timeout)
         wanted = tuple(roles)
         for name in hosts:
             record = load_record(loaded.state_dir, name)

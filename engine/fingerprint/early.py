@@ -28,7 +28,7 @@ from engine.fingerprint.keys import (
     state_digest,
 )
 from engine.fingerprint.records import FORMAT, RECORDS, Record, load_record
-from toolkit.ssh import SSHSettings
+from toolkit.ssh import ssh_settings
 from toolkit.statefiles import write_secret_atomically
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ def write_early_sheet(loaded: LoadedCluster) -> None:
     record of all the host's roles, the only ones a plain drift asks), with the inventory's
     stamp, for the next drift's send_early. Removed when there is none to write."""
     path = loaded.state_dir / RECORDS / EARLY_SHEET
-    ssh = SSHSettings.from_cluster(loaded)
+    ssh = ssh_settings(loaded)
     hosts = {}
     for name, host in loaded.cluster.hosts.items():
         record = load_record(loaded.state_dir, name)
@@ -117,7 +117,7 @@ def _alone(loaded: LoadedCluster, hosts: dict[str, list[str]]) -> dict | None:
     Ansible inventory (ansible-core reads its configuration and may run scripts)."""
     if loaded.text_digest is None:
         return None
-    ssh = SSHSettings.from_cluster(loaded)
+    ssh = ssh_settings(loaded)
     return {
         "text": loaded.text_digest,
         "target": os.path.join(os.getcwd(), loaded.source),  # the folder `./key` is taken from

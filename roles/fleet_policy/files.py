@@ -132,7 +132,7 @@ def template_context(loaded: LoadedCluster) -> dict[str, Any]:
         "taint_key": TEAM_TAINT_KEY,
         "taint_effect": TEAM_TAINT_EFFECT,
         "gpu_resource": health.gpu_resource,
-        "minor": gang.kubernetes_minor(cluster.versions.kubernetes),
+        "minor": cluster.versions.kubernetes_version.major_minor,
         "gang": in_tree,
         "gang_plugin": gang.PLUGIN,
         "api_server_gates": gang.feature_gates(in_tree.api_server_gates),

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from inventory.versions import KubernetesVersion
+
 
 @dataclass(frozen=True)
 class InTreeGang:
@@ -54,13 +56,9 @@ class UnsupportedKubernetes(ValueError):
     """Gang scheduling is not set up for this Kubernetes minor."""
 
 
-def kubernetes_minor(version: str) -> str:
-    major, minor, *_ = version.removeprefix("v").split(".")
-    return f"{major}.{minor}"
-
-
 def in_tree_gang(kubernetes: str) -> InTreeGang:
-    minor = kubernetes_minor(kubernetes)
+    """For a version spelt either way ("1.36.3", "v1.36.3")."""
+    minor = KubernetesVersion.parse(kubernetes).major_minor
     try:
         return IN_TREE[minor]
     except KeyError:

@@ -47,7 +47,7 @@ POD_ROUTES_SERVICE = "gpuinfra-pod-routes"
 def _common(ctx: HostContext) -> dict[str, str]:
     """Packages and files every node gets; returns the written files' contents by path."""
     cfg = settings(ctx)
-    version = ctx.cluster.versions.kubernetes.lstrip("v")
+    version = ctx.cluster.versions.kubernetes_version.plain
     managed = {f.path: f for f in managed_files(ctx)}
     sources = put_file(managed[REPO_SOURCES]) if REPO_SOURCES in managed else None
     kube_ops.repository_key(

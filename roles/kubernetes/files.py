@@ -102,15 +102,6 @@ def is_first_control_plane(ctx: HostContext) -> bool:
     return ctx.name == first_control_plane(ctx.cluster)
 
 
-def kubernetes_version(cluster: Cluster) -> str:
-    return "v" + cluster.versions.kubernetes.lstrip("v")
-
-
-def minor_version(cluster: Cluster) -> str:
-    major, minor, *_ = cluster.versions.kubernetes.lstrip("v").split(".")
-    return f"{major}.{minor}"
-
-
 @dataclass(frozen=True)
 class Flag:
     """One component flag and why the role sets it (printed above the document it is in)."""
@@ -345,7 +336,7 @@ def cluster_configuration(ctx: HostContext, cfg: KubernetesConfig) -> m.ClusterC
         ),
     ]
     return m.ClusterConfiguration(
-        kubernetesVersion=kubernetes_version(cluster),
+        kubernetesVersion=cluster.versions.kubernetes_version.tag,
         clusterName=cluster.name,
         controlPlaneEndpoint=api_endpoint(ctx),
         imageRepository=(
@@ -662,7 +653,8 @@ def _calico_header(cfg: KubernetesConfig) -> str:
 def repository_url(ctx: HostContext) -> str:
     """The package repository of the pinned minor (pkgs.k8s.io's layout, or a mirror of it)."""
     cfg = settings(ctx)
-    return f"{cfg.repo_url.rstrip('/')}/core:/stable:/v{minor_version(ctx.cluster)}/deb/"
+    minor = ctx.cluster.versions.kubernetes_version.major_minor
+    return f"{cfg.repo_url.rstrip('/')}/core:/stable:/v{minor}/deb/"
 
 
 def repository_sources(ctx: HostContext) -> str:

@@ -26,6 +26,7 @@ from pyinfra.api import FunctionCommand, OperationError, StringCommand, operatio
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import Sha1File
 
+from inventory.versions import KubernetesVersion
 from roles.kubernetes import models as m
 from roles.kubernetes.config import KubernetesConfig
 from roles.kubernetes.facts import (
@@ -163,7 +164,7 @@ def _binary_commands(cfg: KubernetesConfig, version: str):
 
 def binary_url(cfg: KubernetesConfig, version: str, name: str) -> str:
     """Where a release keeps one of kubeadm, kubelet and kubectl (dl.k8s.io's layout)."""
-    return f"{cfg.binaries_url}/v{version.removeprefix('v')}/bin/linux/amd64/{name}"
+    return f"{cfg.binaries_url}/{KubernetesVersion.parse(version).tag}/bin/linux/amd64/{name}"
 
 
 def checked_download(name: str, url: str, sha256: str, install: str) -> list[str]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import yaml
 from pydantic import ValidationError
 
+from inventory.versions import KubernetesVersion
 from roles.kubernetes.models import MODELS
 
 
@@ -26,8 +27,7 @@ class Problem:
 
 def schema_version(kubernetes: str) -> str:
     """kubernetes-validate holds one schema set per minor ("1.31.0")."""
-    major, minor, *_ = kubernetes.lstrip("v").split(".")
-    return f"{major}.{minor}.0"
+    return f"{KubernetesVersion.parse(kubernetes).major_minor}.0"
 
 
 def validate_text(text: str, source: str, kubernetes: str) -> list[Problem]:

@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 import shlex
 
+from inventory.versions import KubernetesVersion
+
 LOG = "/var/log/kube-standin.log"
 ISSUED = "/var/lib/kube-standin/issued"
 VERSION_FILE = "/var/lib/kube-standin/version"
@@ -262,7 +264,7 @@ WantedBy=multi-user.target
 
 def install_commands(version: str) -> str:
     """One shell command that installs the stand-in on a host."""
-    tag = "v" + version.lstrip("v")
+    tag = KubernetesVersion.parse(version).tag
     scripts = {
         "/usr/local/bin/kubeadm": KUBEADM,
         "/usr/local/bin/kubectl": KUBECTL,

@@ -4,18 +4,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-GPUINFRA = str(Path(sys.executable).parent / "gpuinfra")
+from tests.helpers import GPUINFRA, gpuinfra
 
-
-def gpuinfra(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [GPUINFRA, *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
-    )
+__all__ = ["GPUINFRA", "gpuinfra"]  # where the role tests have long imported them from
 
 
 def failed_run(result: subprocess.CompletedProcess[str]) -> str:

@@ -17,19 +17,12 @@ import yaml
 from cli.exitcodes import ExitCode
 from engine import fingerprint
 from engine.context import load
+from tests.helpers import GPUINFRA, gpuinfra
 from tests.integration.roles_helpers import failed_run
 from toolkit.facts import HeldPackages
 from toolkit.ssh import ssh_argv
 
-GPUINFRA = str(Path(sys.executable).parent / "gpuinfra")
-
 pytestmark = pytest.mark.integration
-
-
-def gpuinfra(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [GPUINFRA, *args], capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL
-    )
 
 
 def drift(inventory: Path, *flags: str) -> tuple[int, dict]:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -13,18 +13,17 @@ import pytest
 import yaml
 
 from cli.exitcodes import ExitCode
+from tests.helpers import GPUINFRA
+from tests.helpers import gpuinfra as run_gpuinfra
 from tests.integration.roles_helpers import failed_run
 
-GPUINFRA = str(Path(sys.executable).parent / "gpuinfra")
 MANAGED = ["/etc/hosts", "/etc/hostname", "/etc/ssh/sshd_config.d/50-gpuinfra.conf"]
 
 pytestmark = pytest.mark.integration
 
 
-def gpuinfra(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [GPUINFRA, *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
-    )
+# The base role alone: a command that takes longer than this is stuck, not slow.
+gpuinfra = functools.partial(run_gpuinfra, timeout=600)
 
 
 @pytest.fixture(scope="module")

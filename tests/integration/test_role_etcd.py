@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,12 +23,12 @@ import yaml
 from cli.exitcodes import ExitCode
 from lab import lifecycle
 from lab.topology import HostSpec, Topology
+from tests.helpers import GPUINFRA, gpuinfra
 from tests.integration.conftest import KEEP_ENV, LAB_NAME, boot_lab
 from tests.integration.etcd_helpers import CLIENT_ENV, endpoints, etcdctl, status, wait_healthy
 
 pytestmark = pytest.mark.integration
 
-GPUINFRA = str(Path(sys.executable).parent / "gpuinfra")
 ETCD_LAB = os.environ.get("GPUINFRA_ETCD_LAB_NAME", f"{LAB_NAME}-etcd")
 MEMBERS = [f"etcd-{i}" for i in range(1, 6)]
 RESULTS: dict[str, object] = {}  # measured figures, printed at the end of the module
@@ -38,12 +37,6 @@ RESULTS: dict[str, object] = {}  # measured figures, printed at the end of the m
 def etcd_topology() -> Topology:
     hosts = tuple(HostSpec(name, ("etcd",), disk_bytes=2**30) for name in MEMBERS)
     return Topology(hosts + (HostSpec("cp-1", ("control_plane",)),), "etcd")
-
-
-def gpuinfra(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [GPUINFRA, *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
-    )
 
 
 @pytest.fixture(scope="module")

@@ -9,26 +9,18 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from cli.exitcodes import ExitCode
+from tests.helpers import gpuinfra
 
-GPUINFRA = str(Path(sys.executable).parent / "gpuinfra")
 ROLES = "base,kernel,container_runtime"
 KUBERNETES_NODES = ("cp-1", "cpu-1", "gpu-1")
 
 pytestmark = pytest.mark.integration
-
-
-def gpuinfra(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [GPUINFRA, *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
-    )
 
 
 @pytest.fixture(scope="module")

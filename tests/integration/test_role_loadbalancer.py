@@ -11,20 +11,17 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 
 from cli.exitcodes import ExitCode
 from lab import lifecycle
 from lab.topology import HostSpec, Topology
+from tests.helpers import gpuinfra
 from tests.integration.conftest import KEEP_ENV, LAB_NAME, LabCluster, boot_lab
 from tests.integration.roles_helpers import eventually
 
-GPUINFRA = str(Path(sys.executable).parent / "gpuinfra")
 SOCKET = "/run/haproxy/admin.sock"
 # A stand-in for kube-apiserver: answers every connection with the host's name.
 LISTENER_UNIT = "gpuinfra-test-apiserver"
@@ -52,12 +49,6 @@ HA_TOPOLOGY = Topology(
 )
 
 pytestmark = pytest.mark.integration
-
-
-def gpuinfra(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [GPUINFRA, *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
-    )
 
 
 def apply_roles(lab: LabCluster, roles: str) -> None:

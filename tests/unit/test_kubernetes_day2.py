@@ -81,6 +81,7 @@ def test_upgrade_stops_at_the_first_failing_node(loaded):
         ("1.31.4", "1.30.9", False),
         ("1.31.4", "1.31.4", False),
         ("1.31.4", "2.0.0", False),
+        ("1.31.4", "1.32", False),
     ],
 )
 def test_one_minor_at_a_time(current, target, ok):

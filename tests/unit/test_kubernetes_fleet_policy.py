@@ -7,6 +7,7 @@ arguments)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from typing import Any
 
@@ -30,6 +31,7 @@ from roles.kubernetes.files import (
     cluster_objects,
     managed_files,
 )
+from tests.helpers import files_of as shared_files_of
 from tests.unit.fake_host import KeyedHost, keyed_host
 
 TEAM = "research"
@@ -41,8 +43,7 @@ def loaded(small_cluster, write_cluster):
     return load(write_cluster(small_cluster))
 
 
-def files_of(loaded, name: str) -> dict[str, str]:
-    return {f.path: f.content for f in managed_files(host_context(loaded, name))}
+files_of = functools.partial(shared_files_of, role="kubernetes")
 
 
 def kubeadm_documents(text: str) -> dict[str, dict]:

@@ -3,6 +3,7 @@ the routed pod network, the kubeadm and kubelet documents, and the inventory che
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import json
 
@@ -10,7 +11,7 @@ import yaml
 from typer.testing import CliRunner
 
 from cli.main import app
-from engine.context import host_contexts, host_files, load
+from engine.context import host_contexts, load
 from roles.kubernetes import operations as kube_ops
 from roles.kubernetes.config import KubernetesConfig
 from roles.kubernetes.files import (
@@ -19,6 +20,7 @@ from roles.kubernetes.files import (
     POD_ROUTES_SCRIPT,
     pod_block,
 )
+from tests.helpers import files_of as shared_files_of
 
 runner = CliRunner()
 LAB_LIKE = {
@@ -42,9 +44,7 @@ def lab_like(small_cluster, write_cluster, **kubernetes):
     return load(write_cluster(small_cluster))
 
 
-def files_of(loaded, host: str) -> dict[str, str]:
-    ctx = next(c for c in host_contexts(loaded) if c.name == host)
-    return {f.path: f.content for f in host_files(ctx) if f.role == "kubernetes"}
+files_of = functools.partial(shared_files_of, role="kubernetes")
 
 
 def test_each_node_gets_the_block_of_its_own_address_and_routes_to_the_others(

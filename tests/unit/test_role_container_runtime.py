@@ -3,6 +3,7 @@ that containerd's TOML and Docker's JSON carry the settings kubelet depends on."
 
 from __future__ import annotations
 
+import functools
 import json
 import tomllib
 
@@ -17,6 +18,7 @@ from roles.container_runtime.operations import (
     containerd_binaries,
     containerd_tarball_url,
 )
+from tests.helpers import files_of as shared_files_of
 from tests.unit.conftest import SAMPLE
 from tests.unit.fake_host import commands
 from toolkit.aptkeys import KeyFingerprints, fetch_key_commands
@@ -24,9 +26,7 @@ from toolkit.aptkeys import KeyFingerprints, fetch_key_commands
 runner = CliRunner()
 
 
-def files_of(loaded, host: str) -> dict[str, str]:
-    ctx = next(c for c in host_contexts(loaded) if c.name == host)
-    return {f.path: f.content for f in host_files(ctx) if f.role == "container_runtime"}
+files_of = functools.partial(shared_files_of, role="container_runtime")
 
 
 def test_only_kubernetes_nodes_get_a_runtime():

@@ -23,6 +23,7 @@ from roles.dns.files import (
 )
 from roles.dns.operations import primary_zone, zone_served
 from roles.dns.secrets import next_serial, tsig_secret, zone_serial
+from tests.helpers import files_of
 from tests.unit.conftest import SAMPLE
 from tests.unit.fake_host import commands
 from toolkit import clock
@@ -32,10 +33,6 @@ DAY = datetime.date(2026, 11, 21)
 
 def contexts(loaded):
     return {ctx.name: ctx for ctx in host_contexts(loaded)}
-
-
-def files_of(ctx) -> dict[str, str]:
-    return {f.path: f.content for f in host_files(ctx)}
 
 
 @pytest.fixture
@@ -98,7 +95,7 @@ def test_key_file_is_secret_and_only_in_the_key_file(two_dns):
 
 
 def test_primary_serves_zones_and_transfers_only_to_secondaries_with_the_key(two_dns):
-    primary = files_of(two_dns["dns-1"])
+    primary = files_of(two_dns["dns-1"].loaded, "dns-1")
     local = primary[LOCAL_FILE]
     assert local.count("type primary;") == 2  # small.test and 0.0.10.in-addr.arpa
     assert 'allow-transfer { !{ !secondaries; any; }; key "gpuinfra-transfer"; };' in local
@@ -109,7 +106,7 @@ def test_primary_serves_zones_and_transfers_only_to_secondaries_with_the_key(two
 
 
 def test_secondary_copies_from_the_primary_and_writes_no_zone(two_dns):
-    secondary = files_of(two_dns["mon-1"])
+    secondary = files_of(two_dns["mon-1"].loaded, "mon-1")
     local = secondary[LOCAL_FILE]
     assert local.count("type secondary;") == 2 and "type primary" not in local
     assert 'primaries { 10.0.0.41 key "gpuinfra-transfer"; };' in local
@@ -118,7 +115,7 @@ def test_secondary_copies_from_the_primary_and_writes_no_zone(two_dns):
 
 
 def test_recursion_only_for_cluster_networks_and_queries_for_admins_too(two_dns):
-    options = files_of(two_dns["dns-1"])[OPTIONS_FILE]
+    options = files_of(two_dns["dns-1"].loaded, "dns-1")[OPTIONS_FILE]
     cluster_acl = options.split('acl "cluster" {')[1].split("};")[0].split()
     assert cluster_acl == ["10.0.0.0/24;", "10.128.0.0/12;", "10.96.0.0/16;"]
     assert 'acl "admin" {\n\t192.0.2.0/24;\n};' in options
@@ -130,7 +127,7 @@ def test_recursion_only_for_cluster_networks_and_queries_for_admins_too(two_dns)
 
 def test_forwarders_are_configurable(small_cluster, write_cluster):
     small_cluster["group_vars"] = {"dns": {"dns": {"forwarders": ["192.0.2.53"]}}}
-    options = files_of(contexts(load(write_cluster(small_cluster)))["dns-1"])[OPTIONS_FILE]
+    options = files_of(load(write_cluster(small_cluster)), "dns-1")[OPTIONS_FILE]
     assert "forwarders {\n\t\t192.0.2.53;\n\t};" in options
 
 
@@ -180,7 +177,7 @@ def test_rendering_twice_is_identical_and_a_record_change_bumps_the_serial(
 
 def test_every_host_resolves_through_the_dns_servers(two_dns):
     for ctx in two_dns.values():
-        resolv = files_of(ctx)[RESOLV_CONF]
+        resolv = files_of(ctx.loaded, ctx.name)[RESOLV_CONF]
         lines = [line for line in resolv.splitlines() if not line.startswith("#")]
         assert lines == [
             "search small.test",

@@ -3,6 +3,7 @@ operations run against fake facts (a fake host object stands in for pyinfra's)."
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from engine.context import host_contexts, host_files, load
+from engine.context import load
 from roles.kernel import operations as kernel_ops
 from roles.kernel.config import DEFAULT_SYSCTLS, KernelConfig
 from roles.kernel.facts import (
@@ -26,6 +27,7 @@ from roles.kernel.facts import (
     swaps_command,
     sysctl_path,
 )
+from tests.helpers import files_of as shared_files_of
 from tests.unit.conftest import SAMPLE
 from toolkit import record
 from toolkit.facts import (
@@ -39,9 +41,7 @@ from toolkit.facts import (
 runner = CliRunner()
 
 
-def files_of(loaded, host: str) -> dict[str, str]:
-    ctx = next(c for c in host_contexts(loaded) if c.name == host)
-    return {f.path: f.content for f in host_files(ctx) if f.role == "kernel"}
+files_of = functools.partial(shared_files_of, role="kernel")
 
 
 def sysctl_lines(text: str) -> dict[str, str]:

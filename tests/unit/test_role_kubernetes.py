@@ -4,6 +4,7 @@ labels, firewall ports, and the operations' decisions against given facts."""
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 from pathlib import Path
@@ -26,11 +27,11 @@ from roles.kubernetes.files import (
     JOIN_CONFIG,
     KUBELET_CONF,
     api_server_flags,
-    managed_files,
     validate_documents,
 )
 from roles.kubernetes.role import ROLE
 from roles.kubernetes.schemas import validate_text
+from tests.helpers import files_of as shared_files_of
 from tests.unit.conftest import SAMPLE
 from tests.unit.fake_host import commands
 from toolkit import record
@@ -43,8 +44,7 @@ def loaded(small_cluster, write_cluster):
     return load(write_cluster(small_cluster))
 
 
-def files_of(loaded, name: str) -> dict[str, str]:
-    return {f.path: f.content for f in managed_files(host_context(loaded, name))}
+files_of = functools.partial(shared_files_of, role="kubernetes")
 
 
 def documents(text: str) -> dict[str, dict]:

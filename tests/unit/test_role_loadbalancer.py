@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
-from engine.context import host_contexts, host_files, load
+from engine.context import load
 from inventory.errors import InventoryInvalid
 from roles.loadbalancer.files import (
     HAPROXY_CONFIG,
@@ -12,12 +14,10 @@ from roles.loadbalancer.files import (
     KEEPALIVED_CONFIG,
     uses_keepalived,
 )
+from tests.helpers import files_of as shared_files_of
 from tests.unit.conftest import SAMPLE
 
-
-def files_of(loaded, host: str) -> dict:
-    ctx = next(c for c in host_contexts(loaded) if c.name == host)
-    return {f.path: f for f in host_files(ctx)}
+files_of = functools.partial(shared_files_of, contents=False)  # their checks are tested too
 
 
 def two_balancers(small_cluster: dict) -> dict:

@@ -3,13 +3,14 @@ Grafana dashboards, all parsed back from what is rendered."""
 
 from __future__ import annotations
 
+import functools
 import json
 import shlex
 
 import pytest
 import yaml
 
-from engine.context import cluster_files, host_contexts, host_files, load
+from engine.context import cluster_files, host_contexts, load
 from inventory.errors import InventoryInvalid
 from roles.monitoring.files import (
     ALERT_RULES,
@@ -19,6 +20,7 @@ from roles.monitoring.files import (
     prometheus_files,
 )
 from roles.monitoring.targets import scrape_jobs
+from tests.helpers import files_of as shared_files_of
 from tests.unit.conftest import SAMPLE
 
 
@@ -26,8 +28,7 @@ def context(loaded, host: str):
     return next(c for c in host_contexts(loaded) if c.name == host)
 
 
-def files_of(loaded, host: str) -> dict:
-    return {f.path: f for f in host_files(context(loaded, host))}
+files_of = functools.partial(shared_files_of, contents=False)
 
 
 def arguments(text: str) -> list[str]:

@@ -13,7 +13,8 @@ import pytest
 from engine import fingerprint, runner
 from engine.context import host_context, load, topology_of
 from inventory.errors import InventoryInvalid
-from toolkit.ssh import BASTION_ALIAS, Bastion, SSHSettings
+from toolkit import ssh
+from toolkit.ssh import BASTION_ALIAS, Bastion, SSHSettings, ssh_settings
 
 
 @pytest.fixture
@@ -52,6 +53,33 @@ def test_settings_resolve_key_known_hosts_and_bastion(bastion_cluster) -> None:
     assert (settings.user, settings.port) == ("admin", 2222)
     assert settings.bastion == Bastion(host="10.0.0.11", port=2200, user="jump")
     assert Bastion.parse("bastion.example", "root") == Bastion("bastion.example", 22, "root")
+
+
+def test_one_loaded_cluster_builds_its_settings_once_per_timeout(bastion_cluster, monkeypatch):
+    built: list[int] = []
+    original = SSHSettings.from_cluster.__func__
+
+    def counting(cls, loaded, connect_timeout=ssh.CONNECT_TIMEOUT_S):
+        built.append(connect_timeout)
+        return original(cls, loaded, connect_timeout)
+
+    monkeypatch.setattr(SSHSettings, "from_cluster", classmethod(counting))
+    first = ssh_settings(bastion_cluster)
+    assert ssh_settings(bastion_cluster) is first
+    assert ssh.ssh_argv(bastion_cluster, "cp-1") == first.argv("10.0.0.21")
+    assert ssh_settings(bastion_cluster, 7).connect_timeout == 7
+    assert ssh_settings(bastion_cluster, 7) is not first
+    assert first == SSHSettings.from_cluster(bastion_cluster)
+    assert built == [ssh.CONNECT_TIMEOUT_S, 7, ssh.CONNECT_TIMEOUT_S]
+
+
+def test_the_settings_go_with_their_cluster(bastion_cluster):
+    copy = bastion_cluster.model_copy()
+    ssh_settings(copy)
+    assert id(copy) in ssh._BUILT
+    key = id(copy)
+    del copy
+    assert key not in ssh._BUILT
 
 
 def test_bad_bastion_is_an_inventory_error(small_cluster, write_cluster) -> None:

@@ -30,7 +30,7 @@ from engine.registry import PHASES
 from inventory.model import LoadedCluster, StateAccess
 from inventory.topology import Topology
 from toolkit.spec import HostContext
-from toolkit.ssh import SSHSettings
+from toolkit.ssh import ssh_settings
 
 SUITES = Path(__file__).resolve().parent
 
@@ -212,7 +212,7 @@ def connect(loaded: LoadedCluster, name: str) -> Host:
     """A testinfra Host over paramiko that refuses unknown and changed host keys (the bastion's
     too): testinfra's own paramiko backend only warns about them. toolkit/ssh.py builds the
     client, with the same settings pyinfra and the ssh command lines get."""
-    settings = SSHSettings.from_cluster(loaded)
+    settings = ssh_settings(loaded)
     address = str(loaded.cluster.hosts[name].address)
     client = settings.connect(address)
     backend = ParamikoBackend(f"paramiko://{settings.user}@{address}:{settings.port}")

@@ -1,0 +1,35 @@
+"""Helpers every test suite shares: run the installed CLI, read the files a host is given."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from inventory.model import LoadedCluster
+
+# The console script installed beside this interpreter: what an operator runs.
+GPUINFRA = str(Path(sys.executable).parent / "gpuinfra")
+
+
+def gpuinfra(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    """Run `gpuinfra ARGS` as a separate process (no stdin: a prompt fails instead of hanging)."""
+    return subprocess.run(
+        [GPUINFRA, *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+    )
+
+
+def files_of(
+    loaded: LoadedCluster, host: str, role: str | None = None, *, contents: bool = True
+) -> dict[str, Any]:
+    """The files one host is given, by path (only those of `role` when named): their text, or
+    the ManagedFile itself (its mode, owner and check too) with contents=False."""
+    from engine.context import host_context, host_files
+
+    return {
+        managed.path: managed.content if contents else managed
+        for managed in host_files(host_context(loaded, host))
+        if role is None or managed.role == role
+    }

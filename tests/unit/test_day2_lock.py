@@ -186,3 +186,40 @@ def test_the_contender_helper_really_holds_the_lock(tmp_path):
     finally:
         first.stdin.close()
         first.wait()
+
+
+def test_rotate_ca_resumes_where_members_still_trust_the_old_bundle(tmp_path, monkeypatch):
+    """Under the CA check, `etcd rotate-ca` must still resume a rotation stopped in its reissue
+    step: the controller signs with the new CA while members it has not reached trust the old
+    bundle (old CA first). A CA from no rotation of ours is still refused."""
+    from roles.etcd import pki
+
+    folder = loopback_cluster(tmp_path / "loop")
+    loaded = load(folder)
+    ensure_pki(loaded)
+    old = local_ca_fingerprint(loaded)
+    pki.begin_ca_rotation(loaded)
+    old_bundle = pki.trusted_cas(loaded)  # what the trust-new step rolled out: old, then next
+    assert [pki.ca_fingerprint(pem) for pem in trust._pem_blocks(old_bundle)][0] == old
+    pki.promote_next_ca(loaded)  # the reissue step began; its roll-out stopped
+    new = local_ca_fingerprint(loaded)
+    bundle = tuple(pki.ca_fingerprint(pem) for pem in trust._pem_blocks(old_bundle))
+    assert bundle == (old, new)
+    monkeypatch.setattr(
+        trust, "read_live_ca", lambda loaded, host: trust.LiveCA(host, old, bundle=bundle)
+    )
+    held_by = stand_in(monkeypatch, etcd_day2, "rotate_ca", folder / ".state")
+    result = runner.invoke(app, ["etcd", "rotate-ca", str(folder), "--yes"])
+    assert result.exit_code == ExitCode.ERROR and held_by == [os.getpid()], result.output
+    # Control: a member trusting a CA that is none of ours is refused, rotation or not.
+    other = load(loopback_cluster(tmp_path / "other"))
+    ensure_pki(other)
+    foreign = local_ca_fingerprint(other)
+    monkeypatch.setattr(
+        trust,
+        "read_live_ca",
+        lambda loaded, host: trust.LiveCA(host, foreign, bundle=(foreign,)),
+    )
+    result = runner.invoke(app, ["etcd", "rotate-ca", str(folder), "--yes"])
+    assert result.exit_code == ExitCode.BAD_INPUT and len(held_by) == 1, result.output
+    assert "etcd-1: its etcd CA" in result.stderr

@@ -64,11 +64,14 @@ def load_cluster(cluster):
     return load(cluster)
 
 
-def day2_call(work, error: type[Exception]):
-    """Run a day-2 flow: its own `error` is one line with exit code 1, bad input exit 2."""
+def day2_call(work, error: type[Exception], refused: tuple[type[Exception], ...] = ()):
+    """Run a day-2 flow: its own `error` is one line with exit code 1; bad input, and a
+    `refused` error (the flow stopped before it changed anything), one line with exit 2."""
     with reporting():
         try:
             return work()
+        except refused as exc:
+            raise UserError(str(exc)) from None
         except error as exc:
             raise UserError(str(exc), ExitCode.ERROR) from None
 

@@ -24,9 +24,9 @@ _load = load_cluster
 
 
 def _call(work):
-    from day2.etcd import EtcdOperationError
+    from day2.etcd import EtcdOperationError, EtcdRefused
 
-    return day2_call(work, EtcdOperationError)
+    return day2_call(work, EtcdOperationError, (EtcdRefused,))
 
 
 def _json(data) -> None:

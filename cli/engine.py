@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 from pathlib import Path
 from typing import Annotated
@@ -10,10 +9,11 @@ from typing import Annotated
 import typer
 
 from cli import connecting
-from cli.errors import UserError, reporting, stderr
+from cli.errors import UserError, changing, reporting, stderr
 from cli.exitcodes import ExitCode
 from cli.options import (
     BatchOpt,
+    BreakLockOpt,
     ClusterArg,
     ConnectTimeoutOpt,
     FailPercentOpt,
@@ -85,25 +85,16 @@ def apply(
             "--reboot", help="Reboot hosts that need it, --batch at a time [default: one]."
         ),
     ] = False,
-    break_lock: Annotated[
-        bool,
-        typer.Option(
-            "--break-lock",
-            help="Take over a lock record left by an apply on another controller that no "
-            "longer runs; never a lock a live apply holds.",
-        ),
-    ] = False,
+    break_lock: BreakLockOpt = False,
 ) -> None:
     """Converge hosts to the inventory, with per-phase and per-host timings.
 
     Holds the cluster's lock while it runs (exit 8 when another apply has it), and refuses
     (exit 2) when the etcd members trust another CA than the controller's .state/."""
     connecting()
-    from engine.clusterstate import applying
     from engine.context import load
     from engine.reports import Mode
     from toolkit.pacing import Rate
-    from toolkit.spec import PreApplyRefused
 
     with reporting():
         loaded = load(cluster)
@@ -118,18 +109,8 @@ def apply(
             fail_percent,
             rate=Rate.parse(rate) if rate is not None else None,
         )
-    with contextlib.ExitStack() as held:
-        # Lock and CA check before asking: whoever confirms knows no other apply is running.
-        with reporting():
-            try:
-                loaded, lock = held.enter_context(applying(loaded, break_lock=break_lock))
-            except PreApplyRefused as exc:
-                raise UserError(str(exc)) from None
-        if lock.taken_over:
-            stderr.print(
-                f"note: took over the cluster lock left by {lock.taken_over.describe()}",
-                markup=False,
-            )
+    # Lock and CA check before asking: whoever confirms knows no other apply is running.
+    with changing(loaded, break_lock=break_lock) as loaded:
         if not yes and not typer.confirm("Apply changes to the hosts?", default=False, err=True):
             raise typer.Exit(ExitCode.OK)
         report = _run(loaded, options, output, record=True)

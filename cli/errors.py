@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import typer
 
@@ -64,10 +64,37 @@ def load_cluster(cluster):
     return load(cluster)
 
 
-def day2_call(work, error: type[Exception]):
-    """Run a day-2 flow: its own `error` is one line with exit code 1, bad input exit 2."""
+def day2_call(work, error: type[Exception], refused: tuple[type[Exception], ...] = ()):
+    """Run a day-2 flow: its own `error` is one line with exit code 1; bad input, and a
+    `refused` error (the flow stopped before it changed anything), one line with exit 2."""
     with reporting():
         try:
             return work()
+        except refused as exc:
+            raise UserError(str(exc)) from None
         except error as exc:
             raise UserError(str(exc), ExitCode.ERROR) from None
+
+
+@contextmanager
+def changing(loaded, *, break_lock: bool = False) -> Iterator:
+    """For a command that changes hosts (apply, the day-2 flows): hold the cluster's apply lock
+    and run every role's pre-apply check before anything is asked or changed, as `apply` does
+    (engine/clusterstate.py `applying`). Another holder: one line, exit 8; a refused check
+    (the etcd members trust another CA, say): one line, exit 2. Yields the cluster allowed to
+    create missing state."""
+    from engine.clusterstate import applying
+    from toolkit.spec import PreApplyRefused
+
+    with ExitStack() as held:
+        with reporting():
+            try:
+                loaded, lock = held.enter_context(applying(loaded, break_lock=break_lock))
+            except PreApplyRefused as exc:
+                raise UserError(str(exc)) from None
+        if lock.taken_over:
+            stderr.print(
+                f"note: took over the cluster lock left by {lock.taken_over.describe()}",
+                markup=False,
+            )
+        yield loaded

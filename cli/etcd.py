@@ -10,9 +10,9 @@ from typing import Annotated
 import typer
 
 from cli.consoles import DeferredConsole
-from cli.errors import UserError, day2_call, load_cluster, reporting
+from cli.errors import UserError, changing, day2_call, load_cluster, reporting
 from cli.exitcodes import ExitCode
-from cli.options import ClusterArg, FormatOpt, OutputFormat
+from cli.options import BreakLockOpt, ClusterArg, FormatOpt, OutputFormat
 
 app = typer.Typer(help="Day-2 operations on the external etcd cluster.", no_args_is_help=True)
 console = DeferredConsole(highlight=False)
@@ -24,9 +24,9 @@ _load = load_cluster
 
 
 def _call(work):
-    from day2.etcd import EtcdOperationError
+    from day2.etcd import EtcdOperationError, EtcdRefused
 
-    return day2_call(work, EtcdOperationError)
+    return day2_call(work, EtcdOperationError, (EtcdRefused,))
 
 
 def _json(data) -> None:
@@ -175,18 +175,23 @@ def restore(
     cluster: ClusterArg,
     snapshot_file: Annotated[Path, typer.Argument(help="A snapshot from `etcd snapshot`.")],
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
+    break_lock: BreakLockOpt = False,
     output: FormatOpt = OutputFormat.table,
 ) -> None:
     """Rebuild the whole cluster from a snapshot, staged on every member first.
 
     Members are stopped and swapped only when every member staged it; the old data is kept
-    until the restored cluster is healthy and put back if it does not become healthy."""
+    until the restored cluster is healthy and put back if it does not become healthy. Refused
+    (exit 2) while a kube-apiserver runs or a member's data disk is not mounted."""
     from day2.etcd import restore as rebuild
 
     with reporting():
         loaded = _load(cluster)
-    _confirm(yes, f"Replace the data of every etcd member of {loaded.cluster.name}?")
-    result = _call(lambda: rebuild(loaded, snapshot_file))
+        if not snapshot_file.is_file():
+            raise UserError(f"{snapshot_file}: no such snapshot file")
+    with changing(loaded, break_lock=break_lock) as loaded:
+        _confirm(yes, f"Replace the data of every etcd member of {loaded.cluster.name}?")
+        result = _call(lambda: rebuild(loaded, snapshot_file))
     if output is OutputFormat.json:
         _json(asdict(result))
     else:
@@ -214,22 +219,26 @@ def replace_member(
         ),
     ] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
+    break_lock: BreakLockOpt = False,
     output: FormatOpt = OutputFormat.table,
 ) -> None:
     """Replace a member by a new one on the same host, joined as a learner.
 
     The old data is set aside and deleted only once the new member is promoted and the
-    cluster healthy; nothing is changed when etcd there does not stop."""
+    cluster healthy; nothing is changed when etcd there does not stop. etcd there cannot be
+    started until the new member is added (a fence drop-in). Refused (exit 2) when its data
+    disk is not mounted."""
     from day2.etcd import replace
 
     with reporting():
         loaded = _load(cluster)
-    _confirm(yes, f"Remove {member} from etcd and add it back with an empty data directory?")
-    result = _call(
-        lambda: replace(
-            loaded, member, override_gate=override_gate, discard_old_data=discard_old_data
+    with changing(loaded, break_lock=break_lock) as loaded:
+        _confirm(yes, f"Remove {member} from etcd and add it back with an empty data directory?")
+        result = _call(
+            lambda: replace(
+                loaded, member, override_gate=override_gate, discard_old_data=discard_old_data
+            )
         )
-    )
     if output is OutputFormat.json:
         _json(asdict(result))
     else:
@@ -245,6 +254,7 @@ def replace_member(
 def rotate_certs(
     cluster: ClusterArg,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
+    break_lock: BreakLockOpt = False,
     output: FormatOpt = OutputFormat.table,
 ) -> None:
     """New member and client certificates (same CA), rolled out one member at a time."""
@@ -252,8 +262,9 @@ def rotate_certs(
 
     with reporting():
         loaded = _load(cluster)
-    _confirm(yes, "Rotate every etcd certificate?")
-    result = _call(lambda: rotate(loaded))
+    with changing(loaded, break_lock=break_lock) as loaded:
+        _confirm(yes, "Rotate every etcd certificate?")
+        result = _call(lambda: rotate(loaded))
     if output is OutputFormat.json:
         _json(asdict(result))
     else:
@@ -269,6 +280,7 @@ def rotate_certs(
 def rotate_ca(
     cluster: ClusterArg,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
+    break_lock: BreakLockOpt = False,
     output: FormatOpt = OutputFormat.table,
 ) -> None:
     """Replace the etcd CA in three rolled-out steps; resumes a stopped run.
@@ -279,8 +291,9 @@ def rotate_ca(
 
     with reporting():
         loaded = _load(cluster)
-    _confirm(yes, f"Replace the etcd CA of {loaded.cluster.name} (three rolling restarts)?")
-    result = _call(lambda: rotate(loaded))
+    with changing(loaded, break_lock=break_lock) as loaded:
+        _confirm(yes, f"Replace the etcd CA of {loaded.cluster.name} (three rolling restarts)?")
+        result = _call(lambda: rotate(loaded))
     if output is OutputFormat.json:
         _json(asdict(result))
     else:

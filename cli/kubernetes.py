@@ -9,9 +9,9 @@ from typing import Annotated
 import typer
 
 from cli.consoles import DeferredConsole
-from cli.errors import UserError, day2_call, load_cluster, reporting
+from cli.errors import UserError, changing, day2_call, load_cluster, reporting
 from cli.exitcodes import ExitCode
-from cli.options import ClusterArg, FormatOpt, OutputFormat
+from cli.options import BreakLockOpt, ClusterArg, FormatOpt, OutputFormat
 
 app = typer.Typer(
     help="Day-2 operations on the Kubernetes cluster (kubeadm).", no_args_is_help=True
@@ -87,14 +87,22 @@ def status(cluster: ClusterArg, output: FormatOpt = OutputFormat.table) -> None:
 
 
 @certs_app.command("renew")
-def certs_renew(cluster: ClusterArg, yes: YesOpt = False, output: FormatOpt = OutputFormat.table):
+def certs_renew(
+    cluster: ClusterArg,
+    yes: YesOpt = False,
+    break_lock: BreakLockOpt = False,
+    output: FormatOpt = OutputFormat.table,
+):
     """check-expiration, then renew every control-plane certificate, one node at a time."""
     from day2.kubernetes import renew_certificates
 
     with reporting():
         loaded = _load(cluster)
-    _confirm(yes, f"Renew the certificates of every control-plane node of {loaded.cluster.name}?")
-    _emit_outcome(_call(lambda: renew_certificates(loaded)), output)
+    with changing(loaded, break_lock=break_lock) as loaded:
+        question = f"Renew the certificates of every control-plane node of {loaded.cluster.name}?"
+        _confirm(yes, question)
+        outcome = _call(lambda: renew_certificates(loaded))
+    _emit_outcome(outcome, output)
 
 
 @app.command()
@@ -105,24 +113,31 @@ def upgrade(
         float, typer.Option("--budget", help="Percent of workers drained at once (at least 1).")
     ] = 20.0,
     yes: YesOpt = False,
+    break_lock: BreakLockOpt = False,
     output: FormatOpt = OutputFormat.table,
 ) -> None:
     """upgrade apply on the first control-plane node, upgrade node on the others one by one,
     then workers drained, upgraded and uncordoned in batches within the budget."""
+    from day2.kubernetes import check_upgrade_step
     from day2.kubernetes import upgrade as run_upgrade
 
     with reporting():
         loaded = _load(cluster)
         if not 0 < budget <= 100:
             raise UserError(f"--budget {budget:g}: a percentage in (0, 100]")
-    _confirm(yes, f"Upgrade {loaded.cluster.name} to {version}?")
-    _emit_outcome(_call(lambda: run_upgrade(loaded, version, budget)), output)
+    # A target the flow would refuse is refused before the lock and the hosts are touched.
+    _call(lambda: check_upgrade_step(loaded.cluster.versions.kubernetes, version))
+    with changing(loaded, break_lock=break_lock) as loaded:
+        _confirm(yes, f"Upgrade {loaded.cluster.name} to {version}?")
+        outcome = _call(lambda: run_upgrade(loaded, version, budget))
+    _emit_outcome(outcome, output)
 
 
 @node_app.command("add")
 def node_add(
     cluster: ClusterArg,
     nodes: Annotated[list[str], typer.Argument(help="Inventory hosts to join.")],
+    break_lock: BreakLockOpt = False,
     output: FormatOpt = OutputFormat.table,
 ) -> None:
     """Join nodes of the inventory (rate-limited, like every join)."""
@@ -131,7 +146,8 @@ def node_add(
 
     with reporting():
         loaded = _load(cluster)
-    report = _call(lambda: add_nodes(loaded, nodes))
+    with changing(loaded, break_lock=break_lock) as loaded:
+        report = _call(lambda: add_nodes(loaded, nodes))
     if output is OutputFormat.json:
         typer.echo(json.dumps(asdict(report), indent=2))
     else:
@@ -154,6 +170,7 @@ def node_remove(
         ),
     ] = False,
     yes: YesOpt = False,
+    break_lock: BreakLockOpt = False,
     output: FormatOpt = OutputFormat.table,
 ) -> None:
     """cordon, drain, delete the Node, then kubeadm reset on it. A drain that fails leaves the
@@ -162,5 +179,7 @@ def node_remove(
 
     with reporting():
         loaded = _load(cluster)
-    _confirm(yes, f"Remove {node} from {loaded.cluster.name} (drain, delete, kubeadm reset)?")
-    _emit_outcome(_call(lambda: remove_node(loaded, node, force)), output)
+    with changing(loaded, break_lock=break_lock) as loaded:
+        _confirm(yes, f"Remove {node} from {loaded.cluster.name} (drain, delete, kubeadm reset)?")
+        outcome = _call(lambda: remove_node(loaded, node, force))
+    _emit_outcome(outcome, output)

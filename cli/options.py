@@ -119,6 +119,14 @@ FailPercentOpt = Annotated[
     float | None,
     typer.Option("--fail-percent", min=0, max=100, help="Stop batches past this failure %."),
 ]
+BreakLockOpt = Annotated[
+    bool,
+    typer.Option(
+        "--break-lock",
+        help="Take over a lock record left by an apply on another controller that no "
+        "longer runs; never a lock a live apply holds.",
+    ),
+]
 ConnectTimeoutOpt = Annotated[
     int,
     typer.Option("--connect-timeout", min=1, max=600, help="Seconds to wait for each SSH connect."),

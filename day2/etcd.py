@@ -11,6 +11,8 @@ tools. Only one member is ever restarted at a time, except where the whole clust
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import shlex
 import subprocess
 import time
@@ -31,7 +33,10 @@ from toolkit.ssh import ssh_argv
 
 ENV = "set -a; . /etc/etcd/etcdctl.env; set +a;"
 LOCAL = f"--endpoints=https://127.0.0.1:{ETCD_CLIENT_PORT} --command-timeout=3s --dial-timeout=2s"
-SNAPSHOT_ON_HOST = "/var/tmp/gpuinfra-etcd-snapshot.db"
+# Snapshots on a member live under /var/tmp, one file per command (its stamp and a random
+# token in the name): an `etcd snapshot` beside a restore, or two snapshots at once, never
+# write or delete each other's file.
+SNAPSHOT_DIR_ON_HOST = "/var/tmp"
 # A snapshot streams the whole database (up to the 8 GiB quota) inside one etcdctl command:
 # LOCAL's 3 s timed out at 176 MiB in the lab.
 SNAPSHOT_LOCAL = f"--endpoints=https://127.0.0.1:{ETCD_CLIENT_PORT} --command-timeout=15m"
@@ -42,6 +47,10 @@ BUMP_REVISION = 1_000_000_000
 
 class EtcdOperationError(RuntimeError):
     """A day-2 operation could not go on; the message says where and why."""
+
+
+class EtcdRefused(EtcdOperationError):
+    """Refused before anything changed (exit 2): the message names the host and what to do."""
 
 
 @dataclass
@@ -350,25 +359,39 @@ def _healthy_member(loaded: LoadedCluster) -> str:
     raise EtcdOperationError("no etcd member answers a health check: nothing to take it from")
 
 
+def command_token() -> str:
+    """What makes one command's files its own: the time and a random part."""
+    return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(4)}"
+
+
+def private_file(path: Path) -> int:
+    """A new file, 0600 from its creation (never widened, whatever the umask; never an existing
+    file or a symlink's target): the descriptor, open for writing."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+
+
 def snapshot(loaded: LoadedCluster, out: Path) -> SnapshotResult:
-    """A snapshot from a healthy member, copied to the controller (0600)."""
+    """A snapshot from a healthy member, copied to the controller: written 0600 from its
+    creation into a new file beside `out`, then renamed over it."""
     started = time.monotonic()
     host = _healthy_member(loaded)
+    token = command_token()
+    on_host = f"{SNAPSHOT_DIR_ON_HOST}/gpuinfra-etcd-snapshot-{token}.db"
     taken = run_on(
         loaded,
         host,
-        f"{ENV} umask 077; etcdctl {SNAPSHOT_LOCAL} snapshot save {SNAPSHOT_ON_HOST} >/dev/null && "
-        f"etcdutl snapshot status {SNAPSHOT_ON_HOST} -w json",
+        f"{ENV} umask 077; etcdctl {SNAPSHOT_LOCAL} snapshot save {on_host} >/dev/null && "
+        f"etcdutl snapshot status {on_host} -w json",
         timeout=1200,
     )
     if not taken.ok:
+        run_on(loaded, host, f"rm -f {on_host} {on_host}.part", timeout=60)
         raise EtcdOperationError(f"{host}: snapshot failed: {taken.stderr.strip()}")
     info = _json_or_none(taken.stdout) or {}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(out.name + ".partial")
-    with partial.open("wb") as handle:
-        partial.chmod(0o600)
-        argv = ssh_argv(loaded, host) + [f"cat {SNAPSHOT_ON_HOST} && rm -f {SNAPSHOT_ON_HOST}"]
+    out.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    partial = out.with_name(f".{out.name}.{token}.partial")
+    with os.fdopen(private_file(partial), "wb") as handle:
+        argv = ssh_argv(loaded, host) + [f"cat {on_host}; rc=$?; rm -f {on_host}; exit $rc"]
         copied = subprocess.run(argv, stdout=handle, stderr=subprocess.PIPE, timeout=600)
     if copied.returncode != 0:
         partial.unlink(missing_ok=True)
@@ -407,6 +430,11 @@ class RestorePaths:
     stamp: str
 
     @property
+    def snapshot(self) -> str:
+        """This restore's own copy of the snapshot on the member (outside the data disk)."""
+        return f"{SNAPSHOT_DIR_ON_HOST}/gpuinfra-etcd-restore-{self.stamp}.db"
+
+    @property
     def member(self) -> str:
         return f"{self.data_dir}/member"
 
@@ -429,7 +457,7 @@ def stage_restore_command(
     staging = shlex.quote(paths.staging)
     return (
         f"set -e; rm -rf {staging}; "
-        f"etcdutl snapshot restore {SNAPSHOT_ON_HOST} --name {shlex.quote(name)} "
+        f"etcdutl snapshot restore {shlex.quote(paths.snapshot)} --name {shlex.quote(name)} "
         f"--initial-cluster {shlex.quote(initial_cluster)} "
         f"--initial-cluster-token {shlex.quote(token)} "
         f"--initial-advertise-peer-urls {shlex.quote(peer_url)} "
@@ -465,8 +493,8 @@ def rollback_restore_command(paths: RestorePaths) -> str:
 
 def finish_restore_command(paths: RestorePaths) -> str:
     """Once the restored cluster is healthy: the old data and the leftovers go."""
-    kept, staging = shlex.quote(paths.kept), shlex.quote(paths.staging)
-    return f"rm -rf {kept} {staging} {SNAPSHOT_ON_HOST}"
+    kept, staging, snapshot = (shlex.quote(p) for p in (paths.kept, paths.staging, paths.snapshot))
+    return f"rm -rf {kept} {staging} {snapshot}"
 
 
 def _failures(results: dict[str, object]) -> dict[str, Remote]:
@@ -478,6 +506,65 @@ def _describe(failed: dict[str, Remote]) -> str:
         f"{h}: {(r.stderr.strip() or r.stdout.strip() or 'failed')[-300:]}"
         for h, r in failed.items()
     )
+
+
+def data_disk(loaded: LoadedCluster, host: str) -> str | None:
+    """The member's dedicated etcd data disk (`hosts.<host>.etcd.disk`); None: a directory."""
+    entry = loaded.cluster.hosts[host].etcd
+    return entry.disk if entry else None
+
+
+def require_data_disks(loaded: LoadedCluster, hosts: list[str]) -> None:
+    """EtcdRefused when a member's data disk is not mounted on its data directory: the data
+    would be written to (or moved on) the root file system under the bare mount point."""
+    with_disk = [h for h in hosts if data_disk(loaded, h)]
+
+    def mounted(host: str) -> Remote:
+        data_dir = shlex.quote(settings(loaded, host).data_dir)
+        return run_on(loaded, host, f"mountpoint -q {data_dir}", timeout=30)
+
+    answers = each(with_disk, mounted)
+    for host in with_disk:
+        if not answers[host].ok:  # type: ignore[union-attr]
+            raise EtcdRefused(
+                f"{host}: its etcd data disk {data_disk(loaded, host)} is not mounted on "
+                f"{settings(loaded, host).data_dir}: mount it (systemctl start etcd-data) and "
+                "run the command again; nothing was changed"
+            )
+
+
+API_SERVER_MANIFEST = "/etc/kubernetes/manifests/kube-apiserver.yaml"
+API_SERVER_STATE = (
+    f"if test -e {API_SERVER_MANIFEST}; then echo manifest; fi; "
+    "if pgrep -x kube-apiserver >/dev/null; then echo running; fi; echo checked"
+)
+
+
+def require_api_servers_stopped(loaded: LoadedCluster) -> None:
+    """EtcdRefused while a kube-apiserver runs on a control-plane node, or would be started by
+    kubelet (its static pod manifest is in place), or a node cannot be asked. An API server
+    writes to the restored cluster as soon as it is healthy: should the restore then roll back
+    (a member that does not come up), the old data would come back and those writes would be
+    lost without a word. kubeadm's restore procedure stops them first too."""
+    nodes = loaded.cluster.in_group("control_plane")
+    answers = each(nodes, lambda h: run_on(loaded, h, API_SERVER_STATE, timeout=30))
+    for host in nodes:
+        answer: Remote = answers[host]  # type: ignore[assignment]
+        said = answer.stdout.split()
+        if not answer.ok or "checked" not in said:
+            reason = (answer.stderr.strip().splitlines() or ["no answer"])[-1]
+            raise EtcdRefused(
+                f"{host}: cannot tell whether kube-apiserver runs there ({reason}); refusing to "
+                "restore while an API server may write to etcd; nothing was changed"
+            )
+        if "manifest" in said or "running" in said:
+            what = "runs" if "running" in said else "is set to run"
+            raise EtcdRefused(
+                f"{host}: kube-apiserver {what} (static pod {API_SERVER_MANIFEST}): writes it "
+                "makes to the restored cluster would be lost if the restore rolled back; move "
+                "that manifest out of /etc/kubernetes/manifests on every control-plane node, "
+                "wait for kube-apiserver to stop, restore, then put it back; nothing was changed"
+            )
 
 
 def _start_all(loaded: LoadedCluster, hosts: list[str], timeout_s: int) -> dict[str, Remote]:
@@ -508,12 +595,18 @@ def restore(
     2. only when all are staged: stop every member, swap on each (old data renamed, kept);
     3. start all together and wait for a healthy cluster; then delete the old data.
     A failed stop, swap or start rolls back: old data back in place, every member started.
+
+    Refused (EtcdRefused) before anything is copied while a member's data disk is not mounted
+    or a kube-apiserver runs or is set to run (asked again just before the members stop): a
+    rollback must never drop writes the restored cluster took.
     """
     if not snapshot_path.is_file():
-        raise EtcdOperationError(f"{snapshot_path}: no such snapshot file")
+        raise EtcdRefused(f"{snapshot_path}: no such snapshot file")
     started = time.monotonic()
     hosts = members(loaded)
-    stamp = stamp or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    require_data_disks(loaded, hosts)
+    require_api_servers_stopped(loaded)
+    stamp = stamp or command_token()
     topology = build_topology(loaded.cluster)
     paths = {h: RestorePaths(settings(loaded, h).data_dir, stamp) for h in hosts}
     timeout_s = settings(loaded, hosts[0]).health_timeout_s
@@ -522,14 +615,18 @@ def restore(
         return _failures(each(hosts, lambda h: run_on(loaded, h, command_of(h), timeout=timeout)))
 
     def discard_staging() -> None:
-        on_all(lambda h: f"rm -rf {shlex.quote(paths[h].staging)} {SNAPSHOT_ON_HOST}")
+        on_all(lambda h: f"rm -rf {shlex.quote(paths[h].staging)} {shlex.quote(paths[h].snapshot)}")
 
     data = snapshot_path.read_bytes()
     copied = _failures(
         each(
             hosts,
             lambda h: run_on(
-                loaded, h, f"umask 077; cat > {SNAPSHOT_ON_HOST}", stdin=data, timeout=600
+                loaded,
+                h,
+                f"umask 077; cat > {shlex.quote(paths[h].snapshot)}",
+                stdin=data,
+                timeout=600,
             ),
         )
     )
@@ -561,7 +658,7 @@ def restore(
         stopped = on_all(lambda h: "systemctl stop etcd", timeout=120)
         reverted = on_all(lambda h: rollback_restore_command(paths[h]))
         not_back = _start_all(loaded, hosts, timeout_s)
-        on_all(lambda h: f"rm -f {SNAPSHOT_ON_HOST}")
+        on_all(lambda h: f"rm -f {shlex.quote(paths[h].snapshot)}")
         if reverted:
             kept = paths[next(iter(reverted))].kept
             outcome = (
@@ -576,6 +673,11 @@ def restore(
             outcome = "rolled back: every member's old data is back in place, cluster healthy"
         return EtcdOperationError(f"restore failed, {why}; {outcome}")
 
+    try:  # again, now that the staging took its time: nothing is stopped yet
+        require_api_servers_stopped(loaded)
+    except EtcdRefused:
+        discard_staging()
+        raise
     stopped = on_all(lambda h: "systemctl stop etcd", timeout=120)
     if stopped:
         raise roll_back(f"could not stop etcd on {_describe(stopped)}")
@@ -612,9 +714,41 @@ def _member_list(loaded: LoadedCluster, via: str) -> list[dict]:
     return data.get("members", [])
 
 
+# While this drop-in exists, etcd on the member cannot start: `systemctl start` fails on the
+# assertion (no restart loop, the journal names the file). `replace` puts it there before it
+# stops etcd and removes it only in the command that starts the new member, after `member add`:
+# in between, the member's data is set aside or gone, and an empty member started under its
+# old identity (by a reboot, an apply's restart, an operator) would vote without the log it
+# voted with, which can lose committed writes (etcd's runtime reconfiguration guide).
+FENCE_DIR = "/etc/systemd/system/etcd.service.d"
+FENCE = f"{FENCE_DIR}/gpuinfra-replace-fence.conf"
+FENCE_TEXT = f"""# Written by `gpuinfra etcd replace`: this member's data is set aside or deleted
+# and the new member is not added yet. It must not start under its old identity: run the
+# replace again to finish it. Removed by the replace when it starts the new member.
+[Unit]
+AssertPathExists=!{FENCE}
+"""
+
+
+def fence_command() -> str:
+    return (
+        f"mkdir -p {FENCE_DIR} && printf %s {shlex.quote(FENCE_TEXT)} > {FENCE} && "
+        "systemctl daemon-reload"
+    )
+
+
+def unfence_command() -> str:
+    return f"rm -f {FENCE} && systemctl daemon-reload"
+
+
 def stop_member_command() -> str:
-    """Stop etcd and prove it stopped: the data is touched only after this succeeded."""
-    return f"systemctl stop etcd && {{ {STOPPED}; }}"
+    """Fence etcd (it cannot be started again), stop it and prove it stopped: the data is
+    touched only after this succeeded. Any failure takes the fence away again: then nothing
+    changed but, at most, etcd stopped."""
+    return (
+        f"{{ {fence_command()} && systemctl stop etcd && {{ {STOPPED}; }}; }} || "
+        f"{{ rc=$?; {unfence_command()}; exit $rc; }}"
+    )
 
 
 def set_aside_command(data_dir: str, kept: str, *, discard: bool = False) -> str:
@@ -630,9 +764,27 @@ def set_aside_command(data_dir: str, kept: str, *, discard: bool = False) -> str
 
 
 def put_back_command(data_dir: str, kept: str) -> str:
-    """Undo set_aside_command while the member is still in the cluster (the gate failed)."""
+    """Undo set_aside_command while the member is still in the cluster (the gate failed), and
+    lift the fence: the member may start again with its own data. Fails, fence kept, where
+    there is no old data to put back (discarded)."""
     member, kept_q = shlex.quote(f"{data_dir}/member"), shlex.quote(kept)
-    return f"set -e; if test -d {kept_q} && ! test -e {member}; then mv {kept_q} {member}; fi"
+    return (
+        f"set -e; if test -d {kept_q} && ! test -e {member}; then mv {kept_q} {member}; fi; "
+        f"test -d {member}; {unfence_command()}"
+    )
+
+
+def join_command() -> str:
+    """Lift the fence and start the new member (added already) as joining an existing cluster."""
+    return (
+        f"{unfence_command()} && "
+        f"echo GPUINFRA_INITIAL_CLUSTER_STATE=existing > {INITIAL_STATE_ENV} && "
+        f"systemctl start etcd; rc=$?; rm -f {INITIAL_STATE_ENV}; exit $rc"
+    )
+
+
+def _tail(remote: Remote) -> str:
+    return (remote.stderr.strip() or remote.stdout.strip() or "failed")[-300:]
 
 
 def replace(
@@ -646,16 +798,22 @@ def replace(
     """Replace a member with a new one on the same host (name, address and certificates kept)
     and an empty data directory, in the order etcd supports safely:
 
-    stop it (its data is touched only once the stop succeeded), set its data aside (renamed,
-    deleted only once the new member is a healthy voter), gate the disk, remove the old member
-    (etcd refuses a second member with the same peer URL, so this must come first; the cluster
+    fence etcd there (it cannot be started until the new member is added) and stop it (its
+    data is touched only once the stop succeeded), set its data aside (renamed, deleted only
+    once the new member is a healthy voter), gate the disk, remove the old member (etcd
+    refuses a second member with the same peer URL, so this must come first; the cluster
     shrinks and its quorum with it), add the new one as a learner (no vote: a new member that
-    never catches up cannot cost the cluster its quorum), start it, promote it once it is in
-    sync, and wait for a healthy cluster.
+    never catches up cannot cost the cluster its quorum), lift the fence and start it, promote
+    it once it is in sync, and wait for a healthy cluster.
 
     `discard_old_data`: the old data is deleted (still only after the stop succeeded) instead of
     kept, for a data disk too full to hold it beside the new member's (a member that crashed on
-    a full disk).
+    a full disk). A failure after that leaves the member fenced: it has no data to start with.
+
+    Refused (EtcdRefused) before anything changes when its data disk is not mounted. Each
+    failure says what state the member is in: running or stopped, fenced or not, still a
+    member of the cluster or removed, its old data in place, kept aside or discarded; running
+    `etcd replace` again finishes the job from any of them.
 
     A rebuilt host: run `gpuinfra apply --roles etcd --limit HOST` first; that installs etcd
     without starting it as a new cluster once this has run.
@@ -663,15 +821,16 @@ def replace(
     started = time.monotonic()
     hosts = members(loaded)
     if host not in hosts:
-        raise EtcdOperationError(f"{host} is not an etcd member (members: {', '.join(hosts)})")
+        raise EtcdRefused(f"{host} is not an etcd member (members: {', '.join(hosts)})")
     others = [h for h in hosts if h != host]
     healthy = [h for h in others if run_on(loaded, h, f"{ENV} etcdctl {LOCAL} endpoint health",
                                             timeout=20).ok]  # fmt: skip
     if len(healthy) < len(hosts) // 2 + 1:
-        raise EtcdOperationError(
+        raise EtcdRefused(
             f"only {len(healthy)} other members are healthy: a replacement needs a quorum "
             f"({len(hosts) // 2 + 1}) without {host}; restore from a snapshot instead"
         )
+    require_data_disks(loaded, [host])
     via = healthy[0]
     name = loaded.cluster.etcd_member(host)
     peer_url = f"https://{loaded.cluster.hosts[host].address}:{ETCD_PEER_PORT}"
@@ -680,20 +839,27 @@ def replace(
     kept = f"{cfg.data_dir}/member.before-replace-{stamp}"
     old = next((m for m in _member_list(loaded, via)
                 if m.get("name") == name or peer_url in m.get("peerURLs", [])), None)  # fmt: skip
+    old_id = format(old["ID"], "x") if old else None
+    membership = f"still member {old_id} of the cluster" if old_id else "not a member"
+    old_data = (
+        "its old data DISCARDED" if discard_old_data else f"its old data kept at {host}:{kept}"
+    )
+    again = "run `gpuinfra etcd replace` again to finish"
 
     stopped = run_on(loaded, host, stop_member_command(), timeout=120)
     if not stopped.ok:
         raise EtcdOperationError(
-            f"{host}: could not stop etcd ({(stopped.stderr or stopped.stdout).strip()[-300:]}); "
-            "nothing was changed: its data and its membership are as they were"
+            f"{host}: could not stop etcd ({_tail(stopped)}); nothing was changed: its data and "
+            "its membership are as they were (not fenced)"
         )
     aside = run_on(
         loaded, host, set_aside_command(cfg.data_dir, kept, discard=discard_old_data), timeout=120
     )
     if not aside.ok:
         raise EtcdOperationError(
-            f"{host}: could not set the old data aside: {aside.stderr.strip()[-300:]}; "
-            "etcd there is stopped, still a member, its data untouched or at " + kept
+            f"{host}: could not set the old data aside: {_tail(aside)}; etcd there is stopped "
+            f"and fenced, {membership}, its data untouched or at {kept} (a discard may have "
+            f"deleted part of it); {again}"
         )
     gate_run = run_on(loaded, host, fio_command(cfg.data_dir), timeout=600)
     gate = judge(
@@ -705,28 +871,25 @@ def replace(
         override_gate or cfg.disk_gate_override,
     )
     if gate.status in ("fail", "error"):
-        back = run_on(loaded, host, put_back_command(cfg.data_dir, kept), timeout=120)
-        where = "back in place" if back.ok else f"kept at {kept}"
         raise EtcdOperationError(
-            f"{host}: disk gate: {gate.detail}; etcd there is stopped, still a member, its old "
-            f"data {where}: fix the disk or pass --override-gate"
+            f"{host}: disk gate: {gate.detail}; "
+            + _left_as_is(loaded, host, cfg.data_dir, kept, membership, discard_old_data)
+            + ": fix the disk or pass --override-gate"
         )
 
-    left_behind = (
-        "the old member's data was discarded"
-        if discard_old_data
-        else f"the old member's data is kept at {host}:{kept}"
-    )
     if old is not None:
-        removed = run_on(
-            loaded, via, f"{ENV} etcdctl {LOCAL} member remove {format(old['ID'], 'x')}", timeout=30
-        )
+        removed = run_on(loaded, via, f"{ENV} etcdctl {LOCAL} member remove {old_id}", timeout=30)
         if not removed.ok:
-            back = run_on(loaded, host, put_back_command(cfg.data_dir, kept), timeout=120)
             raise EtcdOperationError(
-                f"{via}: member remove failed: {removed.stderr.strip()}; {host} is stopped, "
-                f"still a member, its old data {'back in place' if back.ok else 'at ' + kept}"
+                f"{via}: member remove failed: {_tail(removed)}; "
+                + _left_as_is(loaded, host, cfg.data_dir, kept, membership, discard_old_data)
             )
+    removed_state = (
+        f"etcd on {host} is stopped and fenced, member {old_id} removed (the cluster has "
+        f"{len(others)} members), {old_data}"
+        if old_id
+        else f"etcd on {host} is stopped and fenced, not a member, {old_data}"
+    )
     added = run_on(
         loaded,
         via,
@@ -736,20 +899,18 @@ def replace(
     learner = (_json_or_none(added.stdout) or {}).get("member") if added.ok else None
     if not learner:
         raise EtcdOperationError(
-            f"{via}: member add failed: {added.stderr.strip()}; the old member is removed; "
-            + left_behind
+            f"{via}: member add failed: {_tail(added)}; {removed_state}; {again}"
         )
     new_id = format(learner["ID"], "x")
-    joined = run_on(
-        loaded,
-        host,
-        f"echo GPUINFRA_INITIAL_CLUSTER_STATE=existing > {INITIAL_STATE_ENV} && "
-        f"systemctl start etcd; rc=$?; rm -f {INITIAL_STATE_ENV}; exit $rc",
-        timeout=cfg.health_timeout_s + 120,
+    left_behind = (
+        "the old member's data was discarded"
+        if discard_old_data
+        else f"the old member's data is kept at {host}:{kept}"
     )
+    joined = run_on(loaded, host, join_command(), timeout=cfg.health_timeout_s + 120)
     if not joined.ok:
         raise EtcdOperationError(
-            f"{host}: the new member (learner {new_id}) did not start: {joined.stderr.strip()}; "
+            f"{host}: the new member (learner {new_id}) did not start: {_tail(joined)}; "
             "it has no vote, the cluster's quorum is unchanged; " + left_behind
         )
     _promote(loaded, via, new_id, cfg.health_timeout_s, left_behind)
@@ -762,13 +923,29 @@ def replace(
             f"{healthy_again.stderr.strip()[-300:]}; " + left_behind
         )
     run_on(loaded, host, f"rm -rf {shlex.quote(kept)}", timeout=120)
-    return ReplaceResult(
-        name,
-        host,
-        format(old["ID"], "x") if old else None,
-        new_id,
-        gate,
-        time.monotonic() - started,
+    return ReplaceResult(name, host, old_id, new_id, gate, time.monotonic() - started)
+
+
+def _left_as_is(
+    loaded: LoadedCluster, host: str, data_dir: str, kept: str, membership: str, discarded: bool
+) -> str:
+    """The member's state when the replace stops before the old member is removed: its old
+    data put back and the fence lifted where there is data, else fenced, as it is."""
+    if discarded:
+        return (
+            f"etcd on {host} is stopped and fenced (it cannot start), {membership}, its old "
+            f"data DISCARDED: it must not start under its old identity; run `gpuinfra etcd "
+            f"replace {host} --discard-old-data` again to finish"
+        )
+    back = run_on(loaded, host, put_back_command(data_dir, kept), timeout=120)
+    if back.ok:
+        return (
+            f"etcd on {host} is stopped, not fenced, {membership}, its old data back in place "
+            "(`systemctl start etcd` there brings it back as it was)"
+        )
+    return (
+        f"etcd on {host} is stopped and fenced (it cannot start), {membership}, its old data "
+        f"NOT put back ({_tail(back)}), kept at {kept}; run `gpuinfra etcd replace` again"
     )
 
 

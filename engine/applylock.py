@@ -8,6 +8,11 @@ its pid is gone and the next apply takes over; from another controller (a shared
 nobody here can tell whether it still runs, so `--break-lock` is needed to take over.
 Plan and drift never take the lock; they read the record and say when an apply holds it.
 
+"This controller" is a machine identity, not a host name: /etc/machine-id and the host name
+(two containers or cloned VMs may share either one alone), and the boot id, so a record from
+before a reboot of this machine is known to be dead. A pid is only judged on the machine and
+boot that wrote it.
+
 A leaf module: standard library only.
 """
 
@@ -28,6 +33,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 LOCK_FILE = "apply.lock"
+MACHINE_ID_FILES = ("/etc/machine-id", "/var/lib/dbus/machine-id")
+BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
 # How long a refused apply waits for the holder's record to appear: 2 s, far above the
 # microseconds between the holder's flock and its write.
 RECORD_WAIT_TRIES = 20
@@ -41,13 +48,30 @@ class LockHolder:
     pid: int
     started: str  # ISO 8601, UTC
     command: str
+    machine_id: str = ""  # /etc/machine-id; "" where there is none (a record from before it)
+    boot_id: str = ""  # the kernel's boot id when the record was written
 
     def describe(self) -> str:
-        return f"{self.user}@{self.controller} pid {self.pid} since {self.started} ({self.command})"
+        machine = f" (machine {self.machine_id[:12]})" if self.machine_id else ""
+        return (
+            f"{self.user}@{self.controller}{machine} pid {self.pid} since {self.started} "
+            f"({self.command})"
+        )
 
     @property
     def on_this_controller(self) -> bool:
-        return self.controller == socket.gethostname()
+        """Written on this machine: the same host name and, where both have one, the same
+        machine id (a host name alone is shared by containers and cloned VMs)."""
+        if self.controller != socket.gethostname():
+            return False
+        here = machine_id()
+        return not (self.machine_id and here) or self.machine_id == here
+
+    @property
+    def from_an_earlier_boot(self) -> bool:
+        """On this machine, before its last boot: its process has ended whatever its pid."""
+        here = boot_id()
+        return bool(self.boot_id and here) and self.boot_id != here
 
 
 class LockHeld(Exception):
@@ -80,7 +104,25 @@ def this_process(command: str | None = None) -> LockHolder:
         pid=os.getpid(),
         started=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         command=command or " ".join(sys.argv),
+        machine_id=machine_id(),
+        boot_id=boot_id(),
     )
+
+
+def machine_id() -> str:
+    """This machine's id (systemd's /etc/machine-id, else D-Bus's copy); "" without one."""
+    for path in MACHINE_ID_FILES:
+        with contextlib.suppress(OSError):
+            if text := Path(path).read_text().strip():
+                return text
+    return ""
+
+
+def boot_id() -> str:
+    try:
+        return Path(BOOT_ID_FILE).read_text().strip()
+    except OSError:
+        return ""
 
 
 @contextlib.contextmanager
@@ -123,7 +165,7 @@ def current_holder(state_dir: Path) -> LockHolder | None:
         return None
     if holder is None:
         return None
-    if holder.on_this_controller and not _alive(holder.pid):
+    if holder.on_this_controller and (holder.from_an_earlier_boot or not _alive(holder.pid)):
         return None  # a crashed apply's record: nobody holds the lock
     return holder
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from inventory.model import LoadedCluster
 from roles.etcd.files import PKI
-from roles.etcd.pki import ca_fingerprint, local_ca_fingerprint, pki_dir
+from roles.etcd.pki import NEXT_CA, PREVIOUS_CA, ca_fingerprint, local_ca_fingerprint, pki_dir
 from toolkit.spec import PreApplyRefused
 from toolkit.ssh import ssh_argv
 
@@ -34,6 +34,8 @@ class LiveCA:
     host: str
     fingerprint: str | None = None  # None: the member holds no CA file yet
     error: str | None = None  # could not be read (unreachable, unreadable)
+    # Every certificate of its CA bundle (the first is `fingerprint`): two during a rotation.
+    bundle: tuple[str, ...] = ()
 
 
 def read_live_ca(loaded: LoadedCluster, host: str) -> LiveCA:
@@ -53,9 +55,27 @@ def read_live_ca(loaded: LoadedCluster, host: str) -> LiveCA:
     if output.strip() == NO_CA:
         return LiveCA(host)
     try:
-        return LiveCA(host, fingerprint=ca_fingerprint(output))
+        bundle = tuple(ca_fingerprint(pem) for pem in _pem_blocks(output))
+        return LiveCA(host, fingerprint=ca_fingerprint(output), bundle=bundle)
     except ValueError:
         return LiveCA(host, error=f"{LIVE_CA} is not a PEM certificate")
+
+
+def _pem_blocks(text: str) -> list[str]:
+    end = "-----END CERTIFICATE-----"
+    return [block + end for block in text.split(end) if "-----BEGIN CERTIFICATE-----" in block]
+
+
+def _rotation_cas(loaded: LoadedCluster) -> set[str]:
+    """The controller's CAs while a rotation is under way (the next or previous CA is there):
+    a member the rotation has not reached yet trusts the old bundle, whose first certificate
+    is no longer the signing CA; empty outside a rotation."""
+    root = pki_dir(loaded)
+    stems = [stem for stem in (NEXT_CA, PREVIOUS_CA) if (root / f"{stem}.crt").exists()]
+    if not stems:
+        return set()
+    paths = [root / f"{stem}.crt" for stem in ("ca", *stems)]
+    return {ca_fingerprint(path.read_bytes()) for path in paths if path.exists()}
 
 
 def check_live_ca(loaded: LoadedCluster) -> list[LiveCA]:
@@ -68,7 +88,10 @@ def check_live_ca(loaded: LoadedCluster) -> list[LiveCA]:
         live = list(pool.map(lambda host: read_live_ca(loaded, host), members))
     local = local_ca_fingerprint(loaded)
     local_path = pki_dir(loaded) / "ca.crt"
+    rotating = _rotation_cas(loaded)
     for entry in live:
+        if rotating and set(entry.bundle or (entry.fingerprint,)) & rotating:
+            continue  # mid-rotation (`etcd rotate-ca` resumes it): it trusts one of ours
         if local is None and entry.fingerprint is not None:
             raise TrustRefused(
                 f"{entry.host}: holds an etcd CA (sha256 {entry.fingerprint[:16]}...) but the "

@@ -146,3 +146,78 @@ def test_plan_and_drift_say_when_an_apply_holds_the_lock(holder):
         assert f"pid {process.pid}" in result.stderr
         # Neither takes the lock: the holder still holds it.
         assert current_holder(cluster / ".state").pid == process.pid
+
+
+def _record(**changes) -> dict:
+    from engine.applylock import boot_id, machine_id
+
+    return {
+        "user": "ops",
+        "controller": socket.gethostname(),
+        "pid": 1,  # alive: init
+        "started": "2026-11-23T09:00:00+00:00",
+        "command": "gpuinfra apply x",
+        "machine_id": machine_id(),
+        "boot_id": boot_id(),
+    } | changes
+
+
+@pytest.fixture
+def identity(tmp_path, monkeypatch):
+    """This machine's id and boot id, from files the test writes."""
+    from engine import applylock
+
+    (tmp_path / "machine-id").write_text("a" * 32 + "\n")
+    (tmp_path / "boot_id").write_text("boot-now\n")
+    monkeypatch.setattr(applylock, "MACHINE_ID_FILES", (str(tmp_path / "machine-id"),))
+    monkeypatch.setattr(applylock, "BOOT_ID_FILE", str(tmp_path / "boot_id"))
+
+
+def test_the_record_names_the_machine_not_only_the_host_name(identity, tmp_path):
+    with apply_lock(tmp_path / ".state", "gpuinfra apply x") as held:
+        record = json.loads((tmp_path / ".state" / LOCK_FILE).read_text())
+        assert record["machine_id"] == "a" * 32 and record["boot_id"] == "boot-now"
+        assert record["controller"] == socket.gethostname()
+        assert f"(machine {'a' * 12})" in held.holder.describe()
+
+
+def test_same_host_name_on_another_machine_is_another_controller(identity, tmp_path):
+    """Two containers or cloned VMs share a host name: a record from the other one names a pid
+    this machine cannot judge, so it is not taken over without --break-lock."""
+    state = tmp_path / ".state"
+    state.mkdir()
+    # Control: the same machine's record of a process that has ended is taken over.
+    (state / LOCK_FILE).write_text(json.dumps(_record(pid=2**22 + 1)))
+    assert current_holder(state) is None
+    with apply_lock(state) as held:
+        assert held.taken_over.pid == 2**22 + 1
+    (state / LOCK_FILE).write_text(json.dumps(_record(machine_id="b" * 32, pid=2**22 + 1)))
+    assert current_holder(state) is not None  # pid 2**22 + 1 here says nothing about there
+    with pytest.raises(LockHeld, match="another controller.*--break-lock"), apply_lock(state):
+        pass
+    with apply_lock(state, break_lock=True) as held:
+        assert held.taken_over.machine_id == "b" * 32
+
+
+def test_a_record_from_before_this_machines_boot_holds_nothing(identity, tmp_path):
+    state = tmp_path / ".state"
+    state.mkdir()
+    # Control: pid 1 runs, so this boot's record of it is a live holder.
+    (state / LOCK_FILE).write_text(json.dumps(_record()))
+    assert current_holder(state).pid == 1
+    # The same pid before the last boot: that process has ended, whatever runs as pid 1 now.
+    (state / LOCK_FILE).write_text(json.dumps(_record(boot_id="boot-before")))
+    assert current_holder(state) is None
+
+
+def test_a_record_without_a_machine_id_is_judged_by_host_name(identity, tmp_path):
+    """Records written before the machine id was kept still parse and still block."""
+    state = tmp_path / ".state"
+    state.mkdir()
+    old = _record()
+    del old["machine_id"], old["boot_id"]
+    (state / LOCK_FILE).write_text(json.dumps(old))
+    assert current_holder(state).pid == 1
+    (state / LOCK_FILE).write_text(json.dumps(old | {"controller": "elsewhere"}))
+    with pytest.raises(LockHeld, match="--break-lock"), apply_lock(state):
+        pass

@@ -259,9 +259,10 @@ FIO = {"jobs": [{"sync": {"lat_ns": {"percentile": {"99.000000": 1_000_000}}}}]}
 class Members:
     """A stand-in for the members over SSH: records every command, fails the ones asked."""
 
-    def __init__(self, fail: dict[str, str] | None = None):
+    def __init__(self, fail: dict[str, str] | None = None, api_server: str = ""):
         self.commands: list[tuple[str, str]] = []
         self.fail = fail or {}
+        self.api_server = api_server  # what the control plane says of kube-apiserver
 
     def __call__(self, loaded, host, command, **kwargs) -> Remote:
         self.commands.append((host, command))
@@ -275,6 +276,8 @@ class Members:
             return Remote(True, json.dumps({"member": {"ID": 18, "isLearner": True}}), "")
         if "fio" in command:
             return Remote(True, json.dumps(FIO), "")
+        if command == day2.API_SERVER_STATE:
+            return Remote(True, self.api_server + "checked\n", "")
         return Remote(True, "", "")
 
     def first(self, needle: str) -> int:
@@ -437,3 +440,44 @@ def test_discard_deletes_the_old_data_only_with_etcd_stopped(member_dir, tmp_pat
     (tmp_path / "bin" / "systemctl").write_text("#!/bin/sh\nexit 3\n")  # stopped
     assert sh(day2.set_aside_command(str(data), paths.kept, discard=True)).returncode == 0
     assert not (data / "member").exists() and not Path(paths.kept).exists()
+
+
+# ---------------------------------------------------------------- the replace's fence, as shell
+
+
+@pytest.fixture
+def fence(member_dir, tmp_path, monkeypatch) -> Path:
+    """The fence drop-in under tmp_path, and a systemctl that logs its calls, says etcd is
+    inactive, and fails `stop` when STOP_RC says so."""
+    monkeypatch.setattr(day2, "FENCE_DIR", str(tmp_path / "etcd.service.d"))
+    monkeypatch.setattr(day2, "FENCE", str(tmp_path / "etcd.service.d" / "fence.conf"))
+    (tmp_path / "bin" / "systemctl").write_text(
+        f'#!/bin/sh\necho "$*" >> {tmp_path}/systemctl.log\n'
+        'case "$1" in is-active) exit 3;; stop) exit "${STOP_RC:-0}";; *) exit 0;; esac\n'
+    )
+    return tmp_path / "etcd.service.d" / "fence.conf"
+
+
+def test_the_stop_fences_etcd_and_a_failed_stop_lifts_the_fence_again(fence, monkeypatch):
+    assert sh(day2.stop_member_command()).returncode == 0
+    assert fence.exists() and "AssertPathExists=!" in fence.read_text()
+    fence.unlink()
+    monkeypatch.setenv("STOP_RC", "1")
+    assert sh(day2.stop_member_command()).returncode != 0
+    assert not fence.exists()  # etcd may still run: nothing is left that stops its restart
+
+
+def test_put_back_lifts_the_fence_only_where_the_old_data_is_back(fence, member_dir):
+    data, paths = member_dir
+    kept = paths.kept.replace("restore", "replace")
+    assert sh(day2.stop_member_command()).returncode == 0
+    assert sh(day2.set_aside_command(str(data), kept)).returncode == 0
+    assert sh(day2.put_back_command(str(data), kept)).returncode == 0
+    assert db(data) == "old" and not fence.exists()
+    # Discarded: nothing to put back, so the member stays fenced and the command fails.
+    assert sh(day2.stop_member_command()).returncode == 0
+    assert sh(day2.set_aside_command(str(data), kept, discard=True)).returncode == 0
+    assert sh(day2.put_back_command(str(data), kept)).returncode != 0
+    assert fence.exists() and not (data / "member").exists()
+    # The join lifts it.
+    assert sh(day2.join_command()).returncode == 0 and not fence.exists()

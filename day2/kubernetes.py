@@ -284,27 +284,34 @@ def store_cluster_configuration(loaded: LoadedCluster, target: str) -> str:
     )
 
 
-@dataclass(frozen=True)
-class CoreDNSFlags:
-    checks: str  # added to `kubeadm upgrade plan` and `apply`
-    phases: str  # added to `kubeadm upgrade apply` and a control-plane node's `upgrade node`
-    note: str
+# kubeadm's Corefile migration checks, ignored where the inventory pins CoreDNS (below).
+COREDNS_CHECKS = ("CoreDNSUnsupportedPlugins", "CoreDNSMigration")
 
 
-def coredns_flags(loaded: LoadedCluster, first: str) -> CoreDNSFlags:
-    """Where the inventory pins CoreDNS (kubernetes.coredns_image_tag), kubeadm leaves it alone.
-    kubeadm would move CoreDNS to the version it was built with and migrate the Corefile, and
-    its migration library refuses a version it does not know (kubeadm 1.36 on 1.14.7: "start
-    version '1.14.7' not supported"), in the preflight checks and in the addon phase both. The
-    tag stays in the stored ClusterConfiguration, so the next apply keeps it too."""
-    cfg = host_config(loaded, first, "kubernetes", KubernetesConfig)
-    if cfg.coredns_image_tag is None:
-        return CoreDNSFlags("", "", "")
-    return CoreDNSFlags(
-        checks=" --ignore-preflight-errors=CoreDNSUnsupportedPlugins,CoreDNSMigration",
-        phases=" --skip-phases addon/coredns",
-        note=f"CoreDNS stays at {cfg.coredns_image_tag}, as kubernetes.coredns_image_tag pins it",
-    )
+def pinned_coredns(loaded: LoadedCluster, first: str) -> str | None:
+    """The CoreDNS tag the inventory pins (kubernetes.coredns_image_tag), which kubeadm must then
+    leave alone. kubeadm would move CoreDNS to the version it was built with and migrate the
+    Corefile, and its migration library refuses a version it does not know (kubeadm 1.36 on
+    1.14.7: "start version '1.14.7' not supported"), in the preflight checks and in the addon
+    phase both. The tag stays in the stored ClusterConfiguration, so the next apply keeps it."""
+    return host_config(loaded, first, "kubernetes", KubernetesConfig).coredns_image_tag
+
+
+def upgrade_flags(
+    loaded: LoadedCluster, host: str, coredns: str | None, first: bool
+) -> tuple[str, str]:
+    """What kubeadm upgrade adds on a node: the preflight checks it ignores (those the
+    inventory's kubernetes.ignore_preflight_errors names for the node, as at init and join, such
+    as SystemVerification on cgroup v1 hosts; the Corefile checks on the first node where CoreDNS
+    is pinned), and the phases it skips (addon/coredns on control-plane nodes then)."""
+    cfg = host_config(loaded, host, "kubernetes", KubernetesConfig)
+    ignored = list(cfg.ignore_preflight_errors)
+    if coredns is not None and first:
+        ignored += COREDNS_CHECKS
+    checks = f" --ignore-preflight-errors={','.join(ignored)}" if ignored else ""
+    control_plane = "control_plane" in loaded.cluster.hosts[host].groups
+    phases = " --skip-phases addon/coredns" if coredns is not None and control_plane else ""
+    return checks, phases
 
 
 def upgrade(
@@ -329,18 +336,21 @@ def upgrade(
         "store the target's ClusterConfiguration in kubeadm-config",
         store_cluster_configuration(loaded, tag),
     )
-    coredns = coredns_flags(loaded, first)
-    session.step(first, "plan the upgrade", f"kubeadm upgrade plan {tag}{coredns.checks}")
+    coredns = pinned_coredns(loaded, first)
+    checks, phases = upgrade_flags(loaded, first, coredns, first=True)
+    session.step(first, "plan the upgrade", f"kubeadm upgrade plan {tag}{checks}")
     # kubeadm keeps no patches in the cluster: named again, the directory's kubelet patch is
     # applied to the kubelet configuration the upgrade writes.
     patches = f"--patches {PATCHES_DIR}"
-    apply = f"kubeadm upgrade apply {tag} -y {patches}{coredns.checks}{coredns.phases}"
+    apply = f"kubeadm upgrade apply {tag} -y {patches}{checks}{phases}"
     session.step(first, "kubeadm upgrade apply", apply, 1800)
     _upgrade_kubelet(session, loaded, first, tag)
     session.step(first, "wait for /healthz", _wait(HEALTHZ))
     for host in control_plane[1:]:
         session.step(host, "install kubeadm", package_commands(loaded, host, tag, ["kubeadm"]))
-        node = f"kubeadm upgrade node {patches}{coredns.phases}"
+        node = (
+            f"kubeadm upgrade node {patches}{''.join(upgrade_flags(loaded, host, coredns, False))}"
+        )
         session.step(host, "kubeadm upgrade node", node, 1800)
         _upgrade_kubelet(session, loaded, host, tag)
         session.step(host, "wait for /healthz", _wait(HEALTHZ))
@@ -351,15 +361,17 @@ def upgrade(
             session.step(first, f"drain {host}", drain_command(host))
         for host in batch:
             session.step(host, "install kubeadm", package_commands(loaded, host, tag, ["kubeadm"]))
-            session.step(host, "kubeadm upgrade node", "kubeadm upgrade node", 1800)
+            node = f"kubeadm upgrade node{''.join(upgrade_flags(loaded, host, coredns, False))}"
+            session.step(host, "kubeadm upgrade node", node, 1800)
             _upgrade_kubelet(session, loaded, host, tag)
         for host in batch:
             session.step(first, f"uncordon {host}", f"{KUBECTL} uncordon {shlex.quote(host)}")
     session.outcome.notes.append(
         f"set versions.kubernetes: {version.plain} in the inventory so apply keeps this version"
     )
-    if coredns.phases:
-        session.outcome.notes.append(coredns.note)
+    if coredns is not None:
+        notes = session.outcome.notes
+        notes.append(f"CoreDNS stays at {coredns}, as kubernetes.coredns_image_tag pins it")
     return session.outcome
 
 

@@ -270,3 +270,17 @@ def test_a_pinned_coredns_is_left_to_the_inventory_during_an_upgrade(
     nodes = [(h, c) for c, h in commands.items() if c.startswith("kubeadm upgrade node")]
     assert all(("addon/coredns" in c) == (h.startswith("cp-")) for h, c in nodes), nodes
     assert any("CoreDNS stays at v1.14.7" in note for note in outcome.notes)
+
+
+def test_the_inventorys_ignored_preflight_checks_hold_for_the_upgrade_too(
+    small_cluster, write_cluster
+):
+    """The lab's cgroup v1 hosts fail kubeadm's SystemVerification at init, join and upgrade
+    alike: the inventory's list reaches every kubeadm upgrade command."""
+    kubernetes = {"ignore_preflight_errors": ["SystemVerification"]}
+    small_cluster["group_vars"] = {"all": {"kubernetes": kubernetes}}
+    recorder = Recorder()
+    day2.upgrade(load(write_cluster(small_cluster)), "1.36.3", runner=recorder)
+    upgrades = [c for _, c in recorder.calls if c.startswith("kubeadm upgrade")]
+    assert len(upgrades) >= 4
+    assert all("--ignore-preflight-errors=SystemVerification" in c for c in upgrades), upgrades

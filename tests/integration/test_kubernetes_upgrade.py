@@ -32,7 +32,8 @@ from tests.integration.test_kubernetes import NODES, Cluster, ready
 pytestmark = [pytest.mark.integration, pytest.mark.k8s, pytest.mark.upgrade]
 
 UPGRADE_LAB = os.environ.get("GPUINFRA_K8S_UPGRADE_LAB_NAME", f"{LAB_NAME}-k8s-up")
-PROBE = "upgrade-probe-"
+# One prefix per run: a kept lab (GPUINFRA_LAB_KEEP=1) still holds an earlier run's ConfigMaps.
+PROBE = f"upgrade-probe-{int(time.time())}-"
 
 
 @dataclass

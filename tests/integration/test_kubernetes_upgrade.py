@@ -29,7 +29,7 @@ from tests.integration.conftest import KEEP_ENV, LAB_NAME, boot_lab
 from tests.integration.roles_helpers import failed_run, gpuinfra
 from tests.integration.test_kubernetes import NODES, Cluster, ready
 
-pytestmark = [pytest.mark.integration, pytest.mark.k8s, pytest.mark.upgrade]
+pytestmark = [pytest.mark.integration, pytest.mark.upgrade]
 
 UPGRADE_LAB = os.environ.get("GPUINFRA_K8S_UPGRADE_LAB_NAME", f"{LAB_NAME}-k8s-up")
 # One prefix per run: a kept lab (GPUINFRA_LAB_KEEP=1) still holds an earlier run's ConfigMaps.

@@ -18,6 +18,7 @@ import socket
 import ssl
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -97,20 +98,27 @@ def lab_inventory(path: Path) -> None:
     path.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory) -> Cluster:
-    inventory = Path(f"/tmp/gpuinfra-itest-{KUBE_LAB}/cluster.yml")
-    lab = boot_lab(KUBE_LAB, default_topology(), inventory, kubernetes=True)
-    lab_inventory(inventory)
-    report = tmp_path_factory.mktemp("k8s") / "apply.json"
+def applied_lab(name: str, report: Path, prepare=None) -> Iterator[Cluster]:
+    """A lab of its own with Kubernetes on (`prepare` edits its inventory first), applied
+    once; taken down afterwards unless kept (GPUINFRA_LAB_KEEP=1)."""
+    inventory = Path(f"/tmp/gpuinfra-itest-{name}/cluster.yml")
+    lab = boot_lab(name, default_topology(), inventory, kubernetes=True)
+    if prepare is not None:
+        prepare(inventory)
     started = time.monotonic()
     result = gpuinfra("apply", str(inventory), "--yes", "--report", str(report), timeout=1800)
     seconds = time.monotonic() - started
     assert result.returncode == ExitCode.OK, result.stdout[-4000:] + result.stderr[-3000:]
-    print(f"apply of the {KUBE_LAB} lab, Kubernetes included: {seconds:.0f} s")
+    print(f"apply of the {name} lab, Kubernetes included: {seconds:.0f} s")
     yield Cluster(lab, inventory, json.loads(report.read_text()), seconds)
     if os.environ.get(KEEP_ENV) != "1":
-        lifecycle.down(KUBE_LAB)
+        lifecycle.down(name)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory) -> Iterator[Cluster]:
+    report = tmp_path_factory.mktemp("k8s") / "apply.json"
+    yield from applied_lab(KUBE_LAB, report, prepare=lab_inventory)
 
 
 def ready(node: dict) -> bool:

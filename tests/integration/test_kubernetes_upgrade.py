@@ -16,18 +16,17 @@ import json
 import os
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 import yaml
 
 from cli.exitcodes import ExitCode
-from lab import gobuild, lifecycle, offline
-from lab.topology import default_topology
-from tests.integration.conftest import KEEP_ENV, LAB_NAME, boot_lab
+from lab import gobuild, offline
+from tests.integration.conftest import LAB_NAME
 from tests.integration.roles_helpers import failed_run, gpuinfra
-from tests.integration.test_kubernetes import NODES, Cluster, ready
+from tests.integration.test_kubernetes import NODES, Cluster, applied_lab, ready
 
 pytestmark = [pytest.mark.integration, pytest.mark.upgrade]
 
@@ -73,23 +72,15 @@ class Client:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory) -> Cluster:
+def cluster(tmp_path_factory) -> Iterator[Cluster]:
     # `make install` builds the lab's own version only; the target is built here (about 12
     # minutes cold, nothing once built) and `lab up` publishes every build.
     for newer in gobuild.kubernetes_modules()[1:]:
         gobuild.build(newer)
-    inventory = Path(f"/tmp/gpuinfra-itest-{UPGRADE_LAB}/cluster.yml")
-    lab = boot_lab(UPGRADE_LAB, default_topology(), inventory, kubernetes=True)
     report = tmp_path_factory.mktemp("k8s-up") / "apply.json"
-    started = time.monotonic()
-    result = gpuinfra("apply", str(inventory), "--yes", "--report", str(report), timeout=1800)
-    seconds = time.monotonic() - started
-    assert result.returncode == ExitCode.OK, result.stdout[-4000:] + result.stderr[-3000:]
-    print(f"apply of the {UPGRADE_LAB} lab: {seconds:.0f} s")
-    assert offline.upgrades(), "lab up published no newer Kubernetes build"
-    yield Cluster(lab, inventory, json.loads(report.read_text()), seconds)
-    if os.environ.get(KEEP_ENV) != "1":
-        lifecycle.down(UPGRADE_LAB)
+    for applied in applied_lab(UPGRADE_LAB, report):
+        assert offline.upgrades(), "lab up published no newer Kubernetes build"
+        yield applied
 
 
 def versions(cluster: Cluster) -> dict[str, str]:

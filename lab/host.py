@@ -292,8 +292,31 @@ done < /proc/self/cgroup
 """
 
 
+# Every host gets a folder of its own in the machine's systemd hierarchies (cgroup v2's unified
+# one, which systemd-nspawn places itself by on this hybrid machine, and name=systemd) before
+# systemd-nspawn starts. nspawn makes its `supervisor` and `payload` folders where it runs and
+# hands the host the payload subtree (cgroup v1 has no cgroup namespace), so hosts started from
+# one folder shared one payload: each host's systemd created and removed the same unit folders
+# (system.slice/etcd-data.service) as the others, and a unit started on several hosts at once
+# failed now and then ("Failed to spawn executor: No such file or directory"), another host's
+# systemd having removed the folder between this one's mkdir and its spawn.
+OWN_SYSTEMD_CGROUP = """\
+while IFS=: read -r _ controllers path; do
+    case $controllers in
+        '') top=/sys/fs/cgroup/unified ;;
+        name=systemd) top=/sys/fs/cgroup/systemd ;;
+        *) continue ;;
+    esac
+    [ -d "$top" ] || continue
+    dir="$top${{path%/}}/{name}"
+    mkdir -p "$dir" && echo $$ > "$dir/cgroup.procs"
+done < /proc/self/cgroup
+"""
+
+
 def cgroup_name(lab: str, host: str) -> str:
-    """The name of a container host's own cgroup folder in each hierarchy of the machine."""
+    """The name of a host's own cgroup folder in the machine's hierarchies (name=systemd for
+    every host, every controller's too for a host that runs containers)."""
     return f"gpuinfra-lab-{lab}-{host}"
 
 
@@ -315,7 +338,9 @@ def supervisor_script(
     Powering off (exit 0) or `lab stop` (which leaves STOP_REQUESTED) ends the loop.
     """
     command = " ".join(shlex.quote(word) for word in argv)
-    cgroups = OWN_CGROUPS.format(name=cgroup_name(lab, host)) if own_cgroups else ""
+    cgroups = OWN_SYSTEMD_CGROUP.format(name=cgroup_name(lab, host))
+    if own_cgroups:
+        cgroups += OWN_CGROUPS.format(name=cgroup_name(lab, host))
     return f"""\
 #!/bin/sh
 # gpuinfra lab {lab}, host {host}: keeps the host booted across reboots.

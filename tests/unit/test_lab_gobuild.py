@@ -125,7 +125,18 @@ def test_a_kubernetes_node_runs_in_cgroups_of_its_own(tmp_path):
     assert f'/{name}"' in script and 'echo $$ > "$dir/cgroup.procs"' in script
     assert script.index("cgroup.procs") < script.index("while :; do")  # before nspawn starts
     plain = host.supervisor_script(paths, "etcd-1", "lab", ["true"])
-    assert "cgroup.procs" not in plain
+    assert "cpuset.cpus" in script and "cpuset.cpus" not in plain  # controllers: containers only
+
+
+def test_every_host_runs_in_systemd_cgroups_of_its_own(tmp_path):
+    """Hosts that shared one name=systemd/unified folder shared their units' cgroups, and a unit
+    started on several at once failed ("Failed to spawn executor"); measured on a 3-host lab:
+    16 to 20 failed starts of 150 each before, none after."""
+    script = host.supervisor_script(host.HostPaths(tmp_path / "etcd-1"), "etcd-1", "lab", ["true"])
+    assert "name=systemd) top=/sys/fs/cgroup/systemd" in script
+    assert "'') top=/sys/fs/cgroup/unified" in script
+    assert f'dir="$top${{path%/}}/{host.cgroup_name("lab", "etcd-1")}"' in script
+    assert script.index("cgroup.procs") < script.index("while :; do")  # before nspawn starts
 
 
 def test_the_boot_unit_makes_cgroups_writable_and_kmsg(tmp_path):

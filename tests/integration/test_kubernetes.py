@@ -138,7 +138,7 @@ def test_every_node_is_ready_on_the_version_built_here(cluster):
         info = node["status"]["nodeInfo"]
         assert ready(node), name
         assert info["kubeletVersion"] == published.kubernetes_version
-        assert info["containerRuntimeVersion"] == f"containerd://v{published.containerd_version}"
+        assert info["containerRuntimeVersion"] == f"containerd://{published.containerd_version}"
     version = json.loads(cluster.kubectl("version", "-o", "json").stdout)["serverVersion"]
     assert version["gitVersion"] == published.kubernetes_version
 

@@ -129,9 +129,9 @@ def test_an_upgrade_by_one_minor_keeps_the_api_serving(cluster):
     kept = {item["metadata"]["name"] for item in items}
     assert client.operations > 20
     assert len(client.errors) <= client.operations / 10, client.errors
+    # The probes stay: the lab goes with the module (one kubectl delete of some 400 names took
+    # over two minutes), and a kept lab's next run has a prefix of its own.
     assert [name for name in client.writes if name not in kept] == []
-    probes = sorted(name for name in kept if name.startswith(PROBE))
-    cluster.kubectl("delete", "configmap", "-n", "default", *probes, timeout=120)
 
 
 def test_the_inventory_moved_to_the_new_version_converges_and_drift_is_clean(cluster, tmp_path):

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from roles.container_runtime.config import ContainerRuntimeConfig
 
 
@@ -15,9 +13,14 @@ def settings(ctx) -> ContainerRuntimeConfig:
     return ctx.config(ContainerRuntimeConfig)
 
 
-def docker_info(host, ctx) -> dict:
+def docker_info(host, ctx) -> dict | None:
+    """`docker info`; None where the inventory installs no Docker (source: binaries), once it is
+    checked that none is there."""
     if settings(ctx).source == "binaries":
-        pytest.skip("source: binaries installs no Docker (test_binaries_bring_no_docker)")
+        assert not host.exists("dockerd"), (
+            "source: binaries installs no Docker, yet dockerd is here"
+        )
+        return None
     return json.loads(host.check_output("docker info --format '{{json .}}'"))
 
 
@@ -28,18 +31,16 @@ def test_containerd_running_and_enabled(host) -> None:
 
 
 def test_docker_running_and_enabled(host, ctx) -> None:
-    docker_info(host, ctx)
+    if docker_info(host, ctx) is None:
+        return
     service = host.service("docker")
     assert service.is_running
     assert service.is_enabled
 
 
-def test_binaries_bring_the_pinned_containerd_and_no_docker(host, ctx) -> None:
-    if settings(ctx).source != "binaries":
-        pytest.skip("a package source: the packages' versions are pinned by apt")
-    version = host.check_output("containerd --version").split()[2]
-    assert version == "v" + ctx.cluster.versions.containerd
-    assert not host.exists("dockerd")
+def test_containerd_is_the_pinned_version(host, ctx) -> None:
+    """containerd --version: "... v2.2.9 ..." from its release, "... 1.7.24~ds1 ..." from Debian."""
+    assert ctx.cluster.versions.containerd in host.check_output("containerd --version")
 
 
 def test_containerd_socket_exists(host) -> None:
@@ -61,19 +62,24 @@ def test_containerd_uses_the_cgroup_driver_and_pinned_pause_image(host, ctx) -> 
 
 
 def test_docker_cgroup_driver_is_systemd(host, ctx) -> None:
-    assert docker_info(host, ctx)["CgroupDriver"] == "systemd"
+    info = docker_info(host, ctx)
+    assert info is None or info["CgroupDriver"] == "systemd"
 
 
 def test_docker_live_restore(host, ctx) -> None:
-    assert docker_info(host, ctx)["LiveRestoreEnabled"] is settings(ctx).live_restore
+    info = docker_info(host, ctx)
+    assert info is None or info["LiveRestoreEnabled"] is settings(ctx).live_restore
 
 
 def test_docker_logs_rotate(host, ctx) -> None:
-    cfg = settings(ctx)
-    assert docker_info(host, ctx)["LoggingDriver"] == "json-file"
+    cfg, info = settings(ctx), docker_info(host, ctx)
+    if info is None:
+        return
+    assert info["LoggingDriver"] == "json-file"
     daemon = json.loads(host.file("/etc/docker/daemon.json").content_string)
     assert daemon["log-opts"] == {"max-size": cfg.log_max_size, "max-file": str(cfg.log_max_file)}
 
 
 def test_docker_data_root(host, ctx) -> None:
-    assert docker_info(host, ctx)["DockerRootDir"] == settings(ctx).data_root
+    info = docker_info(host, ctx)
+    assert info is None or info["DockerRootDir"] == settings(ctx).data_root

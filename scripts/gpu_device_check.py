@@ -1,6 +1,9 @@
 """The GPU checks that need a real GPU, in one run (for a session that is lent a GPU machine).
 
-    python3 scripts/gpu_device_check.py OUTDIR
+    python3 scripts/gpu_device_check.py OUTDIR [MODEL]
+
+MODEL is the family token `health run --expect-model` is held to (default H200, the first lent
+machine; H100 for an nvidia-h100-x1 lease).
 
 Runs from the repository root with the machine's own python3: PyTorch, CuPy, nvidia-ml-py,
 typer and rich from the machine's image, and pydantic (the health settings' model), which the
@@ -11,6 +14,7 @@ needs pyinfra. Writes into OUTDIR:
 - `record.json`: `gpuinfra health record` of this node, with the active measurements added in
   the shape `health run --replay` reads (a test fixture captured from hardware);
 - `run.json`: `gpuinfra health run --format json` on the live GPUs (PyTorch backend);
+- `smi-samples.csv`: SM clock, power and throttle reasons every 200 ms during that run;
 - `run-contended.json`: the same run while another process keeps the GPU busy (the negative
   case: the burn-in must fall below its line);
 - `summary.json`: the exit codes, the CuPy backend's figures beside PyTorch's, timings,
@@ -35,9 +39,10 @@ GPUINFRA = [
     "-c",
     "import sys; from cli.launch import main; sys.argv[0] = 'gpuinfra'; main()",
 ]
-# The lent machine is a 1x H200: hold it to that.
+# The lent machine has one GPU of the model given on the command line: hold it to that.
+MODEL = sys.argv[2] if len(sys.argv) > 2 else "H200"
 HEALTH_RUN = [*GPUINFRA, "health", "run", "--format", "json", "--expect-count", "1"]
-HEALTH_RUN += ["--expect-model", "H200"]
+HEALTH_RUN += ["--expect-model", MODEL]
 
 
 def step(summary: dict, name: str, work) -> object:
@@ -91,8 +96,26 @@ def stack_probe(out: Path, summary: dict) -> None:
     summary["stack_probe_exit"] = [plain.returncode, wheels.returncode]
 
 
+# Clocks, power and throttle reasons, sampled every 200 ms while the live run works: they say
+# whether the sustained burn-in figure is the power cap lowering clocks.
+SAMPLER = [
+    "nvidia-smi",
+    "--format=csv",
+    "-lms",
+    "200",
+    "--query-gpu=timestamp,clocks.sm,"
+    "clocks.mem,power.draw,power.limit,temperature.gpu,clocks_throttle_reasons.active",
+]
+
+
 def health_run(out: Path, summary: dict) -> dict:
-    done = shell(HEALTH_RUN, timeout=400)
+    with open(out / "smi-samples.csv", "w") as samples:
+        sampler = subprocess.Popen(SAMPLER, stdout=samples, stderr=subprocess.STDOUT)
+        try:
+            done = shell(HEALTH_RUN, timeout=400)
+        finally:
+            sampler.terminate()
+            sampler.wait()
     (out / "run.json").write_text(done.stdout)
     summary["run_exit"] = done.returncode
     summary["run_stderr"] = done.stderr[-2000:]
@@ -116,7 +139,7 @@ def health_record(out: Path, summary: dict, live: dict | None) -> Path:
             "memory_bandwidth_gbps": by_check.get("membw", []),
             "allreduce_busbw_gbps": None,  # one GPU: nothing to all-reduce with
         }
-    recording["description"] = "1x H200 on a lent machine: live NVML answers and measurements"
+    recording["description"] = f"1x {MODEL} on a lent machine: live NVML answers and measurements"
     path.write_text(json.dumps(recording, indent=2) + "\n")
     return path
 

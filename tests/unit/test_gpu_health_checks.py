@@ -106,6 +106,31 @@ def test_a_real_h200_shared_with_another_job_reads_degraded():
     assert by_key(report)[("matmul", 0)].value == pytest.approx(308, abs=1)  # 31% of 989
 
 
+def test_a_real_h100_recording_passes_with_the_sxm_figures():
+    """Recording captured from hardware (a lent 1x H100 80GB HBM3, scripts/gpu_device_check.py):
+    judged against the H100 SXM row, not the PCIe one, and ok; the burn-in held 69% of the
+    datasheet while the 700 W cap pulled the SM clock from 1980 to 1260-1425 MHz."""
+    report = judge(
+        "h100-lent-machine.json", expect_count=1, expect_model="H100", expect_driver="580.159.04"
+    )
+    checks = by_key(report)
+    assert report.verdict is Verdict.ok, [c for c in report.checks if c.verdict is not Verdict.ok]
+    assert checks[("matmul", 0)].value == pytest.approx(682, abs=1)
+    assert checks[("matmul", 0)].threshold.endswith("(60% of 989)")
+    assert checks[("membw", 0)].value == pytest.approx(3026, abs=1)
+    assert checks[("membw", 0)].threshold.endswith("(70% of 3350)")
+    contended = judge(
+        "h100-lent-machine-contended.json",
+        expect_count=1,
+        expect_model="H100",
+        expect_driver="580.159.04",
+    )
+    assert contended.verdict is Verdict.degraded
+    degraded = {c.check for c in contended.checks if c.verdict is Verdict.degraded}
+    assert degraded == {"matmul", "membw"}
+    assert by_key(contended)[("matmul", 0)].value == pytest.approx(305, abs=1)  # 31% of 989
+
+
 def test_uncorrectable_ecc_and_xid_79_fail_the_node():
     """Recording (hand-written): GPU 3 fell off the bus (Xid 79), GPU 5 has a volatile
     uncorrectable ECC error (Xid 48) and a pending row remap; its matmul hit a CUDA ECC error."""

@@ -533,6 +533,8 @@ def _collect_plan(state, active, op_phase, report: RunReport, run_record: RunRec
             result = OperationResult(op_phase.get(op_hash, "?"), name, changed)
             if changed and op_hash in files_by_op:
                 result.diff = _diff(host, files_by_op[op_hash])
+            elif changed and op_hash in host_record.details:
+                result.diff = host_record.details[op_hash]
             entry.operations.append(result)
         if entry.changes:
             entry.status = HostStatus.drift

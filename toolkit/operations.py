@@ -152,7 +152,8 @@ def service_running(unit: str, container_skips: bool = False):
         yield f"systemctl enable {unit}"
         yield start_command(unit)
         return
-    if state.get("UnitFileState") not in ("enabled", "static", "alias", "enabled-runtime"):
+    # `enabled-runtime` is enabled for this boot only (a link under /run): not at the next boot.
+    if state.get("UnitFileState") not in ("enabled", "static", "alias"):
         yield f"systemctl enable {unit}"
     if state.get("ActiveState") == "failed":
         # A unit that failed several times in a row refuses `start` ("start request repeated

@@ -23,6 +23,9 @@ class HostRecord:
     # operation hash -> the name this host's deploy gave it (pyinfra keeps one set of names per
     # hash for all hosts, and hosts whose phases differ share hashes for other operations)
     op_names: dict[str, str] = field(default_factory=dict)
+    # operation hash -> what an effective-state check found (toolkit/effective.py), shown as
+    # the operation's text where a file's change shows its diff
+    details: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(eq=False)  # left by identity (`recording`): two empty records are otherwise equal

@@ -4,13 +4,28 @@ from __future__ import annotations
 
 from io import StringIO
 
-from pyinfra.api import deploy
+from pyinfra import host
+from pyinfra.api import deploy, operation
 from pyinfra.operations import apt, files, server
 
 from roles.base.config import BaseConfig
+from roles.base.effective import (
+    SSH_UNITS,
+    SSHD_DROPINS,
+    AptForeignFiles,
+    SshdSettings,
+    apt_findings,
+    ssh_off_at_boot,
+    sshd_findings,
+    sshd_settings,
+)
 from roles.base.files import managed_files
+from toolkit.effective import declared_files, nothing_overrides, unit_dropins
+from toolkit.facts import UnitState
 from toolkit.operations import live_hostname, put_file, restart_if_running, service_running
 from toolkit.spec import HostContext
+
+SSHD_FILE = f"{SSHD_DROPINS}/50-gpuinfra.conf"
 
 # The distribution's own source lists duplicate ours; apt warns about every duplicate entry.
 DISTRIBUTION_SOURCES = ("/etc/apt/sources.list.d/debian.sources",
@@ -49,6 +64,32 @@ def apply(ctx: HostContext) -> None:
         unit="systemd-journald",
         _if=written["/etc/systemd/journald.conf.d/50-gpuinfra.conf"].did_change,
     )
-    sshd_changed = written["/etc/ssh/sshd_config.d/50-gpuinfra.conf"].did_change
+    sshd_changed = written[SSHD_FILE].did_change
     server.shell(name="Check sshd configuration", commands=["sshd -t"], _if=sshd_changed)
     restart_if_running(name="Reload sshd", unit="ssh", reload=True, _if=sshd_changed)
+    effective(ctx, cfg, {f.path: f.content for f in managed_files(ctx)}[SSHD_FILE])
+
+
+def effective(ctx: HostContext, cfg: BaseConfig, sshd_text: str) -> None:
+    """What sshd and apt will do: nothing gpuinfra did not write overrides its settings."""
+    declared = declared_files(cfg)
+    ours = sshd_settings(sshd_text)
+    found = host.get_fact(SshdSettings, keys=tuple(sorted(ours)))
+    sshd = sshd_findings(found, SSHD_FILE, sshd_text)
+    nothing_overrides("Check that no sshd setting overrides ours", sshd)
+    apt = apt_findings(host.get_fact(AptForeignFiles), DISTRIBUTION_SOURCES, declared)
+    nothing_overrides("Check that apt reads only gpuinfra's sources and pins", apt)
+    states = {unit: host.get_fact(UnitState, unit=unit) for unit in SSH_UNITS}
+    ssh_at_boot(name="Start sshd at boot", states=states)
+    units = ("ssh", "chrony", "systemd-journald")
+    unit_dropins("Check the drop-ins of sshd, chrony and journald", units, declared)
+
+
+@operation()
+def ssh_at_boot(states: dict):
+    """sshd starts at every boot, by its service or its socket; if neither is enabled (or only
+    for this boot), the service is enabled."""
+    if not ssh_off_at_boot(states):
+        host.noop("sshd starts at boot")
+        return
+    yield "systemctl enable ssh.service"

@@ -20,6 +20,7 @@ from roles.container_runtime.files import (
 )
 from roles.container_runtime.operations import containerd_binaries, containerd_tarball_url
 from toolkit.aptkeys import repository_key
+from toolkit.effective import declared_files, unit_dropins
 from toolkit.operations import put_file, restart_if_running, service_running
 from toolkit.spec import HostContext
 
@@ -78,6 +79,8 @@ def apply(ctx: HostContext) -> None:
         commands=[wait_for("ctr version")],
         _if=restart_containerd,
     )
+    declared = declared_files(ctx.settings_of("base"))
+    unit_dropins("Check the drop-ins of containerd", ("containerd",), declared)
     if binaries:
         return  # no Docker: a Kubernetes node needs none, and Debian's would bring containerd 1.7
     docker = put_file(managed[DOCKER_CONFIG])

@@ -26,6 +26,7 @@ from roles.etcd.files import (
     managed_files,
     settings,
 )
+from toolkit.effective import declared_files, unit_dropins
 from toolkit.facts import UnitState
 from toolkit.operations import put_file, system_account
 from toolkit.spec import HostContext
@@ -91,6 +92,8 @@ def apply(ctx: HostContext) -> None:
         ),
     )
     etcd_ops.unit_running(name="Schedule snapshots", unit="etcd-backup.timer")
+    declared = declared_files(ctx.settings_of("base"))
+    unit_dropins("Check the drop-ins of etcd", ("etcd", "etcd-backup.timer"), declared)
 
 
 @deploy("Etcd clients")

@@ -130,8 +130,14 @@ def etcd_installed(cfg: EtcdConfig, version: str):
         # dpkg's list, which every host's roles read already (toolkit/operations.py prefetch): no
         # dpkg-query of its own. An installed or held package only, never one removed with its
         # configuration left.
-        versions = sorted((host.get_fact(DebPackages) or {}).get("etcd-server", ()))
+        packages = host.get_fact(DebPackages) or {}
+        versions = sorted(packages.get("etcd-server", ()))
         installed = versions[0] if versions else None
+        # etcdctl and etcdutl come with etcd-client: the backup, the health checks and every
+        # day-2 command need them, so a member without it is not installed.
+        client = sorted(packages.get("etcd-client", ()))
+        if installed and (not client or client[0] != installed):
+            installed = None
     else:
         installed = host.get_fact(EtcdInstalled, binary_dir=bin_dir)
     if installed and installed.split("-")[0].split("+")[0] == version:
@@ -173,7 +179,7 @@ def unit_running(unit: str):
     """Enable and start a unit this role writes itself: on a first run the unit file is only
     uploaded by an earlier operation of the same run, so a missing unit is started too."""
     state = host.get_fact(UnitState, unit=unit) or {}
-    if state.get("UnitFileState") not in ("enabled", "static", "alias", "enabled-runtime"):
+    if state.get("UnitFileState") not in ("enabled", "static", "alias"):  # not enabled-runtime
         yield f"systemctl enable {unit}"
     if state.get("ActiveState") != "active":
         yield start_command(unit)

@@ -30,5 +30,17 @@ class FirewallConfig(BaseModel):
     # Extra ports per group or host (e.g. a NodePort range's ingress, a CNI's VXLAN port);
     # host vars replace the group's list, as every role setting does.
     extra_rules: list[ExtraRule] = Field(default_factory=list)
+    # Tables of others that may filter input beside gpuinfra's ("family name"): a packet must pass
+    # every base chain on its hook, so any other table can drop what ours accepts. iptables'
+    # tables (kube-proxy, Docker and CNI plugins write theirs through iptables-nft) and
+    # kube-proxy's nftables mode are expected; a site adds its own here. Any other table with a
+    # chain on the prerouting, input or ingress hook is drift and stops an apply.
+    foreign_tables: list[str] = Field(
+        default_factory=lambda: [
+            f"{family} {table}"
+            for family in ("ip", "ip6")
+            for table in ("filter", "nat", "mangle", "raw", "security", "kube-proxy")
+        ]
+    )
     # Log dropped packets (rate-limited): useful while bringing a cluster up, noisy after.
     log_drops: bool = False

@@ -39,3 +39,27 @@ class LoadedTable(FactBase):
         if state["live"] == NOTHING:
             state["live"] = None
         return state
+
+
+class BaseChains(FactBase):
+    """Every base chain of the ruleset (a chain on a hook), by table, from `nft list chains`
+    (no rules, no counters): `[("inet gpuinfra", "input", "input", "drop")]` as (table, chain,
+    hook, policy)."""
+
+    def command(self) -> str:
+        return "nft list chains 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> list[tuple[str, str, str, str]]:
+        chains: list[tuple[str, str, str, str]] = []
+        table = chain = ""
+        for line in output:
+            words = line.replace(";", " ").split()
+            if words[:1] == ["table"] and len(words) >= 3:
+                table = f"{words[1]} {words[2]}"
+            elif words[:1] == ["chain"] and len(words) >= 2:
+                chain = words[1]
+            elif "hook" in words and words.index("hook") + 1 < len(words):
+                hook = words[words.index("hook") + 1]
+                policy = words[words.index("policy") + 1] if "policy" in words[:-1] else "accept"
+                chains.append((table, chain, hook, policy))
+        return chains

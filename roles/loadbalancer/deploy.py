@@ -14,6 +14,7 @@ from roles.loadbalancer.files import (
     uses_keepalived,
 )
 from roles.loadbalancer.operations import haproxy_serving
+from toolkit.effective import declared_files, unit_dropins
 from toolkit.operations import put_file, service_running, wait_for
 from toolkit.spec import HostContext
 
@@ -47,6 +48,9 @@ def apply(ctx: HostContext) -> None:
         _if=haproxy_changed,
     )
     haproxy_serving(name="Restart HAProxy if it does not serve", stats_port=HAPROXY_STATS_PORT)
+    declared = declared_files(ctx.settings_of("base"))
+    units = ("haproxy", "keepalived")
+    unit_dropins("Check the drop-ins of HAProxy and keepalived", units, declared)
     if not keepalived:
         return
     vrrp_files = [written[KEEPALIVED_CONFIG], written[KEEPALIVED_CHECK]]

@@ -233,8 +233,13 @@ def test_disk_gate_reads_fio_p99_and_judges_it():
 @pytest.mark.parametrize(
     ("packages", "expected"),
     [
-        ({"etcd-server": {"3.5.16-4"}}, "noop"),  # the pinned version, as Debian 13 has it
-        ({"etcd-server": {"3.5.15-1"}}, "upgrade"),  # another: held back, rolled by the role
+        # the pinned version, as Debian 13 has it
+        ({"etcd-server": {"3.5.16-4"}, "etcd-client": {"3.5.16-4"}}, "noop"),
+        # another: held back, rolled by the role
+        ({"etcd-server": {"3.5.15-1"}, "etcd-client": {"3.5.15-1"}}, "upgrade"),
+        # etcdctl removed (the backup and day-2 commands need it), or at another version
+        ({"etcd-server": {"3.5.16-4"}}, "install"),
+        ({"etcd-server": {"3.5.16-4"}, "etcd-client": {"3.5.15-1"}}, "install"),
         ({}, "install"),  # absent (or removed with its configuration left: not in the list)
     ],
 )

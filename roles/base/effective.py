@@ -1,0 +1,179 @@
+"""What sshd and apt will do, beside the base role's own files: an sshd setting read before ours
+(sshd keeps the first value it reads of most keywords), an apt source or pin gpuinfra did not
+write, ssh left off at boot. See toolkit/effective.py for how a finding is reported."""
+
+from __future__ import annotations
+
+import posixpath
+import re
+import shlex
+
+from pyinfra.api import FactBase
+
+from toolkit.effective import MARKER
+
+SSHD_CONFIG = "/etc/ssh/sshd_config"
+SSHD_DROPINS = "/etc/ssh/sshd_config.d"
+# sshd -T prints some values under another name than the one a file may use.
+SSHD_SYNONYMS = {"prohibit-password": "without-password"}
+# Keywords sshd takes every value of, not the first: another file adds to ours.
+SSHD_CUMULATIVE = frozenset({"port"})
+
+
+def sshd_settings(text: str) -> dict[str, str]:
+    """The keyword -> value pairs of an sshd configuration file (keywords in lower case)."""
+    pairs: dict[str, str] = {}
+    for line in text.splitlines():
+        words = line.split(None, 1)
+        if words and not words[0].startswith("#") and len(words) == 2:
+            pairs.setdefault(words[0].lower(), words[1].strip())
+    return pairs
+
+
+def _normal(value: str) -> str:
+    value = value.strip().lower()
+    return SSHD_SYNONYMS.get(value, value)
+
+
+class SshdSettings(FactBase):
+    """The effective values of `keys` (`sshd -T`) and every line of the configuration files
+    that sets one of them, in the files' own order:
+    `{"effective": {"passwordauthentication": ["no"]}, "lines": [(path, keyword, value), ...],
+    "files": [paths]}`. Include and Match lines are kept too: they decide the order."""
+
+    def command(self, keys: tuple[str, ...]) -> str:
+        words = "|".join(keys)
+        return (
+            f"sshd -T 2>/dev/null | grep -iE '^({words}) ' | sed 's/^/effective /'; "
+            f'for f in {SSHD_CONFIG} {SSHD_DROPINS}/*.conf; do [ -f "$f" ] || continue; '
+            'echo "file $f"; '
+            f"grep -iE '^[[:space:]]*({words}|include|match)[[:space:]]' \"$f\" | "
+            "sed 's/^/line /'; done"
+        )
+
+    def process(self, output: list[str]) -> dict:
+        effective: dict[str, list[str]] = {}
+        lines: list[tuple[str, str, str]] = []
+        files: list[str] = []
+        current = ""
+        for line in output:
+            kind, _, rest = line.partition(" ")
+            if kind == "effective":
+                key, _, value = rest.partition(" ")
+                effective.setdefault(key.lower(), []).append(value.strip())
+            elif kind == "file":
+                current = rest
+                files.append(rest)
+            elif kind == "line" and current:
+                words = rest.split(None, 1)
+                if words:
+                    lines.append((current, words[0].lower(), words[1].strip() if words[1:] else ""))
+        return {"effective": effective, "lines": lines, "files": files}
+
+
+def _read_order(found: dict, ours: str) -> list[tuple[str, str, str]]:
+    """The setting lines in the order sshd reads them, with `ours` in its place among the
+    drop-ins whether or not it is written yet: the main file up to its Include of the drop-in
+    folder, the drop-ins in name order, then the rest of the main file. A line inside a Match
+    block applies only to some connections and is left out."""
+    by_file: dict[str, list[tuple[str, str, str]]] = {}
+    for path, key, value in found["lines"]:
+        by_file.setdefault(path, []).append((path, key, value))
+    dropins = sorted({p for p in found["files"] if p != SSHD_CONFIG} | {ours})
+
+    def unmatched(entries: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+        kept = []
+        for entry in entries:
+            if entry[1] == "match":
+                break
+            kept.append(entry)
+        return kept
+
+    main = unmatched(by_file.get(SSHD_CONFIG, []))
+    include = next(
+        (i for i, e in enumerate(main) if e[1] == "include" and SSHD_DROPINS in e[2]), None
+    )
+    before, after = (main, []) if include is None else (main[:include], main[include + 1 :])
+    ordered = list(before)
+    if include is not None:
+        for path in dropins:
+            ordered += unmatched(by_file.get(path, [(ours, "", "")] if path == ours else []))
+    return ordered + after
+
+
+def sshd_findings(found: dict, ours_path: str, ours_text: str) -> list[str]:
+    """A finding for each of our keywords that another file decides: the first value sshd
+    reads wins (every value counts for Port). With our file in place, `sshd -T` must also
+    agree, which catches what the files alone do not show (an Include elsewhere)."""
+    ours = sshd_settings(ours_text)
+    ordered = [e for e in _read_order(found, ours_path) if e[1] not in ("include", "match")]
+    written = ours_path in found["files"]
+    findings = []
+    included = any(e[1] == "include" and SSHD_DROPINS in e[2] for e in found["lines"])
+    if found["files"] and not included:
+        return [f"sshd: {SSHD_CONFIG} does not include {SSHD_DROPINS}: gpuinfra's is not read"]
+    for key, value in ours.items():
+        setting = [e for e in ordered if e[1] == key or (e[0] == ours_path and e[1] == "")]
+        if key in SSHD_CUMULATIVE:
+            others = [e for e in setting if e[0] != ours_path and _normal(e[2]) != _normal(value)]
+        else:
+            first = next(iter(setting), None)
+            others = [first] if first and first[0] != ours_path else []
+            others = [e for e in others if _normal(e[2]) != _normal(value)]
+        for path, _, other in others:
+            findings.append(f"sshd: {key} {other} set in {path} wins over gpuinfra's {value}")
+        effective = [_normal(v) for v in found["effective"].get(key, [])]
+        if written and not others and effective and effective != [_normal(value)]:
+            findings.append(
+                f"sshd: sshd -T says {key} {' '.join(effective)}, gpuinfra's is {value}"
+            )
+    return findings
+
+
+APT_SOURCES = "/etc/apt/sources.list.d"
+APT_PREFERENCES = "/etc/apt/preferences.d"
+# apt reads *.list and *.sources from sources.list.d, and files with no extension or .pref
+# from preferences.d, of letters, digits, `_`, `-` and `.` only (apt.conf(5), apt_preferences(5)).
+_APT_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def apt_reads(path: str) -> bool:
+    folder, name = posixpath.split(path)
+    if not _APT_NAME.match(name):
+        return False
+    if folder == APT_SOURCES:
+        return name.endswith((".list", ".sources"))
+    return "." not in name or name.endswith(".pref")
+
+
+class AptForeignFiles(FactBase):
+    """The files in apt's sources and preferences folders without gpuinfra's marker in their
+    first lines: `["/etc/apt/sources.list.d/site.list"]`."""
+
+    def command(self) -> str:
+        return (
+            f'for f in {APT_SOURCES}/* {APT_PREFERENCES}/*; do [ -f "$f" ] || continue; '
+            f'head -n 3 "$f" | grep -q {shlex.quote(MARKER)} || echo "$f"; done'
+        )
+
+    def process(self, output: list[str]) -> list[str]:
+        return [line for line in output if line.strip()]
+
+
+def apt_findings(found: list[str], removed: tuple[str, ...], declared: tuple[str, ...]) -> list:
+    """A finding for each source or pin apt reads that gpuinfra did not write, will not remove
+    and the site did not declare."""
+    return [
+        f"apt: {path} is not gpuinfra's (remove it, or declare it in base.site_files)"
+        for path in found
+        if apt_reads(path) and path not in removed and path not in declared
+    ]
+
+
+SSH_UNITS = ("ssh.service", "ssh.socket")
+
+
+def ssh_off_at_boot(states: dict[str, dict | None]) -> bool:
+    """Neither sshd's service nor its socket (Ubuntu 24.04 starts sshd by its socket) is
+    enabled for every boot: `enabled-runtime` lasts until the next one."""
+    return not any((states.get(u) or {}).get("UnitFileState") == "enabled" for u in SSH_UNITS)

@@ -1,0 +1,109 @@
+"""What the host will do, beside gpuinfra's own files: checks of the effective state that a file
+gpuinfra does not own can change (a drop-in under a unit's `.d/` folder, an apt source, an
+sshd setting read before ours, a second nftables table). Each role asks the facts of its own
+services and hands what it finds to `nothing_overrides`.
+
+A finding is a drift: plan and drift list the check as a pending change, with the findings
+as its text (the runner shows them where a file would show its diff), and an apply stops the
+host there with the same text, since removing a file somebody else wrote is the operator's
+call. A file a site adds on purpose is declared in the inventory (`base.site_files`) and then
+is no finding. Its facts are recorded like any other, so the drift fast path sends a host whose
+answers moved to the exact check, which judges them."""
+
+from __future__ import annotations
+
+import posixpath
+import shlex
+from collections.abc import Iterable
+
+from pyinfra import host
+from pyinfra.api import FactBase, operation
+from pyinfra.api.operation import OperationMeta
+
+from toolkit import record
+from toolkit.pyinfra_api import op_hash
+
+# The first lines of every file gpuinfra writes into a folder that others write to as well
+# (a unit's drop-ins, apt's sources and preferences) carry this: tests/unit/test_effective.py
+# checks it on every such file of the sample inventory.
+MARKER = "Managed by gpuinfra"
+# Where systemd reads drop-ins that an administrator or a runtime command made; /usr/lib and
+# /lib hold the packages' own, which the package pins decide.
+ADMIN_DROPIN_ROOTS = ("/etc/", "/run/")
+
+
+class UnitDropIns(FactBase):
+    """Each unit's drop-in files, as systemd loaded them, and whether each carries gpuinfra's
+    marker in its first lines: `{"etcd.service": {"/etc/systemd/system/etcd.service.d/x.conf":
+    False}}`. A unit that does not exist has no entry."""
+
+    def command(self, units: tuple[str, ...]) -> str:
+        quoted = " ".join(shlex.quote(unit) for unit in units)
+        return (
+            f"systemctl show --property=Id,LoadState,DropInPaths {quoted} 2>/dev/null | "
+            "while IFS='=' read -r key value; do case $key in "
+            'Id) echo "unit $value";; LoadState) echo "load $value";; '
+            "DropInPaths) for path in $value; do "
+            f'if head -n 3 "$path" 2>/dev/null | grep -q {shlex.quote(MARKER)}; '
+            'then echo "ours $path"; else echo "other $path"; fi; done;; esac; done'
+        )
+
+    def process(self, output: list[str]) -> dict[str, dict[str, bool]]:
+        units: dict[str, dict[str, bool]] = {}
+        unit, loaded = None, False
+        for line in output:
+            kind, _, value = line.partition(" ")
+            if kind == "unit":
+                unit, loaded = value, False
+            elif kind == "load":
+                loaded = value not in ("not-found", "")
+                if loaded and unit:
+                    units[unit] = {}
+            elif kind in ("ours", "other") and unit and loaded:
+                units[unit][value] = kind == "ours"
+        return units
+
+
+def foreign_dropins(found: dict[str, dict[str, bool]], declared: Iterable[str]) -> list[str]:
+    """A finding for each administrator's or runtime drop-in of the units that is neither
+    gpuinfra's nor declared by the site."""
+    allowed = set(declared)
+    return [
+        f"{unit}: drop-in {path} is not gpuinfra's and changes the unit "
+        "(remove it, or declare it in base.site_files)"
+        for unit, paths in sorted(found.items())
+        for path, ours in sorted(paths.items())
+        if not ours and path.startswith(ADMIN_DROPIN_ROOTS) and path not in allowed
+    ]
+
+
+@operation()
+def _overrides(findings: tuple[str, ...]):
+    if not findings:
+        host.noop("nothing overrides gpuinfra's settings")
+        return
+    text = "; ".join(findings)
+    yield f"echo {shlex.quote(f'overridden: {text}')} >&2; exit 1"
+
+
+def nothing_overrides(name: str, findings: Iterable[str]) -> OperationMeta:
+    """The check as an operation: a no-op without findings; with findings, a pending change in
+    plan and drift (the findings as its text) and a failure in apply that names them."""
+    found = tuple(findings)
+    meta = _overrides(name=name, findings=found)
+    if found:
+        # Kept by operation hash, as a managed file is, for the runner to show.
+        record.host(host.name).details[op_hash(meta)] = "\n".join(found)
+    return meta
+
+
+def unit_dropins(name: str, units: Iterable[str], declared: Iterable[str]) -> OperationMeta:
+    """`nothing_overrides` for the drop-ins of a role's units."""
+    asked = tuple(sorted(u if "." in u else f"{u}.service" for u in units))
+    found = host.get_fact(UnitDropIns, units=asked) or {}
+    return nothing_overrides(name, foreign_dropins(found, declared))
+
+
+def declared_files(settings: object) -> tuple[str, ...]:
+    """The files a site declared on purpose (base.site_files), from a host's base settings."""
+    return tuple(posixpath.normpath(path) for path in getattr(settings, "site_files", ()))

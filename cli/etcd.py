@@ -154,11 +154,12 @@ def snapshot(
     import time
 
     from day2.etcd import snapshot as take
+    from toolkit.statefiles import ETCD_SNAPSHOTS
 
     with reporting():
         loaded = _load(cluster)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    target = out or loaded.state_dir / "etcd-snapshots" / f"{loaded.cluster.name}-{stamp}.db"
+    target = out or loaded.state_dir / ETCD_SNAPSHOTS / f"{loaded.cluster.name}-{stamp}.db"
     result = _call(lambda: take(loaded, target))
     if output is OutputFormat.json:
         _json(asdict(result))

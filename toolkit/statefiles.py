@@ -18,6 +18,9 @@ from pathlib import Path
 STATE_LOCK = ".lock"
 # What `render` writes in place of a secret only `apply` may create (no state yet).
 PLACEHOLDER = "PLACEHOLDER-run-gpuinfra-apply"
+# Where `etcd snapshot` keeps its copies by default: beside the state, but read by no deploy, so
+# the drift fast path leaves them out of the state it digests.
+ETCD_SNAPSHOTS = "etcd-snapshots"
 _held: set[Path] = set()  # state folders whose lock this process holds
 
 

@@ -13,14 +13,17 @@ from typing import TYPE_CHECKING
 
 from engine.fingerprint.records import FORMAT, RECORDS, Record
 from toolkit import clock
-from toolkit.statefiles import PLACEHOLDER, StateMissing
+from toolkit.statefiles import ETCD_SNAPSHOTS, PLACEHOLDER, StateMissing
 
 if TYPE_CHECKING:
     from inventory.model import LoadedCluster
     from toolkit.spec import HostContext, ManagedFile
 
 
-_STATE_IGNORED = {".lock", "apply.lock", RECORDS}
+# What `.state/` holds that no deploy reads: the locks, the fast path's own records, and the
+# etcd snapshots (day 2 writes them; a restore is given its file): a new snapshot, hundreds of
+# MiB on a big cluster, moves no host's key and is not hashed by every drift.
+_STATE_IGNORED = {".lock", "apply.lock", RECORDS, ETCD_SNAPSHOTS}
 
 
 # -- what the deploys were given ---------------------------------------------------------------

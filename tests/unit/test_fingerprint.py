@@ -240,6 +240,40 @@ def test_the_key_moves_with_the_inventory_and_the_state_not_with_locks_or_record
     assert key_of(cluster) != first
 
 
+def test_a_new_etcd_snapshot_moves_no_hosts_key(tmp_path, monkeypatch):
+    """`gpuinfra etcd snapshot` keeps its copies under `.state/` by default, and no deploy reads
+    them: a new one (hundreds of MiB on a big cluster) must not send every host to the exact
+    check, nor be hashed by every drift."""
+    from typer.testing import CliRunner
+
+    import day2.etcd
+    from cli.main import app
+
+    cluster = loopback_cluster(tmp_path / "c")
+    names = list(load(cluster).cluster.hosts)
+    for name in names:  # makes the state, as apply does
+        key_of(cluster, name)
+    first = {name: key_of(cluster, name) for name in names}
+    state = cluster / ".state"
+    first_state = fingerprint.state_digest(state)
+
+    def take(loaded, out):
+        out.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        out.write_bytes(b"snapshot bytes")
+        return day2.etcd.SnapshotResult("etcd-1", str(out), out.stat().st_size, 7, 3, 0.1)
+
+    monkeypatch.setattr(day2.etcd, "snapshot", take)
+    taken = CliRunner().invoke(app, ["etcd", "snapshot", str(cluster), "--format", "json"])
+    assert taken.exit_code == 0, taken.output
+    written = Path(json.loads(taken.stdout)["path"])
+    assert written.is_relative_to(state) and written.read_bytes() == b"snapshot bytes"
+    assert fingerprint.state_digest(state) == first_state
+    assert {name: key_of(cluster, name) for name in names} == first
+    # The control: any other new file in the state, beside the snapshots, moves every key.
+    (state / "kept-by-a-role.json").write_text("{}")
+    assert all(key_of(cluster, name) != first[name] for name in names)
+
+
 def test_the_state_digest_follows_symlinks_and_ends_a_loop(tmp_path):
     """The deploys read state through symlinks (a PKI folder kept elsewhere): its content is
     the state's, and a link back up is not walked forever."""
@@ -382,18 +416,25 @@ def test_rendering_reads_nothing_the_inputs_do_not_digest(rendering):
     code = {str(path) for _, path in fingerprint.code_files()}
     state = folder / ".state"
     installed = [Path(sys.prefix), Path(sys.base_prefix)]
+
+    def digested_state(path: Path) -> bool:  # not a lock, a record or an etcd snapshot
+        return path.is_relative_to(state) and (
+            path == state or path.relative_to(state).parts[0] not in fingerprint.keys._STATE_IGNORED
+        )
+
     outside = [
         path
         for path in seen["opened"]
         if not (
             path in code
-            or Path(path).is_relative_to(state)
+            or digested_state(Path(path))
             or any(Path(path).is_relative_to(root) for root in installed)
             or Path(path).name == "__pycache__"
         )
     ]
     assert seen["opened"], "the audit hook saw nothing: the test would prove nothing"
-    assert any(Path(p).is_relative_to(state) for p in seen["opened"])  # the hook sees state reads
+    assert any(digested_state(Path(p)) for p in seen["opened"])  # the hook sees state reads
+    assert not digested_state(state / "etcd-snapshots" / "loop.db")
     assert outside == []
 
 

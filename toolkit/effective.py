@@ -37,6 +37,10 @@ class UnitDropIns(FactBase):
     marker in its first lines: `{"etcd.service": {"/etc/systemd/system/etcd.service.d/x.conf":
     False}}`. A unit that does not exist has no entry."""
 
+    @staticmethod
+    def default():
+        return {}
+
     def command(self, units: tuple[str, ...]) -> str:
         quoted = " ".join(shlex.quote(unit) for unit in units)
         return (

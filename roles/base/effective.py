@@ -41,6 +41,10 @@ class SshdSettings(FactBase):
     `{"effective": {"passwordauthentication": ["no"]}, "lines": [(path, keyword, value), ...],
     "files": [paths]}`. Include and Match lines are kept too: they decide the order."""
 
+    @staticmethod
+    def default():
+        return {"effective": {}, "lines": [], "files": []}
+
     def command(self, keys: tuple[str, ...]) -> str:
         words = "|".join(keys)
         return (
@@ -149,6 +153,10 @@ def apt_reads(path: str) -> bool:
 class AptForeignFiles(FactBase):
     """The files in apt's sources and preferences folders without gpuinfra's marker in their
     first lines: `["/etc/apt/sources.list.d/site.list"]`."""
+
+    @staticmethod
+    def default():
+        return []
 
     def command(self) -> str:
         return (

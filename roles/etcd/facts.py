@@ -34,11 +34,23 @@ class FstabEntry(FactBase):
 
 
 class EtcdInstalled(FactBase):
-    """The version of the etcd binary a release tarball installed (the distribution's package
-    is read from dpkg's list: roles/etcd/operations.py etcd_installed)."""
+    """The version of the etcd binaries a release tarball installed, when etcd, etcdctl and
+    etcdutl are all there at the same version (the backup, the health checks and every day-2
+    command need the two tools); else nothing. The distribution's packages are read from dpkg's
+    list: roles/etcd/operations.py etcd_installed."""
 
     def command(self, binary_dir: str) -> str:
-        return f"{binary_dir}/etcd --version 2>/dev/null | sed -n 's/^etcd Version: //p' || true"
+        return " ".join(
+            [
+                f"v=$({binary_dir}/etcd --version 2>/dev/null | sed -n 's/^etcd Version: //p');",
+                *(
+                    f"[ \"$({binary_dir}/{tool} version 2>/dev/null | "
+                    f"sed -n 's/^{tool} version: //p')\" = \"$v\" ] &&"
+                    for tool in ("etcdctl", "etcdutl")
+                ),
+                'echo "$v" || true',
+            ]
+        )
 
     def process(self, output: list[str]) -> str | None:
         value = "".join(output).strip()

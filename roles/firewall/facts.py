@@ -46,6 +46,10 @@ class BaseChains(FactBase):
     (no rules, no counters): `[("inet gpuinfra", "input", "input", "drop")]` as (table, chain,
     hook, policy)."""
 
+    @staticmethod
+    def default():
+        return []
+
     def command(self) -> str:
         return "nft list chains 2>/dev/null || true"
 

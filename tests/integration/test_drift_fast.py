@@ -202,3 +202,72 @@ def test_drift_writes_nothing_and_an_inventory_change_means_the_exact_check(conv
         if op["changed"]
     }
     assert any("journald" in name for name in changed), changed
+
+
+# Changes that alter what a host does while leaving gpuinfra's own files alone (issue #30's
+# classes), each made on a converged host: (host, change, undo, the operation that must show
+# it, a text its finding must hold or None for an operation that repairs it).
+OVERRIDES = [
+    ("cpu-1", "printf 'PasswordAuthentication yes\\n' > /etc/ssh/sshd_config.d/01-site.conf",
+     "rm -f /etc/ssh/sshd_config.d/01-site.conf",
+     "Base | Check that no sshd setting overrides ours", "01-site.conf"),
+    ("cpu-1", "nft add table inet block && nft add chain inet block in "
+     "'{ type filter hook input priority -10; policy accept; }' && "
+     "nft add rule inet block in tcp dport 9100 drop",
+     "nft delete table inet block",
+     "Firewall | Check that no other table filters input", "table inet block"),
+    ("cpu-1", "echo 'deb http://deb.debian.org/debian trixie-backports main' "
+     "> /etc/apt/sources.list.d/backports.list",
+     "rm -f /etc/apt/sources.list.d/backports.list",
+     "Base | Check that apt reads only gpuinfra's sources and pins", "backports.list"),
+    ("dns-1", "systemctl disable --quiet ssh && systemctl enable --quiet --runtime ssh",
+     "true",  # the apply below enables it for every boot
+     "Base | Start sshd at boot", None),
+    ("etcd-2", "mkdir -p /etc/systemd/system/etcd.service.d && printf "
+     "'[Service]\\nEnvironment=ETCD_QUOTA_BACKEND_BYTES=1\\n' > "
+     "/etc/systemd/system/etcd.service.d/override.conf && systemctl daemon-reload",
+     "rm -f /etc/systemd/system/etcd.service.d/override.conf && systemctl daemon-reload",
+     "Etcd | Check the drop-ins of etcd", "etcd.service.d/override.conf"),
+    ("etcd-3", "mv /usr/local/bin/etcdctl /root/etcdctl.aside",
+     "rm -f /root/etcdctl.aside",  # the apply below installs it again
+     "Etcd | Install etcd", None),
+]  # fmt: skip
+
+
+def test_what_overrides_the_hosts_settings_is_drift_with_its_file_named(converged):
+    """Each class drifts (exit 3) on its host, named with the file or table behind it, the
+    fast path and `--exact` agreeing; an apply stops where removing the file is the operator's
+    call; undone, the fleet is clean again. The converged fleet's clean drift (the first test
+    of this module, and the end of this one) is the control."""
+    lab = converged
+    hosts = sorted({host for host, *_ in OVERRIDES})
+    for host, change, *_ in OVERRIDES:
+        lab.ssh(host, change)
+    try:
+        code, fast = drift(lab.inventory_path)
+        assert code == ExitCode.DRIFT
+        assert {n for n, h in fast["hosts"].items() if h["status"] != "ok"} == set(hosts)
+        for host, _, _, operation, named in OVERRIDES:
+            changed = {op["name"]: op["diff"] for op in fast["hosts"][host]["operations"]}
+            assert operation in changed, (host, sorted(changed))
+            assert named is None or named in (changed[operation] or ""), changed[operation]
+        _, exact = drift(lab.inventory_path, "--exact", "--limit", ",".join(hosts))
+        assert answer(exact)["cpu-1"] == answer(fast)["cpu-1"]
+        for host in hosts:
+            assert answer(exact)[host] == answer(fast)[host], host
+        stopped = gpuinfra("apply", str(lab.inventory_path), "--limit", "cpu-1", "--roles",
+                           "base", "--yes", "--format", "json")  # fmt: skip
+        assert stopped.returncode != ExitCode.OK
+        error = json.loads(stopped.stdout)["hosts"]["cpu-1"]["error"]
+        assert "01-site.conf" in error and "backports.list" in error, error
+    finally:
+        for host, _, undo, *_ in OVERRIDES:
+            lab.ssh(host, undo)
+    # The apply repairs the two it can: sshd enabled for every boot, etcdctl installed again.
+    fixed = gpuinfra("apply", str(lab.inventory_path), "--limit", ",".join(hosts), "--yes")
+    assert fixed.returncode == ExitCode.OK, fixed.stdout[-2000:]
+    assert lab.ssh("dns-1", "systemctl is-enabled ssh").stdout.strip() == "enabled"
+    lab.ssh("etcd-3", "/usr/local/bin/etcdctl version")
+    code, after = drift(lab.inventory_path)
+    assert code == ExitCode.OK, answer(after)
+    assert f"{len(lab.hosts)} of {len(lab.hosts)} hosts matched" in " ".join(after["notes"])

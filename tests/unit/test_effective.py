@@ -1,0 +1,209 @@
+"""Effective-state checks (toolkit/effective.py and the roles' own): the facts read as the
+hosts print them, and the judges find what overrides gpuinfra's settings and nothing else."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.context import load
+from roles.base.effective import (
+    AptForeignFiles,
+    SshdSettings,
+    apt_findings,
+    apt_reads,
+    ssh_off_at_boot,
+    sshd_findings,
+)
+from roles.firewall.config import FirewallConfig
+from roles.firewall.deploy import other_tables
+from roles.firewall.facts import BaseChains
+from tests.helpers import files_of
+from toolkit.effective import MARKER, UnitDropIns, foreign_dropins
+
+REPO = Path(__file__).resolve().parents[2]
+OURS = "/etc/ssh/sshd_config.d/50-gpuinfra.conf"
+OURS_TEXT = "PasswordAuthentication no\nPort 22\nPermitRootLogin prohibit-password\n"
+# What SshdSettings' command prints on a Debian 13 host: sshd -T's lines for our keywords,
+# then each file and its setting lines (the main file includes the drop-ins first).
+DEBIAN_MAIN = [
+    "file /etc/ssh/sshd_config",
+    "line Include /etc/ssh/sshd_config.d/*.conf",
+    "line PasswordAuthentication yes",  # after the Include: ours, read first, wins
+]
+
+
+def sshd(*extra: str, effective: tuple[str, ...] = (), ours: bool = True) -> dict:
+    output = [f"effective {line}" for line in effective] + DEBIAN_MAIN + list(extra)
+    if ours:
+        output += [f"file {OURS}", "line PasswordAuthentication no", "line Port 22",
+                   "line PermitRootLogin prohibit-password"]  # fmt: skip
+    return SshdSettings().process(output)
+
+
+def test_a_converged_sshd_has_no_finding():
+    found = sshd(
+        effective=("passwordauthentication no", "port 22", "permitrootlogin without-password")
+    )
+    assert sshd_findings(found, OURS, OURS_TEXT) == []
+
+
+def test_an_sshd_drop_in_read_before_ours_is_named():
+    found = sshd(
+        "file /etc/ssh/sshd_config.d/01-site.conf",
+        "line PasswordAuthentication yes",
+        effective=("passwordauthentication yes", "port 22", "permitrootlogin without-password"),
+    )
+    assert sshd_findings(found, OURS, OURS_TEXT) == [
+        "sshd: passwordauthentication yes set in /etc/ssh/sshd_config.d/01-site.conf wins over "
+        "gpuinfra's no"
+    ]
+
+
+def test_a_drop_in_after_ours_or_inside_match_changes_nothing():
+    found = sshd(
+        "file /etc/ssh/sshd_config.d/60-later.conf",
+        "line PasswordAuthentication yes",
+        "file /etc/ssh/sshd_config.d/10-match.conf",
+        "line Match User backup",
+        "line PasswordAuthentication yes",
+        effective=("passwordauthentication no", "port 22", "permitrootlogin without-password"),
+    )
+    assert sshd_findings(found, OURS, OURS_TEXT) == []
+
+
+def test_before_the_first_apply_only_files_that_would_win_count():
+    """Our file is not written yet: the main file's values after the Include lose to it."""
+    found = sshd(effective=("passwordauthentication yes", "port 22"), ours=False)
+    assert sshd_findings(found, OURS, OURS_TEXT) == []
+    cloud = sshd("file /etc/ssh/sshd_config.d/50-cloud-init.conf",
+                 "line PasswordAuthentication yes", ours=False)  # fmt: skip
+    assert "50-cloud-init.conf" in sshd_findings(cloud, OURS, OURS_TEXT)[0]
+
+
+def test_every_port_counts_and_sshd_t_must_agree():
+    extra_port = sshd("file /etc/ssh/sshd_config.d/70-port.conf", "line Port 2222")
+    assert sshd_findings(extra_port, OURS, OURS_TEXT) == [
+        "sshd: port 2222 set in /etc/ssh/sshd_config.d/70-port.conf wins over gpuinfra's 22"
+    ]
+    # sshd -T disagrees and no file says why (an Include elsewhere): still a finding.
+    found = sshd(effective=("passwordauthentication yes", "port 22"))
+    assert sshd_findings(found, OURS, OURS_TEXT) == [
+        "sshd: sshd -T says passwordauthentication yes, gpuinfra's is no"
+    ]
+
+
+def test_a_main_file_without_the_include_is_a_finding():
+    found = SshdSettings().process(["file /etc/ssh/sshd_config", "line Port 22"])
+    assert "does not include" in sshd_findings(found, OURS, OURS_TEXT)[0]
+
+
+def test_apt_sources_and_pins_that_are_not_ours():
+    found = AptForeignFiles().process([
+        "/etc/apt/sources.list.d/site.list",
+        "/etc/apt/sources.list.d/site.list.save",  # apt does not read it
+        "/etc/apt/sources.list.d/debian.sources",  # the base role removes it
+        "/etc/apt/preferences.d/hold-kernel",
+        "/etc/apt/sources.list.d/mirror.sources",
+    ])  # fmt: skip
+    removed = ("/etc/apt/sources.list.d/debian.sources",)
+    declared = ("/etc/apt/sources.list.d/mirror.sources",)
+    assert apt_findings(found, removed, declared) == [
+        "apt: /etc/apt/sources.list.d/site.list is not gpuinfra's (remove it, or declare it in "
+        "base.site_files)",
+        "apt: /etc/apt/preferences.d/hold-kernel is not gpuinfra's (remove it, or declare it in "
+        "base.site_files)",
+    ]
+    assert apt_reads("/etc/apt/preferences.d/pin.pref")
+    assert not apt_reads("/etc/apt/preferences.d/pin.dpkg-old")
+
+
+def test_unit_drop_ins_of_others():
+    found = UnitDropIns().process([
+        "unit etcd.service", "load loaded",
+        "other /etc/systemd/system/etcd.service.d/override.conf",
+        "ours /etc/systemd/system/etcd.service.d/50-gpuinfra.conf",
+        "other /usr/lib/systemd/system/service.d/10-timeout-abort.conf",  # a package's own
+        "unit nftables.service", "load loaded",
+        "other /run/systemd/system.control/nftables.service.d/50-CPUQuota.conf",
+        "unit nothing.service", "load not-found",
+    ])  # fmt: skip
+    assert set(found) == {"etcd.service", "nftables.service"}
+    assert foreign_dropins(found, ()) == [
+        "etcd.service: drop-in /etc/systemd/system/etcd.service.d/override.conf is not "
+        "gpuinfra's and changes the unit (remove it, or declare it in base.site_files)",
+        "nftables.service: drop-in /run/systemd/system.control/nftables.service.d/"
+        "50-CPUQuota.conf is not gpuinfra's and changes the unit (remove it, or declare it in "
+        "base.site_files)",
+    ]
+    declared = ("/etc/systemd/system/etcd.service.d/override.conf",)
+    assert len(foreign_dropins(found, declared)) == 1
+
+
+# `nft list chains` on a host with gpuinfra's table, iptables-nft's and a site's own.
+NFT_CHAINS = """\
+table inet gpuinfra {
+\tchain input {
+\t\ttype filter hook input priority filter; policy drop;
+\t}
+}
+table ip filter {
+\tchain INPUT {
+\t\ttype filter hook input priority filter; policy accept;
+\t}
+\tchain KUBE-FIREWALL {
+\t}
+}
+table inet block {
+\tchain in {
+\t\ttype filter hook input priority -10; policy accept;
+\t}
+\tchain out {
+\t\ttype filter hook output priority 0; policy accept;
+\t}
+}
+"""
+
+
+def test_another_table_on_the_input_hook_is_named():
+    chains = BaseChains().process(NFT_CHAINS.splitlines())
+    assert ("inet gpuinfra", "input", "input", "drop") in chains
+    assert other_tables(chains, FirewallConfig()) == [
+        "nftables: table inet block filters input (chain in, policy accept) beside gpuinfra's "
+        "(remove it, or declare it in firewall.foreign_tables)"
+    ]
+    declared = FirewallConfig(foreign_tables=[*FirewallConfig().foreign_tables, "inet block"])
+    assert other_tables(chains, declared) == []
+    # With no default allowance, iptables' table counts too (the control for the default).
+    assert len(other_tables(chains, FirewallConfig(foreign_tables=[]))) == 2
+
+
+@pytest.mark.parametrize(
+    ("service", "socket", "off"),
+    [
+        ("enabled", "disabled", False),
+        ("disabled", "enabled", False),  # Ubuntu 24.04: sshd started by its socket
+        ("enabled-runtime", "disabled", True),  # for this boot only
+        ("disabled", None, True),
+    ],
+)
+def test_sshd_at_boot(service, socket, off):
+    states = {
+        "ssh.service": {"UnitFileState": service},
+        "ssh.socket": None if socket is None else {"UnitFileState": socket},
+    }
+    assert ssh_off_at_boot(states) is off
+
+
+def test_every_file_gpuinfra_writes_where_others_write_carries_the_marker():
+    """The checks tell gpuinfra's files from others' by the marker in their first lines."""
+    loaded = load(REPO / "inventory" / "sample" / "cluster.yml")
+    checked = ("/etc/apt/sources.list.d/", "/etc/apt/preferences.d/", ".service.d/")
+    seen = 0
+    for name in loaded.cluster.hosts:
+        for path, text in files_of(loaded, name).items():
+            if any(part in path for part in checked):
+                seen += 1
+                assert MARKER in "".join(text.splitlines(True)[:3]), path
+    assert seen > 0

@@ -14,7 +14,6 @@ import json
 import os
 import secrets
 import shlex
-import subprocess
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -28,8 +27,8 @@ from roles.etcd.config import EtcdConfig
 from roles.etcd.files import INITIAL_STATE_ENV, WAIT_HEALTHY, cluster_settings
 from roles.etcd.gate import GateResult, fio_command, judge
 from roles.etcd.pki import CertExpiry, ensure_pki, expiry_report
+from toolkit.remote import RemoteResult, run_remote
 from toolkit.spec import host_config
-from toolkit.ssh import ssh_argv
 
 ENV = "set -a; . /etc/etcd/etcdctl.env; set +a;"
 LOCAL = f"--endpoints=https://127.0.0.1:{ETCD_CLIENT_PORT} --command-timeout=3s --dial-timeout=2s"
@@ -51,34 +50,6 @@ class EtcdOperationError(RuntimeError):
 
 class EtcdRefused(EtcdOperationError):
     """Refused before anything changed (exit 2): the message names the host and what to do."""
-
-
-@dataclass
-class Remote:
-    ok: bool
-    stdout: str
-    stderr: str
-
-
-def run_on(
-    loaded: LoadedCluster,
-    host: str,
-    command: str,
-    *,
-    timeout: float = 60,
-    stdin: bytes | None = None,
-) -> Remote:
-    """One shell command on a cluster host over ssh."""
-    argv = ssh_argv(loaded, host) + [command]
-    try:
-        done = subprocess.run(argv, input=stdin, capture_output=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return Remote(False, "", f"timed out after {timeout:g}s")
-    return Remote(
-        done.returncode == 0,
-        done.stdout.decode(errors="replace"),
-        done.stderr.decode(errors="replace"),
-    )
 
 
 def members(loaded: LoadedCluster) -> list[str]:
@@ -236,7 +207,7 @@ def member_status(loaded: LoadedCluster, host: str) -> MemberStatus:
     cluster = loaded.cluster
     entry = MemberStatus(host, cluster.etcd_member(host), str(cluster.hosts[host].address), "down")
     data_dir = settings(loaded, host).data_dir
-    remote = run_on(loaded, host, status_script(data_dir), timeout=30)
+    remote = run_remote(loaded, host, status_script(data_dir), timeout=30)
     if "== end" not in remote.stdout:
         entry.state = "unreachable"
         entry.error = (remote.stderr.strip().splitlines() or ["ssh failed"])[-1]
@@ -292,7 +263,9 @@ def status(loaded: LoadedCluster) -> ClusterStatus:
     leader = next((m.name for m in entries if m.leader and m.state == "healthy"), None)
     alarms: list[str] = []
     if healthy:
-        answer = run_on(loaded, healthy[0].host, f"{ENV} etcdctl {LOCAL} alarm list", timeout=20)
+        answer = run_remote(
+            loaded, healthy[0].host, f"{ENV} etcdctl {LOCAL} alarm list", timeout=20
+        )
         alarms = [
             _name_alarm(line.strip(), entries)
             for line in answer.stdout.splitlines()
@@ -331,7 +304,7 @@ def check_disk(loaded: LoadedCluster, limit_ms: float | None = None) -> list[Gat
     def check(host: str) -> GateResult:
         cfg = settings(loaded, host)
         limit = limit_ms if limit_ms is not None else cfg.fsync_p99_max_ms
-        remote = run_on(loaded, host, fio_command(cfg.data_dir), timeout=600)
+        remote = run_remote(loaded, host, fio_command(cfg.data_dir), timeout=600)
         output = remote.stdout if remote.ok else (remote.stderr or remote.stdout)
         return judge(host, cfg.data_dir, output, remote.ok, limit, override=False)
 
@@ -354,7 +327,7 @@ class SnapshotResult:
 
 def _healthy_member(loaded: LoadedCluster) -> str:
     for host in members(loaded):
-        if run_on(loaded, host, f"{ENV} etcdctl {LOCAL} endpoint health", timeout=20).ok:
+        if run_remote(loaded, host, f"{ENV} etcdctl {LOCAL} endpoint health", timeout=20).ok:
             return host
     raise EtcdOperationError("no etcd member answers a health check: nothing to take it from")
 
@@ -377,7 +350,7 @@ def snapshot(loaded: LoadedCluster, out: Path) -> SnapshotResult:
     host = _healthy_member(loaded)
     token = command_token()
     on_host = f"{SNAPSHOT_DIR_ON_HOST}/gpuinfra-etcd-snapshot-{token}.db"
-    taken = run_on(
+    taken = run_remote(
         loaded,
         host,
         f"{ENV} umask 077; etcdctl {SNAPSHOT_LOCAL} snapshot save {on_host} >/dev/null && "
@@ -385,17 +358,17 @@ def snapshot(loaded: LoadedCluster, out: Path) -> SnapshotResult:
         timeout=1200,
     )
     if not taken.ok:
-        run_on(loaded, host, f"rm -f {on_host} {on_host}.part", timeout=60)
+        run_remote(loaded, host, f"rm -f {on_host} {on_host}.part", timeout=60)
         raise EtcdOperationError(f"{host}: snapshot failed: {taken.stderr.strip()}")
     info = _json_or_none(taken.stdout) or {}
     out.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     partial = out.with_name(f".{out.name}.{token}.partial")
     with os.fdopen(private_file(partial), "wb") as handle:
-        argv = ssh_argv(loaded, host) + [f"cat {on_host}; rc=$?; rm -f {on_host}; exit $rc"]
-        copied = subprocess.run(argv, stdout=handle, stderr=subprocess.PIPE, timeout=600)
-    if copied.returncode != 0:
+        copy = f"cat {on_host}; rc=$?; rm -f {on_host}; exit $rc"
+        copied = run_remote(loaded, host, copy, timeout=600, stdout=handle)
+    if not copied.ok:
         partial.unlink(missing_ok=True)
-        raise EtcdOperationError(f"{host}: copying the snapshot failed: {copied.stderr.decode()}")
+        raise EtcdOperationError(f"{host}: copying the snapshot failed: {copied.stderr}")
     partial.replace(out)
     return SnapshotResult(
         host,
@@ -497,15 +470,12 @@ def finish_restore_command(paths: RestorePaths) -> str:
     return f"rm -rf {kept} {staging} {snapshot}"
 
 
-def _failures(results: dict[str, object]) -> dict[str, Remote]:
+def _failures(results: dict[str, object]) -> dict[str, RemoteResult]:
     return {h: r for h, r in results.items() if not r.ok}  # type: ignore[union-attr,misc]
 
 
-def _describe(failed: dict[str, Remote]) -> str:
-    return "; ".join(
-        f"{h}: {(r.stderr.strip() or r.stdout.strip() or 'failed')[-300:]}"
-        for h, r in failed.items()
-    )
+def _describe(failed: dict[str, RemoteResult]) -> str:
+    return "; ".join(f"{h}: {r.tail()}" for h, r in failed.items())
 
 
 def data_disk(loaded: LoadedCluster, host: str) -> str | None:
@@ -519,9 +489,9 @@ def require_data_disks(loaded: LoadedCluster, hosts: list[str]) -> None:
     would be written to (or moved on) the root file system under the bare mount point."""
     with_disk = [h for h in hosts if data_disk(loaded, h)]
 
-    def mounted(host: str) -> Remote:
+    def mounted(host: str) -> RemoteResult:
         data_dir = shlex.quote(settings(loaded, host).data_dir)
-        return run_on(loaded, host, f"mountpoint -q {data_dir}", timeout=30)
+        return run_remote(loaded, host, f"mountpoint -q {data_dir}", timeout=30)
 
     answers = each(with_disk, mounted)
     for host in with_disk:
@@ -547,9 +517,9 @@ def require_api_servers_stopped(loaded: LoadedCluster) -> None:
     (a member that does not come up), the old data would come back and those writes would be
     lost without a word. kubeadm's restore procedure stops them first too."""
     nodes = loaded.cluster.in_group("control_plane")
-    answers = each(nodes, lambda h: run_on(loaded, h, API_SERVER_STATE, timeout=30))
+    answers = each(nodes, lambda h: run_remote(loaded, h, API_SERVER_STATE, timeout=30))
     for host in nodes:
-        answer: Remote = answers[host]  # type: ignore[assignment]
+        answer: RemoteResult = answers[host]  # type: ignore[assignment]
         said = answer.stdout.split()
         if not answer.ok or "checked" not in said:
             reason = (answer.stderr.strip().splitlines() or ["no answer"])[-1]
@@ -567,12 +537,12 @@ def require_api_servers_stopped(loaded: LoadedCluster) -> None:
             )
 
 
-def _start_all(loaded: LoadedCluster, hosts: list[str], timeout_s: int) -> dict[str, Remote]:
+def _start_all(loaded: LoadedCluster, hosts: list[str], timeout_s: int) -> dict[str, RemoteResult]:
     """Start every member at once (a bootstrap needs its quorum up together), then wait; the
     members that did not start or become healthy, with what they said."""
     started = each(
         hosts,
-        lambda h: run_on(
+        lambda h: run_remote(
             loaded,
             h,
             # One retry: a start can fail to spawn once under load (systemd: "Failed to spawn
@@ -611,8 +581,10 @@ def restore(
     paths = {h: RestorePaths(settings(loaded, h).data_dir, stamp) for h in hosts}
     timeout_s = settings(loaded, hosts[0]).health_timeout_s
 
-    def on_all(command_of: Callable[[str], str], timeout: float = 600) -> dict[str, Remote]:
-        return _failures(each(hosts, lambda h: run_on(loaded, h, command_of(h), timeout=timeout)))
+    def on_all(command_of: Callable[[str], str], timeout: float = 600) -> dict[str, RemoteResult]:
+        return _failures(
+            each(hosts, lambda h: run_remote(loaded, h, command_of(h), timeout=timeout))
+        )
 
     def discard_staging() -> None:
         on_all(lambda h: f"rm -rf {shlex.quote(paths[h].staging)} {shlex.quote(paths[h].snapshot)}")
@@ -621,7 +593,7 @@ def restore(
     copied = _failures(
         each(
             hosts,
-            lambda h: run_on(
+            lambda h: run_remote(
                 loaded,
                 h,
                 f"umask 077; cat > {shlex.quote(paths[h].snapshot)}",
@@ -707,7 +679,7 @@ class ReplaceResult:
 
 
 def _member_list(loaded: LoadedCluster, via: str) -> list[dict]:
-    listed = run_on(loaded, via, f"{ENV} etcdctl {LOCAL} member list -w json", timeout=30)
+    listed = run_remote(loaded, via, f"{ENV} etcdctl {LOCAL} member list -w json", timeout=30)
     data = _json_or_none(listed.stdout) if listed.ok else None
     if not data:
         raise EtcdOperationError(f"{via}: member list failed: {listed.stderr.strip()}")
@@ -783,10 +755,6 @@ def join_command() -> str:
     )
 
 
-def _tail(remote: Remote) -> str:
-    return (remote.stderr.strip() or remote.stdout.strip() or "failed")[-300:]
-
-
 def replace(
     loaded: LoadedCluster,
     host: str,
@@ -823,7 +791,7 @@ def replace(
     if host not in hosts:
         raise EtcdRefused(f"{host} is not an etcd member (members: {', '.join(hosts)})")
     others = [h for h in hosts if h != host]
-    healthy = [h for h in others if run_on(loaded, h, f"{ENV} etcdctl {LOCAL} endpoint health",
+    healthy = [h for h in others if run_remote(loaded, h, f"{ENV} etcdctl {LOCAL} endpoint health",
                                             timeout=20).ok]  # fmt: skip
     if len(healthy) < len(hosts) // 2 + 1:
         raise EtcdRefused(
@@ -846,22 +814,22 @@ def replace(
     )
     again = "run `gpuinfra etcd replace` again to finish"
 
-    stopped = run_on(loaded, host, stop_member_command(), timeout=120)
+    stopped = run_remote(loaded, host, stop_member_command(), timeout=120)
     if not stopped.ok:
         raise EtcdOperationError(
-            f"{host}: could not stop etcd ({_tail(stopped)}); nothing was changed: its data and "
+            f"{host}: could not stop etcd ({stopped.tail()}); nothing was changed: its data and "
             "its membership are as they were (not fenced)"
         )
-    aside = run_on(
+    aside = run_remote(
         loaded, host, set_aside_command(cfg.data_dir, kept, discard=discard_old_data), timeout=120
     )
     if not aside.ok:
         raise EtcdOperationError(
-            f"{host}: could not set the old data aside: {_tail(aside)}; etcd there is stopped "
+            f"{host}: could not set the old data aside: {aside.tail()}; etcd there is stopped "
             f"and fenced, {membership}, its data untouched or at {kept} (a discard may have "
             f"deleted part of it); {again}"
         )
-    gate_run = run_on(loaded, host, fio_command(cfg.data_dir), timeout=600)
+    gate_run = run_remote(loaded, host, fio_command(cfg.data_dir), timeout=600)
     gate = judge(
         host,
         cfg.data_dir,
@@ -878,10 +846,12 @@ def replace(
         )
 
     if old is not None:
-        removed = run_on(loaded, via, f"{ENV} etcdctl {LOCAL} member remove {old_id}", timeout=30)
+        removed = run_remote(
+            loaded, via, f"{ENV} etcdctl {LOCAL} member remove {old_id}", timeout=30
+        )
         if not removed.ok:
             raise EtcdOperationError(
-                f"{via}: member remove failed: {_tail(removed)}; "
+                f"{via}: member remove failed: {removed.tail()}; "
                 + _left_as_is(loaded, host, cfg.data_dir, kept, membership, discard_old_data)
             )
     removed_state = (
@@ -890,7 +860,7 @@ def replace(
         if old_id
         else f"etcd on {host} is stopped and fenced, not a member, {old_data}"
     )
-    added = run_on(
+    added = run_remote(
         loaded,
         via,
         f"{ENV} etcdctl {LOCAL} member add {name} --learner --peer-urls={peer_url} -w json",
@@ -899,7 +869,7 @@ def replace(
     learner = (_json_or_none(added.stdout) or {}).get("member") if added.ok else None
     if not learner:
         raise EtcdOperationError(
-            f"{via}: member add failed: {_tail(added)}; {removed_state}; {again}"
+            f"{via}: member add failed: {added.tail()}; {removed_state}; {again}"
         )
     new_id = format(learner["ID"], "x")
     left_behind = (
@@ -907,14 +877,14 @@ def replace(
         if discard_old_data
         else f"the old member's data is kept at {host}:{kept}"
     )
-    joined = run_on(loaded, host, join_command(), timeout=cfg.health_timeout_s + 120)
+    joined = run_remote(loaded, host, join_command(), timeout=cfg.health_timeout_s + 120)
     if not joined.ok:
         raise EtcdOperationError(
-            f"{host}: the new member (learner {new_id}) did not start: {_tail(joined)}; "
+            f"{host}: the new member (learner {new_id}) did not start: {joined.tail()}; "
             "it has no vote, the cluster's quorum is unchanged; " + left_behind
         )
     _promote(loaded, via, new_id, cfg.health_timeout_s, left_behind)
-    healthy_again = run_on(
+    healthy_again = run_remote(
         loaded, host, f"{WAIT_HEALTHY} {cfg.health_timeout_s}", timeout=cfg.health_timeout_s + 60
     )
     if not healthy_again.ok:
@@ -922,7 +892,7 @@ def replace(
             f"{host}: member {new_id} promoted but the cluster is not healthy: "
             f"{healthy_again.stderr.strip()[-300:]}; " + left_behind
         )
-    run_on(loaded, host, f"rm -rf {shlex.quote(kept)}", timeout=120)
+    run_remote(loaded, host, f"rm -rf {shlex.quote(kept)}", timeout=120)
     return ReplaceResult(name, host, old_id, new_id, gate, time.monotonic() - started)
 
 
@@ -937,7 +907,7 @@ def _left_as_is(
             f"data DISCARDED: it must not start under its old identity; run `gpuinfra etcd "
             f"replace {host} --discard-old-data` again to finish"
         )
-    back = run_on(loaded, host, put_back_command(data_dir, kept), timeout=120)
+    back = run_remote(loaded, host, put_back_command(data_dir, kept), timeout=120)
     if back.ok:
         return (
             f"etcd on {host} is stopped, not fenced, {membership}, its old data back in place "
@@ -945,7 +915,7 @@ def _left_as_is(
         )
     return (
         f"etcd on {host} is stopped and fenced (it cannot start), {membership}, its old data "
-        f"NOT put back ({_tail(back)}), kept at {kept}; run `gpuinfra etcd replace` again"
+        f"NOT put back ({back.tail()}), kept at {kept}; run `gpuinfra etcd replace` again"
     )
 
 
@@ -954,7 +924,7 @@ def _promote(loaded: LoadedCluster, via: str, member_id: str, timeout_s: int, no
     leader's log, so this asks again until it agrees or the time is up."""
     deadline = time.monotonic() + timeout_s
     while True:
-        promoted = run_on(
+        promoted = run_remote(
             loaded, via, f"{ENV} etcdctl {LOCAL} member promote {member_id}", timeout=30
         )
         if promoted.ok:

@@ -17,8 +17,6 @@ import base64
 import json
 import math
 import shlex
-import subprocess
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.context import host_contexts
@@ -35,8 +33,8 @@ from roles.kubernetes.files import (
     first_control_plane,
 )
 from roles.kubernetes.operations import binary_url, checked_download
+from toolkit.remote import RemoteRunner, run_remote
 from toolkit.spec import host_config
-from toolkit.ssh import ssh_argv
 
 KUBECTL = f"kubectl --kubeconfig {ADMIN_CONF} --request-timeout=30s"
 # The node's own API server, not admin.conf's endpoint: through the balancer, another node's API
@@ -66,35 +64,24 @@ class Outcome:
     notes: list[str] = field(default_factory=list)
 
 
-Runner = Callable[[LoadedCluster, str, str, float], tuple[bool, str]]
-
-
-def ssh_run(loaded: LoadedCluster, host: str, command: str, timeout: float) -> tuple[bool, str]:
-    """One shell command on a node; (ok, stdout or the end of stderr)."""
-    try:
-        done = subprocess.run(
-            ssh_argv(loaded, host) + [command], capture_output=True, text=True, timeout=timeout
-        )
-    except subprocess.TimeoutExpired:
-        return False, f"timed out after {timeout:g}s"
-    if done.returncode != 0:
-        return False, done.stderr.strip()[-500:] or f"exit {done.returncode}"
-    return True, done.stdout
-
-
 class Session:
     """Runs the steps of one operation in order and records them."""
 
-    def __init__(self, loaded: LoadedCluster, operation: str, runner: Runner = ssh_run):
+    def __init__(self, loaded: LoadedCluster, operation: str, runner: RemoteRunner = run_remote):
         self.loaded = loaded
         self.outcome = Outcome(operation)
         self.runner = runner
 
     def attempt(self, host: str, action: str, command: str, timeout: float = 600):
-        """Run and record one step; (ok, output) without stopping the operation."""
-        ok, output = self.runner(self.loaded, host, command, timeout)
-        self.outcome.steps.append(Step(host, action, ok, "" if ok else output))
-        return ok, output
+        """Run and record one step; (ok, stdout, or the end of stderr) without stopping the
+        operation."""
+        result = self.runner(self.loaded, host, command, timeout=timeout)
+        if result.ok:
+            self.outcome.steps.append(Step(host, action))
+            return True, result.stdout
+        said = result.stderr.strip()[-500:] or f"exit {result.exit_code}"
+        self.outcome.steps.append(Step(host, action, False, said))
+        return False, said
 
     def step(self, host: str, action: str, command: str, timeout: float = 600) -> str:
         ok, output = self.attempt(host, action, command, timeout)
@@ -155,7 +142,7 @@ def parse_nodes(text: str) -> list[NodeStatus]:
     return nodes
 
 
-def status(loaded: LoadedCluster, runner: Runner = ssh_run) -> ClusterStatus:
+def status(loaded: LoadedCluster, runner: RemoteRunner = run_remote) -> ClusterStatus:
     session = Session(loaded, "status", runner)
     first = _first(loaded)
     nodes = parse_nodes(session.step(first, "list nodes", f"{KUBECTL} get nodes -o json"))
@@ -191,7 +178,7 @@ def restart_control_plane(session: Session, host: str) -> None:
     session.step(host, "wait for /healthz", _wait(HEALTHZ))
 
 
-def renew_certificates(loaded: LoadedCluster, runner: Runner = ssh_run) -> Outcome:
+def renew_certificates(loaded: LoadedCluster, runner: RemoteRunner = run_remote) -> Outcome:
     """check-expiration, then `kubeadm certs renew all` and a control-plane restart on each
     control-plane node in turn; the next node starts only after this one answers /healthz."""
     session = Session(loaded, "certs renew", runner)
@@ -318,7 +305,7 @@ def upgrade(
     loaded: LoadedCluster,
     target: str,
     budget_percent: float = 20.0,
-    runner: Runner = ssh_run,
+    runner: RemoteRunner = run_remote,
 ) -> Outcome:
     current = loaded.cluster.versions.kubernetes
     check_upgrade_step(current, target)
@@ -396,7 +383,7 @@ def drain_command(node: str, force: bool = False) -> str:
 
 
 def remove_node(
-    loaded: LoadedCluster, node: str, force: bool = False, runner: Runner = ssh_run
+    loaded: LoadedCluster, node: str, force: bool = False, runner: RemoteRunner = run_remote
 ) -> Outcome:
     """cordon, drain, delete the Node object (on the first control-plane node), then
     `kubeadm reset` on the node itself. The first control-plane node is never removed here.

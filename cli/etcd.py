@@ -14,6 +14,7 @@ from cli.errors import UserError, changing, day2_call, load_cluster, reporting, 
 from cli.exitcodes import ExitCode
 from cli.options import BreakLockOpt, ClusterArg, FormatOpt, OutputFormat, SkipOpt
 from day2.flows import ETCD_REPLACE, ETCD_RESTORE
+from day2.steps import Flow
 
 app = typer.Typer(help="Day-2 operations on the external etcd cluster.", no_args_is_help=True)
 console = DeferredConsole(highlight=False)
@@ -43,7 +44,7 @@ def _progress(line: str) -> None:
     stderr.print(line, markup=False)
 
 
-def _skipped(flow, skip: list[str] | None) -> list[str]:
+def _skipped(flow: Flow, skip: list[str] | None) -> list[str]:
     """--skip's steps, refused (exit 2, before the lock) unless the flow may skip them."""
     try:
         return sorted(flow.check_skip(skip or ()))

@@ -10,9 +10,11 @@ from typing import Annotated
 import typer
 
 from cli.consoles import DeferredConsole
-from cli.errors import UserError, changing, day2_call, load_cluster, reporting
+from cli.errors import UserError, changing, day2_call, load_cluster, reporting, stderr
 from cli.exitcodes import ExitCode
-from cli.options import BreakLockOpt, ClusterArg, FormatOpt, OutputFormat
+from cli.options import BreakLockOpt, ClusterArg, FormatOpt, OutputFormat, SkipOpt
+from day2.flows import ETCD_REPLACE, ETCD_RESTORE
+from day2.steps import Flow
 
 app = typer.Typer(help="Day-2 operations on the external etcd cluster.", no_args_is_help=True)
 console = DeferredConsole(highlight=False)
@@ -35,6 +37,19 @@ def _json(data) -> None:
 
 def _size(value: int | None) -> str:
     return "-" if value is None else f"{value / 2**20:.1f} MiB"
+
+
+def _progress(line: str) -> None:
+    """Each step of a day-2 flow as it starts, on stderr (stdout keeps the result)."""
+    stderr.print(line, markup=False)
+
+
+def _skipped(flow: Flow, skip: list[str] | None) -> list[str]:
+    """--skip's steps, refused (exit 2, before the lock) unless the flow may skip them."""
+    try:
+        return sorted(flow.check_skip(skip or ()))
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
 
 
 def _confirm(yes: bool, question: str) -> None:
@@ -171,28 +186,35 @@ def snapshot(
         )
 
 
-@app.command()
+# The help of a flow's command ends with its steps, listed from the flow that runs them.
+RESTORE_HELP = f"""Rebuild the whole cluster from a snapshot, staged on every member first.
+
+Members are stopped and swapped only when every member staged it; the old data is kept
+until the restored cluster is healthy and put back if it does not become healthy. Refused
+(exit 2) while a kube-apiserver runs or a member's data disk is not mounted.
+
+{ETCD_RESTORE.help()}"""
+
+
+@app.command(help=RESTORE_HELP)
 def restore(
     cluster: ClusterArg,
     snapshot_file: Annotated[Path, typer.Argument(help="A snapshot from `etcd snapshot`.")],
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
+    skip: SkipOpt = None,
     break_lock: BreakLockOpt = False,
     output: FormatOpt = OutputFormat.table,
 ) -> None:
-    """Rebuild the whole cluster from a snapshot, staged on every member first.
-
-    Members are stopped and swapped only when every member staged it; the old data is kept
-    until the restored cluster is healthy and put back if it does not become healthy. Refused
-    (exit 2) while a kube-apiserver runs or a member's data disk is not mounted."""
     from day2.etcd import restore as rebuild
 
     with reporting():
         loaded = _load(cluster)
         if not snapshot_file.is_file():
             raise UserError(f"{snapshot_file}: no such snapshot file")
+        steps = _skipped(ETCD_RESTORE, skip)
     with changing(loaded, break_lock=break_lock) as loaded:
         _confirm(yes, f"Replace the data of every etcd member of {loaded.cluster.name}?")
-        result = _call(lambda: rebuild(loaded, snapshot_file))
+        result = _call(lambda: rebuild(loaded, snapshot_file, skip=steps, progress=_progress))
     if output is OutputFormat.json:
         _json(asdict(result))
     else:
@@ -204,7 +226,17 @@ def restore(
     raise typer.Exit(HEALTH_EXIT[result.health])
 
 
-@app.command("replace")
+REPLACE_HELP = f"""Replace a member by a new one on the same host, joined as a learner.
+
+The old data is set aside and deleted only once the new member is promoted and the
+cluster healthy; nothing is changed when etcd there does not stop. etcd there cannot be
+started until the new member is added (a fence drop-in). Refused (exit 2) when its data
+disk is not mounted. A failed step names itself and the state it left.
+
+{ETCD_REPLACE.help()}"""
+
+
+@app.command("replace", help=REPLACE_HELP)
 def replace_member(
     cluster: ClusterArg,
     member: Annotated[str, typer.Argument(help="The etcd host to remove and add back.")],
@@ -220,24 +252,25 @@ def replace_member(
         ),
     ] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
+    skip: SkipOpt = None,
     break_lock: BreakLockOpt = False,
     output: FormatOpt = OutputFormat.table,
 ) -> None:
-    """Replace a member by a new one on the same host, joined as a learner.
-
-    The old data is set aside and deleted only once the new member is promoted and the
-    cluster healthy; nothing is changed when etcd there does not stop. etcd there cannot be
-    started until the new member is added (a fence drop-in). Refused (exit 2) when its data
-    disk is not mounted."""
     from day2.etcd import replace
 
     with reporting():
         loaded = _load(cluster)
+        steps = _skipped(ETCD_REPLACE, skip)
     with changing(loaded, break_lock=break_lock) as loaded:
         _confirm(yes, f"Remove {member} from etcd and add it back with an empty data directory?")
         result = _call(
             lambda: replace(
-                loaded, member, override_gate=override_gate, discard_old_data=discard_old_data
+                loaded,
+                member,
+                override_gate=override_gate,
+                discard_old_data=discard_old_data,
+                skip=steps,
+                progress=_progress,
             )
         )
     if output is OutputFormat.json:

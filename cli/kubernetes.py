@@ -9,9 +9,10 @@ from typing import Annotated
 import typer
 
 from cli.consoles import DeferredConsole
-from cli.errors import UserError, changing, day2_call, load_cluster, reporting
+from cli.errors import UserError, changing, day2_call, load_cluster, reporting, stderr
 from cli.exitcodes import ExitCode
 from cli.options import BreakLockOpt, ClusterArg, FormatOpt, OutputFormat
+from day2.flows import KUBERNETES_UPGRADE
 
 app = typer.Typer(
     help="Day-2 operations on the Kubernetes cluster (kubeadm).", no_args_is_help=True
@@ -105,7 +106,15 @@ def certs_renew(
     _emit_outcome(outcome, output)
 
 
-@app.command()
+UPGRADE_HELP = f"""upgrade apply on the first control-plane node, upgrade node on the others one
+by one, then workers drained, upgraded and uncordoned in batches within the budget.
+
+A failed step names its node and the state it left.
+
+{KUBERNETES_UPGRADE.help()}"""
+
+
+@app.command(help=UPGRADE_HELP)
 def upgrade(
     cluster: ClusterArg,
     version: Annotated[str, typer.Argument(help="Target version, at most one minor ahead.")],
@@ -116,8 +125,6 @@ def upgrade(
     break_lock: BreakLockOpt = False,
     output: FormatOpt = OutputFormat.table,
 ) -> None:
-    """upgrade apply on the first control-plane node, upgrade node on the others one by one,
-    then workers drained, upgraded and uncordoned in batches within the budget."""
     from day2.kubernetes import check_upgrade_step
     from day2.kubernetes import upgrade as run_upgrade
 
@@ -129,7 +136,11 @@ def upgrade(
     _call(lambda: check_upgrade_step(loaded.cluster.versions.kubernetes, version))
     with changing(loaded, break_lock=break_lock) as loaded:
         _confirm(yes, f"Upgrade {loaded.cluster.name} to {version}?")
-        outcome = _call(lambda: run_upgrade(loaded, version, budget))
+        outcome = _call(
+            lambda: run_upgrade(
+                loaded, version, budget, progress=lambda line: stderr.print(line, markup=False)
+            )
+        )
     _emit_outcome(outcome, output)
 
 

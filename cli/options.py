@@ -119,6 +119,14 @@ FailPercentOpt = Annotated[
     float | None,
     typer.Option("--fail-percent", min=0, max=100, help="Stop batches past this failure %."),
 ]
+SkipOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--skip",
+        metavar="STEP",
+        help="Leave out a step marked (--skip) in the list above; repeat for more.",
+    ),
+]
 BreakLockOpt = Annotated[
     bool,
     typer.Option(

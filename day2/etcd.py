@@ -14,13 +14,13 @@ import json
 import os
 import secrets
 import shlex
-import subprocess
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from day2.steps import run_flow
 from engine.runner import Mode, RunOptions, run
 from inventory.model import LoadedCluster
 from inventory.topology import ETCD_CLIENT_PORT, ETCD_METRICS_PORT, ETCD_PEER_PORT, build_topology
@@ -28,8 +28,8 @@ from roles.etcd.config import EtcdConfig
 from roles.etcd.files import INITIAL_STATE_ENV, WAIT_HEALTHY, cluster_settings
 from roles.etcd.gate import GateResult, fio_command, judge
 from roles.etcd.pki import CertExpiry, ensure_pki, expiry_report
+from toolkit.remote import RemoteResult, run_remote
 from toolkit.spec import host_config
-from toolkit.ssh import ssh_argv
 
 ENV = "set -a; . /etc/etcd/etcdctl.env; set +a;"
 LOCAL = f"--endpoints=https://127.0.0.1:{ETCD_CLIENT_PORT} --command-timeout=3s --dial-timeout=2s"
@@ -51,34 +51,6 @@ class EtcdOperationError(RuntimeError):
 
 class EtcdRefused(EtcdOperationError):
     """Refused before anything changed (exit 2): the message names the host and what to do."""
-
-
-@dataclass
-class Remote:
-    ok: bool
-    stdout: str
-    stderr: str
-
-
-def run_on(
-    loaded: LoadedCluster,
-    host: str,
-    command: str,
-    *,
-    timeout: float = 60,
-    stdin: bytes | None = None,
-) -> Remote:
-    """One shell command on a cluster host over ssh."""
-    argv = ssh_argv(loaded, host) + [command]
-    try:
-        done = subprocess.run(argv, input=stdin, capture_output=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return Remote(False, "", f"timed out after {timeout:g}s")
-    return Remote(
-        done.returncode == 0,
-        done.stdout.decode(errors="replace"),
-        done.stderr.decode(errors="replace"),
-    )
 
 
 def members(loaded: LoadedCluster) -> list[str]:
@@ -236,7 +208,7 @@ def member_status(loaded: LoadedCluster, host: str) -> MemberStatus:
     cluster = loaded.cluster
     entry = MemberStatus(host, cluster.etcd_member(host), str(cluster.hosts[host].address), "down")
     data_dir = settings(loaded, host).data_dir
-    remote = run_on(loaded, host, status_script(data_dir), timeout=30)
+    remote = run_remote(loaded, host, status_script(data_dir), timeout=30)
     if "== end" not in remote.stdout:
         entry.state = "unreachable"
         entry.error = (remote.stderr.strip().splitlines() or ["ssh failed"])[-1]
@@ -292,7 +264,9 @@ def status(loaded: LoadedCluster) -> ClusterStatus:
     leader = next((m.name for m in entries if m.leader and m.state == "healthy"), None)
     alarms: list[str] = []
     if healthy:
-        answer = run_on(loaded, healthy[0].host, f"{ENV} etcdctl {LOCAL} alarm list", timeout=20)
+        answer = run_remote(
+            loaded, healthy[0].host, f"{ENV} etcdctl {LOCAL} alarm list", timeout=20
+        )
         alarms = [
             _name_alarm(line.strip(), entries)
             for line in answer.stdout.splitlines()
@@ -331,7 +305,7 @@ def check_disk(loaded: LoadedCluster, limit_ms: float | None = None) -> list[Gat
     def check(host: str) -> GateResult:
         cfg = settings(loaded, host)
         limit = limit_ms if limit_ms is not None else cfg.fsync_p99_max_ms
-        remote = run_on(loaded, host, fio_command(cfg.data_dir), timeout=600)
+        remote = run_remote(loaded, host, fio_command(cfg.data_dir), timeout=600)
         output = remote.stdout if remote.ok else (remote.stderr or remote.stdout)
         return judge(host, cfg.data_dir, output, remote.ok, limit, override=False)
 
@@ -354,7 +328,7 @@ class SnapshotResult:
 
 def _healthy_member(loaded: LoadedCluster) -> str:
     for host in members(loaded):
-        if run_on(loaded, host, f"{ENV} etcdctl {LOCAL} endpoint health", timeout=20).ok:
+        if run_remote(loaded, host, f"{ENV} etcdctl {LOCAL} endpoint health", timeout=20).ok:
             return host
     raise EtcdOperationError("no etcd member answers a health check: nothing to take it from")
 
@@ -377,7 +351,7 @@ def snapshot(loaded: LoadedCluster, out: Path) -> SnapshotResult:
     host = _healthy_member(loaded)
     token = command_token()
     on_host = f"{SNAPSHOT_DIR_ON_HOST}/gpuinfra-etcd-snapshot-{token}.db"
-    taken = run_on(
+    taken = run_remote(
         loaded,
         host,
         f"{ENV} umask 077; etcdctl {SNAPSHOT_LOCAL} snapshot save {on_host} >/dev/null && "
@@ -385,17 +359,17 @@ def snapshot(loaded: LoadedCluster, out: Path) -> SnapshotResult:
         timeout=1200,
     )
     if not taken.ok:
-        run_on(loaded, host, f"rm -f {on_host} {on_host}.part", timeout=60)
+        run_remote(loaded, host, f"rm -f {on_host} {on_host}.part", timeout=60)
         raise EtcdOperationError(f"{host}: snapshot failed: {taken.stderr.strip()}")
     info = _json_or_none(taken.stdout) or {}
     out.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     partial = out.with_name(f".{out.name}.{token}.partial")
     with os.fdopen(private_file(partial), "wb") as handle:
-        argv = ssh_argv(loaded, host) + [f"cat {on_host}; rc=$?; rm -f {on_host}; exit $rc"]
-        copied = subprocess.run(argv, stdout=handle, stderr=subprocess.PIPE, timeout=600)
-    if copied.returncode != 0:
+        copy = f"cat {on_host}; rc=$?; rm -f {on_host}; exit $rc"
+        copied = run_remote(loaded, host, copy, timeout=600, stdout=handle)
+    if not copied.ok:
         partial.unlink(missing_ok=True)
-        raise EtcdOperationError(f"{host}: copying the snapshot failed: {copied.stderr.decode()}")
+        raise EtcdOperationError(f"{host}: copying the snapshot failed: {copied.stderr}")
     partial.replace(out)
     return SnapshotResult(
         host,
@@ -497,15 +471,12 @@ def finish_restore_command(paths: RestorePaths) -> str:
     return f"rm -rf {kept} {staging} {snapshot}"
 
 
-def _failures(results: dict[str, object]) -> dict[str, Remote]:
+def _failures(results: dict[str, object]) -> dict[str, RemoteResult]:
     return {h: r for h, r in results.items() if not r.ok}  # type: ignore[union-attr,misc]
 
 
-def _describe(failed: dict[str, Remote]) -> str:
-    return "; ".join(
-        f"{h}: {(r.stderr.strip() or r.stdout.strip() or 'failed')[-300:]}"
-        for h, r in failed.items()
-    )
+def _describe(failed: dict[str, RemoteResult]) -> str:
+    return "; ".join(f"{h}: {r.tail()}" for h, r in failed.items())
 
 
 def data_disk(loaded: LoadedCluster, host: str) -> str | None:
@@ -519,9 +490,9 @@ def require_data_disks(loaded: LoadedCluster, hosts: list[str]) -> None:
     would be written to (or moved on) the root file system under the bare mount point."""
     with_disk = [h for h in hosts if data_disk(loaded, h)]
 
-    def mounted(host: str) -> Remote:
+    def mounted(host: str) -> RemoteResult:
         data_dir = shlex.quote(settings(loaded, host).data_dir)
-        return run_on(loaded, host, f"mountpoint -q {data_dir}", timeout=30)
+        return run_remote(loaded, host, f"mountpoint -q {data_dir}", timeout=30)
 
     answers = each(with_disk, mounted)
     for host in with_disk:
@@ -547,9 +518,9 @@ def require_api_servers_stopped(loaded: LoadedCluster) -> None:
     (a member that does not come up), the old data would come back and those writes would be
     lost without a word. kubeadm's restore procedure stops them first too."""
     nodes = loaded.cluster.in_group("control_plane")
-    answers = each(nodes, lambda h: run_on(loaded, h, API_SERVER_STATE, timeout=30))
+    answers = each(nodes, lambda h: run_remote(loaded, h, API_SERVER_STATE, timeout=30))
     for host in nodes:
-        answer: Remote = answers[host]  # type: ignore[assignment]
+        answer: RemoteResult = answers[host]  # type: ignore[assignment]
         said = answer.stdout.split()
         if not answer.ok or "checked" not in said:
             reason = (answer.stderr.strip().splitlines() or ["no answer"])[-1]
@@ -567,12 +538,12 @@ def require_api_servers_stopped(loaded: LoadedCluster) -> None:
             )
 
 
-def _start_all(loaded: LoadedCluster, hosts: list[str], timeout_s: int) -> dict[str, Remote]:
+def _start_all(loaded: LoadedCluster, hosts: list[str], timeout_s: int) -> dict[str, RemoteResult]:
     """Start every member at once (a bootstrap needs its quorum up together), then wait; the
     members that did not start or become healthy, with what they said."""
     started = each(
         hosts,
-        lambda h: run_on(
+        lambda h: run_remote(
             loaded,
             h,
             # One retry: a start can fail to spawn once under load (systemd: "Failed to spawn
@@ -585,10 +556,44 @@ def _start_all(loaded: LoadedCluster, hosts: list[str], timeout_s: int) -> dict[
     return _failures(started)
 
 
+@dataclass
+class RestoreRun:
+    """One `etcd restore`: the snapshot, the members and where each works."""
+
+    loaded: LoadedCluster
+    snapshot_path: Path
+    stamp: str
+    hosts: list[str] = field(default_factory=list)
+    paths: dict[str, RestorePaths] = field(default_factory=dict)
+
+    def on_all(self, command_of: Callable[[str], str], timeout: float = 600):
+        """The same kind of command on every member at once: the members where it failed."""
+        return _failures(
+            each(self.hosts, lambda h: run_remote(self.loaded, h, command_of(h), timeout=timeout))
+        )
+
+    def discard_staging(self) -> None:
+        self.on_all(
+            lambda h: (
+                f"rm -rf {shlex.quote(self.paths[h].staging)} {shlex.quote(self.paths[h].snapshot)}"
+            )
+        )
+
+    @property
+    def timeout_s(self) -> int:
+        return settings(self.loaded, self.hosts[0]).health_timeout_s
+
+
 def restore(
-    loaded: LoadedCluster, snapshot_path: Path, *, stamp: str | None = None
+    loaded: LoadedCluster,
+    snapshot_path: Path,
+    *,
+    stamp: str | None = None,
+    skip: Iterable[str] = (),
+    progress: Callable[[str], None] | None = None,
 ) -> RestoreResult:
-    """Rebuild the whole cluster from a snapshot, never leaving a member without its data:
+    """Rebuild the whole cluster from a snapshot, never leaving a member without its data (the
+    steps of `day2.flows.ETCD_RESTORE`):
 
     1. copy the snapshot to every member and stage its restore into a new data directory on
        EVERY member while etcd still runs; any failure: staging removed, nothing else changed;
@@ -600,97 +605,115 @@ def restore(
     or a kube-apiserver runs or is set to run (asked again just before the members stop): a
     rollback must never drop writes the restored cluster took.
     """
-    if not snapshot_path.is_file():
-        raise EtcdRefused(f"{snapshot_path}: no such snapshot file")
+    from day2.flows import ETCD_RESTORE
+
     started = time.monotonic()
-    hosts = members(loaded)
-    require_data_disks(loaded, hosts)
-    require_api_servers_stopped(loaded)
-    stamp = stamp or command_token()
-    topology = build_topology(loaded.cluster)
-    paths = {h: RestorePaths(settings(loaded, h).data_dir, stamp) for h in hosts}
-    timeout_s = settings(loaded, hosts[0]).health_timeout_s
-
-    def on_all(command_of: Callable[[str], str], timeout: float = 600) -> dict[str, Remote]:
-        return _failures(each(hosts, lambda h: run_on(loaded, h, command_of(h), timeout=timeout)))
-
-    def discard_staging() -> None:
-        on_all(lambda h: f"rm -rf {shlex.quote(paths[h].staging)} {shlex.quote(paths[h].snapshot)}")
-
-    data = snapshot_path.read_bytes()
-    copied = _failures(
-        each(
-            hosts,
-            lambda h: run_on(
-                loaded,
-                h,
-                f"umask 077; cat > {shlex.quote(paths[h].snapshot)}",
-                stdin=data,
-                timeout=600,
-            ),
-        )
+    job = RestoreRun(loaded, snapshot_path, stamp or command_token())
+    run_flow(ETCD_RESTORE, job, error=EtcdOperationError, skip=skip, progress=progress)
+    return RestoreResult(
+        str(snapshot_path), job.hosts, time.monotonic() - started, status(loaded).health, job.stamp
     )
+
+
+def restore_preflight(job: RestoreRun) -> None:
+    if not job.snapshot_path.is_file():
+        raise EtcdRefused(f"{job.snapshot_path}: no such snapshot file")
+    job.hosts = members(job.loaded)
+    require_data_disks(job.loaded, job.hosts)
+    require_api_servers_stopped(job.loaded)
+    job.paths = {h: RestorePaths(settings(job.loaded, h).data_dir, job.stamp) for h in job.hosts}
+
+
+def restore_copy(job: RestoreRun) -> None:
+    data = job.snapshot_path.read_bytes()
+
+    def copy(host: str) -> RemoteResult:
+        target = shlex.quote(job.paths[host].snapshot)
+        return run_remote(job.loaded, host, f"umask 077; cat > {target}", stdin=data, timeout=600)
+
+    copied = _failures(each(job.hosts, copy))
     if copied:
-        discard_staging()
-        raise EtcdOperationError(
-            f"could not copy the snapshot to {_describe(copied)}; nothing was changed"
-        )
+        raise EtcdOperationError(f"could not copy the snapshot to {_describe(copied)}")
+
+
+def restore_left_unchanged(job: RestoreRun) -> str:
+    job.discard_staging()
+    return "nothing was changed"
+
+
+def restore_stage(job: RestoreRun) -> None:
+    loaded = job.loaded
+    topology = build_topology(loaded.cluster)
 
     def stage(host: str) -> str:
         address = str(loaded.cluster.hosts[host].address)
         return stage_restore_command(
-            paths[host],
+            job.paths[host],
             name=loaded.cluster.etcd_member(host),
             initial_cluster=topology.etcd_initial_cluster,
             token=f"{loaded.cluster.name}-etcd",
             peer_url=f"https://{address}:{ETCD_PEER_PORT}",
         )
 
-    staged = on_all(stage)
+    staged = job.on_all(stage)
     if staged:
-        discard_staging()
+        raise EtcdOperationError(f"staging the restore failed on {_describe(staged)}")
+
+
+def restore_left_unstaged(job: RestoreRun) -> str:
+    job.discard_staging()
+    return "nothing was stopped or changed on any member (staged copies removed)"
+
+
+def restore_recheck(job: RestoreRun) -> None:
+    require_api_servers_stopped(job.loaded)  # again, now that the staging took its time
+
+
+def restore_left_unstaged_quietly(job: RestoreRun) -> str:
+    job.discard_staging()
+    return ""  # the refusal says already that nothing was changed
+
+
+def restore_stop(job: RestoreRun) -> None:
+    stopped = job.on_all(lambda h: "systemctl stop etcd", timeout=120)
+    if stopped:
+        raise EtcdOperationError(f"restore failed, could not stop etcd on {_describe(stopped)}")
+
+
+def restore_swap(job: RestoreRun) -> None:
+    swapped = job.on_all(lambda h: swap_restore_command(job.paths[h]))
+    if swapped:
+        raise EtcdOperationError(f"restore failed, the swap failed on {_describe(swapped)}")
+
+
+def restore_start(job: RestoreRun) -> None:
+    unhealthy = _start_all(job.loaded, job.hosts, job.timeout_s)
+    if unhealthy:
         raise EtcdOperationError(
-            f"staging the restore failed on {_describe(staged)}; nothing was stopped or changed "
-            "on any member (staged copies removed)"
+            "restore failed, the restored cluster did not become healthy: " + _describe(unhealthy)
         )
 
-    def roll_back(why: str) -> EtcdOperationError:
-        stopped = on_all(lambda h: "systemctl stop etcd", timeout=120)
-        reverted = on_all(lambda h: rollback_restore_command(paths[h]))
-        not_back = _start_all(loaded, hosts, timeout_s)
-        on_all(lambda h: f"rm -f {shlex.quote(paths[h].snapshot)}")
-        if reverted:
-            kept = paths[next(iter(reverted))].kept
-            outcome = (
-                f"the rollback failed on {_describe(reverted)} (old data left at {kept} there)"
-            )
-        elif stopped or not_back:
-            outcome = (
-                "rolled back: every member's old data is back in place, but the cluster is NOT "
-                f"healthy: {_describe({**stopped, **not_back})}"
-            )
-        else:
-            outcome = "rolled back: every member's old data is back in place, cluster healthy"
-        return EtcdOperationError(f"restore failed, {why}; {outcome}")
 
-    try:  # again, now that the staging took its time: nothing is stopped yet
-        require_api_servers_stopped(loaded)
-    except EtcdRefused:
-        discard_staging()
-        raise
-    stopped = on_all(lambda h: "systemctl stop etcd", timeout=120)
-    if stopped:
-        raise roll_back(f"could not stop etcd on {_describe(stopped)}")
-    swapped = on_all(lambda h: swap_restore_command(paths[h]))
-    if swapped:
-        raise roll_back(f"the swap failed on {_describe(swapped)}")
-    unhealthy = _start_all(loaded, hosts, timeout_s)
-    if unhealthy:
-        raise roll_back(f"the restored cluster did not become healthy: {_describe(unhealthy)}")
-    on_all(lambda h: finish_restore_command(paths[h]))
-    return RestoreResult(
-        str(snapshot_path), hosts, time.monotonic() - started, status(loaded).health, stamp
-    )
+def restore_roll_back(job: RestoreRun) -> str:
+    """Every member stopped, its old data back where the swap happened, every member started
+    again; what came of it."""
+    stopped = job.on_all(lambda h: "systemctl stop etcd", timeout=120)
+    reverted = job.on_all(lambda h: rollback_restore_command(job.paths[h]))
+    not_back = _start_all(job.loaded, job.hosts, job.timeout_s)
+    job.on_all(lambda h: f"rm -f {shlex.quote(job.paths[h].snapshot)}")
+    if reverted:
+        kept = job.paths[next(iter(reverted))].kept
+        return f"the rollback failed on {_describe(reverted)} (old data left at {kept} there)"
+    if stopped or not_back:
+        return (
+            "rolled back: every member's old data is back in place, but the cluster is NOT "
+            f"healthy: {_describe({**stopped, **not_back})}"
+        )
+    return "rolled back: every member's old data is back in place, cluster healthy"
+
+
+def restore_clean_up(job: RestoreRun) -> None:
+    job.on_all(lambda h: finish_restore_command(job.paths[h]))
 
 
 # ---------------------------------------------------------------- replace
@@ -707,7 +730,7 @@ class ReplaceResult:
 
 
 def _member_list(loaded: LoadedCluster, via: str) -> list[dict]:
-    listed = run_on(loaded, via, f"{ENV} etcdctl {LOCAL} member list -w json", timeout=30)
+    listed = run_remote(loaded, via, f"{ENV} etcdctl {LOCAL} member list -w json", timeout=30)
     data = _json_or_none(listed.stdout) if listed.ok else None
     if not data:
         raise EtcdOperationError(f"{via}: member list failed: {listed.stderr.strip()}")
@@ -783,8 +806,32 @@ def join_command() -> str:
     )
 
 
-def _tail(remote: Remote) -> str:
-    return (remote.stderr.strip() or remote.stdout.strip() or "failed")[-300:]
+@dataclass
+class ReplaceRun:
+    """One `etcd replace`: what it was asked, and what its steps learn on the way."""
+
+    loaded: LoadedCluster
+    host: str
+    override_gate: bool
+    discard_old_data: bool
+    stamp: str
+    via: str = ""  # a healthy member that answers for the cluster
+    name: str = ""
+    peer_url: str = ""
+    data_dir: str = ""
+    kept: str = ""  # where the old data is set aside
+    old_id: str | None = None  # the old member's id; None: not a member any more
+    members: int = 0
+    new_id: str | None = None
+    gate: GateResult | None = None
+
+    @property
+    def cfg(self) -> EtcdConfig:
+        return settings(self.loaded, self.host)
+
+    @property
+    def membership(self) -> str:
+        return f"still member {self.old_id} of the cluster" if self.old_id else "not a member"
 
 
 def replace(
@@ -794,9 +841,12 @@ def replace(
     override_gate: bool = False,
     discard_old_data: bool = False,
     stamp: str | None = None,
+    skip: Iterable[str] = (),
+    progress: Callable[[str], None] | None = None,
 ) -> ReplaceResult:
     """Replace a member with a new one on the same host (name, address and certificates kept)
-    and an empty data directory, in the order etcd supports safely:
+    and an empty data directory, in the order etcd supports safely (the steps of
+    `day2.flows.ETCD_REPLACE`):
 
     fence etcd there (it cannot be started until the new member is added) and stop it (its
     data is touched only once the stop succeeded), set its data aside (renamed, deleted only
@@ -811,161 +861,205 @@ def replace(
     a full disk). A failure after that leaves the member fenced: it has no data to start with.
 
     Refused (EtcdRefused) before anything changes when its data disk is not mounted. Each
-    failure says what state the member is in: running or stopped, fenced or not, still a
-    member of the cluster or removed, its old data in place, kept aside or discarded; running
-    `etcd replace` again finishes the job from any of them.
+    failure names its step and says what state the member is in: running or stopped, fenced or
+    not, still a member of the cluster or removed, its old data in place, kept aside or
+    discarded; running `etcd replace` again finishes the job from any of them.
 
     A rebuilt host: run `gpuinfra apply --roles etcd --limit HOST` first; that installs etcd
     without starting it as a new cluster once this has run.
     """
+    from day2.flows import ETCD_REPLACE
+
     started = time.monotonic()
+    stamp = stamp or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    job = ReplaceRun(loaded, host, override_gate, discard_old_data, stamp)
+    run_flow(ETCD_REPLACE, job, error=EtcdOperationError, skip=skip, progress=progress)
+    return ReplaceResult(
+        job.name, host, job.old_id, job.new_id, job.gate, time.monotonic() - started
+    )
+
+
+_AGAIN = "run `gpuinfra etcd replace` again to finish"
+
+
+def replace_preflight(job: ReplaceRun) -> None:
+    loaded, host = job.loaded, job.host
     hosts = members(loaded)
     if host not in hosts:
         raise EtcdRefused(f"{host} is not an etcd member (members: {', '.join(hosts)})")
     others = [h for h in hosts if h != host]
-    healthy = [h for h in others if run_on(loaded, h, f"{ENV} etcdctl {LOCAL} endpoint health",
-                                            timeout=20).ok]  # fmt: skip
+    health = f"{ENV} etcdctl {LOCAL} endpoint health"
+    healthy = [h for h in others if run_remote(loaded, h, health, timeout=20).ok]
     if len(healthy) < len(hosts) // 2 + 1:
         raise EtcdRefused(
             f"only {len(healthy)} other members are healthy: a replacement needs a quorum "
             f"({len(hosts) // 2 + 1}) without {host}; restore from a snapshot instead"
         )
     require_data_disks(loaded, [host])
-    via = healthy[0]
-    name = loaded.cluster.etcd_member(host)
-    peer_url = f"https://{loaded.cluster.hosts[host].address}:{ETCD_PEER_PORT}"
-    cfg = settings(loaded, host)
-    stamp = stamp or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    kept = f"{cfg.data_dir}/member.before-replace-{stamp}"
-    old = next((m for m in _member_list(loaded, via)
-                if m.get("name") == name or peer_url in m.get("peerURLs", [])), None)  # fmt: skip
-    old_id = format(old["ID"], "x") if old else None
-    membership = f"still member {old_id} of the cluster" if old_id else "not a member"
-    old_data = (
-        "its old data DISCARDED" if discard_old_data else f"its old data kept at {host}:{kept}"
-    )
-    again = "run `gpuinfra etcd replace` again to finish"
+    job.via, job.members = healthy[0], len(hosts)
+    job.name = loaded.cluster.etcd_member(host)
+    job.peer_url = f"https://{loaded.cluster.hosts[host].address}:{ETCD_PEER_PORT}"
+    job.data_dir = job.cfg.data_dir
+    job.kept = f"{job.data_dir}/member.before-replace-{job.stamp}"
+    old = next((m for m in _member_list(loaded, job.via)
+                if m.get("name") == job.name or job.peer_url in m.get("peerURLs", [])),
+               None)  # fmt: skip
+    job.old_id = format(old["ID"], "x") if old else None
 
-    stopped = run_on(loaded, host, stop_member_command(), timeout=120)
+
+def replace_stop(job: ReplaceRun) -> None:
+    stopped = run_remote(job.loaded, job.host, stop_member_command(), timeout=120)
     if not stopped.ok:
-        raise EtcdOperationError(
-            f"{host}: could not stop etcd ({_tail(stopped)}); nothing was changed: its data and "
-            "its membership are as they were (not fenced)"
-        )
-    aside = run_on(
-        loaded, host, set_aside_command(cfg.data_dir, kept, discard=discard_old_data), timeout=120
-    )
+        raise EtcdOperationError(f"{job.host}: could not stop etcd ({stopped.tail()})")
+
+
+def replace_left_unchanged(job: ReplaceRun) -> str:
+    return "nothing was changed: its data and its membership are as they were (not fenced)"
+
+
+def replace_set_aside(job: ReplaceRun) -> None:
+    command = set_aside_command(job.data_dir, job.kept, discard=job.discard_old_data)
+    aside = run_remote(job.loaded, job.host, command, timeout=120)
     if not aside.ok:
-        raise EtcdOperationError(
-            f"{host}: could not set the old data aside: {_tail(aside)}; etcd there is stopped "
-            f"and fenced, {membership}, its data untouched or at {kept} (a discard may have "
-            f"deleted part of it); {again}"
-        )
-    gate_run = run_on(loaded, host, fio_command(cfg.data_dir), timeout=600)
-    gate = judge(
-        host,
-        cfg.data_dir,
+        raise EtcdOperationError(f"{job.host}: could not set the old data aside: {aside.tail()}")
+
+
+def replace_left_set_aside(job: ReplaceRun) -> str:
+    return (
+        f"etcd there is stopped and fenced, {job.membership}, its data untouched or at "
+        f"{job.kept} (a discard may have deleted part of it); {_AGAIN}"
+    )
+
+
+def replace_gate(job: ReplaceRun) -> None:
+    cfg = job.cfg
+    gate_run = run_remote(job.loaded, job.host, fio_command(job.data_dir), timeout=600)
+    job.gate = judge(
+        job.host,
+        job.data_dir,
         gate_run.stdout if gate_run.ok else gate_run.stderr,
         gate_run.ok,
         cfg.fsync_p99_max_ms,
-        override_gate or cfg.disk_gate_override,
+        job.override_gate or cfg.disk_gate_override,
     )
-    if gate.status in ("fail", "error"):
-        raise EtcdOperationError(
-            f"{host}: disk gate: {gate.detail}; "
-            + _left_as_is(loaded, host, cfg.data_dir, kept, membership, discard_old_data)
-            + ": fix the disk or pass --override-gate"
-        )
-
-    if old is not None:
-        removed = run_on(loaded, via, f"{ENV} etcdctl {LOCAL} member remove {old_id}", timeout=30)
-        if not removed.ok:
-            raise EtcdOperationError(
-                f"{via}: member remove failed: {_tail(removed)}; "
-                + _left_as_is(loaded, host, cfg.data_dir, kept, membership, discard_old_data)
-            )
-    removed_state = (
-        f"etcd on {host} is stopped and fenced, member {old_id} removed (the cluster has "
-        f"{len(others)} members), {old_data}"
-        if old_id
-        else f"etcd on {host} is stopped and fenced, not a member, {old_data}"
-    )
-    added = run_on(
-        loaded,
-        via,
-        f"{ENV} etcdctl {LOCAL} member add {name} --learner --peer-urls={peer_url} -w json",
-        timeout=30,
-    )
-    learner = (_json_or_none(added.stdout) or {}).get("member") if added.ok else None
-    if not learner:
-        raise EtcdOperationError(
-            f"{via}: member add failed: {_tail(added)}; {removed_state}; {again}"
-        )
-    new_id = format(learner["ID"], "x")
-    left_behind = (
-        "the old member's data was discarded"
-        if discard_old_data
-        else f"the old member's data is kept at {host}:{kept}"
-    )
-    joined = run_on(loaded, host, join_command(), timeout=cfg.health_timeout_s + 120)
-    if not joined.ok:
-        raise EtcdOperationError(
-            f"{host}: the new member (learner {new_id}) did not start: {_tail(joined)}; "
-            "it has no vote, the cluster's quorum is unchanged; " + left_behind
-        )
-    _promote(loaded, via, new_id, cfg.health_timeout_s, left_behind)
-    healthy_again = run_on(
-        loaded, host, f"{WAIT_HEALTHY} {cfg.health_timeout_s}", timeout=cfg.health_timeout_s + 60
-    )
-    if not healthy_again.ok:
-        raise EtcdOperationError(
-            f"{host}: member {new_id} promoted but the cluster is not healthy: "
-            f"{healthy_again.stderr.strip()[-300:]}; " + left_behind
-        )
-    run_on(loaded, host, f"rm -rf {shlex.quote(kept)}", timeout=120)
-    return ReplaceResult(name, host, old_id, new_id, gate, time.monotonic() - started)
+    if job.gate.status in ("fail", "error"):
+        raise EtcdOperationError(f"{job.host}: disk gate: {job.gate.detail}")
 
 
-def _left_as_is(
-    loaded: LoadedCluster, host: str, data_dir: str, kept: str, membership: str, discarded: bool
-) -> str:
+def replace_left_gate(job: ReplaceRun) -> str:
+    return replace_left_as_is(job) + ": fix the disk or pass --override-gate"
+
+
+def replace_remove(job: ReplaceRun) -> None:
+    if job.old_id is None:
+        return  # removed by an earlier run that stopped after it
+    command = f"{ENV} etcdctl {LOCAL} member remove {job.old_id}"
+    removed = run_remote(job.loaded, job.via, command, timeout=30)
+    if not removed.ok:
+        raise EtcdOperationError(f"{job.via}: member remove failed: {removed.tail()}")
+
+
+def replace_left_as_is(job: ReplaceRun) -> str:
     """The member's state when the replace stops before the old member is removed: its old
     data put back and the fence lifted where there is data, else fenced, as it is."""
-    if discarded:
+    host = job.host
+    if job.discard_old_data:
         return (
-            f"etcd on {host} is stopped and fenced (it cannot start), {membership}, its old "
+            f"etcd on {host} is stopped and fenced (it cannot start), {job.membership}, its old "
             f"data DISCARDED: it must not start under its old identity; run `gpuinfra etcd "
             f"replace {host} --discard-old-data` again to finish"
         )
-    back = run_on(loaded, host, put_back_command(data_dir, kept), timeout=120)
+    back = run_remote(job.loaded, host, put_back_command(job.data_dir, job.kept), timeout=120)
     if back.ok:
         return (
-            f"etcd on {host} is stopped, not fenced, {membership}, its old data back in place "
-            "(`systemctl start etcd` there brings it back as it was)"
+            f"etcd on {host} is stopped, not fenced, {job.membership}, its old data back in "
+            "place (`systemctl start etcd` there brings it back as it was)"
         )
     return (
-        f"etcd on {host} is stopped and fenced (it cannot start), {membership}, its old data "
-        f"NOT put back ({_tail(back)}), kept at {kept}; run `gpuinfra etcd replace` again"
+        f"etcd on {host} is stopped and fenced (it cannot start), {job.membership}, its old "
+        f"data NOT put back ({back.tail()}), kept at {job.kept}; run `gpuinfra etcd replace` "
+        "again"
     )
 
 
-def _promote(loaded: LoadedCluster, via: str, member_id: str, timeout_s: int, note: str) -> None:
-    """Promote a learner to a voter; etcd refuses until the learner has caught up with the
-    leader's log, so this asks again until it agrees or the time is up."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        promoted = run_on(
-            loaded, via, f"{ENV} etcdctl {LOCAL} member promote {member_id}", timeout=30
+def replace_add(job: ReplaceRun) -> None:
+    command = (
+        f"{ENV} etcdctl {LOCAL} member add {job.name} --learner --peer-urls={job.peer_url} -w json"
+    )
+    added = run_remote(job.loaded, job.via, command, timeout=30)
+    learner = (_json_or_none(added.stdout) or {}).get("member") if added.ok else None
+    if not learner:
+        raise EtcdOperationError(f"{job.via}: member add failed: {added.tail()}")
+    job.new_id = format(learner["ID"], "x")
+
+
+def replace_left_removed(job: ReplaceRun) -> str:
+    old_data = (
+        "its old data DISCARDED"
+        if job.discard_old_data
+        else f"its old data kept at {job.host}:{job.kept}"
+    )
+    if job.old_id:
+        state = (
+            f"etcd on {job.host} is stopped and fenced, member {job.old_id} removed (the "
+            f"cluster has {job.members - 1} members), {old_data}"
         )
+    else:
+        state = f"etcd on {job.host} is stopped and fenced, not a member, {old_data}"
+    return f"{state}; {_AGAIN}"
+
+
+def replace_start(job: ReplaceRun) -> None:
+    timeout_s = job.cfg.health_timeout_s
+    joined = run_remote(job.loaded, job.host, join_command(), timeout=timeout_s + 120)
+    if not joined.ok:
+        raise EtcdOperationError(
+            f"{job.host}: the new member (learner {job.new_id}) did not start: {joined.tail()}"
+        )
+
+
+def replace_left_behind(job: ReplaceRun) -> str:
+    if job.discard_old_data:
+        return "the old member's data was discarded"
+    return f"the old member's data is kept at {job.host}:{job.kept}"
+
+
+def replace_left_learner(job: ReplaceRun) -> str:
+    return "it has no vote, the cluster's quorum is unchanged; " + replace_left_behind(job)
+
+
+def replace_promote(job: ReplaceRun) -> None:
+    """Promote the learner to a voter; etcd refuses until the learner has caught up with the
+    leader's log, so this asks again until it agrees or the time is up."""
+    timeout_s = job.cfg.health_timeout_s
+    deadline = time.monotonic() + timeout_s
+    command = f"{ENV} etcdctl {LOCAL} member promote {job.new_id}"
+    while True:
+        promoted = run_remote(job.loaded, job.via, command, timeout=30)
         if promoted.ok:
             return
         if time.monotonic() > deadline:
             raise EtcdOperationError(
-                f"{via}: learner {member_id} not promoted after {timeout_s}s: "
-                f"{promoted.stderr.strip()[-300:]}; it has no vote, the cluster's quorum is "
-                "unchanged; " + note
+                f"{job.via}: learner {job.new_id} not promoted after {timeout_s}s: "
+                f"{promoted.stderr.strip()[-300:]}"
             )
         time.sleep(2)
+
+
+def replace_wait(job: ReplaceRun) -> None:
+    timeout_s = job.cfg.health_timeout_s
+    healthy = run_remote(
+        job.loaded, job.host, f"{WAIT_HEALTHY} {timeout_s}", timeout=timeout_s + 60
+    )
+    if not healthy.ok:
+        raise EtcdOperationError(
+            f"{job.host}: member {job.new_id} promoted but the cluster is not healthy: "
+            f"{healthy.stderr.strip()[-300:]}"
+        )
+
+
+def replace_clean_up(job: ReplaceRun) -> None:
+    run_remote(job.loaded, job.host, f"rm -rf {shlex.quote(job.kept)}", timeout=120)
 
 
 # ---------------------------------------------------------------- certificate rotation

@@ -17,10 +17,10 @@ import base64
 import json
 import math
 import shlex
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from day2.steps import run_flow
 from engine.context import host_contexts
 from engine.runner import Mode, RunOptions, run
 from inventory.model import LoadedCluster
@@ -35,8 +35,8 @@ from roles.kubernetes.files import (
     first_control_plane,
 )
 from roles.kubernetes.operations import binary_url, checked_download
+from toolkit.remote import RemoteRunner, run_remote
 from toolkit.spec import host_config
-from toolkit.ssh import ssh_argv
 
 KUBECTL = f"kubectl --kubeconfig {ADMIN_CONF} --request-timeout=30s"
 # The node's own API server, not admin.conf's endpoint: through the balancer, another node's API
@@ -66,35 +66,24 @@ class Outcome:
     notes: list[str] = field(default_factory=list)
 
 
-Runner = Callable[[LoadedCluster, str, str, float], tuple[bool, str]]
-
-
-def ssh_run(loaded: LoadedCluster, host: str, command: str, timeout: float) -> tuple[bool, str]:
-    """One shell command on a node; (ok, stdout or the end of stderr)."""
-    try:
-        done = subprocess.run(
-            ssh_argv(loaded, host) + [command], capture_output=True, text=True, timeout=timeout
-        )
-    except subprocess.TimeoutExpired:
-        return False, f"timed out after {timeout:g}s"
-    if done.returncode != 0:
-        return False, done.stderr.strip()[-500:] or f"exit {done.returncode}"
-    return True, done.stdout
-
-
 class Session:
     """Runs the steps of one operation in order and records them."""
 
-    def __init__(self, loaded: LoadedCluster, operation: str, runner: Runner = ssh_run):
+    def __init__(self, loaded: LoadedCluster, operation: str, runner: RemoteRunner = run_remote):
         self.loaded = loaded
         self.outcome = Outcome(operation)
         self.runner = runner
 
     def attempt(self, host: str, action: str, command: str, timeout: float = 600):
-        """Run and record one step; (ok, output) without stopping the operation."""
-        ok, output = self.runner(self.loaded, host, command, timeout)
-        self.outcome.steps.append(Step(host, action, ok, "" if ok else output))
-        return ok, output
+        """Run and record one step; (ok, stdout, or the end of stderr) without stopping the
+        operation."""
+        result = self.runner(self.loaded, host, command, timeout=timeout)
+        if result.ok:
+            self.outcome.steps.append(Step(host, action))
+            return True, result.stdout
+        said = result.stderr.strip()[-500:] or f"exit {result.exit_code}"
+        self.outcome.steps.append(Step(host, action, False, said))
+        return False, said
 
     def step(self, host: str, action: str, command: str, timeout: float = 600) -> str:
         ok, output = self.attempt(host, action, command, timeout)
@@ -155,7 +144,7 @@ def parse_nodes(text: str) -> list[NodeStatus]:
     return nodes
 
 
-def status(loaded: LoadedCluster, runner: Runner = ssh_run) -> ClusterStatus:
+def status(loaded: LoadedCluster, runner: RemoteRunner = run_remote) -> ClusterStatus:
     session = Session(loaded, "status", runner)
     first = _first(loaded)
     nodes = parse_nodes(session.step(first, "list nodes", f"{KUBECTL} get nodes -o json"))
@@ -191,7 +180,7 @@ def restart_control_plane(session: Session, host: str) -> None:
     session.step(host, "wait for /healthz", _wait(HEALTHZ))
 
 
-def renew_certificates(loaded: LoadedCluster, runner: Runner = ssh_run) -> Outcome:
+def renew_certificates(loaded: LoadedCluster, runner: RemoteRunner = run_remote) -> Outcome:
     """check-expiration, then `kubeadm certs renew all` and a control-plane restart on each
     control-plane node in turn; the next node starts only after this one answers /healthz."""
     session = Session(loaded, "certs renew", runner)
@@ -314,65 +303,124 @@ def upgrade_flags(
     return checks, phases
 
 
+@dataclass
+class UpgradeRun:
+    """One `kubernetes upgrade`: the session that records each command, and the plan."""
+
+    session: Session
+    tag: str
+    coredns: str | None
+    first: str
+    control_plane: list[str]
+    workers: list[str]
+    budget_percent: float
+
+    @property
+    def loaded(self) -> LoadedCluster:
+        return self.session.loaded
+
+
 def upgrade(
     loaded: LoadedCluster,
     target: str,
     budget_percent: float = 20.0,
-    runner: Runner = ssh_run,
+    runner: RemoteRunner = run_remote,
+    progress: Callable[[str], None] | None = None,
 ) -> Outcome:
+    """The steps of `day2.flows.KUBERNETES_UPGRADE`; the first command that fails stops it
+    with its node and step named, the nodes after it untouched."""
+    from day2.flows import KUBERNETES_UPGRADE
+
     current = loaded.cluster.versions.kubernetes
     check_upgrade_step(current, target)
     version = KubernetesVersion.parse(target)
-    tag = version.tag
-    session = Session(loaded, f"upgrade {current} -> {tag}", runner)
+    session = Session(loaded, f"upgrade {current} -> {version.tag}", runner)
     cluster = loaded.cluster
     first = _first(loaded)
-    control_plane = cluster.in_group("control_plane")
-    workers = cluster.in_group("gpu_worker") + cluster.in_group("cpu_worker")
+    job = UpgradeRun(
+        session,
+        version.tag,
+        pinned_coredns(loaded, first),
+        first,
+        cluster.in_group("control_plane"),
+        cluster.in_group("gpu_worker") + cluster.in_group("cpu_worker"),
+        budget_percent,
+    )
+    run_flow(KUBERNETES_UPGRADE, job, error=KubernetesOperationError, progress=progress)
+    notes = session.outcome.notes
+    notes.append(
+        f"set versions.kubernetes: {version.plain} in the inventory so apply keeps this version"
+    )
+    if job.coredns is not None:
+        notes.append(f"CoreDNS stays at {job.coredns}, as kubernetes.coredns_image_tag pins it")
+    return session.outcome
 
+
+# kubeadm keeps no patches in the cluster: named again, the directory's kubelet patch is applied
+# to the kubelet configuration the upgrade writes.
+_PATCHES = f"--patches {PATCHES_DIR}"
+
+
+def upgrade_first_control_plane(job: UpgradeRun) -> None:
+    session, loaded, first, tag = job.session, job.loaded, job.first, job.tag
     session.step(first, "install kubeadm", package_commands(loaded, first, tag, ["kubeadm"]))
     session.step(
         first,
         "store the target's ClusterConfiguration in kubeadm-config",
         store_cluster_configuration(loaded, tag),
     )
-    coredns = pinned_coredns(loaded, first)
-    checks, phases = upgrade_flags(loaded, first, coredns, first=True)
+    checks, phases = upgrade_flags(loaded, first, job.coredns, first=True)
     session.step(first, "plan the upgrade", f"kubeadm upgrade plan {tag}{checks}")
-    # kubeadm keeps no patches in the cluster: named again, the directory's kubelet patch is
-    # applied to the kubelet configuration the upgrade writes.
-    patches = f"--patches {PATCHES_DIR}"
-    apply = f"kubeadm upgrade apply {tag} -y {patches}{checks}{phases}"
+    apply = f"kubeadm upgrade apply {tag} -y {_PATCHES}{checks}{phases}"
     session.step(first, "kubeadm upgrade apply", apply, 1800)
     _upgrade_kubelet(session, loaded, first, tag)
     session.step(first, "wait for /healthz", _wait(HEALTHZ))
-    for host in control_plane[1:]:
+
+
+def upgrade_left_first(job: UpgradeRun) -> str:
+    return "no other node was touched"
+
+
+def upgrade_control_plane(job: UpgradeRun) -> None:
+    session, loaded, tag = job.session, job.loaded, job.tag
+    for host in job.control_plane[1:]:
         session.step(host, "install kubeadm", package_commands(loaded, host, tag, ["kubeadm"]))
-        node = (
-            f"kubeadm upgrade node {patches}{''.join(upgrade_flags(loaded, host, coredns, False))}"
-        )
-        session.step(host, "kubeadm upgrade node", node, 1800)
+        flags = "".join(upgrade_flags(loaded, host, job.coredns, False))
+        session.step(host, "kubeadm upgrade node", f"kubeadm upgrade node {_PATCHES}{flags}", 1800)
         _upgrade_kubelet(session, loaded, host, tag)
         session.step(host, "wait for /healthz", _wait(HEALTHZ))
-    size = batch_size(len(workers), budget_percent)
+
+
+def upgrade_left_control_plane(job: UpgradeRun) -> str:
+    return (
+        f"the first control-plane node runs {job.tag}, as do the control-plane nodes before the "
+        "one named; those after it and every worker were not touched"
+    )
+
+
+def upgrade_workers(job: UpgradeRun) -> None:
+    session, loaded, first, tag = job.session, job.loaded, job.first, job.tag
+    workers = job.workers
+    size = batch_size(len(workers), job.budget_percent)
     for start in range(0, len(workers), size):
         batch = workers[start : start + size]
         for host in batch:
             session.step(first, f"drain {host}", drain_command(host))
         for host in batch:
             session.step(host, "install kubeadm", package_commands(loaded, host, tag, ["kubeadm"]))
-            node = f"kubeadm upgrade node{''.join(upgrade_flags(loaded, host, coredns, False))}"
-            session.step(host, "kubeadm upgrade node", node, 1800)
+            flags = "".join(upgrade_flags(loaded, host, job.coredns, False))
+            session.step(host, "kubeadm upgrade node", f"kubeadm upgrade node{flags}", 1800)
             _upgrade_kubelet(session, loaded, host, tag)
         for host in batch:
             session.step(first, f"uncordon {host}", f"{KUBECTL} uncordon {shlex.quote(host)}")
-    session.outcome.notes.append(
-        f"set versions.kubernetes: {version.plain} in the inventory so apply keeps this version"
+
+
+def upgrade_left_workers(job: UpgradeRun) -> str:
+    return (
+        f"the control plane runs {job.tag}, so do the workers of earlier batches; this batch's "
+        "drained workers stay cordoned (`kubectl uncordon` them once they are fixed), later "
+        "batches were not touched"
     )
-    if coredns is not None:
-        notes = session.outcome.notes
-        notes.append(f"CoreDNS stays at {coredns}, as kubernetes.coredns_image_tag pins it")
-    return session.outcome
 
 
 def _upgrade_kubelet(session: Session, loaded: LoadedCluster, host: str, tag: str) -> None:
@@ -396,7 +444,7 @@ def drain_command(node: str, force: bool = False) -> str:
 
 
 def remove_node(
-    loaded: LoadedCluster, node: str, force: bool = False, runner: Runner = ssh_run
+    loaded: LoadedCluster, node: str, force: bool = False, runner: RemoteRunner = run_remote
 ) -> Outcome:
     """cordon, drain, delete the Node object (on the first control-plane node), then
     `kubeadm reset` on the node itself. The first control-plane node is never removed here.

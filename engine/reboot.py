@@ -3,7 +3,6 @@ SSH and for systemd to finish booting, clear the flag, then go on to the next ba
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -13,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from inventory.model import LoadedCluster
 from toolkit.operations import REBOOT_FLAG
-from toolkit.ssh import ssh_argv
+from toolkit.remote import SSH_FAILED, RemoteResult, RemoteRunner, run_remote
 
 if TYPE_CHECKING:
     from engine.reports import RunReport
@@ -24,8 +23,6 @@ BOOT_MARKER = "/run/gpuinfra-reboot-pending"
 # `systemctl is-system-running`: booted is "running", or "degraded" (a failed unit, still up).
 BOOTED_STATES = ("running", "degraded")
 
-Runner = Callable[[list[str], float], subprocess.CompletedProcess[str]]
-
 
 @dataclass
 class RebootOutcome:
@@ -35,15 +32,6 @@ class RebootOutcome:
     error: str | None = None
 
 
-def _run(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
-    try:
-        return subprocess.run(
-            argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
-        )
-    except subprocess.TimeoutExpired:
-        return subprocess.CompletedProcess(argv, 124, "", "timed out")
-
-
 @dataclass
 class Rebooter:
     """Reboots hosts of one cluster over SSH (host keys checked, like every other connection)."""
@@ -51,17 +39,17 @@ class Rebooter:
     loaded: LoadedCluster
     timeout: float = 600.0  # per host: from `systemctl reboot` to booted
     poll: float = 2.0
-    run: Runner = _run
+    run: RemoteRunner = run_remote
     sleep: Callable[[float], None] = time.sleep
     clock: Callable[[], float] = time.monotonic
 
-    def ssh(self, host: str, command: str, timeout: float = 30) -> subprocess.CompletedProcess:
-        return self.run([*ssh_argv(self.loaded, host), command], timeout)
+    def ssh(self, host: str, command: str, timeout: float = 30) -> RemoteResult:
+        return self.run(self.loaded, host, command, timeout=timeout)
 
     def reboot(self, host: str) -> RebootOutcome:
         started = self.clock()
         marked = self.ssh(host, f"touch {BOOT_MARKER}")
-        if marked.returncode != 0:
+        if not marked.ok:
             return RebootOutcome(host, False, 0.0, f"before reboot: {marked.stderr.strip()}")
         # The connection drops while the host goes down: its exit status means nothing.
         self.ssh(host, "systemctl reboot", timeout=30)
@@ -74,13 +62,13 @@ class Rebooter:
                 f"test -e {BOOT_MARKER} && echo pending || systemctl is-system-running",
                 timeout=15,
             )
-            if probe.returncode == 255:  # ssh itself failed: still down
+            if probe.exit_code == SSH_FAILED:  # ssh itself failed: still down
                 state = "unreachable"
                 continue
             state = probe.stdout.strip() or "unknown"
             if state in BOOTED_STATES:
                 cleared = self.ssh(host, f"rm -f {REBOOT_FLAG} {REBOOT_FLAG}.pkgs")
-                if cleared.returncode != 0:
+                if not cleared.ok:
                     return RebootOutcome(
                         host, False, self.clock() - started, cleared.stderr.strip()
                     )

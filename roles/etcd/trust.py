@@ -10,15 +10,14 @@ CA stops the apply before anything changes.
 from __future__ import annotations
 
 import shlex
-import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from inventory.model import LoadedCluster
 from roles.etcd.files import PKI
 from roles.etcd.pki import NEXT_CA, PREVIOUS_CA, ca_fingerprint, local_ca_fingerprint, pki_dir
+from toolkit.remote import run_remote
 from toolkit.spec import PreApplyRefused
-from toolkit.ssh import ssh_argv
 
 LIVE_CA = f"{PKI}/ca.crt"
 NO_CA = "gpuinfra: no CA file"
@@ -42,16 +41,13 @@ def read_live_ca(loaded: LoadedCluster, host: str) -> LiveCA:
     command = f"if [ -e {LIVE_CA} ]; then cat {LIVE_CA}; else echo '{NO_CA}'; fi"
     if loaded.cluster.ssh.user != "root":
         command = f"sudo -n sh -c {shlex.quote(command)}"
-    try:
-        done = subprocess.run(
-            ssh_argv(loaded, host) + [command], capture_output=True, timeout=READ_TIMEOUT_S
-        )
-    except subprocess.TimeoutExpired:
+    done = run_remote(loaded, host, command, timeout=READ_TIMEOUT_S)
+    if done.timed_out:
         return LiveCA(host, error=f"no answer in {READ_TIMEOUT_S} s")
-    output = done.stdout.decode(errors="replace")
-    if done.returncode != 0:
-        lines = done.stderr.decode(errors="replace").strip().splitlines()
-        return LiveCA(host, error=lines[-1] if lines else f"ssh exit {done.returncode}")
+    output = done.stdout
+    if not done.ok:
+        lines = done.stderr.strip().splitlines()
+        return LiveCA(host, error=lines[-1] if lines else f"ssh exit {done.exit_code}")
     if output.strip() == NO_CA:
         return LiveCA(host)
     try:

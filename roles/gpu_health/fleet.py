@@ -14,13 +14,10 @@ from inventory.model import LoadedCluster
 from roles.gpu_health import HEALTH_ANNOTATION
 from roles.gpu_health.commands import CommandResult, run_command
 from roles.gpu_health.results import NodeReport, Verdict
-from toolkit.ssh import ssh_argv
+from toolkit.remote import SSH_FAILED, TIMED_OUT, RemoteRunner, run_remote
 
-# (argv, timeout seconds) -> result; the default runs the local ssh and kubectl binaries.
-SshRunner = Callable[[list[str], float], CommandResult]
+# (argv, timeout seconds) -> result; the default runs the local kubectl binary.
 KubectlRunner = Callable[[list[str], float], CommandResult]
-
-SSH_FAILED = 255  # ssh's own exit status when it could not connect or authenticate
 
 
 @dataclass
@@ -96,16 +93,16 @@ def choose_hosts(
 
 
 def check_host(
-    loaded: LoadedCluster, host: str, remote_command: str, ssh: SshRunner, timeout: float
+    loaded: LoadedCluster, host: str, remote_command: str, ssh: RemoteRunner, timeout: float
 ) -> HostOutcome:
-    result = ssh([*ssh_argv(loaded, host), remote_command], timeout)
+    result = ssh(loaded, host, remote_command, timeout=timeout)
     try:
         report = NodeReport.from_dict(json.loads(result.stdout))
     except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-        said = (result.stderr.strip().splitlines() or [f"exit {result.rc}, no report"])[-1]
-        if result.rc in (SSH_FAILED, 124):
+        said = (result.stderr.strip().splitlines() or [f"exit {result.exit_code}, no report"])[-1]
+        if result.exit_code in (SSH_FAILED, TIMED_OUT):
             return HostOutcome(host, "unreachable", message=said)
-        return HostOutcome(host, "error", message=f"no report (exit {result.rc}): {said}")
+        return HostOutcome(host, "error", message=f"no report (exit {result.exit_code}): {said}")
     report.host = host
     failed = sorted({check.check for check in report.checks if check.verdict is Verdict.failed})
     message = f"failed: {', '.join(failed)}" if failed else ""
@@ -135,7 +132,7 @@ def run_fleet(
     timeout: float = 1200,
     node_name: str = "host",
     seed: int | None = None,
-    ssh: SshRunner = run_command,
+    ssh: RemoteRunner = run_remote,
     kubectl: KubectlRunner = run_command,
 ) -> FleetReport:
     hosts, workers = choose_hosts(loaded, sample, random.Random(seed))

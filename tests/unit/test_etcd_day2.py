@@ -13,9 +13,11 @@ from typer.testing import CliRunner
 from cli.exitcodes import ExitCode
 from cli.main import app
 from day2 import etcd as day2
-from day2.etcd import Remote, wal_fsync_p99_ms
+from day2.etcd import wal_fsync_p99_ms
 from engine.context import load
-from tests.unit.test_etcd_hardening import Members
+from tests.unit.test_etcd_hardening import Members, remote
+from toolkit import remote as remote_module
+from toolkit.remote import RemoteResult
 
 METRICS = "\n".join(
     [
@@ -53,20 +55,20 @@ def loaded(small_cluster, write_cluster):
     return load(write_cluster(small_cluster))
 
 
-def fake_hosts(monkeypatch, answers: dict[str, Remote]) -> None:
+def fake_hosts(monkeypatch, answers: dict[str, RemoteResult]) -> None:
     def run_on(loaded, host, command, **kwargs):
         if "alarm list" in command:
-            return Remote(True, "", "")
+            return remote(True, "", "")
         return answers[host]
 
-    monkeypatch.setattr(day2, "run_on", run_on)
+    monkeypatch.setattr(day2, "run_remote", run_on)
 
 
 def test_status_with_every_member_healthy(monkeypatch, loaded):
     fake_hosts(monkeypatch, {
-        "etcd-1": Remote(True, status_output(1, 2, True), ""),
-        "etcd-2": Remote(True, status_output(2, 2, True), ""),
-        "etcd-3": Remote(True, status_output(3, 2, True), ""),
+        "etcd-1": remote(True, status_output(1, 2, True), ""),
+        "etcd-2": remote(True, status_output(2, 2, True), ""),
+        "etcd-3": remote(True, status_output(3, 2, True), ""),
     })  # fmt: skip
     result = day2.status(loaded)
     assert result.health == "healthy" and result.leader == "etcd-2"
@@ -76,13 +78,13 @@ def test_status_with_every_member_healthy(monkeypatch, loaded):
 
 
 def test_status_degraded_then_lost(monkeypatch, loaded):
-    down = Remote(
+    down = remote(
         True, "== status\nError: context deadline exceeded\n== health\n== metrics\n== end\n", ""
     )
-    unreachable = Remote(False, "", "ssh: connect to host 10.0.0.13 port 22: No route to host")
+    unreachable = remote(False, "", "ssh: connect to host 10.0.0.13 port 22: No route to host")
     fake_hosts(monkeypatch, {
-        "etcd-1": Remote(True, status_output(1, 1, True), ""),
-        "etcd-2": Remote(True, status_output(2, 1, True), ""),
+        "etcd-1": remote(True, status_output(1, 1, True), ""),
+        "etcd-2": remote(True, status_output(2, 1, True), ""),
         "etcd-3": unreachable,
     })  # fmt: skip
     result = day2.status(loaded)
@@ -91,7 +93,7 @@ def test_status_degraded_then_lost(monkeypatch, loaded):
     assert states == {"etcd-1": "healthy", "etcd-2": "healthy", "etcd-3": "unreachable"}
     assert "No route to host" in result.members[2].error
     fake_hosts(monkeypatch, {
-        "etcd-1": Remote(True, status_output(1, 0, False), ""),
+        "etcd-1": remote(True, status_output(1, 0, False), ""),
         "etcd-2": down,
         "etcd-3": unreachable,
     })  # fmt: skip
@@ -102,9 +104,9 @@ def test_status_degraded_then_lost(monkeypatch, loaded):
 
 def test_status_command_exit_codes_follow_health(monkeypatch, loaded):
     fake_hosts(monkeypatch, {
-        "etcd-1": Remote(True, status_output(1, 1, True), ""),
-        "etcd-2": Remote(True, status_output(2, 1, True), ""),
-        "etcd-3": Remote(False, "", "refused"),
+        "etcd-1": remote(True, status_output(1, 1, True), ""),
+        "etcd-2": remote(True, status_output(2, 1, True), ""),
+        "etcd-3": remote(False, "", "refused"),
     })  # fmt: skip
     result = CliRunner().invoke(app, ["etcd", "status", str(loaded.source), "--format", "json"])
     assert result.exit_code == ExitCode.DEGRADED, result.output
@@ -173,14 +175,14 @@ def test_restore_is_refused_while_an_api_server_runs(
     monkeypatch, loaded, snapshot_file, answer, fail, said
 ):
     members = Members(fail=fail, api_server=answer)
-    monkeypatch.setattr(day2, "run_on", members)
+    monkeypatch.setattr(day2, "run_remote", members)
     with pytest.raises(day2.EtcdRefused, match=said) as refused:
         day2.restore(loaded, snapshot_file, stamp="S")
     assert "nothing was changed" in str(refused.value)
     assert _to_members(members) == []  # no member was sent anything
     # Control: with the API servers stopped, the same restore goes ahead and ends healthy.
     stopped = Members()
-    monkeypatch.setattr(day2, "run_on", stopped)
+    monkeypatch.setattr(day2, "run_remote", stopped)
     monkeypatch.setattr(day2, "status", lambda loaded: day2.ClusterStatus("small", "healthy", 2,
                                                                           3, None, 0))  # fmt: skip
     day2.restore(loaded, snapshot_file, stamp="S")
@@ -198,7 +200,7 @@ def test_restore_asks_again_before_stopping_the_members(monkeypatch, loaded, sna
             return super().__call__(loaded, host, command, **kwargs)
 
     members = StartedLater()
-    monkeypatch.setattr(day2, "run_on", members)
+    monkeypatch.setattr(day2, "run_remote", members)
     with pytest.raises(day2.EtcdRefused, match="cp-1: kube-apiserver runs"):
         day2.restore(loaded, snapshot_file, stamp="S")
     assert members.sent("etcdutl snapshot restore")  # it got as far as staging
@@ -218,7 +220,7 @@ def test_restore_and_replace_are_refused_when_the_data_disk_is_not_mounted(
     monkeypatch, with_disk, snapshot_file
 ):
     members = Members(fail={"mountpoint -q": "etcd-2"})
-    monkeypatch.setattr(day2, "run_on", members)
+    monkeypatch.setattr(day2, "run_remote", members)
     unmounted = "etcd-2: its etcd data disk /dev/nvme1n1 is not mounted on /var/lib/etcd"
     with pytest.raises(day2.EtcdRefused, match=unmounted):
         day2.restore(with_disk, snapshot_file, stamp="S")
@@ -229,7 +231,7 @@ def test_restore_and_replace_are_refused_when_the_data_disk_is_not_mounted(
     assert not members.sent("systemctl stop") and not members.sent("member remove")
     # Control: mounted, the replace goes through.
     mounted = Members()
-    monkeypatch.setattr(day2, "run_on", mounted)
+    monkeypatch.setattr(day2, "run_remote", mounted)
     day2.replace(with_disk, "etcd-2", stamp="S")
     assert mounted.first("mountpoint -q") < mounted.first("systemctl stop etcd")
 
@@ -238,7 +240,7 @@ def test_replace_fences_etcd_from_before_the_stop_until_the_new_member_is_added(
     monkeypatch, loaded
 ):
     members = Members()
-    monkeypatch.setattr(day2, "run_on", members)
+    monkeypatch.setattr(day2, "run_remote", members)
     day2.replace(loaded, "etcd-2", stamp="S")
     commands = [c for _, c in members.commands]
     stop = members.first("systemctl stop etcd")
@@ -255,7 +257,7 @@ def _after_stop(members: Members) -> list[str]:
 
 def test_discarded_data_and_a_failed_gate_leave_the_member_fenced_and_say_so(monkeypatch, loaded):
     members = Members(fail={"fio": "etcd-2"})
-    monkeypatch.setattr(day2, "run_on", members)
+    monkeypatch.setattr(day2, "run_remote", members)
     with pytest.raises(day2.EtcdOperationError) as failed:
         day2.replace(loaded, "etcd-2", discard_old_data=True, stamp="S")
     message = str(failed.value)
@@ -265,7 +267,7 @@ def test_discarded_data_and_a_failed_gate_leave_the_member_fenced_and_say_so(mon
     assert not members.sent("member remove")
     # Control: with the data kept, it is put back and the fence lifted.
     kept = Members(fail={"fio": "etcd-2"})
-    monkeypatch.setattr(day2, "run_on", kept)
+    monkeypatch.setattr(day2, "run_remote", kept)
     with pytest.raises(day2.EtcdOperationError) as failed:
         day2.replace(loaded, "etcd-2", stamp="S")
     assert "not fenced" in str(failed.value) and "old data back in place" in str(failed.value)
@@ -274,7 +276,7 @@ def test_discarded_data_and_a_failed_gate_leave_the_member_fenced_and_say_so(mon
 
 def test_a_failed_member_remove_after_a_discard_says_the_member_is_fenced(monkeypatch, loaded):
     members = Members(fail={"member remove": "*"})
-    monkeypatch.setattr(day2, "run_on", members)
+    monkeypatch.setattr(day2, "run_remote", members)
     with pytest.raises(day2.EtcdOperationError, match="member remove failed") as failed:
         day2.replace(loaded, "etcd-2", discard_old_data=True, stamp="S")
     message = str(failed.value)
@@ -286,7 +288,7 @@ def test_a_failed_member_remove_after_a_discard_says_the_member_is_fenced(monkey
 
 def test_a_failed_member_add_says_the_old_member_is_gone_and_this_one_fenced(monkeypatch, loaded):
     members = Members(fail={"member add": "*"})
-    monkeypatch.setattr(day2, "run_on", members)
+    monkeypatch.setattr(day2, "run_remote", members)
     with pytest.raises(day2.EtcdOperationError, match="member add failed") as failed:
         day2.replace(loaded, "etcd-2", discard_old_data=True, stamp="S")
     message = str(failed.value)
@@ -313,8 +315,14 @@ def test_snapshot_is_0600_from_its_creation_wherever_out_points(monkeypatch, loa
     older.write_bytes(b"older")
     older.chmod(0o644)
     members = Members()
-    monkeypatch.setattr(day2, "run_on", members)
-    monkeypatch.setattr(day2.subprocess, "run", copy)
+
+    def answer(loaded, host, command, **kwargs):  # the copy through the real primitive
+        if "stdout" in kwargs:
+            return remote_module.run_remote(loaded, host, command, **kwargs)
+        return members(loaded, host, command, **kwargs)
+
+    monkeypatch.setattr(day2, "run_remote", answer)
+    monkeypatch.setattr(remote_module.subprocess, "run", copy)
     monkeypatch.setattr(Path, "chmod", no_chmod)
     monkeypatch.setattr(os, "chmod", no_chmod)
     fresh = tmp_path / "elsewhere" / "new" / "snap.db"

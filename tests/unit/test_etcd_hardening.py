@@ -18,11 +18,12 @@ from typer.testing import CliRunner
 from cli.exitcodes import ExitCode
 from cli.main import app
 from day2 import etcd as day2
-from day2.etcd import Remote, RestorePaths
+from day2.etcd import RestorePaths
 from engine.context import host_context, load
 from roles.etcd import pki
 from roles.etcd.config import EtcdConfig
 from roles.etcd.files import PKI, client_files, managed_files
+from toolkit.remote import RemoteResult
 
 
 @pytest.fixture
@@ -256,6 +257,11 @@ def test_swap_refuses_while_etcd_runs(member_dir, tmp_path):
 FIO = {"jobs": [{"sync": {"lat_ns": {"percentile": {"99.000000": 1_000_000}}}}]}
 
 
+def remote(ok: bool, stdout: str, stderr: str) -> RemoteResult:
+    """A member's answer: exit 0 or 1, with what it printed."""
+    return RemoteResult("", 0 if ok else 1, stdout, stderr)
+
+
 class Members:
     """A stand-in for the members over SSH: records every command, fails the ones asked."""
 
@@ -264,21 +270,21 @@ class Members:
         self.fail = fail or {}
         self.api_server = api_server  # what the control plane says of kube-apiserver
 
-    def __call__(self, loaded, host, command, **kwargs) -> Remote:
+    def __call__(self, loaded, host, command, **kwargs) -> RemoteResult:
         self.commands.append((host, command))
         for needle, where in self.fail.items():
             if needle in command and where in (host, "*"):
-                return Remote(False, "", f"injected: {needle}")
+                return remote(False, "", f"injected: {needle}")
         if "member list" in command:
             members = [{"ID": 17, "name": "etcd-2", "peerURLs": ["https://10.0.0.12:2380"]}]
-            return Remote(True, json.dumps({"members": members}), "")
+            return remote(True, json.dumps({"members": members}), "")
         if "member add" in command:
-            return Remote(True, json.dumps({"member": {"ID": 18, "isLearner": True}}), "")
+            return remote(True, json.dumps({"member": {"ID": 18, "isLearner": True}}), "")
         if "fio" in command:
-            return Remote(True, json.dumps(FIO), "")
+            return remote(True, json.dumps(FIO), "")
         if command == day2.API_SERVER_STATE:
-            return Remote(True, self.api_server + "checked\n", "")
-        return Remote(True, "", "")
+            return remote(True, self.api_server + "checked\n", "")
+        return remote(True, "", "")
 
     def first(self, needle: str) -> int:
         return next(i for i, (_, c) in enumerate(self.commands) if needle in c)
@@ -296,7 +302,7 @@ def snapshot_file(tmp_path) -> Path:
 
 def test_restore_stages_everywhere_before_stopping_anything(monkeypatch, loaded, snapshot_file):
     members = Members(fail={"etcdutl snapshot restore": "etcd-2"})
-    monkeypatch.setattr(day2, "run_on", members)
+    monkeypatch.setattr(day2, "run_remote", members)
     with pytest.raises(day2.EtcdOperationError, match="nothing was stopped or changed"):
         day2.restore(loaded, snapshot_file, stamp="S")
     assert not members.sent("systemctl stop") and not members.sent("mv ")
@@ -308,7 +314,7 @@ def test_restore_rolls_back_every_member_when_one_does_not_start(
     monkeypatch, loaded, snapshot_file
 ):
     members = Members(fail={"etcd-wait-healthy": "etcd-3"})
-    monkeypatch.setattr(day2, "run_on", members)
+    monkeypatch.setattr(day2, "run_remote", members)
     with pytest.raises(day2.EtcdOperationError, match="rolled back"):
         day2.restore(loaded, snapshot_file, stamp="S")
     rolled = {h for h, c in members.commands if "member.before-restore-S" in c and "mv " in c}
@@ -322,7 +328,7 @@ def test_restore_rolls_back_every_member_when_one_does_not_start(
 
 def test_replace_whose_stop_fails_sends_nothing_that_touches_data(monkeypatch, loaded):
     members = Members(fail={"systemctl stop etcd": "etcd-2"})
-    monkeypatch.setattr(day2, "run_on", members)
+    monkeypatch.setattr(day2, "run_remote", members)
     with pytest.raises(day2.EtcdOperationError, match="could not stop etcd.*nothing was changed"):
         day2.replace(loaded, "etcd-2", stamp="S")
     later = members.commands[members.first("systemctl stop etcd") + 1 :]
@@ -331,7 +337,7 @@ def test_replace_whose_stop_fails_sends_nothing_that_touches_data(monkeypatch, l
 
 def test_replace_removes_then_adds_a_learner_and_promotes_it_before_deleting(monkeypatch, loaded):
     members = Members()
-    monkeypatch.setattr(day2, "run_on", members)
+    monkeypatch.setattr(day2, "run_remote", members)
     result = day2.replace(loaded, "etcd-2", stamp="S")
     assert (result.old_id, result.new_id) == ("11", "12")
     order = [
@@ -351,7 +357,7 @@ def test_replace_removes_then_adds_a_learner_and_promotes_it_before_deleting(mon
 
 def test_replace_puts_the_data_back_when_the_disk_gate_fails(monkeypatch, loaded):
     members = Members(fail={"fio": "etcd-2"})
-    monkeypatch.setattr(day2, "run_on", members)
+    monkeypatch.setattr(day2, "run_remote", members)
     with pytest.raises(day2.EtcdOperationError, match="back in place"):
         day2.replace(loaded, "etcd-2", stamp="S")
     assert not members.sent("member remove") and not members.sent("rm -rf")
@@ -360,11 +366,11 @@ def test_replace_puts_the_data_back_when_the_disk_gate_fails(monkeypatch, loaded
 # ---------------------------------------------------------------- status of a full disk
 
 
-def member_answer(member_id: int, healthy: bool, disk: str, journal: str = "") -> Remote:
+def member_answer(member_id: int, healthy: bool, disk: str, journal: str = "") -> RemoteResult:
     body = {"header": {"member_id": member_id}, "leader": 1, "dbSize": 1, "dbSizeInUse": 1}
     status = [{"Endpoint": "https://127.0.0.1:2379", "Status": body}]
     health = [{"endpoint": "https://127.0.0.1:2379", "health": healthy}]
-    return Remote(
+    return remote(
         True,
         f"== status\n{json.dumps(status)}\n== health\n{json.dumps(health)}\n== metrics\n"
         f"== disk\n{disk}\n== journal\n{journal}\n== end\n",
@@ -381,10 +387,10 @@ def test_status_names_the_member_whose_data_disk_is_full(monkeypatch, loaded):
 
     def run_on(loaded, host, command, **kwargs):
         if "alarm list" in command:
-            return Remote(True, "memberID:3 alarm:NOSPACE\n", "")
+            return remote(True, "memberID:3 alarm:NOSPACE\n", "")
         return answers[host]
 
-    monkeypatch.setattr(day2, "run_on", run_on)
+    monkeypatch.setattr(day2, "run_remote", run_on)
     result = day2.status(loaded)
     states = {m.name: m.state for m in result.members}
     assert states == {"etcd-1": "healthy", "etcd-2": "healthy", "etcd-3": "unhealthy"}
@@ -394,7 +400,7 @@ def test_status_names_the_member_whose_data_disk_is_full(monkeypatch, loaded):
 
 
 def test_status_says_why_a_member_stopped_answering(monkeypatch, loaded):
-    down = Remote(
+    down = remote(
         True,
         "== status\nError: connection refused\n[]\n== health\n== metrics\n"
         "== disk\n536870912 400000000\n== journal\n"
@@ -408,7 +414,9 @@ def test_status_says_why_a_member_stopped_answering(monkeypatch, loaded):
         "etcd-3": down,
     }
     monkeypatch.setattr(
-        day2, "run_on", lambda loaded, host, command, **kw: answers.get(host, Remote(True, "", ""))
+        day2,
+        "run_remote",
+        lambda loaded, host, command, **kw: answers.get(host, remote(True, "", "")),
     )
     result = day2.status(loaded)
     etcd3 = result.members[2]
@@ -424,7 +432,9 @@ def test_status_command_exits_5_for_a_full_disk(monkeypatch, loaded):
         "etcd-3": member_answer(3, True, "536870912 0"),
     }
     monkeypatch.setattr(
-        day2, "run_on", lambda loaded, host, command, **kw: answers.get(host, Remote(True, "", ""))
+        day2,
+        "run_remote",
+        lambda loaded, host, command, **kw: answers.get(host, remote(True, "", "")),
     )
     result = CliRunner().invoke(app, ["etcd", "status", str(loaded.source), "--format", "json"])
     assert result.exit_code == ExitCode.DEGRADED

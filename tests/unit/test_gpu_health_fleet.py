@@ -18,6 +18,7 @@ from roles.gpu_health.commands import CommandResult
 from roles.gpu_health.fleet import parse_budget, run_fleet
 from roles.gpu_health.node import NodeRequest, check_node
 from roles.gpu_health.report import to_json
+from toolkit.remote import RemoteResult
 
 RECORDINGS = Path(__file__).parent / "recordings" / "gpu"
 REMOTE = "gpuinfra health run --format json"
@@ -59,9 +60,10 @@ class FakeSsh:
         self.answers = answers
         self.calls: list[list[str]] = []
 
-    def __call__(self, argv: list[str], timeout: float) -> CommandResult:
-        self.calls.append(argv)
-        return self.answers[argv[-2]]
+    def __call__(self, loaded, host: str, command: str, timeout: float) -> RemoteResult:
+        self.calls.append((host, command))
+        answer = self.answers[str(loaded.cluster.hosts[host].address)]
+        return RemoteResult(host, answer.rc, answer.stdout, answer.stderr)
 
 
 class FakeKubectl:
@@ -200,9 +202,8 @@ def test_ssh_command_line(tmp_path):
     loaded = load(write_cluster(tmp_path, 1))
     ssh = FakeSsh(answers(1, failing=set()))
     run_fleet(loaded, sample=None, remote_command=REMOTE, budget="1", cordon=False, ssh=ssh)
-    argv = ssh.calls[0]
-    assert argv[0] == "ssh" and "StrictHostKeyChecking=yes" in argv
-    assert argv[-2:] == ["10.0.0.11", REMOTE]
+    # The command line itself is toolkit.remote's (tests/unit/test_remote.py).
+    assert ssh.calls == [("gpu-1", REMOTE)]
 
 
 def test_sample_is_random_distinct_and_repeatable(tmp_path):

@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 from cli.main import app
 from day2 import kubernetes as day2
 from engine.context import load
+from toolkit.remote import RemoteResult
 
 
 @pytest.fixture
@@ -28,10 +29,10 @@ class Recorder:
     def __call__(self, loaded, host, command, timeout):
         self.calls.append((host, command))
         if self.fail_on and self.fail_on in command:
-            return False, "boom"
+            return RemoteResult(host, 1, "", "boom")
         if "get nodes" in command:
-            return True, '{"items": []}'
-        return True, self.node if "get node " in command else ""
+            return RemoteResult(host, 0, '{"items": []}')
+        return RemoteResult(host, 0, self.node if "get node " in command else "")
 
 
 def actions(outcome) -> list[tuple[str, str]]:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import subprocess
-
 from engine.context import load
 from engine.reboot import BOOT_MARKER, Rebooter
+from toolkit.remote import RemoteResult
 
 
 class ScriptedSsh:
@@ -15,15 +14,15 @@ class ScriptedSsh:
         self.probes = probes
         self.commands: list[tuple[str, str]] = []
 
-    def __call__(self, argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
-        address, command = argv[-2], argv[-1]
-        self.commands.append((address, command))
+    def __call__(self, loaded, host: str, command: str, timeout: float) -> RemoteResult:
+        ip = address(loaded, host)
+        self.commands.append((ip, command))
         if "is-system-running" in command:
-            code, out = self.probes[address].pop(0) if self.probes[address] else (255, "")
-            return subprocess.CompletedProcess(argv, code, out, "")
+            code, out = self.probes[ip].pop(0) if self.probes[ip] else (255, "")
+            return RemoteResult(host, code, out)
         if command == "systemctl reboot":
-            return subprocess.CompletedProcess(argv, 255, "", "connection closed")
-        return subprocess.CompletedProcess(argv, 0, "", "")
+            return RemoteResult(host, 255, "", "connection closed")
+        return RemoteResult(host, 0, "")
 
 
 class Clock:

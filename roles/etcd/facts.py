@@ -44,8 +44,8 @@ class EtcdInstalled(FactBase):
             [
                 f"v=$({binary_dir}/etcd --version 2>/dev/null | sed -n 's/^etcd Version: //p');",
                 *(
-                    f"[ \"$({binary_dir}/{tool} version 2>/dev/null | "
-                    f"sed -n 's/^{tool} version: //p')\" = \"$v\" ] &&"
+                    f'[ "$({binary_dir}/{tool} version 2>/dev/null | '
+                    f'sed -n \'s/^{tool} version: //p\')" = "$v" ] &&'
                     for tool in ("etcdctl", "etcdutl")
                 ),
                 'echo "$v" || true',

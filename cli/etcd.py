@@ -187,13 +187,18 @@ def snapshot(
 
 
 # The help of a flow's command ends with its steps, listed from the flow that runs them.
-RESTORE_HELP = f"""Rebuild the whole cluster from a snapshot, staged on every member first.
-
-Members are stopped and swapped only when every member staged it; the old data is kept
-until the restored cluster is healthy and put back if it does not become healthy. Refused
-(exit 2) while a kube-apiserver runs or a member's data disk is not mounted.
-
-{ETCD_RESTORE.help()}"""
+RESTORE_HELP = "\n\n".join(
+    (
+        "Rebuild the whole cluster from a snapshot, staged on every member first.",
+        (
+            "Members are stopped and swapped only when every member staged it; the old data is "
+            "kept until the restored cluster is healthy and put back if it does not become "
+            "healthy. Refused (exit 2) while a kube-apiserver runs or a member's data disk "
+            "is not mounted."
+        ),
+        ETCD_RESTORE.help(),
+    )
+)
 
 
 @app.command(help=RESTORE_HELP)
@@ -226,14 +231,18 @@ def restore(
     raise typer.Exit(HEALTH_EXIT[result.health])
 
 
-REPLACE_HELP = f"""Replace a member by a new one on the same host, joined as a learner.
-
-The old data is set aside and deleted only once the new member is promoted and the
-cluster healthy; nothing is changed when etcd there does not stop. etcd there cannot be
-started until the new member is added (a fence drop-in). Refused (exit 2) when its data
-disk is not mounted. A failed step names itself and the state it left.
-
-{ETCD_REPLACE.help()}"""
+REPLACE_HELP = "\n\n".join(
+    (
+        "Replace a member by a new one on the same host, joined as a learner.",
+        (
+            "The old data is set aside and deleted only once the new member is promoted and the "
+            "cluster healthy; nothing is changed when etcd there does not stop. etcd there cannot "
+            "be started until the new member is added (a fence drop-in). Refused (exit 2) when its "
+            "data disk is not mounted. A failed step names itself and the state it left."
+        ),
+        ETCD_REPLACE.help(),
+    )
+)
 
 
 @app.command("replace", help=REPLACE_HELP)

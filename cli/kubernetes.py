@@ -106,12 +106,16 @@ def certs_renew(
     _emit_outcome(outcome, output)
 
 
-UPGRADE_HELP = f"""upgrade apply on the first control-plane node, upgrade node on the others one
-by one, then workers drained, upgraded and uncordoned in batches within the budget.
-
-A failed step names its node and the state it left.
-
-{KUBERNETES_UPGRADE.help()}"""
+UPGRADE_HELP = "\n\n".join(
+    (
+        (
+            "upgrade apply on the first control-plane node, upgrade node on the others one "
+            "by one, then workers drained, upgraded and uncordoned in batches within the budget."
+        ),
+        ("A failed step names its node and the state it left."),
+        KUBERNETES_UPGRADE.help(),
+    )
+)
 
 
 @app.command(help=UPGRADE_HELP)

@@ -111,3 +111,82 @@ def unit_dropins(name: str, units: Iterable[str], declared: Iterable[str]) -> Op
 def declared_files(settings: object) -> tuple[str, ...]:
     """The files a site declared on purpose (base.site_files), from a host's base settings."""
     return tuple(posixpath.normpath(path) for path in getattr(settings, "site_files", ()))
+
+
+class ConfDirSettings(FactBase):
+    """The lines that set `keys` in a configuration read from several folders where the later
+    file wins (systemd-sysctl's sysctl.d, systemd's system.conf.d): `[(path, key, value)]` in
+    the order of `folders` (a name in an earlier folder hides the same name in a later one;
+    the files are read by name across the folders, which `later_file_wins` sorts by). The main
+    file (system.conf) is read before every one of them and cannot win over ours."""
+
+    def command(self, folders: tuple[str, ...], keys: tuple[str, ...]) -> str:
+        pattern = "|".join(key.replace(".", "[./]") for key in keys)
+        globs = " ".join(f"{folder}/*.conf" for folder in folders)
+        return (
+            f'{{ for f in {globs}; do [ -f "$f" ] && echo "$f"; done; }} | '
+            "awk -F/ '!seen[$NF]++' | "
+            f"while IFS= read -r f; do grep -HE '^[[:space:]]*-?({pattern})[[:space:]]*=' \"$f\"; "
+            "done; true"
+        )
+
+    @staticmethod
+    def default() -> list:
+        return []
+
+    def process(self, output: list[str]) -> list[tuple[str, str, str]]:
+        found = []
+        for line in output:
+            path, _, setting = line.partition(":")
+            key, _, value = setting.partition("=")
+            key = key.strip().lstrip("-").replace("/", ".")
+            found.append((path, key, " ".join(value.split())))
+        return found
+
+
+def later_file_wins(
+    found: list[tuple[str, str, str]],
+    ours_path: str,
+    ours: dict[str, str],
+    label: str,
+) -> list[str]:
+    """A finding for each of our keys that a file read after ours sets to another value: the
+    last value read wins, and files are read by name. Ours is placed by its name, written or
+    not, so a plan before the first apply judges as a drift after it."""
+    name = posixpath.basename(ours_path)
+    findings = []
+    for key, value in ours.items():
+        later = [
+            (path, other)
+            for path, k, other in found
+            if k == key and path != ours_path and posixpath.basename(path) > name
+        ]
+        later.sort(key=lambda entry: posixpath.basename(entry[0]))  # stable: lines in order
+        if later and later[-1][1] != " ".join(value.split()):
+            path, other = later[-1]
+            findings.append(
+                f"{label}: {key} = {other} set in {path} wins over gpuinfra's {value} "
+                "at the next boot"
+            )
+    return findings
+
+
+def assignments(text: str) -> dict[str, str]:
+    """The `key = value` lines of a file gpuinfra renders (sysctl.d, system.conf.d), without
+    comments and section headers."""
+    pairs = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and not line.lstrip().startswith(("#", ";", "[")):
+            pairs[key.strip().lstrip("-").replace("/", ".")] = " ".join(value.split())
+    return pairs
+
+
+def overridden_later(
+    name: str, folders: tuple[str, ...], ours_path: str, ours_text: str, declared, label: str
+) -> OperationMeta:
+    """`nothing_overrides` for a file of ours in a folder where the later file wins."""
+    ours = assignments(ours_text)
+    found = host.get_fact(ConfDirSettings, folders=folders, keys=tuple(sorted(ours))) or []
+    kept = [entry for entry in found if entry[0] not in set(declared)]
+    return nothing_overrides(name, later_file_wins(kept, ours_path, ours, label))

@@ -135,3 +135,16 @@ class GroupEntry(FactBase):
     def process(self, output: list[str]) -> str | None:
         fields = output[0].split(":") if output else []
         return fields[2] if len(fields) == 4 else None
+
+
+class SupplementaryGroups(FactBase):
+    """The groups a user is in beyond its primary one: `["docker"]`; None without the user."""
+
+    def command(self, user: str) -> str:
+        return f"id -Gn {user} 2>/dev/null && id -gn {user} 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> list[str] | None:
+        if len(output) < 2:
+            return None
+        primary = output[1].strip()
+        return [group for group in output[0].split() if group != primary]

@@ -14,10 +14,12 @@ from pyinfra.api import deploy
 from pyinfra.operations import apt, files, server, systemd
 
 from roles.etcd import operations as etcd_ops
+from roles.etcd.facts import Members
 from roles.etcd.files import (
     BACKUP_TIMER,
     BACKUP_UNIT,
     DATA_UNIT,
+    ETCDCTL_ENV,
     NO_RESTART,
     RESTART_MEMBER,
     UNIT,
@@ -26,8 +28,8 @@ from roles.etcd.files import (
     managed_files,
     settings,
 )
-from toolkit.effective import declared_files, unit_dropins
-from toolkit.facts import UnitState
+from toolkit.effective import declared_files, nothing_overrides, unit_dropins
+from toolkit.facts import SupplementaryGroups, UnitState
 from toolkit.operations import put_file, system_account
 from toolkit.spec import HostContext
 
@@ -94,6 +96,34 @@ def apply(ctx: HostContext) -> None:
     etcd_ops.unit_running(name="Schedule snapshots", unit="etcd-backup.timer")
     declared = declared_files(ctx.settings_of("base"))
     unit_dropins("Check the drop-ins of etcd", ("etcd", "etcd-backup.timer"), declared)
+    members = host.get_fact(Members, env_file=ETCDCTL_ENV) or []
+    nothing_overrides(
+        "Check that etcd has no member the inventory lacks",
+        foreign_members(members, ctx.topology.etcd_initial_cluster),
+    )
+    groups = host.get_fact(SupplementaryGroups, user="etcd") or []
+    nothing_overrides(
+        "Check that the etcd user is in no other group",
+        [f"etcd: the etcd user is also in {', '.join(groups)} (gpuinfra runs etcd as etcd alone)"]
+        if groups
+        else [],
+    )
+
+
+def foreign_members(members: list[tuple[str, str, bool]], initial_cluster: str) -> list[str]:
+    """A finding for each member that is not one of the inventory's (by name and peer URL) and
+    for each learner: a member the inventory lacks votes, or will, on every write. A member of
+    the inventory missing from the list is the health checks' and `etcd replace`'s to answer."""
+    expected = dict(entry.split("=", 1) for entry in initial_cluster.split(",") if entry)
+    findings = []
+    for name, peer, learner in members:
+        if expected.get(name) != peer:
+            findings.append(
+                f"etcd: member {name or '(not started)'} at {peer} is not in the inventory"
+            )
+        elif learner:
+            findings.append(f"etcd: member {name} is a learner (promote it or remove it)")
+    return findings
 
 
 @deploy("Etcd clients")

@@ -73,3 +73,29 @@ class Machine(FactBase):
 
     def process(self, output: list[str]) -> str:
         return output[0].strip()
+
+
+class Members(FactBase):
+    """The cluster's members as etcd lists them, asked as the operator through every client
+    endpoint: `[("etcd-1", "https://10.0.0.1:2380", False)]` as (name, peer URL, learner); a
+    member added but not started has no name yet. Nothing while etcd does not answer (before
+    the first start): the role then has nothing to judge."""
+
+    def command(self, env_file: str) -> str:
+        return (
+            f"[ -r {env_file} ] && ( set -a; . {env_file}; set +a; "
+            'etcdctl --endpoints="$GPUINFRA_ETCD_ENDPOINTS" --command-timeout=5s member list '
+            "2>/dev/null | cut -d, -f3,4,6 ) || true"
+        )
+
+    @staticmethod
+    def default() -> list:
+        return []
+
+    def process(self, output: list[str]) -> list[tuple[str, str, bool]]:
+        members = []
+        for line in output:
+            fields = [field.strip() for field in line.split(",")]
+            if len(fields) == 3:
+                members.append((fields[0], fields[1], fields[2] == "true"))
+        return members

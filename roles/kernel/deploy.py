@@ -26,9 +26,16 @@ from roles.kernel.operations import (
     sysctls_live,
     sysfs_setting,
 )
+from toolkit.effective import declared_files, overridden_later
 from toolkit.operations import enable_at_boot, put_file, reboot_required
 from toolkit.spec import HostContext
 
+# Where systemd-sysctl and systemd read these at boot, the earlier folder hiding a file of the
+# same name in a later one (sysctl.d(5), systemd-system.conf(5)).
+SYSCTL_DIRS = ("/etc/sysctl.d", "/run/sysctl.d", "/usr/local/lib/sysctl.d", "/usr/lib/sysctl.d")
+SYSTEM_CONF_DIRS = tuple(
+    f"{root}/systemd/system.conf.d" for root in ("/etc", "/run", "/usr/local/lib", "/usr/lib")
+)
 GOVERNOR_FILES = "/sys/devices/system/cpu/cpu*/cpufreq/scaling_governor"
 THP_FILES = "/sys/kernel/mm/transparent_hugepage/enabled"
 
@@ -95,4 +102,21 @@ def apply(ctx: HostContext) -> None:
             f"| grep -qx 'DefaultLimitNOFILE={cfg.nofile}'"
         ],
         _if=written[SYSTEMD_LIMITS_FILE].did_change,
+    )
+    declared = declared_files(ctx.settings_of("base"))
+    overridden_later(
+        "Check that no sysctl file overrides ours at boot",
+        SYSCTL_DIRS,
+        SYSCTL_FILE,
+        managed[SYSCTL_FILE].content,
+        declared,
+        "sysctl",
+    )
+    overridden_later(
+        "Check that no systemd setting overrides our limits",
+        SYSTEM_CONF_DIRS,
+        SYSTEMD_LIMITS_FILE,
+        managed[SYSTEMD_LIMITS_FILE].content,
+        declared,
+        "systemd",
     )

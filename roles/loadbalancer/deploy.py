@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import apt, server
 
 from inventory.topology import HAPROXY_STATS_PORT
+from roles.loadbalancer.facts import ServersHeldDown
 from roles.loadbalancer.files import (
     HAPROXY_CONFIG,
     KEEPALIVED_CHECK,
@@ -14,7 +16,7 @@ from roles.loadbalancer.files import (
     uses_keepalived,
 )
 from roles.loadbalancer.operations import haproxy_serving
-from toolkit.effective import declared_files, unit_dropins
+from toolkit.effective import declared_files, nothing_overrides, unit_dropins
 from toolkit.operations import put_file, service_running, wait_for
 from toolkit.spec import HostContext
 
@@ -48,6 +50,15 @@ def apply(ctx: HostContext) -> None:
         _if=haproxy_changed,
     )
     haproxy_serving(name="Restart HAProxy if it does not serve", stats_port=HAPROXY_STATS_PORT)
+    held = host.get_fact(ServersHeldDown, port=HAPROXY_STATS_PORT) or []
+    nothing_overrides(
+        "Check that no API server is held out of rotation",
+        [
+            f"haproxy: server {server} through the runtime API (enable it again, or take the "
+            "host out of the inventory)"
+            for server in held
+        ],
+    )
     declared = declared_files(ctx.settings_of("base"))
     units = ("haproxy", "keepalived")
     unit_dropins("Check the drop-ins of HAProxy and keepalived", units, declared)

@@ -24,3 +24,23 @@ class HAProxyServing(FactBase):
         status = next((line for line in output if line.startswith("StatusText=")), "")
         answers = bool(output) and output[-1].strip() == "serving"
         return answers and status.removeprefix("StatusText=").strip() != RELOAD_FAILED
+
+
+class ServersHeldDown(FactBase):
+    """The servers an operator took out of rotation through HAProxy's runtime API (`disable
+    server`, `set server ... state maint|drain`): `["kube-apiserver/cp-1 MAINT"]`, from the
+    stats page's CSV (its 18th field is the status). A server down by its health check is not
+    listed: that is the backend's health, not a setting."""
+
+    def command(self, port: int) -> str:
+        return (
+            f"curl -fsS --max-time 3 'http://127.0.0.1:{port}/stats;csv' 2>/dev/null | "
+            'awk -F, \'$18 ~ /^(MAINT|DRAIN)/ {print $1 "/" $2 " " $18}\' || true'
+        )
+
+    @staticmethod
+    def default() -> list[str]:
+        return []
+
+    def process(self, output: list[str]) -> list[str]:
+        return [line.strip() for line in output if line.strip()]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -204,6 +205,23 @@ def test_drift_writes_nothing_and_an_inventory_change_means_the_exact_check(conv
     assert any("journald" in name for name in changed), changed
 
 
+# HAProxy's runtime API on its socket (the lab's hosts have python3, not socat).
+HAPROXY_ADMIN = (
+    "import socket; s = socket.socket(socket.AF_UNIX); s.connect('/run/haproxy/admin.sock'); "
+    "s.sendall(b'{}\\n'); print(s.recv(4096).decode())"
+)
+
+
+def haproxy_admin(command: str) -> str:
+    return f"python3 -c {shlex.quote(HAPROXY_ADMIN.format(command))}"
+
+
+# etcdctl as the operator, through every member (the role's own settings file).
+ETCDCTL = (
+    'set -a && . /etc/etcd/etcdctl.env && set +a && etcdctl --endpoints="$GPUINFRA_ETCD_ENDPOINTS"'
+)
+
+
 # Changes that alter what a host does while leaving gpuinfra's own files alone (issue #30's
 # classes), each made on a converged host: (host, change, undo, the operation that must show
 # it, a text its finding must hold or None for an operation that repairs it).
@@ -228,8 +246,24 @@ OVERRIDES = [
      "/etc/systemd/system/etcd.service.d/override.conf && systemctl daemon-reload",
      "rm -f /etc/systemd/system/etcd.service.d/override.conf && systemctl daemon-reload",
      "Etcd | Check the drop-ins of etcd", "etcd.service.d/override.conf"),
-    ("etcd-3", "mv /usr/local/bin/etcdctl /root/etcdctl.aside",
-     "rm -f /root/etcdctl.aside",  # the apply below installs it again
+    ("cpu-1", "echo 'vm.swappiness = 60' > /etc/sysctl.d/99-site.conf",
+     "rm -f /etc/sysctl.d/99-site.conf",
+     "Kernel | Check that no sysctl file overrides ours at boot", "99-site.conf"),
+    ("dns-1", "mkdir -p /etc/systemd/system.conf.d && printf "
+     "'[Manager]\\nDefaultLimitNOFILE=1024\\n' > /etc/systemd/system.conf.d/99-site.conf",
+     "rm -f /etc/systemd/system.conf.d/99-site.conf",
+     "Kernel | Check that no systemd setting overrides our limits", "99-site.conf"),
+    ("lb-1", haproxy_admin("disable server kube-apiserver/cp-2"),
+     haproxy_admin("enable server kube-apiserver/cp-2"),
+     "Loadbalancer | Check that no API server is held out of rotation", "kube-apiserver/cp-2"),
+    ("etcd-1", f"{ETCDCTL} member add spare --learner --peer-urls=https://198.18.3.250:2380",
+     f"{ETCDCTL} member list | awk -F', ' '$4 ~ /198.18.3.250/ {{print $1}}' > /tmp/spare && "
+     'etcdctl --endpoints="$GPUINFRA_ETCD_ENDPOINTS" member remove "$(cat /tmp/spare)"',
+     "Etcd | Check that etcd has no member the inventory lacks", "198.18.3.250"),
+    ("etcd-2", "usermod -aG disk etcd", "gpasswd -d etcd disk >/dev/null",
+     "Etcd | Check that the etcd user is in no other group", "disk"),
+    ("etcd-3", "apt-get remove -y -q etcd-client >/dev/null",
+     "true",  # the apply below installs it again
      "Etcd | Install etcd", None),
 ]  # fmt: skip
 
@@ -241,33 +275,36 @@ def test_what_overrides_the_hosts_settings_is_drift_with_its_file_named(converge
     of this module, and the end of this one) is the control."""
     lab = converged
     hosts = sorted({host for host, *_ in OVERRIDES})
-    for host, change, *_ in OVERRIDES:
-        lab.ssh(host, change)
+    # The learner is every etcd member's finding: each asks the cluster.
+    drifting = set(hosts) | {name for name in lab.hosts if name.startswith("etcd-")}
     try:
+        for host, change, *_ in OVERRIDES:
+            lab.ssh(host, change)
         code, fast = drift(lab.inventory_path)
         assert code == ExitCode.DRIFT
-        assert {n for n, h in fast["hosts"].items() if h["status"] != "ok"} == set(hosts)
+        assert {n for n, h in fast["hosts"].items() if h["status"] != "ok"} == drifting
         for host, _, _, operation, named in OVERRIDES:
             changed = {op["name"]: op["diff"] for op in fast["hosts"][host]["operations"]}
             assert operation in changed, (host, sorted(changed))
             assert named is None or named in (changed[operation] or ""), changed[operation]
-        _, exact = drift(lab.inventory_path, "--exact", "--limit", ",".join(hosts))
-        assert answer(exact)["cpu-1"] == answer(fast)["cpu-1"]
-        for host in hosts:
+        _, exact = drift(lab.inventory_path, "--exact", "--limit", ",".join(sorted(drifting)))
+        for host in drifting:
             assert answer(exact)[host] == answer(fast)[host], host
         stopped = gpuinfra("apply", str(lab.inventory_path), "--limit", "cpu-1", "--roles",
                            "base", "--yes", "--format", "json")  # fmt: skip
         assert stopped.returncode != ExitCode.OK
         error = json.loads(stopped.stdout)["hosts"]["cpu-1"]["error"]
-        assert "01-site.conf" in error and "backports.list" in error, error
+        assert "01-site.conf" in error, error  # the first check that fails stops the host
     finally:
         for host, _, undo, *_ in OVERRIDES:
-            lab.ssh(host, undo)
-    # The apply repairs the two it can: sshd enabled for every boot, etcdctl installed again.
-    fixed = gpuinfra("apply", str(lab.inventory_path), "--limit", ",".join(hosts), "--yes")
+            lab.ssh(host, undo, check=False)
+    # The apply repairs the two it can: sshd enabled for every boot, etcd-client installed again.
+    fixed = gpuinfra(
+        "apply", str(lab.inventory_path), "--limit", ",".join(sorted(drifting)), "--yes"
+    )
     assert fixed.returncode == ExitCode.OK, fixed.stdout[-2000:]
     assert lab.ssh("dns-1", "systemctl is-enabled ssh").stdout.strip() == "enabled"
-    lab.ssh("etcd-3", "/usr/local/bin/etcdctl version")
+    lab.ssh("etcd-3", "etcdctl version")
     code, after = drift(lab.inventory_path)
     assert code == ExitCode.OK, answer(after)
     assert f"{len(lab.hosts)} of {len(lab.hosts)} hosts matched" in " ".join(after["notes"])

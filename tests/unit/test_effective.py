@@ -207,3 +207,58 @@ def test_every_file_gpuinfra_writes_where_others_write_carries_the_marker():
                 seen += 1
                 assert MARKER in "".join(text.splitlines(True)[:3]), path
     assert seen > 0
+
+
+def test_a_sysctl_file_read_after_ours_wins_at_boot():
+    from toolkit.effective import ConfDirSettings, assignments, later_file_wins
+
+    ours = assignments("# Managed by gpuinfra\nnet.core.somaxconn = 4096\nvm.swappiness = 0\n")
+    found = ConfDirSettings().process([
+        "/etc/sysctl.d/99-site.conf:net/core/somaxconn=128",
+        "/etc/sysctl.d/10-early.conf:vm.swappiness = 60",  # read before ours: ours wins
+        "/usr/lib/sysctl.d/50-default.conf:net.core.somaxconn = 4096",
+        "/usr/lib/sysctl.d/99-same.conf:vm.swappiness =  0",  # the same value
+    ])  # fmt: skip
+    path = "/etc/sysctl.d/90-gpuinfra.conf"
+    assert later_file_wins(found, path, ours, "sysctl") == [
+        "sysctl: net.core.somaxconn = 128 set in /etc/sysctl.d/99-site.conf wins over "
+        "gpuinfra's 4096 at the next boot"
+    ]
+    assert later_file_wins(found[1:], path, ours, "sysctl") == []
+
+
+def test_servers_held_out_of_rotation_are_read_from_the_stats_csv():
+    from roles.loadbalancer.facts import ServersHeldDown
+
+    assert ServersHeldDown().process(["kube-apiserver/cp-1 MAINT", ""]) == [
+        "kube-apiserver/cp-1 MAINT"
+    ]
+    assert "$18" in ServersHeldDown().command(port=8404)
+
+
+def test_an_etcd_member_or_learner_the_inventory_lacks():
+    from roles.etcd.deploy import foreign_members
+    from roles.etcd.facts import Members
+
+    initial = "etcd-1=https://10.0.0.1:2380,etcd-2=https://10.0.0.2:2380"
+    members = Members().process([
+        " etcd-1, https://10.0.0.1:2380, false",
+        " etcd-2, https://10.0.0.2:2380, false",
+        " , https://10.0.0.9:2380, true",
+    ])  # fmt: skip
+    assert foreign_members(members[:2], initial) == []
+    assert foreign_members(members, initial) == [
+        "etcd: member (not started) at https://10.0.0.9:2380 is not in the inventory"
+    ]
+    learner = [("etcd-2", "https://10.0.0.2:2380", True)]
+    assert foreign_members(learner, initial) == [
+        "etcd: member etcd-2 is a learner (promote it or remove it)"
+    ]
+
+
+def test_supplementary_groups_leave_the_primary_out():
+    from toolkit.facts import SupplementaryGroups
+
+    assert SupplementaryGroups().process(["etcd docker", "etcd"]) == ["docker"]
+    assert SupplementaryGroups().process(["etcd", "etcd"]) == []
+    assert SupplementaryGroups().process([]) is None

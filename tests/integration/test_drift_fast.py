@@ -255,7 +255,7 @@ OVERRIDES = [
      "Kernel | Check that no systemd setting overrides our limits", "99-site.conf"),
     ("lb-1", haproxy_admin("disable server kube-apiserver/cp-2"),
      haproxy_admin("enable server kube-apiserver/cp-2"),
-     "Loadbalancer | Check that no API server is held out of rotation", "kube-apiserver/cp-2"),
+     "Load balancer | Check that no API server is held out of rotation", "kube-apiserver/cp-2"),
     ("etcd-1", f"{ETCDCTL} member add spare --learner --peer-urls=https://198.18.3.250:2380",
      f"{ETCDCTL} member list | awk -F', ' '$4 ~ /198.18.3.250/ {{print $1}}' > /tmp/spare && "
      'etcdctl --endpoints="$GPUINFRA_ETCD_ENDPOINTS" member remove "$(cat /tmp/spare)"',

@@ -9,7 +9,8 @@ tools. Only one member is ever restarted at a time, except where the whole clust
 
 One module per concern: `common` (members, settings, errors, the remote seam), `health`
 (status, check-disk), `snapshots`, `restore_flow` and `replace_flow` (the steps of
-`day2.flows`), `certs` (rotate-certs, rotate-ca). The names callers use are re-exported here.
+`day2.flows`) with the shell they run on the members (`restore_commands`, `replace_commands`),
+`certs` (rotate-certs, rotate-ca). The names callers use are re-exported here.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from cli.exitcodes import ExitCode
 from cli.main import app
 from day2 import etcd as day2
-from day2.etcd import common, replace_flow, restore_flow
+from day2.etcd import common, replace_commands, restore_commands, restore_flow
 from day2.etcd.health import wal_fsync_p99_ms
 from engine.context import load
 from tests.unit.test_etcd_hardening import Members, remote
@@ -262,8 +262,9 @@ def test_replace_fences_etcd_from_before_the_stop_until_the_new_member_is_added(
     day2.replace(loaded, "etcd-2", stamp="S")
     commands = [c for _, c in members.commands]
     stop = members.first("systemctl stop etcd")
-    assert commands[stop].index(replace_flow.FENCE) < commands[stop].index("systemctl stop etcd")
-    lifted = [i for i, c in enumerate(commands) if c.startswith(replace_flow.unfence_command())]
+    fence, unfence = replace_commands.FENCE, replace_commands.unfence_command()
+    assert commands[stop].index(fence) < commands[stop].index("systemctl stop etcd")
+    lifted = [i for i, c in enumerate(commands) if c.startswith(unfence)]
     assert lifted == [members.first("systemctl start etcd")]
     assert members.first("member add") < lifted[0]
     assert members.first("member.before-replace-S") < lifted[0]
@@ -281,7 +282,7 @@ def test_discarded_data_and_a_failed_gate_leave_the_member_fenced_and_say_so(mon
     message = str(failed.value)
     assert "stopped and fenced" in message and "still member 11 of the cluster" in message
     assert "DISCARDED" in message and "back in place" not in message
-    assert not any(replace_flow.unfence_command() in c for c in _after_stop(members))
+    assert not any(replace_commands.unfence_command() in c for c in _after_stop(members))
     assert not members.sent("member remove")
     # Control: with the data kept, it is put back and the fence lifted.
     kept = Members(fail={"fio": "etcd-2"})
@@ -289,7 +290,7 @@ def test_discarded_data_and_a_failed_gate_leave_the_member_fenced_and_say_so(mon
     with pytest.raises(day2.EtcdOperationError) as failed:
         day2.replace(loaded, "etcd-2", stamp="S")
     assert "not fenced" in str(failed.value) and "old data back in place" in str(failed.value)
-    assert any(replace_flow.unfence_command() in c for c in _after_stop(kept))
+    assert any(replace_commands.unfence_command() in c for c in _after_stop(kept))
 
 
 def test_a_failed_member_remove_after_a_discard_says_the_member_is_fenced(monkeypatch, loaded):
@@ -300,7 +301,7 @@ def test_a_failed_member_remove_after_a_discard_says_the_member_is_fenced(monkey
     message = str(failed.value)
     assert "stopped and fenced" in message and "still member 11" in message
     assert "DISCARDED" in message
-    assert not any(replace_flow.unfence_command() in c for c in _after_stop(members))
+    assert not any(replace_commands.unfence_command() in c for c in _after_stop(members))
     assert not members.sent("member add")
 
 
@@ -312,7 +313,7 @@ def test_a_failed_member_add_says_the_old_member_is_gone_and_this_one_fenced(mon
     message = str(failed.value)
     assert "stopped and fenced, member 11 removed (the cluster has 2 members)" in message
     assert "etcd replace` again" in message
-    assert not any(replace_flow.unfence_command() in c for c in _after_stop(members))
+    assert not any(replace_commands.unfence_command() in c for c in _after_stop(members))
 
 
 def test_snapshot_is_0600_from_its_creation_wherever_out_points(monkeypatch, loaded, tmp_path):
@@ -357,4 +358,4 @@ def test_snapshot_is_0600_from_its_creation_wherever_out_points(monkeypatch, loa
     assert [p.name for p in fresh.parent.iterdir()] == ["snap.db"]  # no partial left
     saved = [c.split("snapshot save ")[1].split()[0] for _, c in members.commands if "save" in c]
     assert len(set(saved)) == 2 and all(p.startswith("/var/tmp/gpuinfra-etcd-") for p in saved)
-    assert restore_flow.RestorePaths("/var/lib/etcd", "S").snapshot not in saved
+    assert restore_commands.RestorePaths("/var/lib/etcd", "S").snapshot not in saved

@@ -18,8 +18,19 @@ from typer.testing import CliRunner
 from cli.exitcodes import ExitCode
 from cli.main import app
 from day2 import etcd as day2
-from day2.etcd import certs, common, replace_flow, restore_flow
-from day2.etcd.restore_flow import RestorePaths
+from day2.etcd import certs, common, replace_commands, restore_commands, restore_flow
+from day2.etcd.replace_commands import (
+    join_command,
+    put_back_command,
+    set_aside_command,
+    stop_member_command,
+)
+from day2.etcd.restore_commands import (
+    RestorePaths,
+    finish_restore_command,
+    rollback_restore_command,
+    swap_restore_command,
+)
 from engine.context import host_context, load
 from roles.etcd import pki
 from roles.etcd.config import EtcdConfig
@@ -192,7 +203,7 @@ def member_dir(tmp_path, monkeypatch) -> tuple[Path, RestorePaths]:
     (bin_dir / "install").write_text('#!/bin/sh\nfor a; do last=$a; done\nmkdir -p "$last"\n')
     (bin_dir / "install").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
-    for module in (restore_flow, replace_flow):  # the swap and the join write it
+    for module in (restore_commands, replace_commands):  # the swap and the join write it
         monkeypatch.setattr(module, "INITIAL_STATE_ENV", str(tmp_path / "initial.env"))
     return data, RestorePaths(str(data), "STAMP")
 
@@ -214,20 +225,20 @@ def db(data: Path) -> str:
 def test_swap_keeps_the_old_data_and_rollback_puts_it_back(member_dir):
     data, paths = member_dir
     stage_by_hand(paths)
-    assert sh(restore_flow.swap_restore_command(paths)).returncode == 0
+    assert sh(swap_restore_command(paths)).returncode == 0
     assert db(data) == "restored"
     assert (Path(paths.kept) / "snap" / "db").read_text() == "old"
-    assert sh(restore_flow.rollback_restore_command(paths)).returncode == 0
+    assert sh(rollback_restore_command(paths)).returncode == 0
     assert db(data) == "old"
     assert sorted(p.name for p in data.iterdir()) == ["member"]
     # Again: nothing more happens.
-    assert sh(restore_flow.rollback_restore_command(paths)).returncode == 0 and db(data) == "old"
+    assert sh(rollback_restore_command(paths)).returncode == 0 and db(data) == "old"
 
 
 def test_rollback_leaves_a_member_that_was_never_swapped_alone(member_dir):
     data, paths = member_dir
     stage_by_hand(paths)  # staged, but the swap never ran here
-    assert sh(restore_flow.rollback_restore_command(paths)).returncode == 0
+    assert sh(rollback_restore_command(paths)).returncode == 0
     assert db(data) == "old"
     assert sorted(p.name for p in data.iterdir()) == ["member"]
 
@@ -235,9 +246,9 @@ def test_rollback_leaves_a_member_that_was_never_swapped_alone(member_dir):
 def test_finish_deletes_the_kept_data_only_then(member_dir):
     data, paths = member_dir
     stage_by_hand(paths)
-    sh(restore_flow.swap_restore_command(paths))
+    sh(swap_restore_command(paths))
     assert Path(paths.kept).exists()
-    assert sh(restore_flow.finish_restore_command(paths)).returncode == 0
+    assert sh(finish_restore_command(paths)).returncode == 0
     assert sorted(p.name for p in data.iterdir()) == ["member"] and db(data) == "restored"
 
 
@@ -245,10 +256,10 @@ def test_swap_refuses_while_etcd_runs(member_dir, tmp_path):
     data, paths = member_dir
     (tmp_path / "bin" / "systemctl").write_text("#!/bin/sh\nexit 0\n")  # "active"
     stage_by_hand(paths)
-    swapped = sh(restore_flow.swap_restore_command(paths))
+    swapped = sh(swap_restore_command(paths))
     assert swapped.returncode != 0 and "still running" in swapped.stderr
     assert db(data) == "old"
-    assert sh(replace_flow.set_aside_command(str(data), paths.kept)).returncode != 0
+    assert sh(set_aside_command(str(data), paths.kept)).returncode != 0
     assert db(data) == "old"
 
 
@@ -447,10 +458,10 @@ def test_status_command_exits_5_for_a_full_disk(monkeypatch, loaded):
 def test_discard_deletes_the_old_data_only_with_etcd_stopped(member_dir, tmp_path):
     data, paths = member_dir
     (tmp_path / "bin" / "systemctl").write_text("#!/bin/sh\nexit 0\n")  # "active"
-    refused = sh(replace_flow.set_aside_command(str(data), paths.kept, discard=True))
+    refused = sh(set_aside_command(str(data), paths.kept, discard=True))
     assert refused.returncode != 0 and db(data) == "old"
     (tmp_path / "bin" / "systemctl").write_text("#!/bin/sh\nexit 3\n")  # stopped
-    assert sh(replace_flow.set_aside_command(str(data), paths.kept, discard=True)).returncode == 0
+    assert sh(set_aside_command(str(data), paths.kept, discard=True)).returncode == 0
     assert not (data / "member").exists() and not Path(paths.kept).exists()
 
 
@@ -461,8 +472,8 @@ def test_discard_deletes_the_old_data_only_with_etcd_stopped(member_dir, tmp_pat
 def fence(member_dir, tmp_path, monkeypatch) -> Path:
     """The fence drop-in under tmp_path, and a systemctl that logs its calls, says etcd is
     inactive, and fails `stop` when STOP_RC says so."""
-    monkeypatch.setattr(replace_flow, "FENCE_DIR", str(tmp_path / "etcd.service.d"))
-    monkeypatch.setattr(replace_flow, "FENCE", str(tmp_path / "etcd.service.d" / "fence.conf"))
+    monkeypatch.setattr(replace_commands, "FENCE_DIR", str(tmp_path / "etcd.service.d"))
+    monkeypatch.setattr(replace_commands, "FENCE", str(tmp_path / "etcd.service.d" / "fence.conf"))
     (tmp_path / "bin" / "systemctl").write_text(
         f'#!/bin/sh\necho "$*" >> {tmp_path}/systemctl.log\n'
         'case "$1" in is-active) exit 3;; stop) exit "${STOP_RC:-0}";; *) exit 0;; esac\n'
@@ -471,25 +482,25 @@ def fence(member_dir, tmp_path, monkeypatch) -> Path:
 
 
 def test_the_stop_fences_etcd_and_a_failed_stop_lifts_the_fence_again(fence, monkeypatch):
-    assert sh(replace_flow.stop_member_command()).returncode == 0
+    assert sh(stop_member_command()).returncode == 0
     assert fence.exists() and "AssertPathExists=!" in fence.read_text()
     fence.unlink()
     monkeypatch.setenv("STOP_RC", "1")
-    assert sh(replace_flow.stop_member_command()).returncode != 0
+    assert sh(stop_member_command()).returncode != 0
     assert not fence.exists()  # etcd may still run: nothing is left that stops its restart
 
 
 def test_put_back_lifts_the_fence_only_where_the_old_data_is_back(fence, member_dir):
     data, paths = member_dir
     kept = paths.kept.replace("restore", "replace")
-    assert sh(replace_flow.stop_member_command()).returncode == 0
-    assert sh(replace_flow.set_aside_command(str(data), kept)).returncode == 0
-    assert sh(replace_flow.put_back_command(str(data), kept)).returncode == 0
+    assert sh(stop_member_command()).returncode == 0
+    assert sh(set_aside_command(str(data), kept)).returncode == 0
+    assert sh(put_back_command(str(data), kept)).returncode == 0
     assert db(data) == "old" and not fence.exists()
     # Discarded: nothing to put back, so the member stays fenced and the command fails.
-    assert sh(replace_flow.stop_member_command()).returncode == 0
-    assert sh(replace_flow.set_aside_command(str(data), kept, discard=True)).returncode == 0
-    assert sh(replace_flow.put_back_command(str(data), kept)).returncode != 0
+    assert sh(stop_member_command()).returncode == 0
+    assert sh(set_aside_command(str(data), kept, discard=True)).returncode == 0
+    assert sh(put_back_command(str(data), kept)).returncode != 0
     assert fence.exists() and not (data / "member").exists()
     # The join lifts it.
-    assert sh(replace_flow.join_command()).returncode == 0 and not fence.exists()
+    assert sh(join_command()).returncode == 0 and not fence.exists()

@@ -1,13 +1,15 @@
 """The day-2 flows, step by step: what each step does in one line and the function that does
-it (day2/etcd.py, day2/kubernetes.py), named so that `--help` lists the steps without importing
-the flows. The commands' help and `--skip` are built from these lists, and the flows run them.
+it (day2/etcd/replace_flow.py, day2/etcd/restore_flow.py, day2/kubernetes.py), named so that
+`--help` lists the steps without importing the flows. The commands' help and `--skip` are built
+from these lists, and the flows run them.
 """
 
 from __future__ import annotations
 
 from day2.steps import Flow, Step
 
-_ETCD = "day2.etcd"
+_REPLACE = "day2.etcd.replace_flow"
+_RESTORE = "day2.etcd.restore_flow"
 _KUBERNETES = "day2.kubernetes"
 
 ETCD_REPLACE = Flow(
@@ -16,61 +18,61 @@ ETCD_REPLACE = Flow(
         Step(
             "preflight",
             "a member, a healthy quorum without it, its data disk mounted",
-            f"{_ETCD}:replace_preflight",
+            f"{_REPLACE}:replace_preflight",
         ),
         Step(
             "stop",
             "fence etcd there (it cannot start) and stop it",
-            f"{_ETCD}:replace_stop",
-            left=f"{_ETCD}:replace_left_unchanged",
+            f"{_REPLACE}:replace_stop",
+            left=f"{_REPLACE}:replace_left_unchanged",
         ),
         Step(
             "set-aside",
             "rename the old data (--discard-old-data: delete it)",
-            f"{_ETCD}:replace_set_aside",
-            left=f"{_ETCD}:replace_left_set_aside",
+            f"{_REPLACE}:replace_set_aside",
+            left=f"{_REPLACE}:replace_left_set_aside",
         ),
         Step(
             "gate",
             "the disk gate: fio's fdatasync p99 on the data directory",
-            f"{_ETCD}:replace_gate",
-            left=f"{_ETCD}:replace_left_gate",
+            f"{_REPLACE}:replace_gate",
+            left=f"{_REPLACE}:replace_left_gate",
             skippable=True,
         ),
         Step(
             "remove",
             "remove the old member (the cluster and its quorum shrink)",
-            f"{_ETCD}:replace_remove",
-            left=f"{_ETCD}:replace_left_as_is",
+            f"{_REPLACE}:replace_remove",
+            left=f"{_REPLACE}:replace_left_as_is",
         ),
         Step(
             "add",
             "add the new member as a learner (no vote)",
-            f"{_ETCD}:replace_add",
-            left=f"{_ETCD}:replace_left_removed",
+            f"{_REPLACE}:replace_add",
+            left=f"{_REPLACE}:replace_left_removed",
         ),
         Step(
             "start",
             "lift the fence and start the new member, joining the cluster",
-            f"{_ETCD}:replace_start",
-            left=f"{_ETCD}:replace_left_learner",
+            f"{_REPLACE}:replace_start",
+            left=f"{_REPLACE}:replace_left_learner",
         ),
         Step(
             "promote",
             "promote the learner to a voter once it has caught up",
-            f"{_ETCD}:replace_promote",
-            left=f"{_ETCD}:replace_left_learner",
+            f"{_REPLACE}:replace_promote",
+            left=f"{_REPLACE}:replace_left_learner",
         ),
         Step(
             "wait",
             "wait until the cluster is healthy",
-            f"{_ETCD}:replace_wait",
-            left=f"{_ETCD}:replace_left_behind",
+            f"{_REPLACE}:replace_wait",
+            left=f"{_REPLACE}:replace_left_behind",
         ),
         Step(
             "clean-up",
             "delete the old data set aside",
-            f"{_ETCD}:replace_clean_up",
+            f"{_REPLACE}:replace_clean_up",
             skippable=True,
         ),
     ),
@@ -82,48 +84,48 @@ ETCD_RESTORE = Flow(
         Step(
             "preflight",
             "every member's data disk is mounted and no kube-apiserver runs",
-            f"{_ETCD}:restore_preflight",
+            f"{_RESTORE}:restore_preflight",
         ),
         Step(
             "copy",
             "copy the snapshot to every member",
-            f"{_ETCD}:restore_copy",
-            left=f"{_ETCD}:restore_left_unchanged",
+            f"{_RESTORE}:restore_copy",
+            left=f"{_RESTORE}:restore_left_unchanged",
         ),
         Step(
             "stage",
             "unpack it beside the data on every member, etcd still running",
-            f"{_ETCD}:restore_stage",
-            left=f"{_ETCD}:restore_left_unstaged",
+            f"{_RESTORE}:restore_stage",
+            left=f"{_RESTORE}:restore_left_unstaged",
         ),
         Step(
             "recheck",
             "ask the control plane again: no kube-apiserver may run",
-            f"{_ETCD}:restore_recheck",
-            left=f"{_ETCD}:restore_left_unstaged_quietly",
+            f"{_RESTORE}:restore_recheck",
+            left=f"{_RESTORE}:restore_left_unstaged_quietly",
         ),
         Step(
             "stop",
             "stop etcd on every member",
-            f"{_ETCD}:restore_stop",
-            left=f"{_ETCD}:restore_roll_back",
+            f"{_RESTORE}:restore_stop",
+            left=f"{_RESTORE}:restore_roll_back",
         ),
         Step(
             "swap",
             "the old data aside (kept), the staged data in its place",
-            f"{_ETCD}:restore_swap",
-            left=f"{_ETCD}:restore_roll_back",
+            f"{_RESTORE}:restore_swap",
+            left=f"{_RESTORE}:restore_roll_back",
         ),
         Step(
             "start",
             "start every member together and wait for a healthy cluster",
-            f"{_ETCD}:restore_start",
-            left=f"{_ETCD}:restore_roll_back",
+            f"{_RESTORE}:restore_start",
+            left=f"{_RESTORE}:restore_roll_back",
         ),
         Step(
             "clean-up",
             "delete each member's old data and snapshot copy",
-            f"{_ETCD}:restore_clean_up",
+            f"{_RESTORE}:restore_clean_up",
             skippable=True,
         ),
     ),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -13,7 +14,8 @@ from typer.testing import CliRunner
 from cli.exitcodes import ExitCode
 from cli.main import app
 from day2 import etcd as day2
-from day2.etcd import wal_fsync_p99_ms
+from day2.etcd import common, replace_commands, restore_commands, restore_flow
+from day2.etcd.health import wal_fsync_p99_ms
 from engine.context import load
 from tests.unit.test_etcd_hardening import Members, remote
 from toolkit import remote as remote_module
@@ -29,6 +31,22 @@ METRICS = "\n".join(
         'etcd_disk_wal_fsync_duration_seconds_bucket{le="+Inf"} 100',
     ]
 )
+
+
+def test_only_common_binds_the_remote_primitive():
+    """Every module of day2/etcd/ reaches a member through `common.run_remote`, the one name
+    these tests replace: a module binding `run_remote` itself would reach past the stand-in."""
+    package = Path(day2.__file__).parent
+    binding: dict[str, list[str]] = {}
+    for path in sorted(package.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "toolkit.remote":
+                names = [alias.name for alias in node.names if alias.name == "run_remote"]
+                if names:
+                    binding.setdefault(path.name, []).extend(names)
+    assert binding == {"common.py": ["run_remote"]}
+    calls = [path.name for path in package.glob("*.py") if "common.run_remote(" in path.read_text()]
+    assert len(calls) >= 4  # health, snapshots, restore_flow, replace_flow
 
 
 def test_wal_fsync_p99_is_the_bucket_holding_the_99th_percentile():
@@ -61,7 +79,7 @@ def fake_hosts(monkeypatch, answers: dict[str, RemoteResult]) -> None:
             return remote(True, "", "")
         return answers[host]
 
-    monkeypatch.setattr(day2, "run_remote", run_on)
+    monkeypatch.setattr(common, "run_remote", run_on)
 
 
 def test_status_with_every_member_healthy(monkeypatch, loaded):
@@ -175,16 +193,16 @@ def test_restore_is_refused_while_an_api_server_runs(
     monkeypatch, loaded, snapshot_file, answer, fail, said
 ):
     members = Members(fail=fail, api_server=answer)
-    monkeypatch.setattr(day2, "run_remote", members)
+    monkeypatch.setattr(common, "run_remote", members)
     with pytest.raises(day2.EtcdRefused, match=said) as refused:
         day2.restore(loaded, snapshot_file, stamp="S")
     assert "nothing was changed" in str(refused.value)
     assert _to_members(members) == []  # no member was sent anything
     # Control: with the API servers stopped, the same restore goes ahead and ends healthy.
     stopped = Members()
-    monkeypatch.setattr(day2, "run_remote", stopped)
-    monkeypatch.setattr(day2, "status", lambda loaded: day2.ClusterStatus("small", "healthy", 2,
-                                                                          3, None, 0))  # fmt: skip
+    monkeypatch.setattr(common, "run_remote", stopped)
+    healthy = day2.ClusterStatus("small", "healthy", 2, 3, None, 0)
+    monkeypatch.setattr(restore_flow, "status", lambda loaded: healthy)
     day2.restore(loaded, snapshot_file, stamp="S")
     assert stopped.sent("systemctl stop etcd") and stopped.sent("cat > ")
 
@@ -195,12 +213,12 @@ def test_restore_asks_again_before_stopping_the_members(monkeypatch, loaded, sna
 
     class StartedLater(Members):
         def __call__(self, loaded, host, command, **kwargs):
-            if command == day2.API_SERVER_STATE and self.sent("etcdutl snapshot restore"):
+            if command == restore_flow.API_SERVER_STATE and self.sent("etcdutl snapshot restore"):
                 self.api_server = "running\n"
             return super().__call__(loaded, host, command, **kwargs)
 
     members = StartedLater()
-    monkeypatch.setattr(day2, "run_remote", members)
+    monkeypatch.setattr(common, "run_remote", members)
     with pytest.raises(day2.EtcdRefused, match="cp-1: kube-apiserver runs"):
         day2.restore(loaded, snapshot_file, stamp="S")
     assert members.sent("etcdutl snapshot restore")  # it got as far as staging
@@ -220,7 +238,7 @@ def test_restore_and_replace_are_refused_when_the_data_disk_is_not_mounted(
     monkeypatch, with_disk, snapshot_file
 ):
     members = Members(fail={"mountpoint -q": "etcd-2"})
-    monkeypatch.setattr(day2, "run_remote", members)
+    monkeypatch.setattr(common, "run_remote", members)
     unmounted = "etcd-2: its etcd data disk /dev/nvme1n1 is not mounted on /var/lib/etcd"
     with pytest.raises(day2.EtcdRefused, match=unmounted):
         day2.restore(with_disk, snapshot_file, stamp="S")
@@ -231,7 +249,7 @@ def test_restore_and_replace_are_refused_when_the_data_disk_is_not_mounted(
     assert not members.sent("systemctl stop") and not members.sent("member remove")
     # Control: mounted, the replace goes through.
     mounted = Members()
-    monkeypatch.setattr(day2, "run_remote", mounted)
+    monkeypatch.setattr(common, "run_remote", mounted)
     day2.replace(with_disk, "etcd-2", stamp="S")
     assert mounted.first("mountpoint -q") < mounted.first("systemctl stop etcd")
 
@@ -240,12 +258,13 @@ def test_replace_fences_etcd_from_before_the_stop_until_the_new_member_is_added(
     monkeypatch, loaded
 ):
     members = Members()
-    monkeypatch.setattr(day2, "run_remote", members)
+    monkeypatch.setattr(common, "run_remote", members)
     day2.replace(loaded, "etcd-2", stamp="S")
     commands = [c for _, c in members.commands]
     stop = members.first("systemctl stop etcd")
-    assert commands[stop].index(day2.FENCE) < commands[stop].index("systemctl stop etcd")
-    lifted = [i for i, c in enumerate(commands) if c.startswith(day2.unfence_command())]
+    fence, unfence = replace_commands.FENCE, replace_commands.unfence_command()
+    assert commands[stop].index(fence) < commands[stop].index("systemctl stop etcd")
+    lifted = [i for i, c in enumerate(commands) if c.startswith(unfence)]
     assert lifted == [members.first("systemctl start etcd")]
     assert members.first("member add") < lifted[0]
     assert members.first("member.before-replace-S") < lifted[0]
@@ -257,44 +276,44 @@ def _after_stop(members: Members) -> list[str]:
 
 def test_discarded_data_and_a_failed_gate_leave_the_member_fenced_and_say_so(monkeypatch, loaded):
     members = Members(fail={"fio": "etcd-2"})
-    monkeypatch.setattr(day2, "run_remote", members)
+    monkeypatch.setattr(common, "run_remote", members)
     with pytest.raises(day2.EtcdOperationError) as failed:
         day2.replace(loaded, "etcd-2", discard_old_data=True, stamp="S")
     message = str(failed.value)
     assert "stopped and fenced" in message and "still member 11 of the cluster" in message
     assert "DISCARDED" in message and "back in place" not in message
-    assert not any(day2.unfence_command() in c for c in _after_stop(members))
+    assert not any(replace_commands.unfence_command() in c for c in _after_stop(members))
     assert not members.sent("member remove")
     # Control: with the data kept, it is put back and the fence lifted.
     kept = Members(fail={"fio": "etcd-2"})
-    monkeypatch.setattr(day2, "run_remote", kept)
+    monkeypatch.setattr(common, "run_remote", kept)
     with pytest.raises(day2.EtcdOperationError) as failed:
         day2.replace(loaded, "etcd-2", stamp="S")
     assert "not fenced" in str(failed.value) and "old data back in place" in str(failed.value)
-    assert any(day2.unfence_command() in c for c in _after_stop(kept))
+    assert any(replace_commands.unfence_command() in c for c in _after_stop(kept))
 
 
 def test_a_failed_member_remove_after_a_discard_says_the_member_is_fenced(monkeypatch, loaded):
     members = Members(fail={"member remove": "*"})
-    monkeypatch.setattr(day2, "run_remote", members)
+    monkeypatch.setattr(common, "run_remote", members)
     with pytest.raises(day2.EtcdOperationError, match="member remove failed") as failed:
         day2.replace(loaded, "etcd-2", discard_old_data=True, stamp="S")
     message = str(failed.value)
     assert "stopped and fenced" in message and "still member 11" in message
     assert "DISCARDED" in message
-    assert not any(day2.unfence_command() in c for c in _after_stop(members))
+    assert not any(replace_commands.unfence_command() in c for c in _after_stop(members))
     assert not members.sent("member add")
 
 
 def test_a_failed_member_add_says_the_old_member_is_gone_and_this_one_fenced(monkeypatch, loaded):
     members = Members(fail={"member add": "*"})
-    monkeypatch.setattr(day2, "run_remote", members)
+    monkeypatch.setattr(common, "run_remote", members)
     with pytest.raises(day2.EtcdOperationError, match="member add failed") as failed:
         day2.replace(loaded, "etcd-2", discard_old_data=True, stamp="S")
     message = str(failed.value)
     assert "stopped and fenced, member 11 removed (the cluster has 2 members)" in message
     assert "etcd replace` again" in message
-    assert not any(day2.unfence_command() in c for c in _after_stop(members))
+    assert not any(replace_commands.unfence_command() in c for c in _after_stop(members))
 
 
 def test_snapshot_is_0600_from_its_creation_wherever_out_points(monkeypatch, loaded, tmp_path):
@@ -321,7 +340,7 @@ def test_snapshot_is_0600_from_its_creation_wherever_out_points(monkeypatch, loa
             return remote_module.run_remote(loaded, host, command, **kwargs)
         return members(loaded, host, command, **kwargs)
 
-    monkeypatch.setattr(day2, "run_remote", answer)
+    monkeypatch.setattr(common, "run_remote", answer)
     monkeypatch.setattr(remote_module.subprocess, "run", copy)
     monkeypatch.setattr(Path, "chmod", no_chmod)
     monkeypatch.setattr(os, "chmod", no_chmod)
@@ -339,4 +358,4 @@ def test_snapshot_is_0600_from_its_creation_wherever_out_points(monkeypatch, loa
     assert [p.name for p in fresh.parent.iterdir()] == ["snap.db"]  # no partial left
     saved = [c.split("snapshot save ")[1].split()[0] for _, c in members.commands if "save" in c]
     assert len(set(saved)) == 2 and all(p.startswith("/var/tmp/gpuinfra-etcd-") for p in saved)
-    assert day2.RestorePaths("/var/lib/etcd", "S").snapshot not in saved
+    assert restore_commands.RestorePaths("/var/lib/etcd", "S").snapshot not in saved

@@ -18,7 +18,19 @@ from typer.testing import CliRunner
 from cli.exitcodes import ExitCode
 from cli.main import app
 from day2 import etcd as day2
-from day2.etcd import RestorePaths
+from day2.etcd import certs, common, replace_commands, restore_commands, restore_flow
+from day2.etcd.replace_commands import (
+    join_command,
+    put_back_command,
+    set_aside_command,
+    stop_member_command,
+)
+from day2.etcd.restore_commands import (
+    RestorePaths,
+    finish_restore_command,
+    rollback_restore_command,
+    swap_restore_command,
+)
 from engine.context import host_context, load
 from roles.etcd import pki
 from roles.etcd.config import EtcdConfig
@@ -148,7 +160,7 @@ def test_rotate_ca_resumes_from_the_stage_it_stopped_at(monkeypatch, loaded):
         ran.append(step)
         return day2.CaRotationStep(step, {"etcd-1": "changed"}, {}, "healthy", 0.0)
 
-    monkeypatch.setattr(day2, "_roll_out", roll_out)
+    monkeypatch.setattr(certs, "_roll_out", roll_out)
     result = day2.rotate_ca(loaded)
     assert ran == ["drop-old"] and pki.ca_rotation_stage(loaded) == "none"
     assert result.old_ca_serial != result.new_ca_serial
@@ -157,7 +169,7 @@ def test_rotate_ca_resumes_from_the_stage_it_stopped_at(monkeypatch, loaded):
 def test_rotate_ca_stops_at_a_step_that_left_the_cluster_unhealthy(monkeypatch, loaded):
     pki.ensure_pki(loaded)
     monkeypatch.setattr(
-        day2,
+        certs,
         "_roll_out",
         lambda loaded, step: day2.CaRotationStep(
             step, {}, {"etcd-2": "restart failed"}, "degraded", 0
@@ -191,7 +203,8 @@ def member_dir(tmp_path, monkeypatch) -> tuple[Path, RestorePaths]:
     (bin_dir / "install").write_text('#!/bin/sh\nfor a; do last=$a; done\nmkdir -p "$last"\n')
     (bin_dir / "install").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
-    monkeypatch.setattr(day2, "INITIAL_STATE_ENV", str(tmp_path / "initial.env"))
+    for module in (restore_commands, replace_commands):  # the swap and the join write it
+        monkeypatch.setattr(module, "INITIAL_STATE_ENV", str(tmp_path / "initial.env"))
     return data, RestorePaths(str(data), "STAMP")
 
 
@@ -212,20 +225,20 @@ def db(data: Path) -> str:
 def test_swap_keeps_the_old_data_and_rollback_puts_it_back(member_dir):
     data, paths = member_dir
     stage_by_hand(paths)
-    assert sh(day2.swap_restore_command(paths)).returncode == 0
+    assert sh(swap_restore_command(paths)).returncode == 0
     assert db(data) == "restored"
     assert (Path(paths.kept) / "snap" / "db").read_text() == "old"
-    assert sh(day2.rollback_restore_command(paths)).returncode == 0
+    assert sh(rollback_restore_command(paths)).returncode == 0
     assert db(data) == "old"
     assert sorted(p.name for p in data.iterdir()) == ["member"]
     # Again: nothing more happens.
-    assert sh(day2.rollback_restore_command(paths)).returncode == 0 and db(data) == "old"
+    assert sh(rollback_restore_command(paths)).returncode == 0 and db(data) == "old"
 
 
 def test_rollback_leaves_a_member_that_was_never_swapped_alone(member_dir):
     data, paths = member_dir
     stage_by_hand(paths)  # staged, but the swap never ran here
-    assert sh(day2.rollback_restore_command(paths)).returncode == 0
+    assert sh(rollback_restore_command(paths)).returncode == 0
     assert db(data) == "old"
     assert sorted(p.name for p in data.iterdir()) == ["member"]
 
@@ -233,9 +246,9 @@ def test_rollback_leaves_a_member_that_was_never_swapped_alone(member_dir):
 def test_finish_deletes_the_kept_data_only_then(member_dir):
     data, paths = member_dir
     stage_by_hand(paths)
-    sh(day2.swap_restore_command(paths))
+    sh(swap_restore_command(paths))
     assert Path(paths.kept).exists()
-    assert sh(day2.finish_restore_command(paths)).returncode == 0
+    assert sh(finish_restore_command(paths)).returncode == 0
     assert sorted(p.name for p in data.iterdir()) == ["member"] and db(data) == "restored"
 
 
@@ -243,10 +256,10 @@ def test_swap_refuses_while_etcd_runs(member_dir, tmp_path):
     data, paths = member_dir
     (tmp_path / "bin" / "systemctl").write_text("#!/bin/sh\nexit 0\n")  # "active"
     stage_by_hand(paths)
-    swapped = sh(day2.swap_restore_command(paths))
+    swapped = sh(swap_restore_command(paths))
     assert swapped.returncode != 0 and "still running" in swapped.stderr
     assert db(data) == "old"
-    assert sh(day2.set_aside_command(str(data), paths.kept)).returncode != 0
+    assert sh(set_aside_command(str(data), paths.kept)).returncode != 0
     assert db(data) == "old"
 
 
@@ -282,7 +295,7 @@ class Members:
             return remote(True, json.dumps({"member": {"ID": 18, "isLearner": True}}), "")
         if "fio" in command:
             return remote(True, json.dumps(FIO), "")
-        if command == day2.API_SERVER_STATE:
+        if command == restore_flow.API_SERVER_STATE:
             return remote(True, self.api_server + "checked\n", "")
         return remote(True, "", "")
 
@@ -302,7 +315,7 @@ def snapshot_file(tmp_path) -> Path:
 
 def test_restore_stages_everywhere_before_stopping_anything(monkeypatch, loaded, snapshot_file):
     members = Members(fail={"etcdutl snapshot restore": "etcd-2"})
-    monkeypatch.setattr(day2, "run_remote", members)
+    monkeypatch.setattr(common, "run_remote", members)
     with pytest.raises(day2.EtcdOperationError, match="nothing was stopped or changed"):
         day2.restore(loaded, snapshot_file, stamp="S")
     assert not members.sent("systemctl stop") and not members.sent("mv ")
@@ -314,7 +327,7 @@ def test_restore_rolls_back_every_member_when_one_does_not_start(
     monkeypatch, loaded, snapshot_file
 ):
     members = Members(fail={"etcd-wait-healthy": "etcd-3"})
-    monkeypatch.setattr(day2, "run_remote", members)
+    monkeypatch.setattr(common, "run_remote", members)
     with pytest.raises(day2.EtcdOperationError, match="rolled back"):
         day2.restore(loaded, snapshot_file, stamp="S")
     rolled = {h for h, c in members.commands if "member.before-restore-S" in c and "mv " in c}
@@ -328,7 +341,7 @@ def test_restore_rolls_back_every_member_when_one_does_not_start(
 
 def test_replace_whose_stop_fails_sends_nothing_that_touches_data(monkeypatch, loaded):
     members = Members(fail={"systemctl stop etcd": "etcd-2"})
-    monkeypatch.setattr(day2, "run_remote", members)
+    monkeypatch.setattr(common, "run_remote", members)
     with pytest.raises(day2.EtcdOperationError, match="could not stop etcd.*nothing was changed"):
         day2.replace(loaded, "etcd-2", stamp="S")
     later = members.commands[members.first("systemctl stop etcd") + 1 :]
@@ -337,7 +350,7 @@ def test_replace_whose_stop_fails_sends_nothing_that_touches_data(monkeypatch, l
 
 def test_replace_removes_then_adds_a_learner_and_promotes_it_before_deleting(monkeypatch, loaded):
     members = Members()
-    monkeypatch.setattr(day2, "run_remote", members)
+    monkeypatch.setattr(common, "run_remote", members)
     result = day2.replace(loaded, "etcd-2", stamp="S")
     assert (result.old_id, result.new_id) == ("11", "12")
     order = [
@@ -357,7 +370,7 @@ def test_replace_removes_then_adds_a_learner_and_promotes_it_before_deleting(mon
 
 def test_replace_puts_the_data_back_when_the_disk_gate_fails(monkeypatch, loaded):
     members = Members(fail={"fio": "etcd-2"})
-    monkeypatch.setattr(day2, "run_remote", members)
+    monkeypatch.setattr(common, "run_remote", members)
     with pytest.raises(day2.EtcdOperationError, match="back in place"):
         day2.replace(loaded, "etcd-2", stamp="S")
     assert not members.sent("member remove") and not members.sent("rm -rf")
@@ -390,7 +403,7 @@ def test_status_names_the_member_whose_data_disk_is_full(monkeypatch, loaded):
             return remote(True, "memberID:3 alarm:NOSPACE\n", "")
         return answers[host]
 
-    monkeypatch.setattr(day2, "run_remote", run_on)
+    monkeypatch.setattr(common, "run_remote", run_on)
     result = day2.status(loaded)
     states = {m.name: m.state for m in result.members}
     assert states == {"etcd-1": "healthy", "etcd-2": "healthy", "etcd-3": "unhealthy"}
@@ -414,7 +427,7 @@ def test_status_says_why_a_member_stopped_answering(monkeypatch, loaded):
         "etcd-3": down,
     }
     monkeypatch.setattr(
-        day2,
+        common,
         "run_remote",
         lambda loaded, host, command, **kw: answers.get(host, remote(True, "", "")),
     )
@@ -432,7 +445,7 @@ def test_status_command_exits_5_for_a_full_disk(monkeypatch, loaded):
         "etcd-3": member_answer(3, True, "536870912 0"),
     }
     monkeypatch.setattr(
-        day2,
+        common,
         "run_remote",
         lambda loaded, host, command, **kw: answers.get(host, remote(True, "", "")),
     )
@@ -445,10 +458,10 @@ def test_status_command_exits_5_for_a_full_disk(monkeypatch, loaded):
 def test_discard_deletes_the_old_data_only_with_etcd_stopped(member_dir, tmp_path):
     data, paths = member_dir
     (tmp_path / "bin" / "systemctl").write_text("#!/bin/sh\nexit 0\n")  # "active"
-    refused = sh(day2.set_aside_command(str(data), paths.kept, discard=True))
+    refused = sh(set_aside_command(str(data), paths.kept, discard=True))
     assert refused.returncode != 0 and db(data) == "old"
     (tmp_path / "bin" / "systemctl").write_text("#!/bin/sh\nexit 3\n")  # stopped
-    assert sh(day2.set_aside_command(str(data), paths.kept, discard=True)).returncode == 0
+    assert sh(set_aside_command(str(data), paths.kept, discard=True)).returncode == 0
     assert not (data / "member").exists() and not Path(paths.kept).exists()
 
 
@@ -459,8 +472,8 @@ def test_discard_deletes_the_old_data_only_with_etcd_stopped(member_dir, tmp_pat
 def fence(member_dir, tmp_path, monkeypatch) -> Path:
     """The fence drop-in under tmp_path, and a systemctl that logs its calls, says etcd is
     inactive, and fails `stop` when STOP_RC says so."""
-    monkeypatch.setattr(day2, "FENCE_DIR", str(tmp_path / "etcd.service.d"))
-    monkeypatch.setattr(day2, "FENCE", str(tmp_path / "etcd.service.d" / "fence.conf"))
+    monkeypatch.setattr(replace_commands, "FENCE_DIR", str(tmp_path / "etcd.service.d"))
+    monkeypatch.setattr(replace_commands, "FENCE", str(tmp_path / "etcd.service.d" / "fence.conf"))
     (tmp_path / "bin" / "systemctl").write_text(
         f'#!/bin/sh\necho "$*" >> {tmp_path}/systemctl.log\n'
         'case "$1" in is-active) exit 3;; stop) exit "${STOP_RC:-0}";; *) exit 0;; esac\n'
@@ -469,25 +482,25 @@ def fence(member_dir, tmp_path, monkeypatch) -> Path:
 
 
 def test_the_stop_fences_etcd_and_a_failed_stop_lifts_the_fence_again(fence, monkeypatch):
-    assert sh(day2.stop_member_command()).returncode == 0
+    assert sh(stop_member_command()).returncode == 0
     assert fence.exists() and "AssertPathExists=!" in fence.read_text()
     fence.unlink()
     monkeypatch.setenv("STOP_RC", "1")
-    assert sh(day2.stop_member_command()).returncode != 0
+    assert sh(stop_member_command()).returncode != 0
     assert not fence.exists()  # etcd may still run: nothing is left that stops its restart
 
 
 def test_put_back_lifts_the_fence_only_where_the_old_data_is_back(fence, member_dir):
     data, paths = member_dir
     kept = paths.kept.replace("restore", "replace")
-    assert sh(day2.stop_member_command()).returncode == 0
-    assert sh(day2.set_aside_command(str(data), kept)).returncode == 0
-    assert sh(day2.put_back_command(str(data), kept)).returncode == 0
+    assert sh(stop_member_command()).returncode == 0
+    assert sh(set_aside_command(str(data), kept)).returncode == 0
+    assert sh(put_back_command(str(data), kept)).returncode == 0
     assert db(data) == "old" and not fence.exists()
     # Discarded: nothing to put back, so the member stays fenced and the command fails.
-    assert sh(day2.stop_member_command()).returncode == 0
-    assert sh(day2.set_aside_command(str(data), kept, discard=True)).returncode == 0
-    assert sh(day2.put_back_command(str(data), kept)).returncode != 0
+    assert sh(stop_member_command()).returncode == 0
+    assert sh(set_aside_command(str(data), kept, discard=True)).returncode == 0
+    assert sh(put_back_command(str(data), kept)).returncode != 0
     assert fence.exists() and not (data / "member").exists()
     # The join lifts it.
-    assert sh(day2.join_command()).returncode == 0 and not fence.exists()
+    assert sh(join_command()).returncode == 0 and not fence.exists()

@@ -170,40 +170,42 @@ def loaded(small_cluster, write_cluster):
 
 def test_replace_names_the_failed_step_and_skips_the_gate_when_asked(monkeypatch, loaded):
     from day2 import etcd
+    from day2.etcd import common
     from tests.unit.test_etcd_hardening import Members
 
     members = Members(fail={"systemctl stop etcd": "etcd-2"})
-    monkeypatch.setattr(etcd, "run_remote", members)
+    monkeypatch.setattr(common, "run_remote", members)
     with pytest.raises(etcd.EtcdOperationError, match=r"^step stop: etcd-2: could not stop"):
         etcd.replace(loaded, "etcd-2", stamp="S")
     # Control: the same replace with the gate skipped sends no fio and reports no gate.
     skipped = Members()
-    monkeypatch.setattr(etcd, "run_remote", skipped)
+    monkeypatch.setattr(common, "run_remote", skipped)
     heard: list[str] = []
     result = etcd.replace(loaded, "etcd-2", stamp="S", skip=["gate"], progress=heard.append)
     assert result.gate is None and not skipped.sent("fio")
     assert skipped.sent("member promote")
     assert heard[0].startswith("[preflight] ") and "[gate] skipped: " in heard[3]
     ran = Members()
-    monkeypatch.setattr(etcd, "run_remote", ran)
+    monkeypatch.setattr(common, "run_remote", ran)
     assert etcd.replace(loaded, "etcd-2", stamp="S").gate is not None and ran.sent("fio")
 
 
 def test_restore_without_clean_up_keeps_the_old_data(monkeypatch, loaded, tmp_path):
     from day2 import etcd
+    from day2.etcd import common, restore_flow
     from tests.unit.test_etcd_hardening import Members
 
     snapshot = tmp_path / "snap.db"
     snapshot.write_bytes(b"snapshot")
-    monkeypatch.setattr(etcd, "status", lambda loaded: etcd.ClusterStatus("small", "healthy", 2,
-                                                                          3, None, 0))  # fmt: skip
+    healthy = etcd.ClusterStatus("small", "healthy", 2, 3, None, 0)
+    monkeypatch.setattr(restore_flow, "status", lambda loaded: healthy)
     kept = Members()
-    monkeypatch.setattr(etcd, "run_remote", kept)
+    monkeypatch.setattr(common, "run_remote", kept)
     etcd.restore(loaded, snapshot, stamp="S", skip=["clean-up"])
     assert kept.sent("etcd-wait-healthy")
     assert not kept.sent("rm -rf /var/lib/etcd/member.before-restore-S")
     cleaned = Members()
-    monkeypatch.setattr(etcd, "run_remote", cleaned)
+    monkeypatch.setattr(common, "run_remote", cleaned)
     etcd.restore(loaded, snapshot, stamp="S")
     assert cleaned.sent("rm -rf /var/lib/etcd/member.before-restore-S")
 

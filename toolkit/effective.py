@@ -190,3 +190,36 @@ def overridden_later(
     found = host.get_fact(ConfDirSettings, folders=folders, keys=tuple(sorted(ours))) or []
     kept = [entry for entry in found if entry[0] not in set(declared)]
     return nothing_overrides(name, later_file_wins(kept, ours_path, ours, label))
+
+
+class UnmarkedFiles(FactBase):
+    """The files matching a glob without gpuinfra's marker in their first lines:
+    `["/etc/containerd/conf.d/site.toml"]`."""
+
+    def command(self, pattern: str) -> str:
+        return (
+            f'for f in {pattern}; do [ -f "$f" ] || continue; '
+            f'head -n 3 "$f" | grep -q {shlex.quote(MARKER)} || echo "$f"; done'
+        )
+
+    @staticmethod
+    def default() -> list[str]:
+        return []
+
+    def process(self, output: list[str]) -> list[str]:
+        return [line for line in output if line.strip()]
+
+
+def only_ours(name: str, pattern: str, declared: Iterable[str], why: str) -> OperationMeta:
+    """`nothing_overrides` for a folder a service reads every file of (`pattern`, a glob):
+    a file without gpuinfra's marker, not declared by the site, is a finding saying `why`."""
+    allowed = set(declared)
+    found = host.get_fact(UnmarkedFiles, pattern=pattern) or []
+    return nothing_overrides(
+        name,
+        [
+            f"{path} is not gpuinfra's: {why} (remove it, or declare it in base.site_files)"
+            for path in found
+            if path not in allowed
+        ],
+    )

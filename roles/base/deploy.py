@@ -20,7 +20,7 @@ from roles.base.effective import (
     sshd_settings,
 )
 from roles.base.files import managed_files
-from toolkit.effective import declared_files, nothing_overrides, unit_dropins
+from toolkit.effective import declared_files, nothing_overrides, only_ours, unit_dropins
 from toolkit.facts import UnitState
 from toolkit.operations import live_hostname, put_file, restart_if_running, service_running
 from toolkit.spec import HostContext
@@ -79,6 +79,12 @@ def effective(ctx: HostContext, cfg: BaseConfig, sshd_text: str) -> None:
     nothing_overrides("Check that no sshd setting overrides ours", sshd)
     apt = apt_findings(host.get_fact(AptForeignFiles), DISTRIBUTION_SOURCES, declared)
     nothing_overrides("Check that apt reads only gpuinfra's sources and pins", apt)
+    only_ours(
+        "Check that chrony reads only gpuinfra's sources",
+        "/etc/chrony/sources.d/*.sources",
+        declared,
+        "chrony uses its servers beside the inventory's",
+    )
     states = {unit: host.get_fact(UnitState, unit=unit) for unit in SSH_UNITS}
     ssh_at_boot(name="Start sshd at boot", states=states)
     units = ("ssh", "chrony", "systemd-journald")

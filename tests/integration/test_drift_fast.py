@@ -262,6 +262,13 @@ OVERRIDES = [
      "Etcd | Check that etcd has no member the inventory lacks", "198.18.3.250"),
     ("etcd-2", "usermod -aG disk etcd", "gpasswd -d etcd disk >/dev/null",
      "Etcd | Check that the etcd user is in no other group", "disk"),
+    ("cpu-1", "echo 'server 192.0.2.1 iburst' > /etc/chrony/sources.d/site.sources",
+     "rm -f /etc/chrony/sources.d/site.sources",
+     "Base | Check that chrony reads only gpuinfra's sources", "site.sources"),
+    ("cpu-1", "mkdir -p /etc/containerd/conf.d && "
+     "echo 'version = 2' > /etc/containerd/conf.d/site.toml",
+     "rm -f /etc/containerd/conf.d/site.toml",
+     "Container runtime | Check that containerd imports only gpuinfra's files", "site.toml"),
     ("etcd-3", "apt-get remove -y -q etcd-client >/dev/null",
      "true",  # the apply below installs it again
      "Etcd | Install etcd", None),

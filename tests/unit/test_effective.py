@@ -262,3 +262,14 @@ def test_supplementary_groups_leave_the_primary_out():
     assert SupplementaryGroups().process(["etcd docker", "etcd"]) == ["docker"]
     assert SupplementaryGroups().process(["etcd", "etcd"]) == []
     assert SupplementaryGroups().process([]) is None
+
+
+def test_files_without_the_marker_where_a_service_reads_every_file():
+    from toolkit.effective import UnmarkedFiles
+
+    fact = UnmarkedFiles()
+    assert "/etc/containerd/conf.d/*.toml" in fact.command(pattern="/etc/containerd/conf.d/*.toml")
+    assert fact.process(["/etc/containerd/conf.d/site.toml", ""]) == [
+        "/etc/containerd/conf.d/site.toml"
+    ]
+    assert fact.default() == []

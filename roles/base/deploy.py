@@ -75,7 +75,7 @@ def effective(ctx: HostContext, cfg: BaseConfig, sshd_text: str) -> None:
     declared = declared_files(cfg)
     ours = sshd_settings(sshd_text)
     found = host.get_fact(SshdSettings, keys=tuple(sorted(ours)))
-    sshd = sshd_findings(found, SSHD_FILE, sshd_text)
+    sshd = sshd_findings(found, SSHD_FILE, sshd_text, declared)
     nothing_overrides("Check that no sshd setting overrides ours", sshd)
     apt = apt_findings(host.get_fact(AptForeignFiles), DISTRIBUTION_SOURCES, declared)
     nothing_overrides("Check that apt reads only gpuinfra's sources and pins", apt)

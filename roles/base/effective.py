@@ -105,11 +105,16 @@ def _read_order(found: dict, ours: str) -> list[tuple[str, str, str]]:
     return ordered + after
 
 
-def sshd_findings(found: dict, ours_path: str, ours_text: str) -> list[str]:
+def sshd_findings(
+    found: dict, ours_path: str, ours_text: str, declared: tuple[str, ...] = ()
+) -> list[str]:
     """A finding for each of our keywords that another file decides: the first value sshd
     reads wins (every value counts for Port). With our file in place, `sshd -T` must also
-    agree, which catches what the files alone do not show (an Include elsewhere)."""
+    agree, which catches what the files alone do not show (an Include elsewhere). A keyword
+    that a file the site declared sets is the site's choice, and not judged."""
     ours = sshd_settings(ours_text)
+    chosen = {key for path, key, _ in found["lines"] if path in declared}
+    ours = {key: value for key, value in ours.items() if key not in chosen}
     ordered = [e for e in _read_order(found, ours_path) if e[1] not in ("include", "match")]
     written = ours_path in found["files"]
     findings = []
@@ -125,7 +130,10 @@ def sshd_findings(found: dict, ours_path: str, ours_text: str) -> list[str]:
             others = [first] if first and first[0] != ours_path else []
             others = [e for e in others if _normal(e[2]) != _normal(value)]
         for path, _, other in others:
-            findings.append(f"sshd: {key} {other} set in {path} wins over gpuinfra's {value}")
+            findings.append(
+                f"sshd: {key} {other} set in {path} wins over gpuinfra's {value} "
+                "(remove it, or declare it in base.site_files)"
+            )
         effective = [_normal(v) for v in found["effective"].get(key, [])]
         if written and not others and effective and effective != [_normal(value)]:
             findings.append(

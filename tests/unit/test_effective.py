@@ -57,8 +57,18 @@ def test_an_sshd_drop_in_read_before_ours_is_named():
     )
     assert sshd_findings(found, OURS, OURS_TEXT) == [
         "sshd: passwordauthentication yes set in /etc/ssh/sshd_config.d/01-site.conf wins over "
-        "gpuinfra's no"
+        "gpuinfra's no (remove it, or declare it in base.site_files)"
     ]
+
+
+def test_an_sshd_file_the_site_declared_is_its_choice():
+    found = sshd(
+        "file /etc/ssh/sshd_config.d/01-site.conf",
+        "line PasswordAuthentication yes",
+        effective=("passwordauthentication yes", "port 22", "permitrootlogin without-password"),
+    )
+    declared = ("/etc/ssh/sshd_config.d/01-site.conf",)
+    assert sshd_findings(found, OURS, OURS_TEXT, declared) == []
 
 
 def test_a_drop_in_after_ours_or_inside_match_changes_nothing():
@@ -85,7 +95,8 @@ def test_before_the_first_apply_only_files_that_would_win_count():
 def test_every_port_counts_and_sshd_t_must_agree():
     extra_port = sshd("file /etc/ssh/sshd_config.d/70-port.conf", "line Port 2222")
     assert sshd_findings(extra_port, OURS, OURS_TEXT) == [
-        "sshd: port 2222 set in /etc/ssh/sshd_config.d/70-port.conf wins over gpuinfra's 22"
+        "sshd: port 2222 set in /etc/ssh/sshd_config.d/70-port.conf wins over gpuinfra's 22 "
+        "(remove it, or declare it in base.site_files)"
     ]
     # sshd -T disagrees and no file says why (an Include elsewhere): still a finding.
     found = sshd(effective=("passwordauthentication yes", "port 22"))

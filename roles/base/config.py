@@ -28,8 +28,9 @@ class BaseConfig(BaseModel):
     journald_max_use: str = "2G"
     journald_max_file: str = "128M"
     # Files the site adds on purpose where gpuinfra checks that nothing overrides its settings
-    # (apt's sources and pins, drop-ins of the units the roles manage): absolute paths, never
-    # reported as drift. Anything else there is, and stops an apply (toolkit/effective.py).
+    # (sshd drop-ins, apt's sources and pins, unit drop-ins, sysctl.d, system.conf.d,
+    # containerd conf.d, chrony sources): absolute paths, never reported as drift. Anything
+    # else there is, and stops an apply (toolkit/effective.py).
     site_files: list[str] = Field(default_factory=list)
     # Password logins invite brute force; keys only (root by key for provisioning).
     ssh_permit_root_login: str = "prohibit-password"

@@ -135,7 +135,11 @@ def sshd_findings(
                 "(remove it, or declare it in base.site_files)"
             )
         effective = [_normal(v) for v in found["effective"].get(key, [])]
-        if written and not others and effective and effective != [_normal(value)]:
+        # sshd -T reads the files as they are: only while ours already says what it will say
+        # (an apply that changes our value, the port say, rewrites ours first).
+        as_written = [_normal(v) for path, k, v in found["lines"] if path == ours_path and k == key]
+        settled = written and as_written == [_normal(value)]
+        if settled and not others and effective and effective != [_normal(value)]:
             findings.append(
                 f"sshd: sshd -T says {key} {' '.join(effective)}, gpuinfra's is {value}"
             )

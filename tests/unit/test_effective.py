@@ -105,6 +105,14 @@ def test_every_port_counts_and_sshd_t_must_agree():
     ]
 
 
+def test_a_port_our_apply_is_about_to_change_is_no_finding():
+    """Ours still says Port 22 and sshd -T agrees; the inventory moved to 2222: the apply
+    rewrites ours, so sshd -T's answer is not judged until ours says 2222."""
+    found = sshd(effective=("passwordauthentication no", "port 22"))
+    moving = OURS_TEXT.replace("Port 22", "Port 2222")
+    assert sshd_findings(found, OURS, moving) == []
+
+
 def test_a_main_file_without_the_include_is_a_finding():
     found = SshdSettings().process(["file /etc/ssh/sshd_config", "line Port 22"])
     assert "does not include" in sshd_findings(found, OURS, OURS_TEXT)[0]

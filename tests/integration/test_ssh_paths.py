@@ -45,10 +45,15 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabCluster]:
         lifecycle.down(LAB_NAME)
 
 
-def write_inventory(lab: LabCluster, folder: Path, **ssh: object) -> Path:
-    """A copy of the lab's cluster.yml with other ssh settings (absolute key paths kept)."""
+def write_inventory(
+    lab: LabCluster, folder: Path, site_files: tuple[str, ...] = (), **ssh: object
+) -> Path:
+    """A copy of the lab's cluster.yml with other ssh settings (absolute key paths kept), and
+    the files the test adds on purpose declared (base.site_files)."""
     data = yaml.safe_load(lab.inventory_path.read_text())
     data["ssh"].update(ssh)
+    if site_files:
+        data["group_vars"]["all"].setdefault("base", {})["site_files"] = list(site_files)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "cluster.yml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -179,7 +184,12 @@ def test_a_non_default_ssh_port_converges_behind_the_firewall(
     entry = next(line for line in known if line.split()[0] == address)
     port_known = tmp_path / "known_hosts"
     port_known.write_text(f"[{address}]:{PORT} {' '.join(entry.split()[1:])}\n")
-    inventory = write_inventory(lab, tmp_path / "port", port=PORT, known_hosts=str(port_known))
+    # The test's own listener on 22 while sshd moves: a file of the site's, declared as such
+    # (else drift names it as overriding gpuinfra's Port, and the apply stops there).
+    scaffold = ("/etc/ssh/sshd_config.d/10-test.conf",)
+    inventory = write_inventory(
+        lab, tmp_path / "port", scaffold, port=PORT, known_hosts=str(port_known)
+    )
     settings = SSHSettings.from_cluster(load(inventory))
     assert run_ssh(settings.argv(address)).stdout.strip() == PORT_HOST
 

@@ -10,9 +10,9 @@ from pyinfra.operations import apt, files, server
 
 from roles.base.config import BaseConfig
 from roles.base.effective import (
+    APT_FILES,
     SSH_UNITS,
     SSHD_DROPINS,
-    AptForeignFiles,
     SshdSettings,
     apt_findings,
     ssh_off_at_boot,
@@ -20,7 +20,13 @@ from roles.base.effective import (
     sshd_settings,
 )
 from roles.base.files import managed_files
-from toolkit.effective import declared_files, nothing_overrides, only_ours, unit_dropins
+from toolkit.effective import (
+    UnmarkedFiles,
+    declared_files,
+    nothing_overrides,
+    only_ours,
+    unit_dropins,
+)
 from toolkit.facts import UnitState
 from toolkit.operations import live_hostname, put_file, restart_if_running, service_running
 from toolkit.spec import HostContext
@@ -77,7 +83,9 @@ def effective(ctx: HostContext, cfg: BaseConfig, sshd_text: str) -> None:
     found = host.get_fact(SshdSettings, keys=tuple(sorted(ours)))
     sshd = sshd_findings(found, SSHD_FILE, sshd_text, declared)
     nothing_overrides("Check that no sshd setting overrides ours", sshd)
-    apt = apt_findings(host.get_fact(AptForeignFiles), DISTRIBUTION_SOURCES, declared)
+    apt = apt_findings(
+        host.get_fact(UnmarkedFiles, pattern=APT_FILES), DISTRIBUTION_SOURCES, declared
+    )
     nothing_overrides("Check that apt reads only gpuinfra's sources and pins", apt)
     only_ours(
         "Check that chrony reads only gpuinfra's sources",

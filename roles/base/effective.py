@@ -6,11 +6,8 @@ from __future__ import annotations
 
 import posixpath
 import re
-import shlex
 
 from pyinfra.api import FactBase
-
-from toolkit.effective import MARKER
 
 SSHD_CONFIG = "/etc/ssh/sshd_config"
 SSHD_DROPINS = "/etc/ssh/sshd_config.d"
@@ -162,22 +159,9 @@ def apt_reads(path: str) -> bool:
     return "." not in name or name.endswith(".pref")
 
 
-class AptForeignFiles(FactBase):
-    """The files in apt's sources and preferences folders without gpuinfra's marker in their
-    first lines: `["/etc/apt/sources.list.d/site.list"]`."""
-
-    @staticmethod
-    def default():
-        return []
-
-    def command(self) -> str:
-        return (
-            f'for f in {APT_SOURCES}/* {APT_PREFERENCES}/*; do [ -f "$f" ] || continue; '
-            f'head -n 3 "$f" | grep -q {shlex.quote(MARKER)} || echo "$f"; done'
-        )
-
-    def process(self, output: list[str]) -> list[str]:
-        return [line for line in output if line.strip()]
+# The files apt reads its sources and pins from (toolkit.effective.UnmarkedFiles lists the
+# ones without gpuinfra's marker).
+APT_FILES = f"{APT_SOURCES}/* {APT_PREFERENCES}/*"
 
 
 def apt_findings(found: list[str], removed: tuple[str, ...], declared: tuple[str, ...]) -> list:

@@ -9,7 +9,6 @@ import pytest
 
 from engine.context import load
 from roles.base.effective import (
-    AptForeignFiles,
     SshdSettings,
     apt_findings,
     apt_reads,
@@ -20,7 +19,7 @@ from roles.firewall.config import FirewallConfig
 from roles.firewall.deploy import other_tables
 from roles.firewall.facts import BaseChains
 from tests.helpers import files_of
-from toolkit.effective import MARKER, UnitDropIns, foreign_dropins
+from toolkit.effective import MARKER, UnitDropIns, UnmarkedFiles, foreign_dropins
 
 REPO = Path(__file__).resolve().parents[2]
 OURS = "/etc/ssh/sshd_config.d/50-gpuinfra.conf"
@@ -119,7 +118,7 @@ def test_a_main_file_without_the_include_is_a_finding():
 
 
 def test_apt_sources_and_pins_that_are_not_ours():
-    found = AptForeignFiles().process([
+    found = UnmarkedFiles().process([
         "/etc/apt/sources.list.d/site.list",
         "/etc/apt/sources.list.d/site.list.save",  # apt does not read it
         "/etc/apt/sources.list.d/debian.sources",  # the base role removes it

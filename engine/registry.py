@@ -22,6 +22,7 @@ ROLE_PACKAGES: tuple[str, ...] = (
     "dns",
     "loadbalancer",
     "etcd",
+    "data_disks",
     "kubernetes",
     "monitoring",
     "gpu_health",

@@ -6,31 +6,10 @@ import shlex
 
 from pyinfra.api import FactBase
 
+# The disk facts are shared with the data_disks role (a role never imports another).
+from toolkit.disks import BlockDevice, FstabEntry
 
-class BlockDevice(FactBase):
-    """A block device as `blkid -p` probes it: {} when it holds nothing, None when missing."""
-
-    def command(self, device: str) -> str:
-        quoted = shlex.quote(device)
-        return f"if test -b {quoted}; then echo PRESENT; blkid -p -o export {quoted} || true; fi"
-
-    def process(self, output: list[str]) -> dict[str, str] | None:
-        if not output or output[0].strip() != "PRESENT":
-            return None
-        return dict(line.split("=", 1) for line in output[1:] if "=" in line)
-
-
-class FstabEntry(FactBase):
-    """The /etc/fstab line that mounts something at a path, or None."""
-
-    def command(self, path: str) -> str:
-        return (
-            f"awk -v p={shlex.quote(path)} '$1 !~ /^#/ && $2 == p' /etc/fstab 2>/dev/null || true"
-        )
-
-    def process(self, output: list[str]) -> str | None:
-        lines = [line.strip() for line in output if line.strip()]
-        return lines[0] if lines else None
+__all__ = ["BlockDevice", "FstabEntry", "EtcdInstalled", "MemberData", "Machine", "Members"]
 
 
 class EtcdInstalled(FactBase):

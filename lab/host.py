@@ -15,7 +15,7 @@ from pathlib import Path
 from lab import processes
 from lab.naming import LabNames
 from lab.system import run
-from lab.topology import DISK_DEVICE
+from lab.topology import disk_devices, disk_id
 
 NSPAWN_EXIT_REBOOT = 133  # systemd-nspawn's exit code when the host ran `systemctl reboot`
 SUPERVISOR_SCRIPT = "supervise.sh"
@@ -217,9 +217,9 @@ def host_public_key(paths: HostPaths) -> str:
     return f"{key_type} {key_data}"
 
 
-def ensure_disk(paths: HostPaths, size: int) -> str:
+def ensure_disk(paths: HostPaths, size: int, image_name: str = DISK_FILE) -> str:
     """The host's loop device (a sparse file in its folder), attached once; returns /dev/loopN."""
-    image = paths / DISK_FILE
+    image = paths / image_name
     if not image.exists():
         with image.open("wb") as handle:
             handle.truncate(size)
@@ -227,6 +227,74 @@ def ensure_disk(paths: HostPaths, size: int) -> str:
     if attached:
         return attached[0]
     return run(["losetup", "--find", "--show", str(image)]).strip()
+
+
+def disk_image_name(index: int) -> str:
+    """The file behind a host's disk: disk.img for /dev/vdb (as before hosts had several),
+    disk-vdc.img, disk-vdd.img ... for the others."""
+    if index == 0:
+        return DISK_FILE
+    return f"disk-{disk_devices(index + 1)[index].rsplit('/', 1)[-1]}.img"
+
+
+def ensure_disks(paths: HostPaths, sizes: tuple[int, ...]) -> list[str]:
+    """Every disk of the host attached, in device order (/dev/vdb first)."""
+    return [ensure_disk(paths, size, disk_image_name(i)) for i, size in enumerate(sizes)]
+
+
+# A stand-in for udev, which a lab host does not run: at every boot, before the file systems
+# are mounted, each bound disk /dev/vdX gets the stable name a real virtio disk has under
+# /dev/disk/by-id/ (lab/topology.py disk_id), so roles that refuse kernel names (data_disks)
+# find their disks as on a real server. The serial in the name is made up: the lab's own.
+DISK_IDS_SCRIPT = "usr/local/sbin/gpuinfra-lab-disk-ids"
+DISK_IDS_UNIT = "etc/systemd/system/gpuinfra-lab-disk-ids.service"
+
+
+def disk_ids_script() -> str:
+    lines = [
+        "#!/bin/sh",
+        "# gpuinfra lab: stable disk names without udev (see gpuinfra's lab/host.py).",
+        f"mkdir -p {disk_id('/dev/vdb').rsplit('/', 1)[0]}",
+    ]
+    lines += [
+        f"[ -b {device} ] && ln -sfn ../../{device.rsplit('/', 1)[-1]} {disk_id(device)}"
+        for device in disk_devices(24)
+    ]
+    return "\n".join([*lines, "exit 0", ""])
+
+
+DISK_IDS_UNIT_TEXT = f"""\
+[Unit]
+Description=gpuinfra lab: /dev/disk/by-id names for the host's disks (no udev in a lab host)
+DefaultDependencies=no
+Before=local-fs-pre.target
+Wants=local-fs-pre.target
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/{DISK_IDS_SCRIPT}
+
+[Install]
+WantedBy=sysinit.target
+"""
+
+
+def write_disk_ids(paths: HostPaths) -> None:
+    """Install the udev stand-in (DISK_IDS_SCRIPT) in a host that has disks."""
+    root = paths.merged
+    script = root / DISK_IDS_SCRIPT
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text(disk_ids_script())
+    script.chmod(0o755)
+    unit = root / DISK_IDS_UNIT
+    unit.parent.mkdir(parents=True, exist_ok=True)
+    unit.write_text(DISK_IDS_UNIT_TEXT)
+    wants = root / "etc/systemd/system/sysinit.target.wants"
+    wants.mkdir(parents=True, exist_ok=True)
+    link = wants / unit.name
+    if not link.is_symlink():
+        link.symlink_to(f"/{DISK_IDS_UNIT}")
 
 
 def loop_devices_of(image: Path) -> list[str]:
@@ -238,7 +306,7 @@ def nspawn_argv(
     paths: HostPaths,
     host: str,
     netns: str,
-    loop_device: str | None,
+    loop_devices: list[str],
     runs_containers: bool = False,
 ) -> list[str]:
     """systemd-nspawn as LAB.md measured it: each flag is needed, see there for why.
@@ -262,9 +330,10 @@ def nspawn_argv(
         "--timezone=off",
         "--console=read-only",  # the boot log goes to console.log for post-mortems
     ]
-    if loop_device:
-        capabilities.append("CAP_SYS_ADMIN")  # mkfs and mount on the bound device
-        argv.append(f"--bind={loop_device}:{DISK_DEVICE}")
+    if loop_devices:
+        capabilities.append("CAP_SYS_ADMIN")  # mkfs and mount on the bound devices
+    for loop_device, device in zip(loop_devices, disk_devices(len(loop_devices)), strict=True):
+        argv.append(f"--bind={loop_device}:{device}")
     if runs_containers:
         capabilities = ["all"]
         argv.append("--system-call-filter=@keyring")
@@ -364,14 +433,16 @@ def start(
     paths: HostPaths,
     names: LabNames,
     host: str,
-    loop_device: str | None,
+    loop_devices: list[str],
     runs_containers: bool = False,
 ) -> None:
     """Start the host's supervisor, detached from the caller so the lab outlives the command."""
     (paths / STOP_REQUESTED).unlink(missing_ok=True)
     if runs_containers:
         (paths / CONTAINERD_STATE).mkdir(mode=0o711, exist_ok=True)
-    argv = nspawn_argv(paths, host, names.netns(host), loop_device, runs_containers)
+    if loop_devices:
+        write_disk_ids(paths)
+    argv = nspawn_argv(paths, host, names.netns(host), loop_devices, runs_containers)
     script = paths / SUPERVISOR_SCRIPT
     script.write_text(supervisor_script(paths, host, names.lab, argv, runs_containers))
     log = paths / CONSOLE_LOG

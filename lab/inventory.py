@@ -11,7 +11,7 @@ from inventory.building import build
 from inventory.model import LoadedCluster
 from lab import aptcache, offline, rootfs
 from lab.state import LabState
-from lab.topology import DISK_DEVICE, LAB_GPU_COUNT, LAB_GPU_MODEL
+from lab.topology import DISK_DEVICE, LAB_GPU_COUNT, LAB_GPU_MODEL, disk_id
 from toolkit.statefiles import write_atomically
 
 HEADER = """\
@@ -32,6 +32,11 @@ def inventory_data(state: LabState) -> dict[str, Any]:
             host["gpu"] = {"model": LAB_GPU_MODEL, "count": LAB_GPU_COUNT}
         if spec.disk_bytes and "etcd" in spec.groups:
             host["etcd"] = {"disk": DISK_DEVICE}
+        elif spec.disk_bytes and {"gpu_worker", "cpu_worker"} & set(spec.groups):
+            # A worker's first disk is its data volume (the data_disks role), by its stable
+            # name; further disks stay free for tests that need a disk of their own.
+            volume = {"name": "data", "layout": "single", "disks": [disk_id(DISK_DEVICE)]}
+            host["vars"] = {"data_disks": {"volumes": [volume]}}
         hosts[spec.name] = host
     data: dict[str, Any] = {
         "name": state.name,

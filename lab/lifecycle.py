@@ -299,8 +299,8 @@ def _boot(state: LabState, index: int) -> bool:
         return True
     host.kill_orphans(paths)  # a host whose systemd-nspawn was killed must not run twice
     network.ensure_host_network(state.names, spec.name, index, address, state.subnet, state.gateway)
-    loop = host.ensure_disk(paths, spec.disk_bytes) if spec.disk_bytes else None
-    host.start(paths, state.names, spec.name, loop, state.runs_containers(spec))
+    loops = host.ensure_disks(paths, spec.disk_sizes)
+    host.start(paths, state.names, spec.name, loops, state.runs_containers(spec))
     return False
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from lab.errors import LabInvalid
 
@@ -16,6 +16,11 @@ LAB_GPU_MODEL = "H100-SXM5-80GB"
 LAB_GPU_COUNT = 8
 # Inside each host the attached loop device appears under this name (a second virtio disk).
 DISK_DEVICE = "/dev/vdb"
+# A host's further disks follow as /dev/vdc, /dev/vdd ...; each also gets a stable name under
+# /dev/disk/by-id/ (made at boot by lab/host.py's stand-in for udev) for the data_disks role.
+DISK_ID_PREFIX = "/dev/disk/by-id/virtio-gpuinfra-"
+# The default lab's data disk on gpu-1: above mkfs.xfs's 300 MB floor; a sparse file.
+DATA_DISK_BYTES = 512 * 2**20
 TOPOLOGIES = ("default", "scale")
 # Kubernetes nodes: containerd and kubelet run containers inside these hosts (lab/host.py).
 CONTAINER_GROUPS = frozenset({"control_plane", "gpu_worker", "cpu_worker"})
@@ -29,6 +34,12 @@ class HostSpec:
     groups: tuple[str, ...]
     gpu: bool = False  # a gpu_worker: the inventory gets a gpu spec (see LAB_GPU_MODEL)
     disk_bytes: int | None = None  # a loop-file block device, seen inside as DISK_DEVICE
+    extra_disks: tuple[int, ...] = ()  # more loop-file disks after it: /dev/vdc, /dev/vdd ...
+
+    @property
+    def disk_sizes(self) -> tuple[int, ...]:
+        """Every disk of the host in device order (vdb first); none without disk_bytes."""
+        return (self.disk_bytes, *self.extra_disks) if self.disk_bytes else ()
 
     @property
     def runs_containers(self) -> bool:
@@ -40,11 +51,14 @@ class HostSpec:
             "groups": list(self.groups),
             "gpu": self.gpu,
             "disk_bytes": self.disk_bytes,
+            "extra_disks": list(self.extra_disks),
         }
 
     @classmethod
     def from_json(cls, data: dict) -> HostSpec:
-        return cls(data["name"], tuple(data["groups"]), data["gpu"], data["disk_bytes"])
+        # A lab recorded before hosts had several disks has no extra_disks.
+        extra = tuple(data.get("extra_disks", ()))
+        return cls(data["name"], tuple(data["groups"]), data["gpu"], data["disk_bytes"], extra)
 
 
 @dataclass(frozen=True)
@@ -63,8 +77,7 @@ class Topology:
         if unknown:
             raise LabInvalid(f"--disk names hosts not in the lab: {', '.join(unknown)}")
         hosts = tuple(
-            HostSpec(host.name, host.groups, host.gpu, disks.get(host.name, host.disk_bytes))
-            for host in self.hosts
+            replace(host, disk_bytes=disks.get(host.name, host.disk_bytes)) for host in self.hosts
         )
         return Topology(hosts, self.kind, self.needs_vip)
 
@@ -93,7 +106,9 @@ def default_topology() -> Topology:
         # thirteenth host would cost memory and CPU the machine shares.
         HostSpec("mon-1", ("monitoring", "dns")),
         HostSpec("cpu-1", ("cpu_worker",)),
-        HostSpec("gpu-1", ("gpu_worker",), gpu=True),
+        # gpu-1's data disk: the data_disks role formats and mounts it (one disk: the lab's
+        # kernel has no md driver for the reference server's RAID 0).
+        HostSpec("gpu-1", ("gpu_worker",), gpu=True, disk_bytes=DATA_DISK_BYTES),
     ]
     return Topology(tuple(hosts), "default")
 
@@ -117,6 +132,18 @@ def generic_topology(count: int) -> Topology:
     width = max(3, len(str(count)))
     hosts = tuple(HostSpec(f"host-{i:0{width}d}", ("cpu_worker",)) for i in range(1, count + 1))
     return Topology(hosts, f"hosts-{count}")
+
+
+def disk_devices(count: int) -> list[str]:
+    """The device names of a host's disks inside it: /dev/vdb, /dev/vdc ..."""
+    if count > 24:
+        raise LabInvalid(f"a lab host has at most 24 disks (asked for {count})")
+    return [f"/dev/vd{chr(ord('b') + index)}" for index in range(count)]
+
+
+def disk_id(device: str) -> str:
+    """The stable name a lab disk gets at boot: /dev/vdc -> /dev/disk/by-id/virtio-gpuinfra-vdc."""
+    return DISK_ID_PREFIX + device.rsplit("/", 1)[-1]
 
 
 def named_topology(kind: str) -> Topology:

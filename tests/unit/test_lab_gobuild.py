@@ -109,11 +109,11 @@ def test_a_module_builds_into_the_cache_once(tmp_path, monkeypatch):
 
 def test_a_kubernetes_node_gets_what_runc_needs_in_systemd_nspawn(tmp_path):
     paths = host.HostPaths(tmp_path / "cp-1")
-    argv = host.nspawn_argv(paths, "cp-1", "ns", None, runs_containers=True)
+    argv = host.nspawn_argv(paths, "cp-1", "ns", [], runs_containers=True)
     assert "--capability=all" in argv
     assert "--system-call-filter=@keyring" in argv
     assert f"--bind={paths / host.CONTAINERD_STATE}:{host.CONTAINERD_DIR}" in argv
-    plain = host.nspawn_argv(paths, "etcd-1", "ns", None)
+    plain = host.nspawn_argv(paths, "etcd-1", "ns", [])
     assert "--capability=CAP_NET_ADMIN" in plain  # negative control: other hosts as before
     assert not any(a.startswith("--system-call-filter") or "containerd" in a for a in plain)
 

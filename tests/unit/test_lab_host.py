@@ -64,7 +64,7 @@ def test_hosts_get_non_free_and_security() -> None:
 
 def test_nspawn_argv_has_what_lab_md_measured(tmp_path: Path) -> None:
     paths = HostPaths(tmp_path / "etcd-1")
-    argv = host.nspawn_argv(paths, "etcd-1", "gpuinfra.lab.etcd-1", None)
+    argv = host.nspawn_argv(paths, "etcd-1", "gpuinfra.lab.etcd-1", [])
     assert argv[0] == "systemd-nspawn"
     for flag in (
         "--boot",
@@ -75,9 +75,27 @@ def test_nspawn_argv_has_what_lab_md_measured(tmp_path: Path) -> None:
         f"--directory={paths.merged}",
     ):
         assert flag in argv
-    with_disk = host.nspawn_argv(paths, "etcd-1", "ns", "/dev/loop7")
+    with_disk = host.nspawn_argv(paths, "etcd-1", "ns", ["/dev/loop7"])
     assert "--capability=CAP_NET_ADMIN,CAP_SYS_ADMIN" in with_disk
     assert "--bind=/dev/loop7:/dev/vdb" in with_disk
+    several = host.nspawn_argv(paths, "cpu-1", "ns", ["/dev/loop7", "/dev/loop9"])
+    assert "--bind=/dev/loop9:/dev/vdc" in several and "--bind=/dev/loop7:/dev/vdb" in several
+
+
+def test_disks_get_stable_names_at_boot_from_the_udev_stand_in(tmp_path: Path) -> None:
+    paths = HostPaths(tmp_path / "cpu-1")
+    host.write_disk_ids(paths)
+    script = (paths.merged / host.DISK_IDS_SCRIPT).read_text()
+    assert "[ -b /dev/vdc ] && ln -sfn ../../vdc /dev/disk/by-id/virtio-gpuinfra-vdc" in script
+    unit = (paths.merged / host.DISK_IDS_UNIT).read_text()
+    assert "Before=local-fs-pre.target" in unit
+    wants = paths.merged / "etc/systemd/system/sysinit.target.wants/gpuinfra-lab-disk-ids.service"
+    assert wants.is_symlink()
+    assert [host.disk_image_name(i) for i in range(3)] == [
+        "disk.img",
+        "disk-vdc.img",
+        "disk-vdd.img",
+    ]
 
 
 def run_supervisor(tmp_path: Path, fake_nspawn: str) -> tuple[int, str]:

@@ -52,7 +52,8 @@ def test_default_topology_has_every_group() -> None:
         assert groups.count(group) == 1
     # A DNS primary and a secondary (mon-1 doubles as the secondary: no extra host).
     assert [host.name for host in topology.hosts if "dns" in host.groups] == ["dns-1", "mon-1"]
-    assert not any(host.disk_bytes for host in topology.hosts)  # etcd disks only on request
+    # etcd disks only on request; gpu-1 has its data disk (the data_disks role's volume).
+    assert [host.name for host in topology.hosts if host.disk_bytes] == ["gpu-1"]
 
 
 def test_default_inventory_loads_and_validates(labs_dir: Path) -> None:
@@ -269,3 +270,28 @@ def test_the_gpuinfra_image_carries_the_controllers_runtime_dependencies() -> No
     # The control: the left-out ones are gpuinfra dependencies, not names that never matched.
     declared = " ".join(metadata.requires("gpuinfra") or []).lower()
     assert all(name in declared for name in offline.GPUINFRA_LEFT_OUT)
+
+
+def test_a_worker_disk_is_its_data_volume_by_stable_name(labs_dir: Path) -> None:
+    state = lab_state(labs_dir, "lab", default_topology())
+    cluster = load(write_inventory(state, state.inventory_path)).cluster
+    (volume,) = cluster.hosts["gpu-1"].vars["data_disks"]["volumes"]
+    assert volume == {
+        "name": "data",
+        "layout": "single",
+        "disks": ["/dev/disk/by-id/virtio-gpuinfra-vdb"],
+    }
+    assert "data_disks" not in cluster.hosts["cpu-1"].vars
+
+
+def test_several_disks_per_host_survive_the_state_file() -> None:
+    from lab.topology import HostSpec, disk_devices, disk_id
+
+    spec = HostSpec("cpu-1", ("cpu_worker",), disk_bytes=2**29, extra_disks=(2**29, 2**30))
+    assert spec.disk_sizes == (2**29, 2**29, 2**30)
+    assert HostSpec.from_json(spec.to_json()) == spec
+    old = {"name": "x", "groups": ["etcd"], "gpu": False, "disk_bytes": 2**30}
+    assert HostSpec.from_json(old).extra_disks == ()  # a lab recorded before several disks
+    assert HostSpec("x", ("etcd",), extra_disks=(2**29,)).disk_sizes == ()
+    assert disk_devices(3) == ["/dev/vdb", "/dev/vdc", "/dev/vdd"]
+    assert disk_id("/dev/vdc") == "/dev/disk/by-id/virtio-gpuinfra-vdc"

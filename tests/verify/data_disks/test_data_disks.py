@@ -8,9 +8,11 @@ from roles.data_disks.config import DataDisksConfig, Volume
 from roles.data_disks.mdadm import parse_detail
 from roles.data_disks.operations import VISIBLE_OPTIONS
 
-# A filesystem shows a little less than its device: xfs and ext4 keep their logs and metadata
-# (ext4's inode tables take about 2%); a tenth missing means a wrong device or a failed grow.
+# A filesystem shows a little less than its device: ext4's inode tables take about 2%, and xfs
+# keeps a log of at least 64 MiB (seen: 448 of 512 MiB on the lab's disk); a tenth missing on
+# top of that means a wrong device or a failed grow.
 MIN_FILESYSTEM_SHARE = 0.9
+LOG_ALLOWANCE_BYTES = 128 * 2**20
 
 
 def volumes(ctx) -> list[Volume]:
@@ -52,7 +54,8 @@ def test_each_volume_holds_what_its_disks_hold(host, ctx) -> None:
     for volume in volumes(ctx):
         disks = sum(int(host.check_output(f"blockdev --getsize64 {d}")) for d in volume.disks)
         filesystem = int(host.check_output(f"df -B1 --output=size {volume.mountpoint} | tail -1"))
-        assert filesystem >= MIN_FILESYSTEM_SHARE * disks, (volume.name, filesystem, disks)
+        least = MIN_FILESYSTEM_SHARE * disks - LOG_ALLOWANCE_BYTES
+        assert filesystem >= least, f"{volume.name}: {filesystem} bytes on {disks} of disks"
 
 
 def test_each_array_is_a_whole_raid0_of_the_inventorys_disks(host, ctx) -> None:

@@ -48,6 +48,15 @@ def test_plan_after_apply_has_no_changes(converged):
     assert len(report["hosts"]) == len(converged.hosts)
 
 
+def test_gpu_1_data_disk_is_formatted_and_mounted_by_uuid(converged):
+    """The default lab's gpu-1 data disk (data_disks, one disk: no md in the lab's kernel)."""
+    fstype, options = converged.ssh("gpu-1", "findmnt -rn -o FSTYPE,OPTIONS /data").stdout.split()
+    assert fstype == "xfs" and {"rw", "noatime"} <= set(options.split(","))
+    uuid = converged.ssh("gpu-1", "blkid -s UUID -o value /dev/vdb").stdout.strip()
+    fstab = converged.ssh("gpu-1", "awk '$2 == \"/data\"' /etc/fstab").stdout.split()
+    assert fstab[:4] == [f"UUID={uuid}", "/data", "xfs", "noatime,nofail"]
+
+
 def checksums(lab, host: str) -> str:
     return lab.ssh(host, "sha256sum " + " ".join(MANAGED)).stdout
 

@@ -18,7 +18,14 @@ from pyinfra import host
 from pyinfra.api import OperationError, operation
 
 from roles.data_disks.config import Volume
-from roles.data_disks.facts import MDADM_CONF, ArrayDetail, DiskProbe, MdadmConfArrays, MountedAt
+from roles.data_disks.facts import (
+    MDADM_CONF,
+    ArrayDetail,
+    DiskProbe,
+    MdadmConfArrays,
+    MdStat,
+    MountedAt,
+)
 from roles.data_disks.mdadm import MdDetail
 from toolkit.disks import FstabEntry, fstab_command
 
@@ -103,9 +110,18 @@ def _array_state(volume: Volume, facts: Facts, judged: Judgement) -> tuple[bool,
     probes = {disk: facts(DiskProbe, device=disk) for disk in volume.disks}
     missing = [disk for disk, found in probes.items() if found is None]
     current = facts(ArrayDetail, array=array)
+    # /proc/mdstat as the kernel (and node exporter's alert) sees it: a member marked (F), or an
+    # array that stands inactive (found at boot with a member missing), under its kernel name.
+    kernel_names = {found["path"].rsplit("/", 1)[-1] for found in probes.values() if found}
+    stat = facts(MdStat) or {}
     if current is not None:
-        _, detail = current
+        device, detail = current
         assert isinstance(detail, MdDetail)
+        listed = stat.get(device.rsplit("/", 1)[-1])
+        if listed is not None and not listed.healthy:
+            failed = f", {', '.join(listed.failed)} failed" if listed.failed else ""
+            state = "active" if listed.active else "inactive"
+            judged.findings.append(f"data_disks: array {array} is {state} in /proc/mdstat{failed}")
         paths = {found["path"]: disk for disk, found in probes.items() if found}
         others = [member for member in detail.members if member not in paths]
         if others:
@@ -134,6 +150,18 @@ def _array_state(volume: Volume, facts: Facts, judged: Judgement) -> tuple[bool,
         if not any(f"UUID={detail.uuid}" in line for line in conf):
             judged.commands.append(mdadm_conf_command(array))
         return False, not gone and detail.healthy
+    standing = [
+        name
+        for name, listed in sorted(stat.items())
+        if not listed.active and kernel_names & set(listed.members)
+    ]
+    if standing:
+        # Assembling again would fail on members the inactive array holds: a person stops it
+        # (mdadm --stop) once the missing disk is back or replaced.
+        judged.findings.append(
+            f"data_disks: array {array} stands inactive as {', '.join(standing)} in /proc/mdstat"
+        )
+        return False, False
     if missing:
         judged.findings.append(
             f"data_disks: array {array} is missing and cannot be assembled: "

@@ -297,6 +297,7 @@ def raid_facts(
     detail_file: str | None,
     conf: list[str] | None = None,
     mounted: Any = None,
+    mdstat: str | None = None,
 ) -> dict:
     facts: dict[tuple, Any] = {
         key(DiskProbe, device=disk): found for disk, found in members.items()
@@ -304,6 +305,7 @@ def raid_facts(
     detail = parse_detail(recorded(detail_file)) if detail_file else None
     facts[key(ArrayDetail, array="/dev/md/data")] = ("/dev/md127", detail) if detail else None
     facts[key(MdadmConfArrays)] = conf if conf is not None else [ARRAY_LINE]
+    facts[key(MdStat)] = parse_mdstat(recorded(mdstat)) if mdstat else {}
     facts[key(DiskProbe, device="/dev/md/data")] = probe(
         "/dev/md127", probe=MD_OURS, mounts=["/data"] if mounted else []
     )
@@ -367,6 +369,30 @@ def test_an_array_not_assembled_from_our_members_is_assembled_never_created():
     assert "mdadm --create" not in " ".join(judged.commands)
     assert "mkfs" not in " ".join(judged.commands)
     assert 'blkid -p -s LABEL -o value /dev/md/data)" = gpi-data' in label_check
+
+
+def test_a_member_failed_in_mdstat_is_a_finding_even_when_detail_looks_whole():
+    facts = raid_facts(
+        members(), "detail-healthy.txt", mounted=MOUNTED, mdstat="mdstat-healthy.txt"
+    )
+    assert disk_ops.judge(RAID, table(facts)).findings == []  # the control
+    facts = raid_facts(
+        members(), "detail-healthy.txt", mounted=MOUNTED, mdstat="mdstat-member-failed.txt"
+    )
+    judged = disk_ops.judge(RAID, table(facts))
+    assert judged.findings == [
+        "data_disks: array /dev/md/data is active in /proc/mdstat, nvme2n1 failed"
+    ]
+
+
+def test_an_inactive_array_is_a_finding_never_assembled_again():
+    ours = members(probe={"TYPE": "linux_raid_member", "LABEL": "gpu-1:data", "UUID": UUID})
+    ours[MEMBERS[1]] = None
+    judged = disk_ops.judge(RAID, table(raid_facts(ours, None, mdstat="mdstat-inactive.txt")))
+    assert judged.commands == [] and judged.refusal is None
+    assert judged.findings == [
+        "data_disks: array /dev/md/data stands inactive as md127 in /proc/mdstat"
+    ]
 
 
 def test_a_missing_array_with_a_member_gone_is_a_finding():

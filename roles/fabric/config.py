@@ -6,7 +6,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # Debian/Ubuntu package -> version, per target OS, installed exactly and pinned (the way the
 # container runtime and nvidia roles pin). rdma-core builds all four from one source.
@@ -47,6 +47,14 @@ class FabricPort(BaseModel):
     interface: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,15}$")
     # Its address with prefix, from the inventory (IPoIB network per rail in a fat-tree).
     address: ipaddress.IPv4Interface
+
+    @field_validator("address", mode="before")
+    @classmethod
+    def _has_prefix(cls, value: object) -> object:
+        # A bare address would become a /32: no route to any peer on the fabric's network.
+        if isinstance(value, str) and "/" not in value:
+            raise ValueError(f"{value!r} needs its prefix length (10.50.10.11/16)")
+        return value
 
 
 class FabricConfig(BaseModel):

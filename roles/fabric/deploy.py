@@ -33,7 +33,9 @@ def apply(ctx: HostContext) -> None:
     put_file(managed[PREFERENCES])
     apt.packages(
         name="Install the RDMA stack and diagnostics",
-        packages=[f"{name}={version}" for name, version in cfg.package_pins(ctx.cluster.os).items()],
+        packages=[
+            f"{name}={version}" for name, version in cfg.package_pins(ctx.cluster.os).items()
+        ],
         no_recommends=True,
     )
     written = {path: put_file(f) for path, f in managed.items() if path != PREFERENCES}
@@ -53,7 +55,9 @@ def apply(ctx: HostContext) -> None:
     systemd.daemon_reload(name="Reload systemd for the runtimes' limits", _if=changed)
     for unit, ready in RUNTIME_UNITS.items():
         # Containers started from now on get the limit; running ones keep theirs.
-        restart_if_running(name=f"Restart {unit} for its locked-memory limit", unit=unit, _if=changed)
+        restart_if_running(
+            name=f"Restart {unit} for its locked-memory limit", unit=unit, _if=changed
+        )
         server.shell(
             name=f"Wait for {unit}",
             commands=[ready_after_restart(unit, ready)],

@@ -30,15 +30,15 @@ class PortStatus:
 def parse_ibstat(text: str) -> dict[tuple[str, int], PortStatus]:
     """(device, port) -> status from `ibstat` (every CA) or `ibstat DEVICE`. Its shape:
 
-        CA 'mlx5_0'
-                CA type: MT4123
-                ...
-                Port 1:
-                        State: Active
-                        Physical state: LinkUp
-                        Rate: 200
-                        ...
-                        Link layer: InfiniBand
+    CA 'mlx5_0'
+            CA type: MT4123
+            ...
+            Port 1:
+                    State: Active
+                    Physical state: LinkUp
+                    Rate: 200
+                    ...
+                    Link layer: InfiniBand
     """
     found: dict[tuple[str, int], PortStatus] = {}
     device: str | None = None

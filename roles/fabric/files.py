@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from inventory.model import LoadedCluster
 from roles.fabric.config import FabricConfig
+from roles.fabric.role import GROUPS
 from toolkit.spec import HostContext, ManagedFile, host_config
 from toolkit.templates import render_template
 
@@ -15,8 +16,6 @@ PREFERENCES = "/etc/apt/preferences.d/gpuinfra-fabric"
 # the command that answers once it serves again.
 RUNTIME_UNITS = {"containerd": "ctr version", "docker": "docker info"}
 NETWORK_DIR = "/etc/systemd/network"
-# The role's hosts.
-FABRIC_GROUPS = ("gpu_worker",)
 
 
 def fabric_settings(ctx: HostContext) -> FabricConfig:
@@ -43,7 +42,7 @@ def port_slots(ctx: HostContext) -> int:
     seen = _slots_seen.get(id(ctx.loaded))
     if seen is not None and seen[0] is ctx.loaded:
         return seen[1]
-    hosts = {name for group in FABRIC_GROUPS for name in ctx.cluster.in_group(group)}
+    hosts = {name for group in GROUPS for name in ctx.cluster.in_group(group)}
     slots = max(
         (len(host_config(ctx.loaded, name, "fabric", FabricConfig).ports) for name in hosts),
         default=0,

@@ -12,7 +12,7 @@ from inventory.topology import FirewallRule, collapse_sources
 from roles.fabric.config import PACKAGES, FabricConfig
 from toolkit.spec import Phase, Role, host_config, lazy
 
-# Keep in step with roles/fabric/files.py FABRIC_GROUPS (a record imports no files module).
+# The role's hosts: GPU workers carry the HCAs (files.py reads this too).
 GROUPS = ("gpu_worker",)
 
 
@@ -48,14 +48,14 @@ def checks(
         missing = sorted(set(PACKAGES["debian-13"]) - set(cfg.package_pins(loaded.cluster.os)))
         if missing:
             yield (
-                f"hosts.{name}.fabric.package_versions",
+                f"hosts.{name}.vars.fabric.package_versions",
                 f"no pinned version on {loaded.cluster.os} for {', '.join(missing)}",
             )
         for port in cfg.ports:
             address = str(port.address.ip)
             if address in owners:
                 yield (
-                    f"hosts.{name}.fabric.ports",
+                    f"hosts.{name}.vars.fabric.ports",
                     f"{port.interface}: address {address} is also {owners[address]}'s",
                 )
             owners.setdefault(address, f"{name} {port.interface}")

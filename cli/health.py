@@ -12,7 +12,7 @@ from cli.consoles import DeferredConsole
 from cli.errors import UserError, reporting, stderr
 from cli.exitcodes import ExitCode
 from cli.options import ClusterArg, FormatOpt, OutputFormat
-from roles.gpu_health.results import NodeReport, Verdict
+from roles.gpu_health.results import NodeReport, Verdict, worst
 
 if TYPE_CHECKING:
     from roles.gpu_health.fleet import FleetReport
@@ -207,6 +207,43 @@ def fleet(
     else:
         code = ExitCode.OK
     raise typer.Exit(code)
+
+
+@app.command("fabric")
+def fabric(
+    cluster: ClusterArg,
+    seed: Annotated[
+        int | None, typer.Option("--seed", help="Seed the pairing, to repeat a run.")
+    ] = None,
+    output: FormatOpt = OutputFormat.table,
+) -> None:
+    """RDMA write bandwidth (ib_write_bw) between random pairs of GPU workers, port by port,
+    against each port's rate in the fabric settings. Needs gpu_health.fabric_check."""
+    from engine.context import load
+    from roles.gpu_health.config import GpuHealthConfig
+    from roles.gpu_health.fabric import run_fabric_check
+    from toolkit.spec import host_config
+
+    with reporting():
+        loaded = load(cluster)
+        workers = loaded.cluster.in_group("gpu_worker")
+        if len(workers) < 2:
+            raise UserError(f"{cluster}: the pair check needs two hosts in gpu_worker")
+        if not host_config(loaded, workers[0], "gpu_health", GpuHealthConfig).fabric_check:
+            raise UserError(f"{cluster}: gpu_health.fabric_check is off (the pair check is opt-in)")
+        checks = run_fabric_check(loaded, workers, seed)
+    if output is OutputFormat.json:
+        typer.echo(json.dumps([check.to_dict() for check in checks], indent=2))
+    else:
+        from rich.table import Table
+
+        table = Table(title=f"fabric: {len(checks)} port measurement(s)")
+        for column in ("pair", "verdict", "measured", "threshold"):
+            table.add_column(column)
+        for check in checks:
+            table.add_row(check.detail, _verdict(check.verdict), check.measured, check.threshold)
+        stdout.print(table)
+    raise typer.Exit(NODE_EXIT[worst([check.verdict for check in checks])])
 
 
 def _budget(value: str | None) -> str | None:

@@ -18,6 +18,7 @@ ROLE_PACKAGES: tuple[str, ...] = (
     "kernel",
     "container_runtime",
     "nvidia",
+    "fabric",
     "firewall",
     "dns",
     "loadbalancer",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +31,14 @@ def inventory_data(state: LabState) -> dict[str, Any]:
         host: dict[str, Any] = {"address": str(address), "groups": list(spec.groups)}
         if spec.gpu:
             host["gpu"] = {"model": LAB_GPU_MODEL, "count": LAB_GPU_COUNT}
+            host["vars"] = {"fabric": _fabric_standin(address)}
         if spec.disk_bytes and "etcd" in spec.groups:
             host["etcd"] = {"disk": DISK_DEVICE}
         elif spec.disk_bytes and {"gpu_worker", "cpu_worker"} & set(spec.groups):
             # A worker's first disk is its data volume (the data_disks role), by its stable
             # name; further disks stay free for tests that need a disk of their own.
             volume = {"name": "data", "layout": "single", "disks": [disk_id(DISK_DEVICE)]}
-            host["vars"] = {"data_disks": {"volumes": [volume]}}
+            host.setdefault("vars", {})["data_disks"] = {"volumes": [volume]}
         hosts[spec.name] = host
     data: dict[str, Any] = {
         "name": state.name,
@@ -95,6 +97,22 @@ def inventory_data(state: LabState) -> dict[str, Any]:
         data["group_vars"]["etcd"] = {"etcd": etcd}
     data["hosts"] = hosts
     return data
+
+
+def _fabric_standin(address: ipaddress.IPv4Address) -> dict[str, Any]:
+    """The reference server's two HDR ports, declared on a lab GPU worker as a stand-in: the
+    lab's kernel has no RDMA (no device, no soft-RoCE), so the ports are never there. The role
+    runs for real otherwise (packages, limits, nccl.conf, networkd files, firewall rule) and
+    notes the missing ports instead of failing. The IPoIB addresses sit in the third and fourth
+    /24 of the lab's own /22 (hosts use the first), never configured on any link."""
+    return {
+        "device_standin": True,
+        "ports": [
+            {"device": f"mlx5_{rail}", "port": 1, "interface": f"ib{rail}",
+             "address": f"{address + 512 + 256 * rail}/24"}
+            for rail in (0, 1)
+        ],
+    }  # fmt: skip
 
 
 def _runtime_settings(gateway: str, published: offline.Published | None) -> dict[str, Any]:

@@ -39,6 +39,18 @@ class GpuHealthConfig(BaseModel):
     # 8x H100 reach ~480 GB/s bus bandwidth over NVLink (nccl-tests#212); 70% is a sick link.
     allreduce_degraded_fraction: float = Field(0.70, gt=0, le=1)
     allreduce_failed_fraction: float = Field(0.35, gt=0, le=1)
+    # The pairwise RDMA check between GPU workers (`gpuinfra health fabric`): opt-in, since it
+    # loads the fabric's links for its duration and needs the fabric role's ports and tools.
+    fabric_check: bool = False
+    # ib_write_bw reaches ~98% of an HDR port's 200 Gb/s with large messages; below 90% a link
+    # trained down or a cable is marginal. Measured against fabric.rate_gbps of the pair.
+    fabric_degraded_fraction: float = Field(0.90, gt=0, le=1)
+    # Below half the rate the link is broken (HDR trained to 100 or lower, a bad rail).
+    fabric_failed_fraction: float = Field(0.50, gt=0, le=1)
+    # 1 MiB messages: past the size where RDMA write bandwidth plateaus on HDR.
+    fabric_message_bytes: int = Field(1048576, ge=65536)
+    # Seconds per port: long enough to average out the ramp, short for a fleet of pairs.
+    fabric_duration_s: int = Field(5, ge=1, le=600)
     # DCGM diag level 1 takes seconds, 2 about two minutes, 3 about fifteen (NVIDIA's docs).
     dcgm_level: int = Field(1, ge=1, le=4)
 

@@ -45,8 +45,11 @@ DEFAULT_SYSCTLS: dict[str, tuple[str, str]] = {
 # Modules every Kubernetes node loads at boot: overlayfs for container layers, br_netfilter for
 # the bridge-nf-call sysctls above.
 DEFAULT_MODULES = ["overlay", "br_netfilter"]
-# GPU workers also load nvidia-peermem: GPUDirect RDMA between the GPU and the NIC (NCCL).
-DEFAULT_GPU_MODULES = ["nvidia-peermem"]
+# More modules for GPU workers. nvidia-peermem (GPUDirect RDMA between the GPU and the NIC) is
+# not here: the fabric settings decide where it loads (fabric.gpudirect_rdma; host_modules).
+DEFAULT_GPU_MODULES: list[str] = []
+# Loaded on a GPU worker whose fabric settings want GPUDirect RDMA.
+GPUDIRECT_RDMA_MODULE = "nvidia-peermem"
 
 
 class KernelConfig(BaseModel):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from roles.kernel.config import DEFAULT_SYSCTLS, KernelConfig
+from roles.kernel.config import DEFAULT_SYSCTLS, GPUDIRECT_RDMA_MODULE, KernelConfig
 from toolkit.spec import HostContext, ManagedFile
 from toolkit.templates import render_template
 
@@ -20,9 +20,15 @@ def kernel_settings(ctx: HostContext) -> KernelConfig:
 
 
 def host_modules(ctx: HostContext) -> list[str]:
-    """Modules for this host: the common ones, plus the GPU ones on GPU workers."""
+    """Modules for this host: the common ones, plus the GPU ones on GPU workers, and
+    nvidia-peermem where the host's fabric settings want GPUDirect RDMA (read by the role's
+    name: the kernel role loads modules, the fabric role decides this one)."""
     cfg = kernel_settings(ctx)
-    extra = cfg.gpu_modules if "gpu_worker" in ctx.host.groups else []
+    extra: list[str] = []
+    if "gpu_worker" in ctx.host.groups:
+        extra = list(cfg.gpu_modules)
+        if ctx.settings_of("fabric").wants_gpudirect_rdma:
+            extra.append(GPUDIRECT_RDMA_MODULE)
     return list(dict.fromkeys([*cfg.modules, *extra]))
 
 

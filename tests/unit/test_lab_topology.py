@@ -281,6 +281,7 @@ def test_a_worker_disk_is_its_data_volume_by_stable_name(labs_dir: Path) -> None
         "layout": "single",
         "disks": ["/dev/disk/by-id/virtio-gpuinfra-vdb"],
     }
+    assert "fabric" in cluster.hosts["gpu-1"].vars  # beside the fabric stand-in, not over it
     assert "data_disks" not in cluster.hosts["cpu-1"].vars
 
 
@@ -295,3 +296,24 @@ def test_several_disks_per_host_survive_the_state_file() -> None:
     assert HostSpec("x", ("etcd",), extra_disks=(2**29,)).disk_sizes == ()
     assert disk_devices(3) == ["/dev/vdb", "/dev/vdc", "/dev/vdd"]
     assert disk_id("/dev/vdc") == "/dev/disk/by-id/virtio-gpuinfra-vdc"
+
+
+def test_lab_gpu_workers_declare_the_fabric_as_a_stand_in(labs_dir: Path) -> None:
+    """Two HDR ports on every lab GPU worker, marked as a stand-in (no RDMA in the lab), their
+    IPoIB addresses in the lab's own /22 but outside the hosts' first /24; the scale lab's 24
+    GPU workers load and validate with them (addresses unique)."""
+    import ipaddress
+
+    state = lab_state(labs_dir, "itest", scale_topology())
+    data = inventory_data(state)
+    gpu = data["hosts"]["gpu-01"]
+    fabric = gpu["vars"]["fabric"]
+    assert fabric["device_standin"] is True
+    assert [port["interface"] for port in fabric["ports"]] == ["ib0", "ib1"]
+    hosts_net = ipaddress.IPv4Network(f"{state.subnet.network_address}/24")
+    for port in fabric["ports"]:
+        address = ipaddress.IPv4Interface(port["address"])
+        assert address.ip in state.subnet and address.ip not in hosts_net
+    assert "fabric" not in data["hosts"]["cpu-01"].get("vars", {})
+    loaded = load(write_inventory(state, labs_dir.parent / "scale" / "cluster.yml"))
+    assert loaded.settings["gpu-24"]["fabric"].wants_gpudirect_rdma

@@ -39,6 +39,7 @@ from toolkit.facts import (
 )
 
 runner = CliRunner()
+FABRIC_PORT = {"device": "mlx5_0", "interface": "ib0", "address": "10.1.0.61/24"}
 
 
 files_of = functools.partial(shared_files_of, role="kernel")
@@ -76,6 +77,10 @@ def test_sysctls_merge_over_defaults_per_group_and_host(small_cluster, write_clu
 
 
 def test_nvidia_peermem_loads_on_gpu_workers_only(small_cluster, write_cluster):
+    # The fabric settings decide GPUDirect RDMA (tests/unit/test_role_fabric.py has the cases
+    # without ports and with it switched off): ports on gpu-1 want it, and cpu-1 never gets it.
+    small_cluster["hosts"]["gpu-1"]["vars"] = {"fabric": {"ports": [FABRIC_PORT]}}
+    small_cluster["hosts"]["cpu-1"]["vars"] = {"fabric": {"gpudirect_rdma": True}}
     loaded = load(write_cluster(small_cluster))
     gpu = files_of(loaded, "gpu-1")["/etc/modules-load.d/gpuinfra.conf"].splitlines()
     cpu = files_of(loaded, "cpu-1")["/etc/modules-load.d/gpuinfra.conf"].splitlines()

@@ -24,6 +24,7 @@ ROLE_PACKAGES: tuple[str, ...] = (
     "etcd",
     "kubernetes",
     "monitoring",
+    "shared_fs",
     "gpu_health",
     "drift_job",
     "fleet_policy",

@@ -96,8 +96,8 @@ class SharedFsConfig(Strict):
     # Where every worker sees the shared file system: one path for datasets, checkpoints and
     # outputs on every node, so a job runs the same wherever it is scheduled.
     mount_point: str = "/shared"
-    # noatime: training reads datasets over and over; an atime update per read is a metadata
-    # write to the MDS for nothing. _netdev and nofail are always added (see files.py).
+    # noatime: training reads datasets over and over; an access-time update per read is a
+    # metadata write to the MDS for nothing. _netdev and nofail are always added (see files.py).
     mount_options: list[str] = Field(default_factory=lambda: ["noatime"])
     # None: a CephFS of this cluster's own storage hosts; set: mount the site's storage.
     existing: ExistingStorage | None = None

@@ -303,9 +303,19 @@ def client_files(ctx: HostContext) -> list[ManagedFile]:
             ),
         ]
     elif existing.type == "beegfs":
-        conf = render_template("shared_fs/beegfs-client.conf.j2", servers=existing.servers)
-        files.append(ManagedFile(ROLE, BEEGFS_CONF, conf))
+        files.append(ManagedFile(ROLE, BEEGFS_CONF, beegfs_client_conf(existing.servers[0])))
     return files
+
+
+def beegfs_client_conf(management_host: str) -> str:
+    """BeeGFS's client settings: the management host, and its default ports (BeeGFS 7)."""
+    return (
+        "# Managed by gpuinfra (shared_fs role): BeeGFS client settings from the inventory.\n"
+        f"sysMgmtdHost = {management_host}\n"
+        "connClientPortUDP = 8004\n"
+        "connMgmtdPortTCP = 8008\n"
+        "connMgmtdPortUDP = 8008\n"
+    )
 
 
 CLIENT_PACKAGES = {

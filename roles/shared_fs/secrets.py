@@ -6,11 +6,11 @@ from __future__ import annotations
 import base64
 import os
 import struct
-import time
 import uuid
 from pathlib import Path
 
 from inventory.model import StateAccess
+from toolkit import clock
 from toolkit.statefiles import kept_secret
 
 STATE_DIR = "shared_fs"
@@ -23,7 +23,7 @@ def new_cephx_key(now: float | None = None, random: bytes | None = None) -> str:
     """A cephx secret as Ceph encodes one: type, creation time (seconds, nanoseconds), length
     and 16 random bytes, in base64 (CryptoKey::encode)."""
     secret = random if random is not None else os.urandom(AES_KEY_BYTES)
-    created = int(now if now is not None else time.time())
+    created = int(now if now is not None else clock.now_utc().timestamp())
     header = struct.pack("<HIIH", CEPH_CRYPTO_AES, created, 0, len(secret))
     return base64.b64encode(header + secret).decode()
 

@@ -40,6 +40,7 @@ from roles.shared_fs.operations import (
 )
 from toolkit.operations import (
     clear_pending,
+    enable_at_boot,
     put_file,
     restart_if_running,
     service_running,
@@ -138,6 +139,10 @@ def apply_storage(ctx: HostContext) -> None:
         commands=["systemctl daemon-reload"],
         _if=written[unit_path(ADMIN_MOUNT)].did_change,
     )
+    # Enabled too: a storage host back from a reboot mounts it again (or drift says so).
+    enable_at_boot(
+        next(m for m in files if m.path == unit_path(ADMIN_MOUNT)), name="Mount the root at boot"
+    )
     mounted(
         name="Mount the file system's root (admin)",
         path=ADMIN_MOUNT,
@@ -170,9 +175,7 @@ def apply_client(ctx: HostContext) -> None:
         _if=written[0].did_change,
     )
     unit = mount_unit_name(cfg.mount_point)
-    server.shell(
-        name="Mount at boot", commands=[f"systemctl enable {unit}"], _if=written[0].did_change
-    )
+    enable_at_boot(files[0], name="Mount at boot")
     fstype = (
         FUSE_TYPE if spec.kind == "cephfs-fuse" else ("nfs4" if spec.kind == "nfs" else spec.type)
     )

@@ -100,6 +100,17 @@ def test_workers_key_is_limited_and_secret(converged):
     assert converged.ssh("cpu-1", admin, check=False).returncode == 1
 
 
+def test_verify_suites_pass(converged, tmp_path):
+    junit = tmp_path / "verify.xml"
+    result = gpuinfra(
+        "verify", str(converged.inventory_path), "--roles", "shared_fs", "--junit", str(junit)
+    )
+    assert result.returncode == ExitCode.OK, result.stdout[-3000:] + result.stderr[-2000:]
+    report = junit.read_text()
+    # Both suites ran: the storage hosts' daemons and the workers' mounts.
+    assert "test_daemon_runs_and_starts_at_boot" in report and "test_shared_fs_is_mounted" in report
+
+
 def test_a_file_written_on_one_worker_is_read_on_another(converged):
     written = converged.ssh(
         "cpu-1",

@@ -7,6 +7,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import apt, server
 
 from roles.shared_fs.config import SharedFsConfig
+from roles.shared_fs.facts import CEPH
 from roles.shared_fs.files import (
     ADMIN_MOUNT,
     CEPH_CONF,
@@ -42,8 +43,9 @@ from toolkit.operations import (
     clear_pending,
     enable_at_boot,
     put_file,
-    restart_if_running,
+    restart_command,
     service_running,
+    wait_for,
 )
 from toolkit.spec import HostContext
 
@@ -121,18 +123,21 @@ def apply_storage(ctx: HostContext) -> None:
     )
     # A changed ceph.conf restarts the daemons one host at a time, each waiting for HEALTH_OK,
     # so the cluster keeps its quorum and two of three copies of every object throughout.
-    for unit in (
+    units = (
         f"ceph-mon@{ctx.name}",
         f"ceph-mgr@{ctx.name}",
         f"ceph-osd@{osd}",
         f"ceph-mds@{ctx.name}",
-    ):
-        restart_if_running(
-            name=f"Restart {unit.split('@')[0]} for its configuration",
-            unit=unit,
-            _serial=True,
-            _if=conf_changed,
-        )
+    )
+    server.shell(
+        name="Restart the Ceph daemons for their configuration, one host at a time",
+        commands=[
+            *(restart_command(unit) for unit in units),
+            wait_for(f"{CEPH} health | grep -q '^HEALTH_OK'", cfg.health_timeout_s),
+        ],
+        _serial=True,  # the next host restarts only once this one's are back and healthy
+        _if=conf_changed,
+    )
     healthy(name="Wait for HEALTH_OK", timeout_s=cfg.health_timeout_s)
     server.shell(
         name="Read the admin mount unit",

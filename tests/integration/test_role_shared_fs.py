@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from collections.abc import Iterator
 
 import pytest
+import yaml
 
 from cli.exitcodes import ExitCode
 from lab import lifecycle
 from lab.topology import HostSpec, Topology
 from tests.integration.conftest import KEEP_ENV, LabCluster, boot_lab
 from tests.integration.roles_helpers import apply_roles, gpuinfra, pending
+from toolkit.ssh import ssh_argv
 
 pytestmark = [pytest.mark.integration, pytest.mark.sharedfs]
 LAB = os.environ.get("GPUINFRA_SHAREDFS_LAB", "itest-sharedfs")
@@ -186,3 +189,40 @@ def test_one_storage_host_down_keeps_data_readable_and_writable(converged):
     after = converged.ssh("cpu-1", f"md5sum < {MOUNT}/scratch/during").stdout.split()[0]
     assert after == during
     assert drift(converged) == (ExitCode.OK, {})
+
+
+def test_a_configuration_change_restarts_one_storage_host_at_a_time(converged):
+    """A changed ceph.conf (the MDS cache here) restarts each storage host's daemons in turn,
+    the next only once the cluster is HEALTH_OK again; the workers keep writing throughout."""
+    path = converged.inventory_path
+    original = path.read_text()
+    data = yaml.safe_load(original)
+    settings = data["group_vars"]["all"]["shared_fs"]
+    settings["mds_cache_memory_limit"] = settings["mds_cache_memory_limit"] + 2**20
+    writer = (
+        f"for i in $(seq 60); do echo $i >> {MOUNT}/scratch/during-restart || exit 1; sleep 1; done"
+    )
+    try:
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        background = subprocess.Popen(
+            [*ssh_argv(converged.loaded, "cpu-1"), writer], stdout=subprocess.DEVNULL
+        )
+        report = apply_roles(path, "shared_fs")
+        restarted = [
+            name
+            for name, host in report["hosts"].items()
+            for op in host["operations"]
+            if op["changed"] and op["name"].startswith("Shared FS storage | Restart the Ceph")
+        ]
+        assert sorted(restarted) == list(STORAGE)
+        assert background.wait(timeout=120) == 0  # every append went through
+        assert health(converged, "stor-3").startswith("HEALTH_OK")
+        # The restarted MDS runs with the new value (asked through its admin socket).
+        running = converged.ssh(
+            "stor-2", "ceph daemon mds.stor-2 config get mds_cache_memory_limit"
+        )
+        limit = json.loads(running.stdout)["mds_cache_memory_limit"]
+        assert int(limit) == settings["mds_cache_memory_limit"]
+    finally:
+        path.write_text(original)
+        apply_roles(path, "shared_fs")

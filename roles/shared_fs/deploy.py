@@ -132,6 +132,9 @@ def apply_storage(ctx: HostContext) -> None:
     server.shell(
         name="Restart the Ceph daemons for their configuration, one host at a time",
         commands=[
+            # Debian's ceph units allow 3 starts in 30 min (StartLimitBurst): a bootstrap, a
+            # host's reboot and this restart would hit it ("start-limit-hit", seen on the lab).
+            *(f"systemctl reset-failed {unit}" for unit in units),
             *(restart_command(unit) for unit in units),
             wait_for(f"{CEPH} health | grep -q '^HEALTH_OK'", cfg.health_timeout_s),
         ],

@@ -4,7 +4,7 @@ on one worker is read on the other; with one storage host stopped the workers st
 write; with it back the cluster is HEALTH_OK again; drift is clean after apply (fast path and
 --exact agree) and exits 3 after a hand change of a mount, a mode or a quota.
 
-About 9 minutes (5 for the first apply, most of it Ceph's packages): opt-in with
+About 7 minutes (3 to 5 for the first apply, most of it Ceph's packages): opt-in with
 `pytest -m sharedfs tests/integration/test_role_shared_fs.py`."""
 
 from __future__ import annotations

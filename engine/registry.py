@@ -26,6 +26,7 @@ ROLE_PACKAGES: tuple[str, ...] = (
     "data_disks",
     "kubernetes",
     "monitoring",
+    "shared_fs",
     "gpu_health",
     "drift_job",
     "fleet_policy",

@@ -23,9 +23,17 @@ GROUPS: dict[str, str] = {
     "monitoring": "Prometheus (and Grafana where used) scraping every host",
     "gpu_worker": "Kubernetes workers with NVIDIA GPUs; need a gpu spec",
     "cpu_worker": "Kubernetes workers without GPUs",
+    "storage": "CephFS storage hosts (mon, mgr, MDS, one OSD per data disk); 3 or more",
 }
 Group = Literal[
-    "etcd", "control_plane", "loadbalancer", "dns", "monitoring", "gpu_worker", "cpu_worker"
+    "etcd",
+    "control_plane",
+    "loadbalancer",
+    "dns",
+    "monitoring",
+    "gpu_worker",
+    "cpu_worker",
+    "storage",
 ]
 TargetOS = Literal["ubuntu-22.04", "ubuntu-24.04", "debian-12", "debian-13"]
 

@@ -315,6 +315,10 @@ def nspawn_argv(
     capability (runc makes namespaces, mounts and device nodes, as kind's privileged nodes do)
     and the keyring system calls, which nspawn's filter refuses by default and runc uses for
     each container's session keyring ("unable to join session keyring" without them).
+
+    Every host gets the machine's /dev/fuse: the lab kernel has no kernel CephFS, RBD or NFS
+    client, so the shared file system's clients (ceph-fuse) mount through FUSE, and a FUSE
+    mount needs the device node (and CAP_SYS_ADMIN to mount, which workers have: every one).
     """
     capabilities = ["CAP_NET_ADMIN"]  # nftables, sysctls and keepalived inside the host
     argv = [
@@ -329,6 +333,7 @@ def nspawn_argv(
         "--link-journal=no",
         "--timezone=off",
         "--console=read-only",  # the boot log goes to console.log for post-mortems
+        "--bind=/dev/fuse",  # ceph-fuse clients of the shared file system (see above)
     ]
     if loop_devices:
         capabilities.append("CAP_SYS_ADMIN")  # mkfs and mount on the bound devices

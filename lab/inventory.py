@@ -39,6 +39,8 @@ def inventory_data(state: LabState) -> dict[str, Any]:
             # name; further disks stay free for tests that need a disk of their own.
             volume = {"name": "data", "layout": "single", "disks": [disk_id(DISK_DEVICE)]}
             host.setdefault("vars", {})["data_disks"] = {"volumes": [volume]}
+        if spec.disk_bytes and "storage" in spec.groups:
+            host.setdefault("vars", {})["shared_fs"] = {"osd_device": DISK_DEVICE}
         hosts[spec.name] = host
     data: dict[str, Any] = {
         "name": state.name,
@@ -95,6 +97,8 @@ def inventory_data(state: LabState) -> dict[str, Any]:
             )
             data["versions"]["etcd"] = published.etcd_version
         data["group_vars"]["etcd"] = {"etcd": etcd}
+    if any("storage" in spec.groups for _, spec, _ in state.hosts()):
+        data["group_vars"]["all"]["shared_fs"] = SHARED_FS_LAB
     data["hosts"] = hosts
     return data
 
@@ -113,6 +117,23 @@ def _fabric_standin(address: ipaddress.IPv4Address) -> dict[str, Any]:
             for rail in (0, 1)
         ],
     }  # fmt: skip
+
+
+# The lab's CephFS shares the machine's 24 GiB and one disk with every other lab: Ceph's
+# smallest OSD memory target (896 MiB), small mon and MDS caches, and a free-space warning
+# below 5% (the machine's disk is itself fuller than Ceph's 30%). Two shared directories
+# show the reference layout (sticky world-writable scratch, a dataset tree with a quota).
+SHARED_FS_LAB: dict[str, Any] = {
+    "osd_memory_target": 896 * 2**20,
+    "mon_memory_target": 256 * 2**20,
+    "mds_cache_memory_limit": 256 * 2**20,
+    "mon_data_avail_warn": 5,
+    "data_pg_num": 32,
+    "directories": [
+        {"path": "/scratch", "mode": "1777"},
+        {"path": "/datasets", "uid": 1000, "gid": 1000, "mode": "2775", "quota_bytes": 2**30},
+    ],
+}
 
 
 def _runtime_settings(gateway: str, published: offline.Published | None) -> dict[str, Any]:

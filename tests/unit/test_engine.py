@@ -34,7 +34,7 @@ def test_limit_takes_hosts_and_groups():
     loaded = load(SAMPLE)
     assert select_hosts(loaded, ["etcd-2"]) == ["etcd-2"]
     assert select_hosts(loaded, ["loadbalancer", "dns-1"]) == ["lb-1", "lb-2", "dns-1"]
-    assert len(select_hosts(loaded, [])) == 25
+    assert len(select_hosts(loaded, [])) == 28
 
 
 def report_with(*statuses: HostStatus) -> RunReport:

@@ -183,3 +183,10 @@ def test_overlay_lays_the_layer_between_debian_and_the_host(
     host.ensure_root_mounted(paths, Path("/debian"), Path("/layer"))
     options = mounts[0][mounts[0].index("-o") + 1]
     assert options.startswith("lowerdir=/layer:/debian,upperdir=")
+
+
+def test_every_host_gets_dev_fuse_for_ceph_fuse(tmp_path: Path) -> None:
+    paths = HostPaths(tmp_path / "cpu-1")
+    for runs_containers in (False, True):
+        argv = host.nspawn_argv(paths, "cpu-1", "ns", None, runs_containers=runs_containers)
+        assert "--bind=/dev/fuse" in argv

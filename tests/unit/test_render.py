@@ -18,12 +18,12 @@ from toolkit.templates import TEMPLATES, environment
 runner = CliRunner()
 
 
-def test_render_sample_writes_files_for_all_25_hosts(tmp_path):
+def test_render_sample_writes_files_for_all_28_hosts(tmp_path):
     out = tmp_path / "out"
     result = runner.invoke(app, ["render", str(SAMPLE), "--out", str(out)])
     assert result.exit_code == 0, result.output
     hosts = sorted(p.name for p in out.iterdir() if p.name != render_module.CLUSTER_DIR)
-    assert len(hosts) == 25
+    assert len(hosts) == 28
     for host in hosts:
         assert (out / host / "etc/hostname").read_text() == f"{host}\n"
         assert (out / host / "etc/hosts").is_file()

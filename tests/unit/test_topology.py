@@ -39,7 +39,7 @@ def test_dns_records_cover_every_host_the_api_and_etcd_srv():
     assert len(srv) == 10
     assert "0 0 2380 etcd-1.sample.gpu.internal." in {r.value for r in srv}
     ptr = [r for records in topology.reverse_zones.values() for r in records]
-    assert len(ptr) == 25
+    assert len(ptr) == 28
     assert "1.40.10.in-addr.arpa" in topology.reverse_zones
     assert topology.dns_primary == "dns-1" and topology.dns_secondaries == ("dns-2",)
 

@@ -23,7 +23,7 @@ def validate(path) -> tuple[int, str]:
 def test_sample_inventory_is_valid(small_cluster):
     result = runner.invoke(app, ["inventory", "validate", str(SAMPLE)])
     assert result.exit_code == 0, result.output
-    assert "25 hosts" in result.stdout
+    assert "28 hosts" in result.stdout
 
 
 def test_small_cluster_is_valid(small_cluster, write_cluster):

@@ -188,5 +188,5 @@ def test_overlay_lays_the_layer_between_debian_and_the_host(
 def test_every_host_gets_dev_fuse_for_ceph_fuse(tmp_path: Path) -> None:
     paths = HostPaths(tmp_path / "cpu-1")
     for runs_containers in (False, True):
-        argv = host.nspawn_argv(paths, "cpu-1", "ns", None, runs_containers=runs_containers)
+        argv = host.nspawn_argv(paths, "cpu-1", "ns", [], runs_containers=runs_containers)
         assert "--bind=/dev/fuse" in argv

@@ -106,23 +106,13 @@ def test_firewall_admits_fabric_peers(host, ctx, topology) -> None:
         assert source in line
 
 
-def test_ports_active_at_rate_and_link_layer_by_ibstat(host, ctx) -> None:
+@pytest.mark.parametrize(
+    ("tool", "parse"), [("ibstat", parse_ibstat), ("ibv_devinfo", parse_ibv_devinfo)]
+)
+def test_ports_active_at_rate_and_link_layer(host, ctx, tool, parse) -> None:
+    """Each tool on its own: ibstat and ibv_devinfo read the port from different interfaces."""
     cfg = real_ports(ctx)
-    found = parse_ibstat(host.check_output("ibstat"))
-    problems = [
-        problem
-        for port in cfg.ports
-        for problem in port_problems(
-            found.get((port.device, port.port)), port.device, port.port, cfg.rate_gbps,
-            cfg.link_layer,
-        )
-    ]  # fmt: skip
-    assert not problems, "; ".join(problems)
-
-
-def test_ports_active_by_ibv_devinfo(host, ctx) -> None:
-    cfg = real_ports(ctx)
-    found = parse_ibv_devinfo(host.check_output("ibv_devinfo"))
+    found = parse(host.check_output(tool))
     problems = [
         problem
         for port in cfg.ports

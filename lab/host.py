@@ -242,10 +242,14 @@ def ensure_disks(paths: HostPaths, sizes: tuple[int, ...]) -> list[str]:
     return [ensure_disk(paths, size, disk_image_name(i)) for i, size in enumerate(sizes)]
 
 
-# A stand-in for udev, which a lab host does not run: at every boot, before the file systems
-# are mounted, each bound disk /dev/vdX gets the stable name a real virtio disk has under
-# /dev/disk/by-id/ (lab/topology.py disk_id), so roles that refuse kernel names (data_disks)
-# find their disks as on a real server. The serial in the name is made up: the lab's own.
+# A stand-in for udev and for systemd's fstab generator, neither of which does its part in a lab
+# host: at every boot, before the file systems are mounted, each bound disk /dev/vdX gets the
+# stable name a real virtio disk has under /dev/disk/by-id/ (lab/topology.py disk_id), so roles
+# that refuse kernel names (data_disks) find their disks as on a real server. The serial in the
+# name is made up: the lab's own. Then the disks' file systems in /etc/fstab are mounted, as a
+# server's systemd mounts them at boot: in a container the generator skips every fstab entry
+# naming a device, so a rebooted lab host would come up without its data volume. blkid first
+# fills its cache, which is how mount(8) resolves UUID= without udev.
 DISK_IDS_SCRIPT = "usr/local/sbin/gpuinfra-lab-disk-ids"
 DISK_IDS_UNIT = "etc/systemd/system/gpuinfra-lab-disk-ids.service"
 
@@ -260,12 +264,16 @@ def disk_ids_script() -> str:
         f"[ -b {device} ] && ln -sfn ../../{device.rsplit('/', 1)[-1]} {disk_id(device)}"
         for device in disk_devices(24)
     ]
+    lines += [
+        "blkid >/dev/null 2>&1",
+        "mount -a -t xfs,ext4 -O no_netdev || echo 'gpuinfra lab: an fstab disk did not mount' >&2",
+    ]
     return "\n".join([*lines, "exit 0", ""])
 
 
 DISK_IDS_UNIT_TEXT = f"""\
 [Unit]
-Description=gpuinfra lab: /dev/disk/by-id names for the host's disks (no udev in a lab host)
+Description=gpuinfra lab: the disks' by-id names and fstab mounts (no udev in a lab host)
 DefaultDependencies=no
 Before=local-fs-pre.target
 Wants=local-fs-pre.target

@@ -148,3 +148,15 @@ def test_verify_suite_passes_on_the_converged_host(lab):
     apply_roles(lab.inventory_path, "data_disks")
     result = gpuinfra("verify", str(lab.inventory_path), "--roles", "data_disks")
     assert result.returncode == ExitCode.OK, result.stdout[-3000:] + result.stderr[-2000:]
+
+
+def test_the_data_volume_is_mounted_again_after_a_reboot(lab):
+    """A rebooted host comes up with its volume, as a server's systemd mounts fstab at boot (in
+    a lab host the lab's stand-in does it, lab/host.py); drift is clean without an apply."""
+    apply_roles(lab.inventory_path, "data_disks")
+    uuid = lab.ssh(HOST, f"blkid -s UUID -o value {DATA}").stdout.strip()
+    for action in ("stop", "start"):
+        done = gpuinfra("lab", action, HOST, "--name", DISKS_LAB)
+        assert done.returncode == 0, done.stderr[-2000:]
+    assert lab.ssh(HOST, "findmnt -rn -o UUID /data").stdout.strip() == uuid
+    assert drift_code(lab.inventory_path)[0] == ExitCode.OK

@@ -87,6 +87,9 @@ def test_disks_get_stable_names_at_boot_from_the_udev_stand_in(tmp_path: Path) -
     host.write_disk_ids(paths)
     script = (paths.merged / host.DISK_IDS_SCRIPT).read_text()
     assert "[ -b /dev/vdc ] && ln -sfn ../../vdc /dev/disk/by-id/virtio-gpuinfra-vdc" in script
+    # The fstab mounts come after the names, which fstab's UUIDs do not need but a by-id does.
+    mount = script.index("mount -a -t xfs,ext4 -O no_netdev")
+    assert script.index("ln -sfn ../../vdx") < script.index("blkid >/dev/null") < mount
     unit = (paths.merged / host.DISK_IDS_UNIT).read_text()
     assert "Before=local-fs-pre.target" in unit
     wants = paths.merged / "etc/systemd/system/sysinit.target.wants/gpuinfra-lab-disk-ids.service"

@@ -185,14 +185,16 @@ def restart_command(unit: str, reload: bool = False) -> str:
     more: seen once in CI on a lab host (containerd on a first apply), in none of 168 restarts
     tried by hand on lab hosts. Any other failure (the daemon exits on its configuration, a
     timeout, the start limit), or a second one, fails the operation with the unit's last
-    journal lines."""
+    journal lines. A unit the host does not have is not running: nothing to restart (systemd
+    fails try-restart with "Unit ... not found"; Docker's unit on a host with containerd alone)."""
     quoted = shlex.quote(unit)
     verb = "try-reload-or-restart" if reload else "try-restart"
+    absent = f'[ "$(systemctl show -p LoadState --value {quoted})" = not-found ]'
     transient = f'[ "$(systemctl show -p Result --value {quoted})" = resources ]'
     journal = f"journalctl -u {quoted} -n 10 --no-pager -o cat >&2"
     return (
-        f"systemctl {verb} {quoted} || {{ {transient} && systemctl start {quoted}; }}"
-        f" || {{ {journal}; exit 1; }}"
+        f"systemctl {verb} {quoted} || {absent}"
+        f" || {{ {transient} && systemctl start {quoted}; }} || {{ {journal}; exit 1; }}"
     )
 
 

@@ -181,7 +181,7 @@ FAKE_SYSTEMCTL = """#!/bin/sh
 echo "systemctl $*" >> "$LOG"
 case "$1" in
   try-restart|try-reload-or-restart) exit "$RESTART_RC" ;;
-  show) echo "$RESULT" ;;
+  show) case "$*" in *LoadState*) echo "${LOAD_STATE:-loaded}" ;; *) echo "$RESULT" ;; esac ;;
   start) exit "$START_RC" ;;
 esac
 """
@@ -191,10 +191,10 @@ esac
     ("restart_rc", "result", "start_rc", "rc", "calls"),
     [
         (0, "success", 0, 0, ["try-restart"]),
-        (1, "resources", 0, 0, ["try-restart", "show", "start"]),
-        (1, "resources", 1, 1, ["try-restart", "show", "start", "journal"]),
-        (1, "exit-code", 0, 1, ["try-restart", "show", "journal"]),
-        (1, "start-limit-hit", 0, 1, ["try-restart", "show", "journal"]),
+        (1, "resources", 0, 0, ["try-restart", "show", "show", "start"]),
+        (1, "resources", 1, 1, ["try-restart", "show", "show", "start", "journal"]),
+        (1, "exit-code", 0, 1, ["try-restart", "show", "show", "journal"]),
+        (1, "start-limit-hit", 0, 1, ["try-restart", "show", "show", "journal"]),
     ],
 )
 def test_a_restart_refused_for_want_of_resources_is_started_once_more(
@@ -232,6 +232,25 @@ def test_a_restart_refused_for_want_of_resources_is_started_once_more(
     assert seen == calls
     assert ("containerd: the why" in run.stderr) == ("journal" in calls)
     assert "systemctl show -p Result --value containerd" in log.read_text() or "show" not in calls
+
+
+def test_a_restart_of_a_unit_the_host_lacks_is_nothing_to_do(tmp_path):
+    """try-restart fails on a unit systemd does not know ("Unit docker.service not found", a
+    host with containerd alone): not running, so nothing to restart and no failure; a unit that
+    exists and fails is the control."""
+    from toolkit.operations import restart_command
+
+    fake_commands(tmp_path, {"systemctl": FAKE_SYSTEMCTL, "journalctl": "#!/bin/sh\n"})
+    for load_state, rc in (("not-found", 0), ("loaded", 1)):
+        env = {
+            "PATH": f"{tmp_path}:/usr/bin:/bin",
+            "LOG": str(tmp_path / f"calls-{load_state}"),
+            "RESTART_RC": "5",
+            "RESULT": "exit-code",
+            "LOAD_STATE": load_state,
+        }
+        run = subprocess.run(["/bin/sh", "-c", restart_command("docker")], env=env)
+        assert run.returncode == rc, load_state
 
 
 FAKE_SYSTEMCTL_START = """#!/bin/sh

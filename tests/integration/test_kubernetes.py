@@ -103,16 +103,19 @@ def applied_lab(name: str, report: Path, prepare=None) -> Iterator[Cluster]:
     once; taken down afterwards unless kept (GPUINFRA_LAB_KEEP=1)."""
     inventory = Path(f"/tmp/gpuinfra-itest-{name}/cluster.yml")
     lab = boot_lab(name, default_topology(), inventory, kubernetes=True)
-    if prepare is not None:
-        prepare(inventory)
-    started = time.monotonic()
-    result = gpuinfra("apply", str(inventory), "--yes", "--report", str(report), timeout=1800)
-    seconds = time.monotonic() - started
-    assert result.returncode == ExitCode.OK, result.stdout[-4000:] + result.stderr[-3000:]
-    print(f"apply of the {name} lab, Kubernetes included: {seconds:.0f} s")
-    yield Cluster(lab, inventory, json.loads(report.read_text()), seconds)
-    if os.environ.get(KEEP_ENV) != "1":
-        lifecycle.down(name)
+    try:
+        if prepare is not None:
+            prepare(inventory)
+        started = time.monotonic()
+        result = gpuinfra("apply", str(inventory), "--yes", "--report", str(report), timeout=1800)
+        seconds = time.monotonic() - started
+        assert result.returncode == ExitCode.OK, result.stdout[-4000:] + result.stderr[-3000:]
+        print(f"apply of the {name} lab, Kubernetes included: {seconds:.0f} s")
+        yield Cluster(lab, inventory, json.loads(report.read_text()), seconds)
+    finally:
+        # Also when the apply failed: 13 hosts left running would weigh on every later module.
+        if os.environ.get(KEEP_ENV) != "1":
+            lifecycle.down(name)
 
 
 @pytest.fixture(scope="module")

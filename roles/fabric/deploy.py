@@ -16,7 +16,7 @@ from roles.fabric.files import (
     runtime_dropin,
 )
 from roles.fabric.operations import ports_present
-from toolkit.operations import put_file, restart_if_running
+from toolkit.operations import put_file, restart_if_running, wait_for
 from toolkit.spec import HostContext
 
 
@@ -67,6 +67,5 @@ def apply(ctx: HostContext) -> None:
 
 def ready_after_restart(unit: str, command: str, seconds: int = 60) -> str:
     """A readiness check of a unit that runs (a host without Docker has nothing to wait for):
-    retry `command` each second, then run it once more to report why."""
-    retries = f"for i in $(seq {seconds}); do {command} >/dev/null 2>&1 && exit 0; sleep 1; done"
-    return f"systemctl is-active -q {unit} || exit 0; {retries}; {command}"
+    the toolkit's wait_for, skipped where the unit is not active."""
+    return f"systemctl is-active -q {unit} || exit 0; {wait_for(command, seconds)}"

@@ -56,7 +56,7 @@ format: install
 render: install
 	$(BIN)/gpuinfra render inventory/sample --out build/render
 
-# The main job on the embedded default: boot the 13-host lab, converge it (Kubernetes built
+# The main job on the embedded default: boot the 16-host lab, converge it (Kubernetes built
 # here included), then the CI checks (drift: exit 0 when every host matches the inventory;
 # verify: every behaviour check passes) with their JSON and JUnit reports, and the cluster's
 # nodes, all Ready, through the operator's kubeconfig.

@@ -1,4 +1,4 @@
-"""Which hosts a lab boots: the default 13-host cluster, a 100-host scale cluster, or N hosts."""
+"""Which hosts a lab boots: the default 16-host cluster, a 100-host scale cluster, or N hosts."""
 
 from __future__ import annotations
 
@@ -21,6 +21,9 @@ DISK_DEVICE = "/dev/vdb"
 DISK_ID_PREFIX = "/dev/disk/by-id/virtio-gpuinfra-"
 # The default lab's data disk on gpu-1: above mkfs.xfs's 300 MB floor; a sparse file.
 DATA_DISK_BYTES = 512 * 2**20
+# A storage host's OSD disk: Ceph's quota test writes 1 GiB three times over (size 3); a sparse
+# file, so only what the OSDs write takes room on the machine's disk.
+OSD_DISK_BYTES = 4 * 2**30
 TOPOLOGIES = ("default", "scale")
 # Kubernetes nodes: containerd and kubelet run containers inside these hosts (lab/host.py).
 CONTAINER_GROUPS = frozenset({"control_plane", "gpu_worker", "cpu_worker"})
@@ -102,14 +105,17 @@ def default_topology() -> Topology:
     hosts += [
         HostSpec("lb-1", ("loadbalancer",)),
         HostSpec("dns-1", ("dns",)),
-        # mon-1 doubles as the DNS secondary: issue 5 needs a primary and a secondary, and a
-        # thirteenth host would cost memory and CPU the machine shares.
+        # mon-1 doubles as the DNS secondary: issue 5 needs a primary and a secondary, and one more
+        # host would cost memory and CPU the machine shares.
         HostSpec("mon-1", ("monitoring", "dns")),
         HostSpec("cpu-1", ("cpu_worker",)),
         # gpu-1's data disk: the data_disks role formats and mounts it (one disk: the lab's
         # kernel has no md driver for the reference server's RAID 0).
         HostSpec("gpu-1", ("gpu_worker",), gpu=True, disk_bytes=DATA_DISK_BYTES),
     ]
+    # The shared file system (CephFS) on three hosts of its own, as on the reference cluster:
+    # three monitors keep a quorum and three OSDs keep size 3 writable with one host down.
+    hosts += [HostSpec(f"stor-{i}", ("storage",), disk_bytes=OSD_DISK_BYTES) for i in range(1, 4)]
     return Topology(tuple(hosts), "default")
 
 

@@ -113,7 +113,7 @@ def applied_lab(name: str, report: Path, prepare=None) -> Iterator[Cluster]:
         print(f"apply of the {name} lab, Kubernetes included: {seconds:.0f} s")
         yield Cluster(lab, inventory, json.loads(report.read_text()), seconds)
     finally:
-        # Also when the apply failed: 13 hosts left running would weigh on every later module.
+        # Also when the apply failed: 16 hosts left running would weigh on every later module.
         if os.environ.get(KEEP_ENV) != "1":
             lifecycle.down(name)
 

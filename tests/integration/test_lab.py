@@ -41,8 +41,8 @@ def reachable(lab: LabCluster, source: str, target: str) -> bool:
 
 
 def test_every_host_answers_ssh_with_strict_host_key_checking(lab: LabCluster) -> None:
-    assert len(lab.hosts) == 13
-    with ThreadPoolExecutor(13) as pool:
+    assert len(lab.hosts) == 16
+    with ThreadPoolExecutor(16) as pool:
         names = list(pool.map(lambda host: lab.ssh(host, "hostname").stdout.strip(), lab.hosts))
     assert names == lab.hosts
     assert "StrictHostKeyChecking=yes" in lifecycle.ssh_argv(lab.name, "etcd-1", [])

@@ -1,56 +1,38 @@
-"""The shared_fs role on a lab of its own: three storage hosts with a loop disk each (monitors,
-managers, MDS, one OSD each) and two workers mounting the CephFS with ceph-fuse. A file written
-on one worker is read on the other; with one storage host stopped the workers still read and
-write; with it back the cluster is HEALTH_OK again; drift is clean after apply (fast path and
---exact agree) and exits 3 after a hand change of a mount, a mode or a quota.
+"""The shared_fs role on the default lab: three storage hosts with a loop disk each (monitors,
+managers, MDS, one OSD each) and the two workers mounting the CephFS with ceph-fuse. A file
+written on one worker is read on the other; with one storage host stopped the workers still read
+and write; with it back the cluster is HEALTH_OK again; drift is clean after apply (fast path
+and --exact agree) and exits 3 after a hand change of a mount, a mode or a quota.
 
-About 7 minutes (3 to 5 for the first apply, most of it Ceph's packages): opt-in with
-`pytest -m sharedfs tests/integration/test_role_shared_fs.py`."""
+About 4 minutes on the shared lab (`pytest -m sharedfs` selects it alone)."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
-from collections.abc import Iterator
 
 import pytest
 import yaml
 
 from cli.exitcodes import ExitCode
 from lab import lifecycle
-from lab.topology import HostSpec, Topology
-from tests.integration.conftest import KEEP_ENV, LabCluster, boot_lab
+from tests.integration.conftest import LAB_NAME, LabCluster
 from tests.integration.roles_helpers import apply_roles, gpuinfra, pending
 from toolkit.ssh import ssh_argv
 
 pytestmark = [pytest.mark.integration, pytest.mark.sharedfs]
-LAB = os.environ.get("GPUINFRA_SHAREDFS_LAB", "itest-sharedfs")
 ROLES = "base,shared_fs"
 STORAGE = ("stor-1", "stor-2", "stor-3")
-WORKERS = ("cpu-1", "cpu-2")
+WORKERS = ("cpu-1", "gpu-1")
 MOUNT = "/shared"
 ADMIN_ROOT = "/var/lib/gpuinfra/shared_fs_root"
-DISK_BYTES = 4 * 2**30
-
-
-def topology() -> Topology:
-    hosts = tuple(HostSpec(name, ("storage",), disk_bytes=DISK_BYTES) for name in STORAGE)
-    hosts += tuple(HostSpec(name, ("cpu_worker",)) for name in WORKERS)
-    return Topology(hosts, "sharedfs")
 
 
 @pytest.fixture(scope="module")
-def converged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabCluster]:
-    inventory = tmp_path_factory.mktemp("sharedfs") / "cluster.yml"
-    lab = boot_lab(LAB, topology(), inventory)
-    try:
-        apply_roles(lab.inventory_path, ROLES)
-        yield lab
-    finally:
-        if os.environ.get(KEEP_ENV) != "1":
-            lifecycle.down(LAB)
+def converged(lab: LabCluster) -> LabCluster:
+    apply_roles(lab.inventory_path, ROLES)
+    return lab
 
 
 def drift(lab: LabCluster, *extra: str) -> tuple[int, dict[str, list[str]]]:
@@ -120,7 +102,7 @@ def test_a_file_written_on_one_worker_is_read_on_another(converged):
         f"head -c 8M /dev/urandom > {MOUNT}/scratch/from-cpu-1 && sync && "
         f"md5sum < {MOUNT}/scratch/from-cpu-1",
     ).stdout.split()[0]
-    read = converged.ssh("cpu-2", f"md5sum < {MOUNT}/scratch/from-cpu-1").stdout.split()[0]
+    read = converged.ssh("gpu-1", f"md5sum < {MOUNT}/scratch/from-cpu-1").stdout.split()[0]
     assert read == written
 
 
@@ -145,17 +127,17 @@ def test_drift_is_clean_then_sees_hand_changes(converged):
     assert drift(converged) == (ExitCode.OK, {})
     assert drift(converged, "--exact") == (ExitCode.OK, {})
     try:
-        converged.ssh("cpu-2", "systemctl stop shared.mount")
+        converged.ssh("gpu-1", "systemctl stop shared.mount")
         converged.ssh("stor-1", f"chmod 0777 {ADMIN_ROOT}/datasets")
         for extra in ((), ("--exact",)):
             code, changes = drift(converged, *extra)
             assert code == ExitCode.DRIFT
             assert changes == {
-                "cpu-2": ["Shared FS client | Mount the shared file system"],
+                "gpu-1": ["Shared FS client | Mount the shared file system"],
                 "stor-1": ["Shared FS storage | Keep the shared directories"],
             }
     finally:
-        converged.ssh("cpu-2", "systemctl start shared.mount", check=False)
+        converged.ssh("gpu-1", "systemctl start shared.mount", check=False)
         converged.ssh("stor-1", f"chmod 2775 {ADMIN_ROOT}/datasets", check=False)
     assert drift(converged) == (ExitCode.OK, {})
 
@@ -167,9 +149,9 @@ def test_one_storage_host_down_keeps_data_readable_and_writable(converged):
     ).stdout.split()[0]
     stopped = "stor-1"  # the first monitor, and often the active MDS: the harder case
     try:
-        assert lifecycle.stop_host(LAB, stopped)
+        assert lifecycle.stop_host(LAB_NAME, stopped)
         write = converged.ssh(
-            "cpu-2",
+            "gpu-1",
             f"timeout 240 sh -c 'head -c 4M /dev/urandom > {MOUNT}/scratch/during && sync "
             f"&& md5sum < {MOUNT}/scratch/during && md5sum < {MOUNT}/scratch/before'",
             check=False,
@@ -184,7 +166,7 @@ def test_one_storage_host_down_keeps_data_readable_and_writable(converged):
         assert code == ExitCode.DRIFT
         assert "Shared FS storage | Wait for HEALTH_OK" in changes["stor-2"]
     finally:
-        lifecycle.start_host(LAB, stopped)
+        lifecycle.start_host(LAB_NAME, stopped)
     assert wait_healthy(converged, "stor-2").startswith("HEALTH_OK")
     after = converged.ssh("cpu-1", f"md5sum < {MOUNT}/scratch/during").stdout.split()[0]
     assert after == during

@@ -21,12 +21,9 @@ from pyinfra.api import FactBase, operation
 from pyinfra.api.operation import OperationMeta
 
 from toolkit import record
+from toolkit.dropins import MARKER, dropins_command
 from toolkit.pyinfra_api import op_hash
 
-# The first lines of every file gpuinfra writes into a folder that others write to as well
-# (a unit's drop-ins, apt's sources and preferences) carry this: tests/unit/test_effective.py
-# checks it on every such file of the sample inventory.
-MARKER = "Managed by gpuinfra"
 # Where systemd reads drop-ins that an administrator or a runtime command made; /usr/lib and
 # /lib hold the packages' own, which the package pins decide.
 ADMIN_DROPIN_ROOTS = ("/etc/", "/run/")
@@ -42,15 +39,7 @@ class UnitDropIns(FactBase):
         return {}
 
     def command(self, units: tuple[str, ...]) -> str:
-        quoted = " ".join(shlex.quote(unit) for unit in units)
-        return (
-            f"systemctl show --property=Id,LoadState,DropInPaths {quoted} 2>/dev/null | "
-            "while IFS='=' read -r key value; do case $key in "
-            'Id) echo "unit $value";; LoadState) echo "load $value";; '
-            "DropInPaths) for path in $value; do "
-            f'if head -n 3 "$path" 2>/dev/null | grep -q {shlex.quote(MARKER)}; '
-            'then echo "ours $path"; else echo "other $path"; fi; done;; esac; done'
-        )
+        return dropins_command(units)
 
     def process(self, output: list[str]) -> dict[str, dict[str, bool]]:
         units: dict[str, dict[str, bool]] = {}

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from engine.fingerprint.records import Record
+from toolkit.dropins import UNIT_LINE, dropins_command
 
 if TYPE_CHECKING:
     pass
@@ -75,6 +76,12 @@ def systemd_status_text(unit: str) -> str:
         "if command -v systemctl >/dev/null 2>&1; then ( systemctl show --all --property Id "
         f"--property SubState {unit} ); else echo '{_NOCMD}'; fi"
     )
+
+
+def dropins_fact_text(units: str) -> str:
+    """toolkit.effective.UnitDropIns for `units` (space-separated, as the roles ask them), as
+    sent."""
+    return _sh(dropins_command(units.split(" ")))
 
 
 def _existing_then(kind: str, tool: str) -> Callable[[dict[str, list[str]]], str]:
@@ -156,6 +163,35 @@ def _split_systemd(lines: list[str], names: dict[str, list[str]]) -> _Answers | 
     }
 
 
+# The drop-in facts of a host's roles (each role asks about its own units) in one
+# `systemctl show` of every unit any of them asks about, through the same loop: the answer is
+# each unit's lines in the order asked, each beginning with its `unit` line, and a fact's own
+# answer is its units' lines in its order.
+def _dropin_units(names: dict[str, list[str]]) -> list[str]:
+    return list(dict.fromkeys(unit for units in names["dropins"] for unit in units.split(" ")))
+
+
+def _dropins_script(names: dict[str, list[str]]) -> str:
+    return f"( {dropins_command(_dropin_units(names))}\n) </dev/null 2>/dev/null\n"
+
+
+def _split_dropins(lines: list[str], names: dict[str, list[str]]) -> _Answers | None:
+    blocks: list[list[str]] = []
+    for line in lines:
+        if line.startswith(UNIT_LINE):
+            blocks.append([])
+        elif not blocks:
+            return None
+        blocks[-1].append(line)
+    asked = _dropin_units(names)
+    if len(blocks) != len(asked):
+        return None
+    block = dict(zip(asked, blocks, strict=True))
+    return {
+        "dropins": [[ln for u in units.split(" ") for ln in block[u]] for units in names["dropins"]]
+    }
+
+
 _Answers = dict[str, list[list[str]]]  # group -> each of its names' stdout, in order
 
 
@@ -176,6 +212,7 @@ class _Section:
 
 _PATH = r"(/[A-Za-z0-9_./%+@:=,-]+)"
 _UNIT = r"([A-Za-z0-9@_.:-]+)"
+_UNITS = r"([A-Za-z0-9@_.:-]+(?: [A-Za-z0-9@_.:-]+)*)"
 _GROUPS = {
     "stat": _Group(file_fact_text, re.compile(rf"sh -c '! \(test -e {_PATH} ")),
     "sha1": _Group(sha1_fact_text, re.compile(rf"sh -c 'test -e {_PATH} && \( sha1sum ")),
@@ -186,6 +223,10 @@ _GROUPS = {
         systemd_status_text,
         re.compile(rf"sh -c 'if command -v systemctl .* --property SubState {_UNIT} \)"),
     ),
+    "dropins": _Group(
+        dropins_fact_text,
+        re.compile(rf"sh -c 'systemctl show --property=Id,LoadState,DropInPaths {_UNITS} 2>"),
+    ),
 }
 _SECTIONS = {
     "stat": _Section(
@@ -193,6 +234,7 @@ _SECTIONS = {
     ),
     "sha1": _Section(("sha1",), _existing_then("sha1", "sha1sum"), _split_existing("sha1")),
     "systemd": _Section(("unit", "status"), _systemd_script, _split_systemd),
+    "dropins": _Section(("dropins",), _dropins_script, _split_dropins),
 }
 
 

@@ -30,6 +30,7 @@ from engine.fingerprint import Record
 from roles.etcd.pki import pki_dir
 from tests.unit.loopback import loopback_cluster
 from toolkit import clock
+from toolkit.effective import UnitDropIns
 from toolkit.facts import UnitState
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,11 +48,13 @@ def sent(cls, **kwargs) -> str:
         (Sha1File, {"path": "/etc/ssh/sshd_config.d/50-gpuinfra.conf"}, "sha1", None),
         (SystemdStatus, {"services": "chrony.service"}, "status", None),
         (UnitState, {"unit": "etcd-backup.timer"}, "unit", None),
+        (UnitDropIns, {"units": ("etcd-backup.timer", "etcd.service")}, "dropins", None),
     ],
 )
 def test_each_group_recognises_exactly_the_text_its_fact_sends(cls, kwargs, kind, text):
     command = sent(cls, **kwargs)
     name = next(iter(kwargs.values()))
+    name = " ".join(name) if isinstance(name, tuple) else name
     assert fingerprint.grouped(command) == (kind, name)
     # One character more or less and the command is run as it is, not grouped.
     assert fingerprint.grouped(command.replace("2>", "2 >", 1)) is None
@@ -137,6 +140,43 @@ def test_a_unit_named_with_and_without_its_suffix_is_asked_once(tmp_path, monkey
         2: (0, ["Id=docker.service", "SubState=running"]),
         3: (0, ["Id=chrony.service", "SubState=running"]),
     }
+
+
+def test_the_drop_in_facts_of_all_roles_are_one_systemctl_show(tmp_path, monkeypatch):
+    """Each role asks about its own units' drop-ins; the probe asks systemd once for every unit
+    (a unit two roles ask about once) and gives each fact what it prints alone: a stand-in
+    `systemctl` prints what systemctl show prints (a block per unit, properties in systemd's
+    order, a blank line between units; not-found for a unit that does not exist) and logs each
+    call."""
+    ours, other = tmp_path / "10-gpuinfra.conf", tmp_path / "99-admin.conf"
+    ours.write_text("# Managed by gpuinfra (role etcd)\n[Service]\n")
+    other.write_text("[Service]\nNice=5\n")
+    log = tmp_path / "asked"
+    systemctl = tmp_path / "systemctl"
+    systemctl.write_text(
+        '#!/bin/sh\nshift 2\necho "$*" >> ' + str(log) + "\nfirst=1\n"
+        'for u in "$@"; do [ $first = 1 ] || echo; first=0; case $u in '
+        f'etcd.service) printf "Id=%s\\nLoadState=loaded\\nDropInPaths={ours} {other}\\n" "$u";; '
+        'gone.service) printf "Id=%s\\nLoadState=not-found\\nDropInPaths=\\n" "$u";; '
+        '*) printf "Id=%s\\nLoadState=loaded\\nDropInPaths=\\n" "$u";; esac; done\n'
+    )
+    systemctl.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    commands = [
+        sent(UnitDropIns, units=("etcd-backup.timer", "etcd.service")),
+        sent(UnitDropIns, units=("chrony.service", "etcd.service", "gone.service")),
+    ]
+    answers = run_probe(commands)
+    assert log.read_text().splitlines() == [
+        "etcd-backup.timer etcd.service chrony.service gone.service"
+    ]
+    for index, command in enumerate(commands):
+        assert answers[index] == alone(command), command
+    assert answers[1][1] == [
+        "unit chrony.service", "load loaded",
+        "unit etcd.service", "load loaded", f"ours {ours}", f"other {other}",
+        "unit gone.service", "load not-found",
+    ]  # fmt: skip
 
 
 def test_a_group_that_does_not_add_up_answers_none_of_its_commands(files):

@@ -11,9 +11,7 @@ from pyinfra.facts.files import File
 
 from roles.shared_fs.facts import (
     CEPH,
-    CephAuthCaps,
-    CephHealth,
-    CephPools,
+    CephCluster,
     MountedAt,
     OsdDisk,
     SharedDirectories,
@@ -54,7 +52,7 @@ def monitor_created(mon_name: str, keyring: str):
 def entities_registered(entities: dict[str, dict[str, str]], keyring: str):
     """The cluster knows each entity with these caps: `ceph auth import` of the keyring (the
     keys come from the controller's state, so a file never travels the other way)."""
-    known = host.get_fact(CephAuthCaps)
+    known = host.get_fact(CephCluster).get("caps", {})
     if all(known.get(name) == caps for name, caps in entities.items()):
         host.noop("every entity is registered with its caps")
         return
@@ -72,7 +70,7 @@ def osd_created(device: str, osd_id: int, osd_uuid: str):
         raise OperationError(
             f"refusing to make osd.{osd_id}: {reason}; wipe it or set another shared_fs.osd_device"
         )
-    osds = host.get_fact(CephPools).get("osds", [])
+    osds = host.get_fact(CephCluster).get("osds", [])
     if found and osd_id in osds:
         host.noop(f"osd.{osd_id} exists on {device}")
         return
@@ -97,7 +95,7 @@ def filesystem_created(
     if not bootstrap:
         host.noop("the first storage host makes the file system")
         return
-    state = host.get_fact(CephPools)
+    state = host.get_fact(CephCluster)
     pools = state.get("pools", {})
     for pool, pg_num in pg_nums.items():
         if pool not in pools:
@@ -120,7 +118,7 @@ def client_authorized(
     if not bootstrap:
         host.noop("the first storage host authorizes the client")
         return
-    if host.get_fact(CephAuthCaps).get(client) == caps:
+    if host.get_fact(CephCluster).get("caps", {}).get(client) == caps:
         host.noop(f"{client} may use {path} of {fs_name}")
         return
     yield f"{CEPH} auth import -i {shlex.quote(keyring)}"
@@ -132,7 +130,7 @@ def health_muted(codes: list[str], bootstrap: bool):
     if not bootstrap:
         host.noop("the first storage host mutes")
         return
-    mutes = host.get_fact(CephHealth).get("mutes", [])
+    mutes = host.get_fact(CephCluster).get("health", {}).get("mutes", [])
     for code in codes:
         if code not in mutes:
             yield f"{CEPH} health mute {shlex.quote(code)} --sticky"
@@ -141,7 +139,7 @@ def health_muted(codes: list[str], bootstrap: bool):
 @operation()
 def quorum(seconds: int):
     """Readiness: the monitors answer (they have formed quorum); waits for it."""
-    if host.get_fact(CephHealth).get("status"):
+    if host.get_fact(CephCluster).get("health", {}).get("status"):
         host.noop("the monitors answer")
         return
     yield wait_for(f"{CEPH} quorum_status > /dev/null 2>&1", seconds)
@@ -150,7 +148,7 @@ def quorum(seconds: int):
 @operation()
 def healthy(timeout_s: int):
     """Readiness (and drift): the cluster reports HEALTH_OK (mutes applied); waits for it."""
-    health = host.get_fact(CephHealth)
+    health = host.get_fact(CephCluster).get("health", {})
     if health.get("status") == "HEALTH_OK":
         host.noop("HEALTH_OK")
         return

@@ -5,14 +5,17 @@ facts' parsing and the operations' decisions against given facts."""
 from __future__ import annotations
 
 import base64
+import json
+import os
 import struct
+import subprocess
 
 import pytest
 from pydantic import ValidationError
 
 from engine.context import load
 from roles.shared_fs.config import SharedFsConfig
-from roles.shared_fs.facts import CephHealth, CephPools, MountedAt, OsdDisk, SharedDirectories
+from roles.shared_fs.facts import CephCluster, MountedAt, OsdDisk, SharedDirectories
 from roles.shared_fs.files import mount_unit_name
 from roles.shared_fs.operations import (
     directories_kept,
@@ -240,17 +243,17 @@ def test_osd_created_refuses_a_foreign_disk_and_formats_a_blank_one():
     from pyinfra.api import OperationError
 
     with pytest.raises(OperationError, match="refusing to make osd.0: /dev/vdb holds a xfs"):
-        commands(osd_created, {OsdDisk: {"type": "xfs"}, CephPools: {}}, device="/dev/vdb",
+        commands(osd_created, {OsdDisk: {"type": "xfs"}, CephCluster: {}}, device="/dev/vdb",
                  osd_id=0, osd_uuid=UUID)  # fmt: skip
     yielded, _ = commands(
-        osd_created, {OsdDisk: {}, CephPools: {"osds": []}},
+        osd_created, {OsdDisk: {}, CephCluster: {"osds": []}},
         device="/dev/vdb", osd_id=0, osd_uuid=UUID,
     )  # fmt: skip
     assert yielded[0].endswith(f"osd new {UUID} 0")
     assert "ceph-osd -i 0 --mkfs" in yielded[-1]
     done, noops = commands(
         osd_created, {OsdDisk: {"type": "ceph_bluestore", "osd_uuid": UUID},
-                      CephPools: {"osds": [0]}},
+                      CephCluster: {"osds": [0]}},
         device="/dev/vdb", osd_id=0, osd_uuid=UUID,
     )  # fmt: skip
     assert done == [] and "osd.0 exists" in noops[0]
@@ -259,7 +262,7 @@ def test_osd_created_refuses_a_foreign_disk_and_formats_a_blank_one():
 def test_filesystem_created_makes_only_what_is_missing():
     pools = {"cephfs_metadata": {"size": 3, "min_size": 2, "pg_num": 16}}
     yielded, _ = commands(
-        filesystem_created, {CephPools: {"pools": pools, "filesystems": []}},
+        filesystem_created, {CephCluster: {"pools": pools, "filesystems": []}},
         fs_name="cephfs", pg_nums={"cephfs_metadata": 16, "cephfs_data": 64}, size=3,
         min_size=2, bootstrap=True,
     )  # fmt: skip
@@ -276,7 +279,7 @@ def test_filesystem_created_makes_only_what_is_missing():
 
 @pytest.mark.parametrize(("status", "waits"), [("HEALTH_OK", False), ("HEALTH_WARN", True)])
 def test_healthy_waits_unless_health_ok(status, waits):
-    yielded, _ = commands(healthy, {CephHealth: {"status": status}}, timeout_s=60)
+    yielded, _ = commands(healthy, {CephCluster: {"health": {"status": status}}}, timeout_s=60)
     assert bool(yielded) is waits
 
 
@@ -298,17 +301,74 @@ def test_directories_kept_sets_what_differs():
                     directories=[wanted])[0] == []  # fmt: skip
 
 
-def test_facts_parse_what_ceph_and_blkid_print():
-    health = CephHealth().process(
-        ['{"status":"HEALTH_WARN","checks":{"OSD_DOWN":{}},"mutes":[{"code":"MGR_MODULE_'
-         'DEPENDENCY","sticky":true}]}']
-    )  # fmt: skip
-    assert health == {
+# A stand-in for librados' `rados` module (no Ceph on this machine; the lab runs the real one):
+# the monitors' answers are JSON in the shapes Ceph's documentation shows for `ceph health`,
+# `auth ls`, `osd pool ls detail`, `fs ls` and `osd ls` with `-f json`, written down here.
+FAKE_RADOS = """\
+import json, os
+ANSWERS = json.loads(os.environ["FAKE_CEPH"])
+class Rados:
+    def __init__(self, conffile):
+        pass
+    def connect(self, timeout):
+        if ANSWERS is None:
+            raise OSError("no quorum")
+    def mon_command(self, command, inbuf, timeout):
+        asked = json.loads(command)
+        key = " ".join([asked["prefix"]] + ([asked["detail"]] if "detail" in asked else []))
+        if key not in ANSWERS:
+            return -110, b"", "timed out"
+        return 0, json.dumps(ANSWERS[key]).encode(), ""
+"""
+MONITORS = {
+    "health": {
         "status": "HEALTH_WARN",
-        "checks": ["OSD_DOWN"],
-        "mutes": ["MGR_MODULE_DEPENDENCY"],
-    }
-    assert CephHealth().process(["error connecting"]) == {}
+        "checks": {"OSD_DOWN": {"severity": "HEALTH_WARN", "muted": False,
+                                "summary": {"message": "1 osds down", "count": 1}}},
+        "mutes": [{"code": "MGR_MODULE_DEPENDENCY", "sticky": True, "count": 3,
+                   "summary": "Module 'restful' has failed dependency"}],
+    },
+    "auth ls": {"auth_dump": [
+        {"entity": "osd.0", "key": "AQBzZ2Zm0000000000000000000000000000000==",
+         "caps": {"mgr": "allow profile osd", "mon": "allow profile osd", "osd": "allow *"}},
+    ]},
+    "osd pool ls detail": [
+        {"pool_id": 2, "pool_name": "cephfs_data", "size": 3, "min_size": 2, "pg_num": 32,
+         "pg_placement_num": 32, "last_change": "57", "crush_rule": 0},
+    ],
+    "fs ls": [{"name": "cephfs", "metadata_pool": "cephfs_metadata",
+               "data_pools": ["cephfs_data"]}],
+    "osd ls": [2, 0, 1],
+}  # fmt: skip
+
+
+def ask_cluster(tmp_path, answers) -> tuple[str, dict]:
+    (tmp_path / "rados.py").write_text(FAKE_RADOS)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "FAKE_CEPH": json.dumps(answers)}
+    result = subprocess.run(["sh", "-c", CephCluster().command()], capture_output=True,
+                            text=True, env=env, check=True)  # fmt: skip
+    return result.stdout, CephCluster().process(result.stdout.splitlines())
+
+
+def test_one_process_asks_the_monitors_everything_the_role_reads(tmp_path):
+    stdout, found = ask_cluster(tmp_path, MONITORS)
+    assert found == {
+        "health": {"status": "HEALTH_WARN", "checks": ["OSD_DOWN"],
+                   "mutes": ["MGR_MODULE_DEPENDENCY"]},
+        "caps": {"osd.0": MONITORS["auth ls"]["auth_dump"][0]["caps"]},
+        "pools": {"cephfs_data": {"size": 3, "min_size": 2, "pg_num": 32}},
+        "filesystems": ["cephfs"],
+        "osds": [0, 1, 2],
+    }  # fmt: skip
+    # Never a key, nor what moves while nothing changes (the mute's count, the pool's epoch).
+    assert "AQB" not in stdout and "last_change" not in stdout and "count" not in stdout
+    # A part the monitors do not answer is left out; no cluster at all is {}.
+    partial = {k: v for k, v in MONITORS.items() if k != "osd ls"}
+    assert "osds" not in ask_cluster(tmp_path, partial)[1]
+    assert ask_cluster(tmp_path, None) == ("", {})
+
+
+def test_facts_parse_what_blkid_and_stat_print():
     assert OsdDisk().process(["PRESENT", "ceph_bluestore", UUID]) == {
         "type": "ceph_bluestore",
         "osd_uuid": UUID,

@@ -52,8 +52,11 @@ def test_default_topology_has_every_group() -> None:
         assert groups.count(group) == 1
     # A DNS primary and a secondary (mon-1 doubles as the secondary: no extra host).
     assert [host.name for host in topology.hosts if "dns" in host.groups] == ["dns-1", "mon-1"]
-    # etcd disks only on request; gpu-1 has its data disk (the data_disks role's volume).
-    assert [host.name for host in topology.hosts if host.disk_bytes] == ["gpu-1"]
+    # etcd disks only on request; gpu-1 has its data disk (the data_disks role's volume), each
+    # storage host its OSD's disk.
+    storage = ["stor-1", "stor-2", "stor-3"]
+    assert [host.name for host in topology.hosts if "storage" in host.groups] == storage
+    assert [host.name for host in topology.hosts if host.disk_bytes] == ["gpu-1", *storage]
 
 
 def test_default_inventory_loads_and_validates(labs_dir: Path) -> None:

@@ -40,17 +40,17 @@ def ask(prefix, **args):
 health, auth = ask("health"), ask("auth ls")
 pools, filesystems, osds = ask("osd pool ls", detail="detail"), ask("fs ls"), ask("osd ls")
 print(json.dumps({
-    "health": health and {
+    "health": None if health is None else {
         "status": health.get("status"),
         "checks": sorted(health.get("checks", {})),
         "mutes": sorted(mute["code"] for mute in health.get("mutes", [])),
     },
-    "caps": auth and {e["entity"]: e.get("caps", {}) for e in auth["auth_dump"]},
-    "pools": pools and {
+    "caps": None if auth is None else {e["entity"]: e.get("caps", {}) for e in auth["auth_dump"]},
+    "pools": None if pools is None else {
         pool["pool_name"]: {k: pool[k] for k in ("size", "min_size", "pg_num")} for pool in pools
     },
-    "filesystems": filesystems and sorted(fs["name"] for fs in filesystems),
-    "osds": osds and sorted(osds),
+    "filesystems": None if filesystems is None else sorted(fs["name"] for fs in filesystems),
+    "osds": None if osds is None else sorted(osds),
 }, sort_keys=True))
 """
 

@@ -365,6 +365,9 @@ def test_one_process_asks_the_monitors_everything_the_role_reads(tmp_path):
     # A part the monitors do not answer is left out; no cluster at all is {}.
     partial = {k: v for k, v in MONITORS.items() if k != "osd ls"}
     assert "osds" not in ask_cluster(tmp_path, partial)[1]
+    # A new cluster: no pool, file system or OSD yet, each an empty one of its kind.
+    empty = {"osd pool ls detail": [], "fs ls": [], "osd ls": []}
+    assert ask_cluster(tmp_path, empty)[1] == {"pools": {}, "filesystems": [], "osds": []}
     assert ask_cluster(tmp_path, None) == ("", {})
 
 

@@ -3,11 +3,13 @@ on this machine from Go modules (lab/gobuild.py), served by the lab's file serve
 (lab/offline.py), and the lab's pod network (`cni: routes`).
 
 Own lab `<GPUINFRA_LAB_NAME>-k8s` (GPUINFRA_K8S_LAB_NAME overrides): the default topology with
-Kubernetes on, so five etcd members (etcd 3.6, built here), three control-plane nodes behind
-lb-1's HAProxy, and cpu-1 and gpu-1 as workers; gpu-1 belongs to the team `research`, a balloon
-pool keeps capacity warm on cpu-1, and workers join one per 20 s. One full apply converges it;
-the tests then read and change the cluster through the operator's kubeconfig with the kubectl
-built here. A test that stops something starts it again before it ends.
+Kubernetes on and without its three storage hosts (CephFS runs on the shared lab, where
+test_role_shared_fs.py checks it; here it would add minutes to every apply): five etcd members
+(etcd 3.6, built here), three control-plane nodes behind lb-1's HAProxy, and cpu-1 and gpu-1 as
+workers; gpu-1 belongs to the team `research`, a balloon pool keeps capacity warm on cpu-1, and
+workers join one per 20 s. One full apply converges it; the tests then read and change the
+cluster through the operator's kubeconfig with the kubectl built here. A test that stops
+something starts it again before it ends.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from cryptography import x509
 
 from cli.exitcodes import ExitCode
 from lab import gobuild, lifecycle, offline
-from lab.topology import default_topology
+from lab.topology import Topology, default_topology
 from tests.integration.conftest import KEEP_ENV, LAB_NAME, LabCluster, boot_lab
 from tests.integration.roles_helpers import eventually, failed_run, gpuinfra
 
@@ -98,11 +100,17 @@ def lab_inventory(path: Path) -> None:
     path.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
+def kubernetes_topology() -> Topology:
+    """The default lab's hosts but the storage group's (see the module's docstring)."""
+    hosts = tuple(host for host in default_topology().hosts if "storage" not in host.groups)
+    return Topology(hosts, "kubernetes")
+
+
 def applied_lab(name: str, report: Path, prepare=None) -> Iterator[Cluster]:
     """A lab of its own with Kubernetes on (`prepare` edits its inventory first), applied
     once; taken down afterwards unless kept (GPUINFRA_LAB_KEEP=1)."""
     inventory = Path(f"/tmp/gpuinfra-itest-{name}/cluster.yml")
-    lab = boot_lab(name, default_topology(), inventory, kubernetes=True)
+    lab = boot_lab(name, kubernetes_topology(), inventory, kubernetes=True)
     try:
         if prepare is not None:
             prepare(inventory)
@@ -113,7 +121,7 @@ def applied_lab(name: str, report: Path, prepare=None) -> Iterator[Cluster]:
         print(f"apply of the {name} lab, Kubernetes included: {seconds:.0f} s")
         yield Cluster(lab, inventory, json.loads(report.read_text()), seconds)
     finally:
-        # Also when the apply failed: 16 hosts left running would weigh on every later module.
+        # Also when the apply failed: 13 hosts left running would weigh on every later module.
         if os.environ.get(KEEP_ENV) != "1":
             lifecycle.down(name)
 

@@ -4,7 +4,7 @@ written on one worker is read on the other; with one storage host stopped the wo
 and write; with it back the cluster is HEALTH_OK again; drift is clean after apply (fast path
 and --exact agree) and exits 3 after a hand change of a mount, a mode or a quota.
 
-About 4 minutes on the shared lab (`pytest -m sharedfs` selects it alone)."""
+About 5 minutes on the shared lab (`pytest -m sharedfs` selects it alone)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _SECONDS[report.nodeid.split("::", 1)[0]] += report.duration
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # noqa: ARG001
+def pytest_terminal_summary(terminalreporter) -> None:
     if not _SECONDS:
         return
     terminalreporter.section("seconds per module")

@@ -19,10 +19,10 @@ from tests.unit.loopback import loopback_cluster
 from toolkit.remote import NOT_FOUND, SSH_FAILED, TIMED_OUT, RemoteResult, run_remote
 
 FAKE_SSH = """#!{python}
-import json, subprocess, sys
+import json, os, sys
 with open({log!r}, "a") as log:
     log.write(json.dumps(sys.argv[1:]) + "\\n")
-sys.exit(subprocess.run(["sh", "-c", sys.argv[-1]]).returncode)
+os.execvp("bash", ["bash", "-c", sys.argv[-1]])  # bash execs a lone command: a kill reaches it
 """
 
 

@@ -17,15 +17,29 @@ MARKER = "Managed by gpuinfra"
 UNIT_LINE = "unit "
 
 
+def dropins_filter(others: bool = False) -> str:
+    """An awk reading `systemctl show` lines: `Id=` and `LoadState=` become `unit ID` and
+    `load STATE`, a `DropInPaths=` line becomes `ours PATH` or `other PATH` for each drop-in
+    (whether the marker is in its first three lines); with `others`, every other line (other
+    properties, the blank line between units) is printed as it is, else dropped. One process,
+    where a shell loop started two for each drop-in."""
+    rest = "{ print }" if others else ""
+    program = (
+        'index($0, "Id=") == 1 { print "unit " substr($0, 4); next } '
+        'index($0, "LoadState=") == 1 { print "load " substr($0, 11); next } '
+        'index($0, "DropInPaths=") == 1 { n = split(substr($0, 13), paths, " "); '
+        "for (i = 1; i <= n; i++) { ours = 0; "
+        "for (k = 0; k < 3 && (getline line < paths[i]) > 0; k++) if (index(line, m)) ours = 1; "
+        'close(paths[i]); print (ours ? "ours " : "other ") paths[i] } next } ' + rest
+    )
+    return f"awk -v m={shlex.quote(MARKER)} {shlex.quote(program.strip())}"
+
+
 def dropins_command(units: Iterable[str]) -> str:
     """For each unit (in the order given): `unit ID`, `load STATE`, then `ours PATH` or
     `other PATH` for each drop-in systemd loaded."""
     quoted = " ".join(shlex.quote(unit) for unit in units)
     return (
         f"systemctl show --property=Id,LoadState,DropInPaths {quoted} 2>/dev/null | "
-        "while IFS='=' read -r key value; do case $key in "
-        f'Id) echo "{UNIT_LINE}$value";; LoadState) echo "load $value";; '
-        "DropInPaths) for path in $value; do "
-        f'if head -n 3 "$path" 2>/dev/null | grep -q {shlex.quote(MARKER)}; '
-        'then echo "ours $path"; else echo "other $path"; fi; done;; esac; done'
+        f"{dropins_filter()}"
     )

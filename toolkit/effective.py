@@ -112,11 +112,17 @@ class ConfDirSettings(FactBase):
     def command(self, folders: tuple[str, ...], keys: tuple[str, ...]) -> str:
         pattern = "|".join(key.replace(".", "[./]") for key in keys)
         globs = " ".join(f"{folder}/*.conf" for folder in folders)
+        # One awk: a name already seen in an earlier folder is left out, then each line that
+        # sets a key is printed as `grep -H` prints it.
+        program = (
+            'BEGIN { for (i = 1; i < ARGC; i++) { n = ARGV[i]; sub(/.*\\//, "", n); '
+            'if (n in seen) ARGV[i] = ""; seen[n] = 1 } } '
+            '$0 ~ p { print FILENAME ":" $0 }'
+        )
         return (
-            f'{{ for f in {globs}; do [ -f "$f" ] && echo "$f"; done; }} | '
-            "awk -F/ '!seen[$NF]++' | "
-            f"while IFS= read -r f; do grep -HE '^[[:space:]]*-?({pattern})[[:space:]]*=' \"$f\"; "
-            "done; true"
+            f'set --; for f in {globs}; do [ -f "$f" ] && set -- "$@" "$f"; done; '
+            f"[ $# -eq 0 ] || awk -v p='^[[:space:]]*-?({pattern})[[:space:]]*=' "
+            f'{shlex.quote(program)} "$@"; true'
         )
 
     @staticmethod
@@ -186,9 +192,13 @@ class UnmarkedFiles(FactBase):
     `["/etc/containerd/conf.d/site.toml"]`."""
 
     def command(self, pattern: str) -> str:
+        program = (
+            "FNR <= 3 && index($0, m) { ok[FILENAME] = 1 } "
+            "END { for (i = 1; i < ARGC; i++) if (!(ARGV[i] in ok)) print ARGV[i] }"
+        )
         return (
-            f'for f in {pattern}; do [ -f "$f" ] || continue; '
-            f'head -n 3 "$f" | grep -q {shlex.quote(MARKER)} || echo "$f"; done'
+            f'set --; for f in {pattern}; do [ -f "$f" ] && set -- "$@" "$f"; done; '
+            f'[ $# -eq 0 ] || awk -v m={shlex.quote(MARKER)} {shlex.quote(program)} "$@"'
         )
 
     @staticmethod

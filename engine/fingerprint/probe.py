@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from engine.fingerprint.records import Record
-from toolkit.dropins import UNIT_LINE, dropins_command
+from toolkit.dropins import dropins_command, dropins_filter
 
 if TYPE_CHECKING:
     pass
@@ -120,30 +120,41 @@ def _split_blocks(lines: list[str], units: list[str]) -> list[list[str]] | None:
     return blocks if len(blocks) == len(units) and all(blocks) else None
 
 
-# The properties both systemd facts ask for, in one `systemctl show` of every unit either asks
-# about: systemctl prints a unit's properties in its own order whatever the order asked, and an
-# explicitly asked property even when empty (a block then filtered to one fact's properties is
-# what that fact's own command prints; the lab test compares them on real hosts). A unit is
-# asked once: systemctl names a unit given without a type suffix as its .service ("docker" is
-# "docker.service", as pyinfra's service operations name it).
+# The properties the systemd facts ask for (a unit's state, its status, its drop-ins), in one
+# `systemctl show` of every unit any of them asks about, its drop-ins classified on the way
+# (toolkit.dropins.dropins_filter): systemctl prints a unit's properties in its own order
+# whatever the order asked, and an explicitly asked property even when empty (a block then
+# filtered to one fact's properties is what that fact's own command prints; the lab test
+# compares them on real hosts). A unit is asked once: systemctl names a unit given without a
+# type suffix as its .service ("docker" is "docker.service", as pyinfra's service operations
+# name it); the drop-in facts name their units with the suffix.
 _UNIT_KEYS = ("LoadState", "ActiveState", "UnitFileState")
 _STATUS_KEYS = ("Id", "SubState")
+_DROPIN_KINDS = ("unit", "load", "ours", "other")
 
 
 def _systemctl_name(unit: str) -> str:
     return unit if "." in unit else f"{unit}.service"
 
 
+def _dropin_units(names: dict[str, list[str]]) -> list[str]:
+    return [unit for units in names["dropins"] for unit in units.split(" ")]
+
+
 def _asked_units(names: dict[str, list[str]]) -> list[str]:
-    return list(dict.fromkeys(map(_systemctl_name, [*names["unit"], *names["status"]])))
+    asked = [*names["unit"], *names["status"], *_dropin_units(names)]
+    return list(dict.fromkeys(map(_systemctl_name, asked)))
 
 
 def _systemd_script(names: dict[str, list[str]]) -> str:
-    asked = ",".join(dict.fromkeys([*_STATUS_KEYS, *_UNIT_KEYS]))
+    keys = [*_STATUS_KEYS, *_UNIT_KEYS] if names["unit"] or names["status"] else []
+    if names["dropins"]:
+        keys += ["Id", "LoadState", "DropInPaths"]
+    asked = ",".join(dict.fromkeys(keys))
     return (
         "command -v systemctl >/dev/null 2>&1 && "
         f"systemctl show --all --property={asked} {' '.join(_asked_units(names))} "
-        "</dev/null 2>/dev/null\n"
+        f"</dev/null 2>/dev/null | {dropins_filter(others=True)}\n"
     )
 
 
@@ -155,40 +166,29 @@ def _split_systemd(lines: list[str], names: dict[str, list[str]]) -> _Answers | 
     block = dict(zip(asked, blocks, strict=True))
 
     def only(unit: str, keys: tuple[str, ...]) -> list[str]:
-        return [line for line in block[_systemctl_name(unit)] if line.split("=", 1)[0] in keys]
+        found = []
+        for line in block[_systemctl_name(unit)]:
+            kind, _, value = line.partition(" ")
+            if kind == "unit":  # the filter's names for the two properties it rewrites
+                line = f"Id={value}"
+            elif kind == "load":
+                line = f"LoadState={value}"
+            if line.split("=", 1)[0] in keys:
+                found.append(line)
+        return found
+
+    def dropins(units: str) -> list[str]:
+        return [
+            line
+            for unit in units.split(" ")
+            for line in block[unit]
+            if line.partition(" ")[0] in _DROPIN_KINDS
+        ]
 
     return {
         "unit": [only(unit, _UNIT_KEYS) for unit in names["unit"]],
         "status": [only(unit, _STATUS_KEYS) for unit in names["status"]],
-    }
-
-
-# The drop-in facts of a host's roles (each role asks about its own units) in one
-# `systemctl show` of every unit any of them asks about, through the same loop: the answer is
-# each unit's lines in the order asked, each beginning with its `unit` line, and a fact's own
-# answer is its units' lines in its order.
-def _dropin_units(names: dict[str, list[str]]) -> list[str]:
-    return list(dict.fromkeys(unit for units in names["dropins"] for unit in units.split(" ")))
-
-
-def _dropins_script(names: dict[str, list[str]]) -> str:
-    return f"( {dropins_command(_dropin_units(names))}\n) </dev/null 2>/dev/null\n"
-
-
-def _split_dropins(lines: list[str], names: dict[str, list[str]]) -> _Answers | None:
-    blocks: list[list[str]] = []
-    for line in lines:
-        if line.startswith(UNIT_LINE):
-            blocks.append([])
-        elif not blocks:
-            return None
-        blocks[-1].append(line)
-    asked = _dropin_units(names)
-    if len(blocks) != len(asked):
-        return None
-    block = dict(zip(asked, blocks, strict=True))
-    return {
-        "dropins": [[ln for u in units.split(" ") for ln in block[u]] for units in names["dropins"]]
+        "dropins": [dropins(units) for units in names["dropins"]],
     }
 
 
@@ -233,8 +233,7 @@ _SECTIONS = {
         ("stat",), _existing_then("stat", f"stat -c '{_STAT}'"), _split_existing("stat")
     ),
     "sha1": _Section(("sha1",), _existing_then("sha1", "sha1sum"), _split_existing("sha1")),
-    "systemd": _Section(("unit", "status"), _systemd_script, _split_systemd),
-    "dropins": _Section(("dropins",), _dropins_script, _split_dropins),
+    "systemd": _Section(("unit", "status", "dropins"), _systemd_script, _split_systemd),
 }
 
 

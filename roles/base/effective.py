@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+import shlex
 
 from pyinfra.api import FactBase
 
@@ -44,12 +45,21 @@ class SshdSettings(FactBase):
 
     def command(self, keys: tuple[str, ...]) -> str:
         words = "|".join(keys)
+        # One awk reads every file (a `file` line for each, empty ones too, in order).
+        program = (
+            "BEGIN { i = 1 } "
+            'FNR == 1 { while (i < ARGC && ARGV[i] != FILENAME) print "file " ARGV[i++]; '
+            'print "file " ARGV[i++] } '
+            'tolower($0) ~ p { print "line " $0 } '
+            'END { while (i < ARGC) print "file " ARGV[i++] }'
+        )
         return (
-            f"sshd -T 2>/dev/null | grep -iE '^({words}) ' | sed 's/^/effective /'; "
-            f'for f in {SSHD_CONFIG} {SSHD_DROPINS}/*.conf; do [ -f "$f" ] || continue; '
-            'echo "file $f"; '
-            f"grep -iE '^[[:space:]]*({words}|include|match)[[:space:]]' \"$f\" | "
-            "sed 's/^/line /'; done"
+            f"sshd -T 2>/dev/null | awk -v p='^({words}) ' "
+            "'tolower($0) ~ p { print \"effective \" $0 }'; "
+            f'set --; for f in {SSHD_CONFIG} {SSHD_DROPINS}/*.conf; do [ -f "$f" ] && '
+            'set -- "$@" "$f"; done; [ $# -eq 0 ] || '
+            f"awk -v p='^[[:space:]]*({words}|include|match)[[:space:]]' {shlex.quote(program)} "
+            '"$@"'
         )
 
     def process(self, output: list[str]) -> dict:

@@ -96,11 +96,14 @@ def apply(ctx: HostContext) -> None:
     etcd_ops.unit_running(name="Schedule snapshots", unit="etcd-backup.timer")
     declared = declared_files(ctx.settings_of("base"))
     unit_dropins("Check the drop-ins of etcd", ("etcd", "etcd-backup.timer"), declared)
-    members = host.get_fact(Members, env_file=ETCDCTL_ENV) or []
-    nothing_overrides(
-        "Check that etcd has no member the inventory lacks",
-        foreign_members(members, ctx.topology.etcd_initial_cluster),
-    )
+    # The member list is the cluster's, the same through every member: the first member asks
+    # it (each member's own health is the health checks'), the others spare drift an etcdctl.
+    if ctx.name == ctx.cluster.in_group("etcd")[0]:
+        members = host.get_fact(Members, env_file=ETCDCTL_ENV) or []
+        nothing_overrides(
+            "Check that etcd has no member the inventory lacks",
+            foreign_members(members, ctx.topology.etcd_initial_cluster),
+        )
     groups = host.get_fact(SupplementaryGroups, user="etcd") or []
     nothing_overrides(
         "Check that the etcd user is in no other group",

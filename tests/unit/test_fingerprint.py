@@ -154,7 +154,8 @@ def test_the_drop_in_facts_of_all_roles_are_one_systemctl_show(tmp_path, monkeyp
     log = tmp_path / "asked"
     systemctl = tmp_path / "systemctl"
     systemctl.write_text(
-        '#!/bin/sh\nshift 2\necho "$*" >> ' + str(log) + "\nfirst=1\n"
+        "#!/bin/sh\nwhile case $1 in show|-*) true;; *) false;; esac; do shift; done\n"
+        'echo "$*" >> ' + str(log) + "\nfirst=1\n"
         'for u in "$@"; do [ $first = 1 ] || echo; first=0; case $u in '
         f'etcd.service) printf "Id=%s\\nLoadState=loaded\\nDropInPaths={ours} {other}\\n" "$u";; '
         'gone.service) printf "Id=%s\\nLoadState=not-found\\nDropInPaths=\\n" "$u";; '

@@ -6,6 +6,9 @@ The lab is its own and small: three etcd members (etcd-3 with a 512 MiB loop dis
 disk, so it can be filled) and cp-1, the API server's stand-in holding the etcd client
 certificate and running the writer. Its name is `etcdh` (GPUINFRA_ETCDH_LAB_NAME overrides).
 Tests that break a member leave the cluster healthy again before they end.
+
+Part of the opt-in fault suite (`pytest -m faults`, about 6 minutes here), not of `make test`:
+every test injects a fault. Run before a change to etcd's day-2 commands lands.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from tests.integration.conftest import KEEP_ENV, boot_lab
 from tests.integration.etcd_helpers import CLIENT_ENV, endpoints, etcdctl, status, wait_healthy
 from tests.integration.roles_helpers import gpuinfra
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
 LAB = os.environ.get("GPUINFRA_ETCDH_LAB_NAME", "etcdh")
 MEMBERS = ["etcd-1", "etcd-2", "etcd-3"]
@@ -440,7 +443,6 @@ def shrink(lab, members: list[str]) -> None:
     lab.ssh("cp-1", f"{CLIENT_ENV} etcdctl --endpoints={eps} --command-timeout=60s defrag")
 
 
-@pytest.mark.faults  # part of the opt-in fault suite: pytest -m faults
 def test_one_member_with_a_full_data_disk(converged):
     """Fault suite: etcd-3's data disk (512 MiB) filled to the last block, then 80 MiB written
     through the cluster so every member needs new space. Writes go on (two of three members

@@ -12,9 +12,10 @@ from collections.abc import Iterable
 # (a unit's drop-ins, apt's sources and preferences) carry this: tests/unit/test_effective.py
 # checks it on every such file of the sample inventory.
 MARKER = "Managed by gpuinfra"
-# Printed by `systemctl show` for each unit asked, whatever else it prints: where a unit's
-# lines begin in the answer for several units.
-UNIT_LINE = "unit "
+# The properties the filter renames (`Id=X` becomes `unit X`) and the words it classifies each
+# drop-in with: the probe maps an answer back to the properties with these.
+RENAMED = {"Id": "unit", "LoadState": "load"}
+CLASSES = ("ours", "other")
 
 
 def dropins_filter(others: bool = False) -> str:
@@ -23,14 +24,17 @@ def dropins_filter(others: bool = False) -> str:
     (whether the marker is in its first three lines); with `others`, every other line (other
     properties, the blank line between units) is printed as it is, else dropped. One process,
     where a shell loop started two for each drop-in."""
-    rest = "{ print }" if others else ""
+    renames = "".join(
+        f'index($0, "{key}=") == 1 {{ print "{word} " substr($0, {len(key) + 2}); next }} '
+        for key, word in RENAMED.items()
+    )
+    ours, other = CLASSES
     program = (
-        'index($0, "Id=") == 1 { print "unit " substr($0, 4); next } '
-        'index($0, "LoadState=") == 1 { print "load " substr($0, 11); next } '
-        'index($0, "DropInPaths=") == 1 { n = split(substr($0, 13), paths, " "); '
+        renames + 'index($0, "DropInPaths=") == 1 { n = split(substr($0, 13), paths, " "); '
         "for (i = 1; i <= n; i++) { ours = 0; "
         "for (k = 0; k < 3 && (getline line < paths[i]) > 0; k++) if (index(line, m)) ours = 1; "
-        'close(paths[i]); print (ours ? "ours " : "other ") paths[i] } next } ' + rest
+        f'close(paths[i]); print (ours ? "{ours} " : "{other} ") paths[i] }} next }} '
+        + ("{ print }" if others else "")
     )
     return f"awk -v m={shlex.quote(MARKER)} {shlex.quote(program.strip())}"
 

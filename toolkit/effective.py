@@ -102,6 +102,16 @@ def declared_files(settings: object) -> tuple[str, ...]:
     return tuple(posixpath.normpath(path) for path in getattr(settings, "site_files", ()))
 
 
+def on_existing_files(globs: str, command: str) -> str:
+    """Shell text that runs `command` once with every regular file `globs` names as its
+    arguments, in order, and nothing when there is none (one process where a loop started one
+    or two per file)."""
+    return (
+        f'set --; for f in {globs}; do [ -f "$f" ] && set -- "$@" "$f"; done; '
+        f'[ $# -eq 0 ] || {command} "$@"'
+    )
+
+
 class ConfDirSettings(FactBase):
     """The lines that set `keys` in a configuration read from several folders where the later
     file wins (systemd-sysctl's sysctl.d, systemd's system.conf.d): `[(path, key, value)]` in
@@ -119,11 +129,8 @@ class ConfDirSettings(FactBase):
             'if (n in seen) ARGV[i] = ""; seen[n] = 1 } } '
             '$0 ~ p { print FILENAME ":" $0 }'
         )
-        return (
-            f'set --; for f in {globs}; do [ -f "$f" ] && set -- "$@" "$f"; done; '
-            f"[ $# -eq 0 ] || awk -v p='^[[:space:]]*-?({pattern})[[:space:]]*=' "
-            f'{shlex.quote(program)} "$@"; true'
-        )
+        awk = f"awk -v p='^[[:space:]]*-?({pattern})[[:space:]]*=' {shlex.quote(program)}"
+        return on_existing_files(globs, awk) + "; true"
 
     @staticmethod
     def default() -> list:
@@ -196,10 +203,7 @@ class UnmarkedFiles(FactBase):
             "FNR <= 3 && index($0, m) { ok[FILENAME] = 1 } "
             "END { for (i = 1; i < ARGC; i++) if (!(ARGV[i] in ok)) print ARGV[i] }"
         )
-        return (
-            f'set --; for f in {pattern}; do [ -f "$f" ] && set -- "$@" "$f"; done; '
-            f'[ $# -eq 0 ] || awk -v m={shlex.quote(MARKER)} {shlex.quote(program)} "$@"'
-        )
+        return on_existing_files(pattern, f"awk -v m={shlex.quote(MARKER)} {shlex.quote(program)}")
 
     @staticmethod
     def default() -> list[str]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from engine.fingerprint.records import Record
-from toolkit.dropins import dropins_command, dropins_filter
+from toolkit.dropins import CLASSES, RENAMED, dropins_command, dropins_filter
 
 if TYPE_CHECKING:
     pass
@@ -130,7 +130,8 @@ def _split_blocks(lines: list[str], units: list[str]) -> list[list[str]] | None:
 # name it); the drop-in facts name their units with the suffix.
 _UNIT_KEYS = ("LoadState", "ActiveState", "UnitFileState")
 _STATUS_KEYS = ("Id", "SubState")
-_DROPIN_KINDS = ("unit", "load", "ours", "other")
+_DROPIN_KINDS = (*RENAMED.values(), *CLASSES)
+_PROPERTY_OF = {word: key for key, word in RENAMED.items()}
 
 
 def _systemctl_name(unit: str) -> str:
@@ -149,7 +150,7 @@ def _asked_units(names: dict[str, list[str]]) -> list[str]:
 def _systemd_script(names: dict[str, list[str]]) -> str:
     keys = [*_STATUS_KEYS, *_UNIT_KEYS] if names["unit"] or names["status"] else []
     if names["dropins"]:
-        keys += ["Id", "LoadState", "DropInPaths"]
+        keys += [*RENAMED, "DropInPaths"]
     asked = ",".join(dict.fromkeys(keys))
     return (
         "command -v systemctl >/dev/null 2>&1 && "
@@ -169,10 +170,8 @@ def _split_systemd(lines: list[str], names: dict[str, list[str]]) -> _Answers | 
         found = []
         for line in block[_systemctl_name(unit)]:
             kind, _, value = line.partition(" ")
-            if kind == "unit":  # the filter's names for the two properties it rewrites
-                line = f"Id={value}"
-            elif kind == "load":
-                line = f"LoadState={value}"
+            if kind in _PROPERTY_OF:  # a property the filter renamed, named back
+                line = f"{_PROPERTY_OF[kind]}={value}"
             if line.split("=", 1)[0] in keys:
                 found.append(line)
         return found

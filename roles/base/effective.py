@@ -10,6 +10,8 @@ import shlex
 
 from pyinfra.api import FactBase
 
+from toolkit.effective import on_existing_files
+
 SSHD_CONFIG = "/etc/ssh/sshd_config"
 SSHD_DROPINS = "/etc/ssh/sshd_config.d"
 # sshd -T prints some values under another name than the one a file may use.
@@ -53,13 +55,11 @@ class SshdSettings(FactBase):
             'tolower($0) ~ p { print "line " $0 } '
             'END { while (i < ARGC) print "file " ARGV[i++] }'
         )
+        lines = f"awk -v p='^[[:space:]]*({words}|include|match)[[:space:]]' {shlex.quote(program)}"
         return (
             f"sshd -T 2>/dev/null | awk -v p='^({words}) ' "
             "'tolower($0) ~ p { print \"effective \" $0 }'; "
-            f'set --; for f in {SSHD_CONFIG} {SSHD_DROPINS}/*.conf; do [ -f "$f" ] && '
-            'set -- "$@" "$f"; done; [ $# -eq 0 ] || '
-            f"awk -v p='^[[:space:]]*({words}|include|match)[[:space:]]' {shlex.quote(program)} "
-            '"$@"'
+            + on_existing_files(f"{SSHD_CONFIG} {SSHD_DROPINS}/*.conf", lines)
         )
 
     def process(self, output: list[str]) -> dict:

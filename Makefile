@@ -34,13 +34,14 @@ $(VENV)/.installed: pyproject.toml scripts/install-debian-packages.sh
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@
 
-# Unit and integration tests in two processes: a unit test that runs the CLI in-process
+# Unit and integration tests in separate processes: a unit test that runs the CLI in-process
 # installs gevent's monkey patching (cli/__init__.py) for the rest of its process, and under
 # it lab teardown's rmtree leaks directory descriptors (about 35 per lab host): a whole
-# suite in one process reached the 20,000 open-files limit.
+# suite in one process reached the 20,000 open-files limit. The integration tests run as two
+# processes side by side (scripts/integration-tests.sh).
 test: install
 	$(BIN)/pytest tests/unit
-	$(BIN)/pytest tests/integration
+	PYTEST=$(BIN)/pytest bash scripts/integration-tests.sh
 
 unit: install
 	$(BIN)/pytest tests/unit

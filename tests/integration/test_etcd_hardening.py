@@ -446,7 +446,7 @@ def shrink(lab, members: list[str]) -> None:
 def test_one_member_with_a_full_data_disk(converged):
     """Fault suite: etcd-3's data disk (512 MiB) filled to the last block, then 80 MiB written
     through the cluster so every member needs new space. Writes go on (two of three members
-    hold the quorum) and `etcd status` names etcd-3 and why (exit 5, degraded). Before the
+    hold the quorum; a request caught on etcd-3 as it crashes is tried again) and `etcd status` names etcd-3 and why (exit 5, degraded). Before the
     fault, the same status reports etcd-3 healthy (positive control). Recovery, as documented:
     `etcd replace etcd-3 --discard-old-data` (etcd's own repair leaves its disk full)."""
     lab = converged
@@ -460,20 +460,27 @@ def test_one_member_with_a_full_data_disk(converged):
         fill = "dd if=/dev/zero of=/var/lib/etcd/filler bs=1M 2>/dev/null"
         free = "df -B1 --output=avail /var/lib/etcd | tail -n 1"
         lab.ssh("etcd-3", f'{fill}; test "$({free})" -lt 1048576')
+        # A request caught on etcd-3 as it dies of ENOSPC fails; the client tries it again,
+        # as the API server's etcd client does (etcdctl itself does not). Every write must
+        # land within three tries.
+        put = (
+            f"{CLIENT_ENV} etcdctl --endpoints={endpoints(lab)} --command-timeout=10s "
+            "put fault/big$i < /tmp/big >/dev/null 2>&1"
+        )
         writes = lab.ssh(
             "cp-1",
-            "head -c 1000000 /dev/zero | tr '\\0' x > /tmp/big; ok=0; "
-            f"for i in $(seq 1 80); do {CLIENT_ENV} etcdctl --endpoints={endpoints(lab)} "
-            "--command-timeout=10s put fault/big$i < /tmp/big >/dev/null 2>&1 && ok=$((ok+1)); "
-            "done; echo $ok",
+            "head -c 1000000 /dev/zero | tr '\\0' x > /tmp/big; ok=0; retried=0; "
+            f"for i in $(seq 1 80); do for try in 1 2 3; do if {put}; then ok=$((ok+1)); break; "
+            "fi; retried=$((retried+1)); done; done; echo $ok $retried",
             timeout=900,
         )
-        big_ok = int(writes.stdout.strip())
+        big_ok, retried = map(int, writes.stdout.split())
         after = etcdctl(lab, "put fault/after-full ok", check=False)
         code, data = status(lab)
         full = next(m for m in data["members"] if m["name"] == "etcd-3")
         RESULTS["disk_full"] = {
             "big_writes_ok": big_ok,
+            "tries_repeated": retried,
             "write_after": after.returncode == 0,
             "status_exit": code,
             "health": data["health"],

@@ -22,7 +22,14 @@ from lab.errors import LabError, LabInvalid
 from lab.host import HostPaths
 from lab.memory import host_memory
 from lab.naming import LabNames, check_lab_name
-from lab.state import LabState, locked, read_state, recorded_labs, write_state
+from lab.state import (
+    LabState,
+    locked,
+    machine_locked,
+    read_state,
+    recorded_labs,
+    write_state,
+)
 from lab.system import require_root_and_tools, run, succeeds
 from lab.topology import DEFAULT_PARALLEL, Topology, default_topology
 from toolkit.statefiles import write_secret_atomically
@@ -112,20 +119,21 @@ def up(
         lower, build_seconds = rootfs.ensure_root(mirror)
         state = _resolve_state(name, topology, inventory_path, layer, kubernetes)
         _ensure_lab_key(state)
-        network.tune_machine()
         containers = any(state.runs_containers(spec) for spec in state.topology.hosts)
-        if containers:
-            network.tune_machine_for_kubelet()
-        network.ensure_bridge(state.names, state.gateway, state.subnet.prefixlen)
         services: dict[int, str] = {}
-        if aptcache.available():
-            aptcache.ensure_running(mirror)
-            services[aptcache.PORT] = "the package cache"
-        if containers:
-            offline.ensure_running()
-            offline.publish_all(mirror)
-            services[offline.REGISTRY_PORT] = "the image registry"
-            services[offline.FILES_PORT] = "the file server"
+        with machine_locked():
+            network.tune_machine()
+            if containers:
+                network.tune_machine_for_kubelet()
+            if aptcache.available():
+                aptcache.ensure_running(mirror)
+                services[aptcache.PORT] = "the package cache"
+            if containers:
+                offline.ensure_running()
+                offline.publish_all(mirror)
+                services[offline.REGISTRY_PORT] = "the image registry"
+                services[offline.FILES_PORT] = "the file server"
+        network.ensure_bridge(state.names, state.gateway, state.subnet.prefixlen)
         network.ensure_nat(state.names, state.subnet, state.gateway, services)
         mirror_hosts = rootfs.resolve_mirror(mirror)
         sources = _apt_sources(mirror)

@@ -173,3 +173,18 @@ def locked(name: str | None, *, remove: bool = False) -> Iterator[None]:
             return
         finally:
             lock.close()
+
+
+MACHINE_LOCK = ".machine.lock"
+
+
+@contextmanager
+def machine_locked() -> Iterator[None]:
+    """Serialise what every lab on the machine shares (its sysctls, the package cache, the image
+    registry and file server): two labs coming up at once would each find the cache not running
+    and start it, and the second start fails on the taken port. Never removed, so no waiter is
+    left on an unlinked file (see `locked`)."""
+    naming.LABS_DIR.mkdir(parents=True, exist_ok=True)
+    with open(naming.LABS_DIR / MACHINE_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield

@@ -80,7 +80,32 @@ def attach(labs: str) -> None:
     lifecycle.attach_disk(NAME, "etcd-1", 1 << 30)
 
 
+def up_to_the_cache(labs: str, signals: str) -> None:
+    """`lab up` in its own process until it starts the package cache (noted in `signals`), the
+    machine's side answering "nothing there" and the hosts never booted."""
+    from lab import aptcache, lifecycle, network, rootfs
+    from lab.topology import HostSpec, Topology
+
+    def cache_started(mirror) -> None:
+        (Path(signals) / "cache").touch()
+        raise SystemExit(0)
+
+    naming.LABS_DIR = Path(labs)
+    lifecycle.require_root_and_tools = lambda *args: None
+    lifecycle._ensure_lab_key = lambda state: None
+    rootfs.machine_mirror = lambda: None
+    rootfs.ensure_root = lambda mirror: (Path(labs), None)
+    network.tune_machine = lambda: None
+    aptcache.available = lambda: True
+    aptcache.ensure_running = cache_started
+    topology = Topology((HostSpec("cpu-1", ("cpu_worker",)),))
+    lifecycle.up(NAME, topology, inventory_path=Path(labs) / "cluster.yml", kubernetes=False)
+
+
 if __name__ == "__main__":
-    {"contend": contend, "hold_and_note_inode": hold_and_note_inode, "attach": attach}[sys.argv[1]](
-        *sys.argv[2:]
-    )
+    {
+        "contend": contend,
+        "hold_and_note_inode": hold_and_note_inode,
+        "attach": attach,
+        "up_to_the_cache": up_to_the_cache,
+    }[sys.argv[1]](*sys.argv[2:])

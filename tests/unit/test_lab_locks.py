@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -105,44 +104,19 @@ def test_attach_disk_keeps_a_change_made_while_it_waited(labs_dir: Path) -> None
     assert dict((h.name, h.disk_bytes) for h in state.topology.hosts)["etcd-1"] == 1 << 30
 
 
-def test_the_machine_services_start_under_the_machine_lock(labs_dir: Path, monkeypatch) -> None:
+def test_the_machine_services_start_under_the_machine_lock(labs_dir: Path, tmp_path: Path) -> None:
     """Two labs coming up at once (make test's two processes) must not both start the package
     cache: the second start fails on the taken port. `lab up` starts it only while holding the
     machine's lock: held elsewhere, up waits without starting anything, then starts it."""
-    from lab import aptcache, rootfs
-
-    started: list[str] = []
-
-    class Started(Exception):
-        """Ends `up` once the cache is started: the rest boots hosts."""
-
-    def ensure_running(mirror) -> None:
-        started.append("cache")
-        raise Started
-
-    monkeypatch.setattr(rootfs, "machine_mirror", lambda: None)
-    monkeypatch.setattr(rootfs, "ensure_root", lambda mirror: (labs_dir, None))
-    monkeypatch.setattr(lifecycle, "_ensure_lab_key", lambda state: None)
-    monkeypatch.setattr(network, "tune_machine", lambda: None)
-    monkeypatch.setattr(aptcache, "available", lambda: True)
-    monkeypatch.setattr(aptcache, "ensure_running", ensure_running)
-    topology = Topology((HostSpec("cpu-1", ("cpu_worker",)),))
-    outcome: list[BaseException] = []
-
-    def up() -> None:
-        try:
-            lifecycle.up(NAME, topology, inventory_path=labs_dir / "cluster.yml", kubernetes=False)
-        except BaseException as error:  # noqa: BLE001 (handed to the test's thread below)
-            outcome.append(error)
-
-    machine_lock = naming.LABS_DIR / MACHINE_LOCK
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    machine_lock = labs_dir / MACHINE_LOCK
     with machine_locked():  # another lab's `up`, between its own checks and starts
-        coming_up = threading.Thread(target=up)
-        coming_up.start()
+        coming_up = start("up_to_the_cache", str(labs_dir), str(marks))
         wait_for(
-            lambda: waiters_on(machine_lock) >= 1 or not coming_up.is_alive(),
+            lambda: waiters_on(machine_lock) >= 1 or coming_up.poll() is not None,
             "up blocked on the machine's lock, or ended",
         )
-        assert started == [], "up started the cache while another lab held the machine's lock"
-    coming_up.join(timeout=60)
-    assert started == ["cache"] and len(outcome) == 1 and isinstance(outcome[0], Started)
+        assert not (marks / "cache").exists(), "up started the cache while the lock was held"
+    finish(coming_up)
+    assert (marks / "cache").exists()

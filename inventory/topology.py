@@ -169,3 +169,19 @@ def api_clients(cluster: Cluster) -> tuple[str, ...]:
 def host_addresses(cluster: Cluster, names: Iterable[str]) -> tuple[str, ...]:
     """The hosts' addresses as firewall sources (collapsed and sorted, see collapse_sources)."""
     return collapse_sources(str(cluster.hosts[name].address) for name in names)
+
+
+def pod_block(cluster: Cluster, name: str, prefix: int) -> ipaddress.IPv4Network:
+    """A node's pod block in "routes" mode (kubernetes.routes_block_prefix): the block whose
+    number is the node's offset in the node network, so it never moves when the inventory adds
+    or removes other hosts. Here, not in the kubernetes role, since the drift_job role's
+    firewall rule names it too and a role never imports another."""
+    pods, nodes = cluster.networks.pod, cluster.networks.node
+    offset = int(cluster.hosts[name].address) - int(nodes.network_address)
+    blocks = list(pods.subnets(new_prefix=prefix))
+    if offset >= len(blocks):
+        raise ValueError(
+            f"networks.pod {pods} holds {len(blocks)} /{prefix} blocks, too few "
+            f"for node {name} at offset {offset} of networks.node {nodes} (cni: routes)"
+        )
+    return blocks[offset]

@@ -61,11 +61,18 @@ class Topology:
     firewall: dict[str, tuple[FirewallRule, ...]] = field(default_factory=dict)
 
     def rules_for(self, groups: list[str]) -> list[FirewallRule]:
+        """The rules of these groups (a host's groups and its `host_rules_key`) and "all"."""
         seen: dict[tuple[int, str, tuple[str, ...]], FirewallRule] = {}
         for group in ["all", *groups]:
             for rule in self.firewall.get(group, ()):
                 seen.setdefault((rule.port or 0, rule.protocol, rule.sources), rule)
         return [seen[key] for key in sorted(seen)]
+
+
+def host_rules_key(name: str) -> str:
+    """The key of one host's own firewall rules in a role's ports (where a group's name goes):
+    the drift Job's rule is on its fleet-ops nodes only. No group name holds a colon."""
+    return f"host:{name}"
 
 
 def build_topology(cluster: Cluster) -> Topology:

@@ -175,6 +175,7 @@ def _record_converged(loaded, options, report: RunReport, asked, contexts) -> No
     keys, unkeyed = fingerprint.record_keys(loaded, converged, common)
     parts = tuple(common.split())
     kept = set()
+    job = drift_job_enabled(loaded)
     if unkeyed:
         report.notes.append(
             f"{NOT_RECORDED} (checked operation by operation until an apply records them): "
@@ -192,6 +193,7 @@ def _record_converged(loaded, options, report: RunReport, asked, contexts) -> No
             parts=parts,
             inputs=keys[name].inputs,
             valid_until=keys[name].valid_until,
+            marker=fingerprint.new_marker() if job else "",
         )
         fingerprint.save_record(loaded.state_dir, name, record)
         kept.add(name)
@@ -218,6 +220,31 @@ def _record_converged(loaded, options, report: RunReport, asked, contexts) -> No
     fingerprint.forget(loaded.state_dir, set(report.hosts) - kept)
     if options.mode is Mode.apply:  # once, after the check of the changed hosts above
         fingerprint.write_early_sheet(loaded)
+        if job and kept:
+            _install_probes(loaded, report, kept)
+
+
+def drift_job_enabled(loaded: LoadedCluster) -> bool:
+    """Whether the drift Job is on (drift_job.enabled, a fleet-wide setting)."""
+    from toolkit.spec import settings_of
+
+    first = next(iter(loaded.cluster.hosts), None)
+    return first is not None and bool(settings_of(loaded, first, "drift_job").enabled)
+
+
+def _install_probes(loaded: LoadedCluster, report: RunReport, kept: set[str]) -> None:
+    """The drift Job's probes (engine/fingerprint/installed.py), after the records are kept."""
+    from engine.fingerprint.installed import install_probes
+
+    clock = time.monotonic()
+    failed = install_probes(loaded, sorted(kept))
+    _add_time(report, "drift probes", clock)
+    if failed:
+        report.notes.append(
+            f"drift Job probe not installed on {len(failed)} host(s), checked by the "
+            f"controller in `drift --job`: {', '.join(sorted(failed))} "
+            f"({next(iter(failed.values()))})"
+        )
 
 
 class _Recorder(BaseStateCallback):

@@ -11,7 +11,7 @@ from inventory.model import LoadedCluster
 from inventory.topology import collapse_sources
 from roles.drift_job.config import DriftJobConfig
 from roles.drift_job.role import fleet_config, pod_sources
-from toolkit import driftprobe
+from toolkit import driftprobe, nodes
 from toolkit.spec import HostContext, ManagedFile, settings_of
 from toolkit.statefiles import PLACEHOLDER, kept_secret
 from toolkit.templates import render_template
@@ -149,3 +149,42 @@ def managed_files(ctx: HostContext) -> list[ManagedFile]:
 def removed_paths() -> tuple[str, ...]:
     """What `remove` deletes: every file above (the probe folder separately)."""
     return (SSHD_DROPIN, SUDOERS, KEYS_FILE, driftprobe.WRAPPER)
+
+
+CONTROL_PLANE_TAINT = "node-role.kubernetes.io/control-plane"
+
+
+def job_tolerations(loaded: LoadedCluster, cfg: DriftJobConfig) -> list[dict[str, str]]:
+    """Exactly the taints the fleet-ops nodes register with, as the kubernetes role registers
+    them (roles/kubernetes/files.py `registration_taints`, by the groups and toolkit/nodes.py):
+    GPU workers the preflight taint, a team's nodes the team's, control-plane nodes with
+    neither kubeadm's own. Nothing broader (no operator Exists without a key)."""
+    found: dict[tuple[str, str], dict[str, str]] = {}
+    for node in cfg.nodes:
+        groups = loaded.cluster.hosts[node].groups
+        taints = []
+        if "gpu_worker" in groups:
+            taints.append(
+                (
+                    nodes.PREFLIGHT_TAINT_KEY,
+                    nodes.PREFLIGHT_TAINT_VALUE,
+                    nodes.PREFLIGHT_TAINT_EFFECT,
+                )
+            )
+        team = nodes.team_of(loaded.cluster, node)
+        if team is not None:
+            taints.append((nodes.TEAM_TAINT_KEY, team, nodes.TEAM_TAINT_EFFECT))
+        if not taints and "control_plane" in groups:
+            found[(CONTROL_PLANE_TAINT, "")] = {
+                "key": CONTROL_PLANE_TAINT,
+                "operator": "Exists",
+                "effect": "NoSchedule",
+            }
+        for key, value, effect in taints:
+            found[(key, value)] = {
+                "key": key,
+                "operator": "Equal",
+                "value": value,
+                "effect": effect,
+            }
+    return list(found.values())

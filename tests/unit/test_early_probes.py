@@ -463,6 +463,8 @@ HANDED_TO_TYPER = {
     "--shard",
     "--connect-timeout",
     "--exact",
+    "--job",
+    "--shards",
 }
 
 

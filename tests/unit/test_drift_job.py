@@ -259,3 +259,20 @@ class _Changed:
 def test_sha1_fact_names_the_live_dropin():
     assert drift_deploy._sha1("x") == "11f6ad8ec52a2984abaafd7c3b516503785c2072"
     assert Sha1File  # the fact the deploy reads before asking sshd (drop-in live)
+
+
+def test_without_the_job_the_sample_renders_no_rule_and_no_probe_part():
+    """Dormant: the sample inventory's firewall has no host's own rule, no host's files name the
+    forced-command user, and drift's probe (a function of the recorded commands, which only
+    the deploys' facts make) asks nothing of the Job's: the deploy asks no fact (above)."""
+    from engine.context import host_contexts, host_files, topology_of
+    from engine.fingerprint import probe_script
+
+    loaded = load(SAMPLE / "cluster.yml")
+    assert not [key for key in topology_of(loaded).firewall if key.startswith("host:")]
+    for ctx in host_contexts(loaded):
+        for managed in host_files(ctx):
+            assert "gpuinfra-drift" not in managed.content, (ctx.name, managed.path)
+    commands = ["sh -c 'echo a'"]
+    assert driftprobe.PROBE_DIR not in probe_script(commands, "m")
+    assert driftprobe.BEGIN not in probe_script(commands, "m")

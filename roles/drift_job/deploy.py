@@ -4,6 +4,7 @@ checked in the same apply, after the reload. Nothing while the Job is not enable
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 
 from pyinfra import host
@@ -41,28 +42,27 @@ def apply(ctx: HostContext) -> None:
     if not cfg.enabled:
         return  # no operation and no fact: the hosts' drift probes stay as they were
     drift_account(name=f"Add the {cfg.user} user", user=cfg.user)
-    written = {f.path: put_file(f) for f in managed_files(ctx)}
+    managed = managed_files(ctx)
+    written = {f.path: put_file(f) for f in managed}
     dropin = written[SSHD_DROPIN]
     restart_if_running(name="Reload sshd", unit="ssh", reload=True, _if=dropin.did_change)
-    sources = fleet_sources(ctx)
+    source = one_source(ctx)
     # Right after the reload, in this apply: what sshd now does for the drift user.
     effective_now(
         name="Check sshd's settings for the drift user",
-        command=effective_check(cfg, sources, ctx.name),
+        command=effective_check(cfg, source, ctx.name),
         _if=dropin.did_change,
     )
     # On an apply that writes nothing, the same answer from a fact (drift asks it again).
-    content = {f.path: f.content for f in managed_files(ctx)}[SSHD_DROPIN]
+    content = {f.path: f.content for f in managed}[SSHD_DROPIN]
     live = host.get_fact(Sha1File, path=SSHD_DROPIN) == _sha1(content)
-    found = (
-        host.get_fact(DriftSshd, user=cfg.user, addr=sources, host_name=ctx.name) if live else {}
-    )
+    found = host.get_fact(DriftSshd, user=cfg.user, addr=source, host_name=ctx.name) if live else {}
     nothing_overrides(
         "Check that sshd forces the drift user's command", sshd_findings(found) if live else []
     )
 
 
-def fleet_sources(ctx: HostContext) -> str:
+def one_source(ctx: HostContext) -> str:
     """One address `from=` admits, for `sshd -T -C addr=`: the first fleet-ops node's."""
     cfg = fleet_config(ctx.loaded)
     if cfg.nodes:
@@ -162,6 +162,4 @@ def remove_account(user: str):
 
 
 def _sha1(content: str) -> str:
-    import hashlib
-
     return hashlib.sha1(content.encode()).hexdigest()

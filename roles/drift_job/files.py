@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
 
 from inventory.model import LoadedCluster
 from inventory.topology import collapse_sources
@@ -28,8 +27,7 @@ MANIFEST = "drift-job/drift-job.yaml"  # not under kubernetes/: applied by hand,
 
 def job_config(loaded: LoadedCluster) -> DriftJobConfig:
     """Fleet-wide settings: group vars of `all` only (the job is one object for all hosts)."""
-    merged: dict[str, Any] = dict(loaded.cluster.group_vars.get("all", {}).get("drift_job", {}))
-    return DriftJobConfig.model_validate(merged)
+    return fleet_config(loaded)
 
 
 def shard_count(cfg: DriftJobConfig, hosts: int) -> int:

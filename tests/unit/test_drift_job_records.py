@@ -199,3 +199,38 @@ def test_no_fact_or_managed_file_touches_the_probe_or_its_folder(small_cluster, 
 def test_the_recorded_commands_never_name_the_probe():
     """What the installed probe file is never asked about, so rewriting it moves nothing."""
     assert driftprobe.PROBE_FILE not in file_fact_text(driftprobe.WRAPPER)
+
+
+def test_an_apply_installs_the_probes_only_with_the_job(tmp_path: Path, monkeypatch):
+    """With the Job: each kept record has a marker and its probe is installed, after the
+    records are kept. Without (the control, every inventory today): neither."""
+    import engine.context
+    import engine.fingerprint.installed
+    from engine import runner
+    from engine.reports import HostReport, Mode, RunOptions, RunReport
+    from tests.unit.loopback import loopback_cluster
+
+    loaded = load(loopback_cluster(tmp_path / "c"))
+    loaded.state_dir.mkdir(mode=0o700)
+    contexts = {
+        ctx.name: ctx for ctx in engine.context.host_contexts(loaded) if ctx.name == "cpu-1"
+    }
+    asked = {"cpu-1": (("echo cpu-1", (0,), output_digest(["cpu-1"])),)}
+    installed: list[list[str]] = []
+    monkeypatch.setattr(
+        engine.fingerprint.installed,
+        "install_probes",
+        lambda loaded, hosts: installed.append(list(hosts)) or {},
+    )
+
+    def apply() -> Record:
+        report = RunReport(cluster="loop", mode=Mode.apply, hosts={"cpu-1": HostReport("cpu-1")})
+        runner._record_converged(loaded, RunOptions(mode=Mode.apply), report, asked, contexts)
+        return load_record(loaded.state_dir, "cpu-1")
+
+    assert runner.drift_job_enabled(loaded) is False
+    assert apply().marker == "" and installed == []
+    assert list(json.loads(apply().to_json())) == TODAY
+    monkeypatch.setattr(runner, "drift_job_enabled", lambda loaded: True)
+    assert apply().marker.startswith("gpuinfra-fingerprint-")
+    assert installed == [["cpu-1"]]

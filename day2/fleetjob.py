@@ -156,7 +156,10 @@ def make_sheets(run: JobRun) -> None:
         record = fingerprint.load_record(loaded.state_dir, name)
         if record is None:
             run.exact[name] = "no converged record"
-        elif fingerprint.host_roles(loaded.cluster.hosts[name].groups) != record.roles:
+        elif (
+            fingerprint.host_roles(loaded.cluster.hosts[name].groups, cluster=loaded.cluster)
+            != record.roles
+        ):
             run.exact[name] = "other roles than its record"
         elif not record.probe_digest:
             run.exact[name] = "no drift Job probe installed"

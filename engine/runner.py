@@ -185,7 +185,9 @@ def _record_converged(loaded, options, report: RunReport, asked, contexts) -> No
         entry = report.hosts[name]
         record = fingerprint.Record(
             key=keys[name].key,
-            roles=fingerprint.host_roles(contexts[name].host.groups, options.roles),
+            roles=fingerprint.host_roles(
+                contexts[name].host.groups, options.roles, cluster=loaded.cluster
+            ),
             commands=asked[name],
             operations=tuple((op.phase, op.name) for op in entry.operations),
             notes=tuple(entry.notes),
@@ -418,7 +420,11 @@ def _prepare_and_execute(
         _add_time(report, "prefetch", clock)
         for index, phase in enumerate(phases):
             clock = time.monotonic()
-            targets = [h for h in active if phase.applies_to(by_name[h.name].host.groups)]
+            targets = [
+                h
+                for h in active
+                if phase.applies_to(by_name[h.name].host.groups, by_name[h.name].cluster)
+            ]
             _prepare_phase(state, phase, index, targets, by_name, op_phase, run_record)
             _add_time(report, f"prepare:{phase.role}", clock)
 
@@ -496,7 +502,7 @@ def _prefetch(state, caches, phases, by_name) -> None:
         managed = [
             f
             for phase in phases
-            if phase.files is not None and phase.applies_to(ctx.host.groups)
+            if phase.files is not None and phase.applies_to(ctx.host.groups, ctx.cluster)
             for f in phase.files(ctx)
         ]
         # Only an optimisation: a host that fails here fails again, and is reported, when its

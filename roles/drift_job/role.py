@@ -18,8 +18,18 @@ NODE_GROUPS = ("control_plane", "gpu_worker", "cpu_worker")
 def fleet_config(loaded: LoadedCluster) -> DriftJobConfig:
     """The drift Job's settings, the same on every host: group_vars.all only (`checks` refuses
     them anywhere else)."""
-    raw = loaded.cluster.group_vars.get("all", {}).get("drift_job", {})
-    return DriftJobConfig.model_validate(raw)
+    return cluster_config(loaded.cluster)
+
+
+def cluster_config(cluster: Cluster) -> DriftJobConfig:
+    return DriftJobConfig.model_validate(cluster.group_vars.get("all", {}).get("drift_job", {}))
+
+
+def phase_on(cluster: Cluster) -> bool:
+    """The host phase runs while the Job is enabled, or once more to remove what it installed:
+    otherwise it is on no host (no operation, no fact, not among a record's roles)."""
+    cfg = cluster_config(cluster)
+    return cfg.enabled or cfg.remove
 
 
 def pod_sources(cluster: Cluster, node: str, kubernetes: Any) -> list[str]:
@@ -97,7 +107,10 @@ ROLE = Role(
     config=DriftJobConfig,
     phases=(
         Phase(
-            None, lazy("roles.drift_job.files:managed_files"), lazy("roles.drift_job.deploy:apply")
+            None,
+            lazy("roles.drift_job.files:managed_files"),
+            lazy("roles.drift_job.deploy:apply"),
+            when=phase_on,
         ),
     ),
     ports=ports,

@@ -276,3 +276,19 @@ def test_without_the_job_the_sample_renders_no_rule_and_no_probe_part():
     commands = ["sh -c 'echo a'"]
     assert driftprobe.PROBE_DIR not in probe_script(commands, "m")
     assert driftprobe.BEGIN not in probe_script(commands, "m")
+
+
+def test_without_the_job_its_phase_is_on_no_host(small_cluster, write_cluster):
+    """Off, the phase is on no host: no operation (not even the phase's `clear pending`), no
+    role in any record. On, it is on every host."""
+    from engine.fingerprint import host_roles
+    from engine.registry import PHASES
+
+    phase = next(p for p in PHASES if p.role == "drift_job")
+    sample = load(SAMPLE / "cluster.yml")
+    for host in sample.cluster.hosts.values():
+        assert not phase.applies_to(host.groups, sample.cluster)
+        assert "drift_job" not in host_roles(host.groups, cluster=sample.cluster)
+    loaded = with_job(small_cluster, write_cluster)
+    for host in loaded.cluster.hosts.values():
+        assert "drift_job" in host_roles(host.groups, cluster=loaded.cluster)

@@ -57,7 +57,9 @@ def keep_records(loaded, names=None, digest: str = DIGEST) -> None:
             name,
             fingerprint.Record(
                 key="k",
-                roles=fingerprint.host_roles(loaded.cluster.hosts[name].groups),
+                roles=fingerprint.host_roles(
+                    loaded.cluster.hosts[name].groups, cluster=loaded.cluster
+                ),
                 commands=(),
                 operations=(("base", "Write /etc/hosts"),),
                 notes=("recorded",),

@@ -32,7 +32,7 @@ from engine.reports import (  # noqa: F401 (the report types, re-exported for ca
     RunReport,
 )
 from engine.selection import select_hosts, selected_hosts, shard_hosts  # noqa: F401
-from inventory.model import LoadedCluster
+from inventory.model import Cluster, LoadedCluster
 from toolkit import pyinfra_api, record
 from toolkit.facts import RebootRequired
 from toolkit.operations import clear_pending, prefetch_requests
@@ -70,9 +70,15 @@ HOST_CAUSES = ("No space left on device", "Read-only file system", "Input/output
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 
 
-def select_phases(roles: Iterable[str]) -> list[Phase]:
+def select_phases(roles: Iterable[str], cluster: Cluster) -> list[Phase]:
+    """The phases of `roles` (all when empty), without those the inventory has turned off
+    (Phase.when): those prepare nothing and are not timed, as if they did not exist."""
     wanted = set(roles)
-    return [phase for phase in PHASES if not wanted or phase.role in wanted]
+    return [
+        phase
+        for phase in PHASES
+        if (not wanted or phase.role in wanted) and (phase.when is None or phase.when(cluster))
+    ]
 
 
 def apply_steps(loaded: LoadedCluster, hosts: list[str], options: RunOptions) -> list[list[str]]:
@@ -108,7 +114,7 @@ def run(
     reset_shared()
     report = RunReport(cluster=loaded.cluster.name, mode=options.mode)
     hosts, report.notes = selected_hosts(loaded, options)
-    phases = select_phases(options.roles)
+    phases = select_phases(options.roles, loaded.cluster)
     contexts = {ctx.name: ctx for ctx in host_contexts(loaded)}
     steps = apply_steps(loaded, hosts, options)
     pacer = Pacer(options.rate) if options.rate else None

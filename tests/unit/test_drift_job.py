@@ -292,3 +292,16 @@ def test_without_the_job_its_phase_is_on_no_host(small_cluster, write_cluster):
     loaded = with_job(small_cluster, write_cluster)
     for host in loaded.cluster.hosts.values():
         assert "drift_job" in host_roles(host.groups, cluster=loaded.cluster)
+
+
+def test_without_the_job_a_run_prepares_and_times_no_drift_job_phase(small_cluster, write_cluster):
+    """Not even a `prepare:drift_job` of 0 s in the report's timings, and the phases keep the
+    positions they had before the role had a phase."""
+    from engine.registry import PHASES
+    from engine.runner import select_phases
+
+    sample = load(SAMPLE / "cluster.yml")
+    off = select_phases((), sample.cluster)
+    assert [p.role for p in off] == [p.role for p in PHASES if p.role != "drift_job"]
+    on = select_phases((), with_job(small_cluster, write_cluster).cluster)
+    assert [p.role for p in on] == [p.role for p in PHASES]

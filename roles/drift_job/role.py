@@ -9,6 +9,7 @@ from typing import Any
 from inventory.model import Cluster, LoadedCluster
 from inventory.topology import FirewallRule, collapse_sources, host_rules_key, pod_block
 from roles.drift_job.config import DriftJobConfig
+from toolkit import nodes
 from toolkit.spec import HostSettings, Phase, Role, lazy, settings_of
 
 # The Kubernetes nodes (the kubernetes role's groups): the Job's pods run on these only.
@@ -91,6 +92,13 @@ def checks(loaded: LoadedCluster, settings: HostSettings) -> Iterator[tuple[str,
                 f"{node} is not a Kubernetes node of this inventory ({', '.join(NODE_GROUPS)})",
             )
             continue
+        team = nodes.team_of(cluster, node)
+        if team is not None and cfg.namespace not in nodes.team_namespaces(cluster, team):
+            yield (
+                "group_vars.all.drift_job.nodes",
+                f"{node} belongs to the team {team}: fleet_policy admits a pod tolerating its "
+                f"taint only in the team's namespaces, not in {cfg.namespace} (pick shared nodes)",
+            )
         kubernetes = settings.get(node, {}).get("kubernetes")
         if getattr(kubernetes, "enabled", False) is False:
             yield ("group_vars.all.drift_job.nodes", f"{node}: kubernetes is not enabled there")

@@ -395,7 +395,8 @@ def test_the_job_tolerates_exactly_its_nodes_taints(
 
 
 def test_a_teams_node_is_tolerated_by_its_team_taint(small_cluster, write_cluster, tmp_path):
-    small_cluster["teams"] = {"research": {"hosts": ["cpu-1"]}}
+    # Admitted only where the team's admission policy lets its toleration in: its namespace.
+    small_cluster["teams"] = {"research": {"hosts": ["cpu-1"], "namespaces": ["gpuinfra"]}}
     loaded = job_cluster(small_cluster, write_cluster, tmp_path)
     assert job_tolerations(loaded, fleet_config(loaded)) == [
         {
@@ -520,3 +521,11 @@ def test_launch_hands_job_shard_to_the_shard_before_typer(monkeypatch):
     with pytest.raises(SystemExit) as done:
         launch.main()
     assert done.value.code == 0 and seen == [["/x"]]
+
+
+def test_a_teams_node_outside_the_teams_namespaces_is_refused(small_cluster, write_cluster):
+    small_cluster["teams"] = {"research": {"hosts": ["cpu-1"]}}
+    small_cluster["group_vars"] = {"all": {"drift_job": {"enabled": True, "nodes": ["cpu-1"]}}}
+    result = CliRunner().invoke(app, ["inventory", "validate", str(write_cluster(small_cluster))])
+    assert result.exit_code == 2
+    assert "cpu-1 belongs to the team research" in result.stderr

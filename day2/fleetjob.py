@@ -78,6 +78,7 @@ class JobRun:
     records: dict[str, fingerprint.Record] = field(default_factory=dict)  # on the sheet
     exact: dict[str, str] = field(default_factory=dict)  # host -> why the controller checks it
     sheets: list[tuple[str, str]] = field(default_factory=list)  # (sheet base64, known_hosts)
+    published: bool = False
     shard_of: list[list[str]] = field(default_factory=list)  # each shard's hosts
     status: dict = field(default_factory=dict)  # the Job's status when it ended
     answered: dict[str, shard_io.ShardHost] = field(default_factory=dict)
@@ -112,7 +113,7 @@ def fleet_drift(run: JobRun) -> RunReport:
     try:
         run_flow(DRIFT_JOB, run, error=FleetJobError)
     finally:
-        if run.sheets:
+        if run.published:
             delete(run)
     assert run.report is not None
     return run.report
@@ -276,7 +277,7 @@ def job_manifest(run: JobRun) -> str:
         shards=[{"sheet": sheet, "known_hosts": keys} for sheet, keys in run.sheets],
         tolerations=job_tolerations(loaded, cfg),
         network_policy=calico,
-        egress=[str(loaded.cluster.networks.node), *map(str, cfg.sources)],
+        egress=[str(loaded.cluster.networks.node)],
         port=loaded.cluster.ssh.port,
     )
 
@@ -288,6 +289,7 @@ def publish(run: JobRun) -> None:
         manifest = job_manifest(run)
     except StateMissing as exc:
         raise FleetJobRefused(f"{exc}: apply with drift_job.enabled first") from None
+    run.published = True  # from here on, the end deletes what this run may have made
     run.kubectl("remove an earlier run", f"delete job {run.name} --ignore-not-found --wait=true")
     run.kubectl("apply the Job", "apply -f -", stdin=manifest.encode())
 

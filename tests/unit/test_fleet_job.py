@@ -529,3 +529,21 @@ def test_a_teams_node_outside_the_teams_namespaces_is_refused(small_cluster, wri
     result = CliRunner().invoke(app, ["inventory", "validate", str(write_cluster(small_cluster))])
     assert result.exit_code == 2
     assert "cpu-1 belongs to the team research" in result.stderr
+
+
+def test_a_refused_sheet_touches_nothing_in_the_cluster(loaded, monkeypatch):
+    monkeypatch.setattr(fleetjob, "OBJECT_LIMIT", 3000)
+    kubectl = Kubectl()
+    with pytest.raises(FleetJobRefused):
+        fleet_drift(job_run(loaded, kubectl, Exact(), count=1))
+    assert kubectl.commands == []
+
+
+def test_the_pods_may_reach_ssh_on_the_node_network_only(loaded):
+    kubectl = Kubectl()
+    fleet_drift(job_run(loaded, kubectl, Exact()))
+    policy = next(d for d in kubectl.manifest if d["kind"] == "NetworkPolicy")["spec"]
+    assert policy["egress"] == [
+        {"to": [{"ipBlock": {"cidr": "10.0.0.0/24"}}], "ports": [{"protocol": "TCP", "port": 22}]}
+    ]
+    assert "ingress" not in policy and policy["policyTypes"] == ["Ingress", "Egress"]

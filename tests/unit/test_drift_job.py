@@ -305,3 +305,26 @@ def test_without_the_job_a_run_prepares_and_times_no_drift_job_phase(small_clust
     assert [p.role for p in off] == [p.role for p in PHASES if p.role != "drift_job"]
     on = select_phases((), with_job(small_cluster, write_cluster).cluster)
     assert [p.role for p in on] == [p.role for p in PHASES]
+
+
+def test_a_dropin_sshd_refuses_is_never_live(small_cluster, write_cluster):
+    """H4: the drop-in is staged where sshd does not read it, checked with what sshd reads
+    now, and moved into place only when the check passes; a failing check removes it."""
+    from toolkit.operations import put_checked, staged_path
+
+    loaded = with_job(small_cluster, write_cluster)
+    managed = files_of(loaded, "etcd-1", "drift_job", contents=False)[SSHD_DROPIN]
+    with ctx_host.use(Facts({})):
+        commands = [
+            str(c)
+            for c in put_checked._inner(
+                content=managed.content, dest=managed.path, check=managed.check
+            )
+        ]
+    staged = staged_path(SSHD_DROPIN)
+    assert not staged.endswith(".conf")  # sshd's `Include sshd_config.d/*.conf` skips it
+    check = next(i for i, c in enumerate(commands) if "sshd -t -f" in c)
+    move = next(i for i, c in enumerate(commands) if f"mv -f {staged} {SSHD_DROPIN}" in c)
+    assert check < move
+    assert f'Include %s\\n" {staged}' in commands[check]
+    assert f"|| {{ rc=$?; rm -f {staged}; exit $rc; }}" in commands[check]

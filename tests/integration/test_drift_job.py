@@ -72,7 +72,8 @@ def statuses(report: dict) -> dict[str, str]:
 
 
 def pod_ssh(cluster: Cluster, node: str, target: str, *args: str) -> subprocess.CompletedProcess:
-    """ssh from a throwaway pod on `node` with the drift key, as a shard connects."""
+    """ssh from a throwaway pod on `node` with the drift key, as a shard connects. The key goes
+    in the pod's manifest on kubectl's stdin, never on a command line."""
     image = yaml.safe_load(cluster.inventory.read_text())["group_vars"]["all"]["drift_job"]["image"]
     key = (cluster.inventory.parent / ".state" / "drift" / "id_ed25519").read_text()
     script = (
@@ -80,24 +81,50 @@ def pod_ssh(cluster: Cluster, node: str, target: str, *args: str) -> subprocess.
         "ssh -F /dev/null -T -i /tmp/k/id -o BatchMode=yes -o StrictHostKeyChecking=no "
         f"-o UserKnownHostsFile=/dev/null {' '.join(args)} gpuinfra-drift@{target}"
     )
-    overrides = {
-        "spec": {
-            "nodeName": node,
-            "containers": [
-                {
-                    "name": "probe",
-                    "image": image,
-                    "command": ["sh", "-c", script],
-                    "env": [{"name": "KEY", "value": key}],
-                }
-            ],
+    name = f"drift-ssh-{time.monotonic_ns() % 1000000}"
+    cluster.kubectl("create", "namespace", NAMESPACE, check=False)  # made by drift --job too
+    cluster.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": {
+                "nodeName": node,
+                "restartPolicy": "Never",
+                # The namespace enforces the restricted pod security standard.
+                "securityContext": {
+                    "runAsNonRoot": True,
+                    "runAsUser": 65532,
+                    "seccompProfile": {"type": "RuntimeDefault"},
+                },
+                "containers": [
+                    {
+                        "name": "probe",
+                        "image": image,
+                        "command": ["sh", "-c", script],
+                        "env": [{"name": "KEY", "value": key}, {"name": "HOME", "value": "/tmp"}],
+                        "securityContext": {
+                            "allowPrivilegeEscalation": False,
+                            "capabilities": {"drop": ["ALL"]},
+                        },
+                    }
+                ],
+            },
         }
-    }
-    return cluster.kubectl(
-        "run", f"drift-ssh-{time.monotonic_ns() % 100000}", "-n", NAMESPACE, "--rm", "-i",
-        "--restart=Never", "--image", image, "--overrides", json.dumps(overrides),
-        check=False, timeout=180,
-    )  # fmt: skip
+    )
+    try:
+        for _ in range(90):
+            pod = cluster.get("pod", "-n", NAMESPACE, name)
+            if pod["status"].get("phase") in ("Succeeded", "Failed"):
+                break
+            time.sleep(2)
+        ended = pod["status"]["containerStatuses"][0]["state"].get("terminated", {})
+        logs = cluster.kubectl("logs", "-n", NAMESPACE, name, check=False)
+        return subprocess.CompletedProcess(
+            ["ssh", target], ended.get("exitCode", -1), logs.stdout, logs.stdout + logs.stderr
+        )
+    finally:
+        cluster.kubectl("delete", "pod", "-n", NAMESPACE, name, "--wait=false", check=False)
 
 
 INDEX = "batch.kubernetes.io/job-completion-index"

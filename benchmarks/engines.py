@@ -44,7 +44,7 @@ def declared_state(loaded: LoadedCluster, render_dir: Path) -> DeclaredState:
         files[ctx.name], packages[ctx.name] = [], []
         roles_seen: set[str] = set()  # a role may have several phases (dns server, dns client)
         for phase in PHASES:
-            if not phase.applies_to(ctx.host.groups):
+            if not phase.applies_to(ctx.host.groups, ctx.cluster):
                 continue
             for managed in phase.files(ctx) if phase.files else []:
                 rendered = render_dir / ctx.name / managed.path.lstrip("/")

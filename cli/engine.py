@@ -143,6 +143,18 @@ def drift(
             "comparison with its converged record.",
         ),
     ] = False,
+    job: Annotated[
+        bool,
+        typer.Option(
+            "--job",
+            help="Probe the hosts from a Kubernetes Job in the cluster (drift_job.enabled; "
+            "docs/fleet-jobs.md); the hosts it cannot settle are checked from here.",
+        ),
+    ] = False,
+    shards: Annotated[
+        int | None,
+        typer.Option("--shards", min=1, help="With --job: the number of pods [default: by size]."),
+    ] = None,
 ) -> None:
     """The CI check: exit 0 clean, 3 drift, 4 unreachable, 1 error; never changes a host.
 
@@ -155,7 +167,12 @@ def drift(
     with reporting():
         loaded = load(cluster)
     options = _options(loaded, Mode.drift, limit, roles, parallel, connect_timeout, shard=shard)
-    if exact:
+    if shards is not None and not job:
+        with reporting():
+            raise UserError("--shards: only with --job")
+    if job:
+        report = _drift_job(loaded, options, output, shards, exact)
+    elif exact:
         loaded = _read_only(loaded, roles)
         connecting()
         report = _run(loaded, options, output)
@@ -247,6 +264,28 @@ def _drift(loaded, options, output):
 
     with reporting():
         return drift(loaded, options, run_exact)
+
+
+def _drift_job(loaded, options, output, shards: int | None, exact: bool):
+    """drift --job (day2/fleetjob.py): the Job's shards, then the exact check of the rest."""
+    from day2.fleetjob import FleetJobError, FleetJobRefused, JobRun, fleet_drift
+
+    if exact:
+        with reporting():
+            raise UserError("--job and --exact: --exact checks every host from here")
+    _note_running_apply(loaded)
+
+    def run_exact(loaded, options):
+        connecting()
+        return _run(loaded, options, output)
+
+    with reporting():
+        try:
+            return fleet_drift(JobRun(loaded, options, run_exact, count=shards))
+        except FleetJobRefused as exc:
+            raise UserError(str(exc)) from None
+        except FleetJobError as exc:
+            raise UserError(str(exc), ExitCode.ERROR) from None
 
 
 def _run(loaded, options, output, record: bool = False):

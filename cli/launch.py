@@ -17,6 +17,11 @@ def main() -> None:
         from engine.fingerprint import code_digest
 
         code_digest()
+    if sys.argv[1:3] == ["drift", "--job-shard"]:
+        # A pod of `drift --job` (engine/fleetshard.py): no inventory, typer or pydantic.
+        from engine.fleetshard import main as shard
+
+        sys.exit(shard(sys.argv[3:]))
     if sys.argv[1:2] == ["drift"]:
         from engine.fingerprint import send_early
 

@@ -154,3 +154,29 @@ KUBERNETES_UPGRADE = Flow(
         ),
     ),
 )
+
+
+_JOB = "day2.fleetjob"
+
+# `gpuinfra drift --job` (day2/fleetjob.py); whatever step fails, the Job's objects are deleted.
+DRIFT_JOB = Flow(
+    "drift --job",
+    (
+        Step(
+            "sheet",
+            "the keys: which hosts a shard can settle, split into shards",
+            f"{_JOB}:make_sheets",
+        ),
+        Step(
+            "publish",
+            "the shards' ConfigMaps, the drift key's Secret and the Job, applied",
+            f"{_JOB}:publish",
+        ),
+        Step("wait", "until the Job is Complete or Failed", f"{_JOB}:wait"),
+        Step("collect", "each index's report, checked against its pod's sha256", f"{_JOB}:collect"),
+        Step(
+            "exact", "the hosts no shard settled, checked operation by operation", f"{_JOB}:exact"
+        ),
+        Step("merge", "one report, as local drift makes it", f"{_JOB}:merge"),
+    ),
+)

@@ -148,7 +148,7 @@ def host_files(ctx: HostContext, roles: Iterable[str] = ()) -> list[ManagedFile]
         for role in ROLES
         if not wanted or role.name in wanted
         for phase in role.phases
-        if phase.files is not None and phase.applies_to(ctx.host.groups)
+        if phase.files is not None and phase.applies_to(ctx.host.groups, ctx.cluster)
         for managed in phase.files(ctx)
     ]
 

@@ -32,7 +32,7 @@ from engine.reports import (  # noqa: F401 (the report types, re-exported for ca
     RunReport,
 )
 from engine.selection import select_hosts, selected_hosts, shard_hosts  # noqa: F401
-from inventory.model import LoadedCluster
+from inventory.model import Cluster, LoadedCluster
 from toolkit import pyinfra_api, record
 from toolkit.facts import RebootRequired
 from toolkit.operations import clear_pending, prefetch_requests
@@ -70,9 +70,15 @@ HOST_CAUSES = ("No space left on device", "Read-only file system", "Input/output
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 
 
-def select_phases(roles: Iterable[str]) -> list[Phase]:
+def select_phases(roles: Iterable[str], cluster: Cluster) -> list[Phase]:
+    """The phases of `roles` (all when empty), without those the inventory has turned off
+    (Phase.when): those prepare nothing and are not timed, as if they did not exist."""
     wanted = set(roles)
-    return [phase for phase in PHASES if not wanted or phase.role in wanted]
+    return [
+        phase
+        for phase in PHASES
+        if (not wanted or phase.role in wanted) and (phase.when is None or phase.when(cluster))
+    ]
 
 
 def apply_steps(loaded: LoadedCluster, hosts: list[str], options: RunOptions) -> list[list[str]]:
@@ -108,7 +114,7 @@ def run(
     reset_shared()
     report = RunReport(cluster=loaded.cluster.name, mode=options.mode)
     hosts, report.notes = selected_hosts(loaded, options)
-    phases = select_phases(options.roles)
+    phases = select_phases(options.roles, loaded.cluster)
     contexts = {ctx.name: ctx for ctx in host_contexts(loaded)}
     steps = apply_steps(loaded, hosts, options)
     pacer = Pacer(options.rate) if options.rate else None
@@ -175,6 +181,7 @@ def _record_converged(loaded, options, report: RunReport, asked, contexts) -> No
     keys, unkeyed = fingerprint.record_keys(loaded, converged, common)
     parts = tuple(common.split())
     kept = set()
+    job = drift_job_enabled(loaded)
     if unkeyed:
         report.notes.append(
             f"{NOT_RECORDED} (checked operation by operation until an apply records them): "
@@ -184,7 +191,9 @@ def _record_converged(loaded, options, report: RunReport, asked, contexts) -> No
         entry = report.hosts[name]
         record = fingerprint.Record(
             key=keys[name].key,
-            roles=fingerprint.host_roles(contexts[name].host.groups, options.roles),
+            roles=fingerprint.host_roles(
+                contexts[name].host.groups, options.roles, cluster=loaded.cluster
+            ),
             commands=asked[name],
             operations=tuple((op.phase, op.name) for op in entry.operations),
             notes=tuple(entry.notes),
@@ -192,6 +201,7 @@ def _record_converged(loaded, options, report: RunReport, asked, contexts) -> No
             parts=parts,
             inputs=keys[name].inputs,
             valid_until=keys[name].valid_until,
+            marker=fingerprint.new_marker() if job else "",
         )
         fingerprint.save_record(loaded.state_dir, name, record)
         kept.add(name)
@@ -218,6 +228,31 @@ def _record_converged(loaded, options, report: RunReport, asked, contexts) -> No
     fingerprint.forget(loaded.state_dir, set(report.hosts) - kept)
     if options.mode is Mode.apply:  # once, after the check of the changed hosts above
         fingerprint.write_early_sheet(loaded)
+        if job and kept:
+            _install_probes(loaded, report, kept)
+
+
+def drift_job_enabled(loaded: LoadedCluster) -> bool:
+    """Whether the drift Job is on (drift_job.enabled, a fleet-wide setting)."""
+    from toolkit.spec import settings_of
+
+    first = next(iter(loaded.cluster.hosts), None)
+    return first is not None and bool(settings_of(loaded, first, "drift_job").enabled)
+
+
+def _install_probes(loaded: LoadedCluster, report: RunReport, kept: set[str]) -> None:
+    """The drift Job's probes (engine/fingerprint/installed.py), after the records are kept."""
+    from engine.fingerprint.installed import install_probes
+
+    clock = time.monotonic()
+    failed = install_probes(loaded, sorted(kept))
+    _add_time(report, "drift probes", clock)
+    if failed:
+        report.notes.append(
+            f"drift Job probe not installed on {len(failed)} host(s), checked by the "
+            f"controller in `drift --job`: {', '.join(sorted(failed))} "
+            f"({next(iter(failed.values()))})"
+        )
 
 
 class _Recorder(BaseStateCallback):
@@ -391,7 +426,11 @@ def _prepare_and_execute(
         _add_time(report, "prefetch", clock)
         for index, phase in enumerate(phases):
             clock = time.monotonic()
-            targets = [h for h in active if phase.applies_to(by_name[h.name].host.groups)]
+            targets = [
+                h
+                for h in active
+                if phase.applies_to(by_name[h.name].host.groups, by_name[h.name].cluster)
+            ]
             _prepare_phase(state, phase, index, targets, by_name, op_phase, run_record)
             _add_time(report, f"prepare:{phase.role}", clock)
 
@@ -469,7 +508,7 @@ def _prefetch(state, caches, phases, by_name) -> None:
         managed = [
             f
             for phase in phases
-            if phase.files is not None and phase.applies_to(ctx.host.groups)
+            if phase.files is not None and phase.applies_to(ctx.host.groups, ctx.cluster)
             for f in phase.files(ctx)
         ]
         # Only an optimisation: a host that fails here fails again, and is reported, when its

@@ -61,11 +61,18 @@ class Topology:
     firewall: dict[str, tuple[FirewallRule, ...]] = field(default_factory=dict)
 
     def rules_for(self, groups: list[str]) -> list[FirewallRule]:
+        """The rules of these groups (a host's groups and its `host_rules_key`) and "all"."""
         seen: dict[tuple[int, str, tuple[str, ...]], FirewallRule] = {}
         for group in ["all", *groups]:
             for rule in self.firewall.get(group, ()):
                 seen.setdefault((rule.port or 0, rule.protocol, rule.sources), rule)
         return [seen[key] for key in sorted(seen)]
+
+
+def host_rules_key(name: str) -> str:
+    """The key of one host's own firewall rules in a role's ports (where a group's name goes):
+    the drift Job's rule is on its fleet-ops nodes only. No group name holds a colon."""
+    return f"host:{name}"
 
 
 def build_topology(cluster: Cluster) -> Topology:
@@ -169,3 +176,19 @@ def api_clients(cluster: Cluster) -> tuple[str, ...]:
 def host_addresses(cluster: Cluster, names: Iterable[str]) -> tuple[str, ...]:
     """The hosts' addresses as firewall sources (collapsed and sorted, see collapse_sources)."""
     return collapse_sources(str(cluster.hosts[name].address) for name in names)
+
+
+def pod_block(cluster: Cluster, name: str, prefix: int) -> ipaddress.IPv4Network:
+    """A node's pod block in "routes" mode (kubernetes.routes_block_prefix): the block whose
+    number is the node's offset in the node network, so it never moves when the inventory adds
+    or removes other hosts. Here, not in the kubernetes role, since the drift_job role's
+    firewall rule names it too and a role never imports another."""
+    pods, nodes = cluster.networks.pod, cluster.networks.node
+    offset = int(cluster.hosts[name].address) - int(nodes.network_address)
+    blocks = list(pods.subnets(new_prefix=prefix))
+    if offset >= len(blocks):
+        raise ValueError(
+            f"networks.pod {pods} holds {len(blocks)} /{prefix} blocks, too few "
+            f"for node {name} at offset {offset} of networks.node {nodes} (cni: routes)"
+        )
+    return blocks[offset]

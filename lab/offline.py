@@ -450,7 +450,8 @@ def pause_tag(kubernetes: gobuild.GoModule) -> str:
 # ---------------------------------------------------------------- gpuinfra's own image
 
 GPUINFRA = "gpuinfra/gpuinfra"
-GPUINFRA_BASE_PACKAGES = ("python3",)  # Debian 13: Python 3.13
+# openssh-client: the drift Job's shards probe hosts over ssh (docs/fleet-jobs.md).
+GPUINFRA_BASE_PACKAGES = ("python3", "openssh-client")  # Debian 13: Python 3.13
 GPUINFRA_PYTHON = "3.13"
 GPUINFRA_LIB = "opt/gpuinfra/lib"
 # Not in the image: rendering's offline schemas (108 MB), Ansible inventory import and testinfra

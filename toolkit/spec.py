@@ -183,8 +183,13 @@ class Phase:
     deploy: HostDeploy | None = None
     rolling: Rolling = Rolling.batches
     role: str = ""  # filled in by the Role that holds the phase
+    # A phase the inventory turns on for the whole fleet (None: always on): off, it is on no
+    # host, so it adds no operation, fact or role to any host's run or record (drift_job).
+    when: Callable[[Cluster], bool] | None = None
 
-    def applies_to(self, host_groups: Iterable[str]) -> bool:
+    def applies_to(self, host_groups: Iterable[str], cluster: Cluster) -> bool:
+        if self.when is not None and not self.when(cluster):
+            return False
         return self.groups is None or any(g in self.groups for g in host_groups)
 
 
@@ -236,4 +241,4 @@ class Role:
 
 
 def _with_role(phase: Phase, role: str) -> Phase:
-    return Phase(phase.groups, phase.files, phase.deploy, phase.rolling, role)
+    return Phase(phase.groups, phase.files, phase.deploy, phase.rolling, role, phase.when)

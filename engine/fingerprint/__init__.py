@@ -41,7 +41,7 @@ runner, the command line and the drift use are re-exported here.
 
 from __future__ import annotations
 
-from engine.fingerprint.check import FastCheck, Probes, summary
+from engine.fingerprint.check import FastCheck, Probes, new_marker, summary
 from engine.fingerprint.early import (
     EARLY_SHEET,
     claim_early,
@@ -94,6 +94,7 @@ __all__ = [
     "inputs_stand",
     "inventory_stamp",
     "load_record",
+    "new_marker",
     "output_digest",
     "plain_drift",
     "probe_script",

@@ -202,11 +202,12 @@ class Probes:
         self.records: dict[str, Record] = {}
         ssh = ssh_settings(loaded, connect_timeout)
         wanted = tuple(roles)
+        hosts_of = loaded.cluster.hosts
         for name in hosts:
             record = load_record(loaded.state_dir, name)
             if record is None:
                 self.result.exact[name] = "no converged record"
-            elif host_roles(loaded.cluster.hosts[name].groups, wanted) != record.roles:
+            elif host_roles(hosts_of[name].groups, wanted, cluster=loaded.cluster) != record.roles:
                 self.result.exact[name] = "other roles than its record"
             else:
                 self.records[name] = record

@@ -96,7 +96,7 @@ def write_early_sheet(loaded: LoadedCluster) -> None:
     hosts = {}
     for name, host in loaded.cluster.hosts.items():
         record = load_record(loaded.state_dir, name)
-        if record is not None and record.roles == host_roles(host.groups):
+        if record is not None and record.roles == host_roles(host.groups, cluster=loaded.cluster):
             hosts[name] = check.probe_argv(ssh, str(host.address))
     whole_folder = loaded.text_digest is None  # an Ansible inventory (a cluster file: its text)
     stamp = inventory_stamp(loaded.source, whole_folder)
@@ -128,7 +128,10 @@ def _alone(loaded: LoadedCluster, hosts: dict[str, list[str]]) -> dict | None:
         "key": None if ssh.key is None else [str(ssh.key), _file_stamp(ssh.key)],
         "cluster": loaded.cluster.name,
         "cluster_digest": cluster_digest(loaded),
-        "roles": {name: list(host_roles(loaded.cluster.hosts[name].groups)) for name in hosts},
+        "roles": {
+            name: list(host_roles(loaded.cluster.hosts[name].groups, cluster=loaded.cluster))
+            for name in hosts
+        },
     }
 
 

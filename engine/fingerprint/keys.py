@@ -16,7 +16,7 @@ from toolkit import clock
 from toolkit.statefiles import ETCD_SNAPSHOTS, PLACEHOLDER, StateMissing
 
 if TYPE_CHECKING:
-    from inventory.model import LoadedCluster
+    from inventory.model import Cluster, LoadedCluster
     from toolkit.spec import HostContext, ManagedFile
 
 
@@ -216,15 +216,17 @@ def record_keys(
     return keys, unkeyed
 
 
-def host_roles(groups: Iterable[str], wanted: Iterable[str] = ()) -> tuple[str, ...]:
-    """The roles with a phase on a host of these groups (of `wanted`; all when empty), in
-    phase order."""
+def host_roles(
+    groups: Iterable[str], wanted: Iterable[str] = (), *, cluster: Cluster
+) -> tuple[str, ...]:
+    """The roles with a phase on a host of these groups in `cluster` (of `wanted`; all when
+    empty), in phase order."""
     from engine.registry import PHASES
 
     wanted, groups = set(wanted), list(groups)
     roles = [
         phase.role
         for phase in PHASES
-        if (not wanted or phase.role in wanted) and phase.applies_to(groups)
+        if (not wanted or phase.role in wanted) and phase.applies_to(groups, cluster)
     ]
     return tuple(dict.fromkeys(roles))

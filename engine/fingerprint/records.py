@@ -16,8 +16,13 @@ if TYPE_CHECKING:
     pass
 
 
-FORMAT = 2  # bump when the record or the key changes meaning: old records are then ignored
+# Bump when the record or the key changes meaning: old records are then ignored. The drift
+# Job's fields (`marker`, `probe_digest`) did not bump it: they are written only when the Job
+# is enabled, so every other inventory keeps its records byte for byte, and a record without
+# them only sends its host to the exact check of `drift --job`.
+FORMAT = 2
 RECORDS = "converged"  # under the cluster's .state/
+JOB_FIELDS = ("marker", "probe_digest")
 
 
 @dataclass(frozen=True)
@@ -33,9 +38,17 @@ class Record:
     parts: tuple[str, ...] = ()
     inputs: str = ""  # the key without the rendered files (inputs_key)
     valid_until: float | None = None  # epoch seconds: when the clock may change the files
+    # The drift Job (drift_job.enabled) only: the marker of the probe installed on the host
+    # (random per record) and the digest of its answer when installed (toolkit/driftprobe.py).
+    marker: str = ""
+    probe_digest: str = ""
 
     def to_json(self) -> bytes:
-        return json.dumps({"format": FORMAT, **asdict(self)}, indent=1).encode()
+        fields = asdict(self)
+        for name in JOB_FIELDS:  # absent, not empty, without the Job: records as they were
+            if not fields[name]:
+                del fields[name]
+        return json.dumps({"format": FORMAT, **fields}, indent=1).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> Record | None:
@@ -53,6 +66,8 @@ class Record:
                 parts=tuple(raw["parts"]),
                 inputs=raw["inputs"],
                 valid_until=raw["valid_until"],
+                marker=raw.get("marker", ""),
+                probe_digest=raw.get("probe_digest", ""),
             )
         except (ValueError, KeyError, TypeError):
             return None

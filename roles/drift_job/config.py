@@ -2,11 +2,32 @@
 
 from __future__ import annotations
 
+import ipaddress
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
 class DriftJobConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # `gpuinfra drift --job` (docs/fleet-jobs.md): every host gets the forced-command user, its
+    # key and the probe each apply records. Off: none of it is written and no fact is asked, so
+    # an inventory without it plans, applies and drifts as before the Job existed.
+    enabled: bool = False
+    # With enabled off: remove what an earlier enabled apply installed (the user, the key, the
+    # sshd drop-in, sudoers, the wrapper and the probe). A removal asks about those paths on
+    # every host, which is why it is a setting of its own and not what "off" does.
+    remove: bool = False
+    # The Kubernetes nodes the Job's pods run on (nodeAffinity on kubernetes.io/hostname): the
+    # hosts' keys admit the key only from these nodes and their pods.
+    nodes: tuple[str, ...] = ()
+    # More sources the key is admitted from: a Job that runs in another cluster (its nodes').
+    sources: tuple[ipaddress.IPv4Network, ...] = ()
+    # ssh clients at once per shard: 39 MiB + 6.1 MiB each (docs/benchmarks/results.md), so 64
+    # fits the 512Mi below; 200 would need about 1.25 GiB.
+    parallel: int = Field(64, ge=1, le=1000)
+    # The forced-command user: runs only the wrapper, through sudo, with no arguments.
+    user: str = Field("gpuinfra-drift", pattern=r"^[a-z_][a-z0-9_-]{0,30}$")
 
     # An image with gpuinfra installed (`pip install .` of this repository); pin it by digest.
     image: str = "gpuinfra:0.1.0"

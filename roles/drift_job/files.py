@@ -1,21 +1,33 @@
-"""The drift job's manifest, rendered from the inventory into OUT/_cluster/."""
+"""The drift job's files: on every host (with `enabled`) the forced-command user's key, sshd
+drop-in, sudoers rule and wrapper; and the older manifest rendered into OUT/_cluster/."""
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from pathlib import Path
 
 from inventory.model import LoadedCluster
+from inventory.topology import collapse_sources
 from roles.drift_job.config import DriftJobConfig
+from roles.drift_job.role import fleet_config, pod_sources
+from toolkit import driftprobe, nodes
+from toolkit.spec import HostContext, ManagedFile, settings_of
+from toolkit.statefiles import PLACEHOLDER, kept_secret
 from toolkit.templates import render_template
+
+KEYS_FILE = "/etc/ssh/gpuinfra-drift.keys"
+SSHD_DROPIN = "/etc/ssh/sshd_config.d/60-gpuinfra-drift.conf"
+SUDOERS = "/etc/sudoers.d/gpuinfra-drift"
+# Under .state/: the key the Job's pods log in with (0600, kept like every state secret).
+STATE_KEY = "drift/id_ed25519"
+FORCED_COMMAND = f"sudo -n {driftprobe.WRAPPER}"
 
 MANIFEST = "drift-job/drift-job.yaml"  # not under kubernetes/: applied by hand, with its inputs
 
 
 def job_config(loaded: LoadedCluster) -> DriftJobConfig:
     """Fleet-wide settings: group vars of `all` only (the job is one object for all hosts)."""
-    merged: dict[str, Any] = dict(loaded.cluster.group_vars.get("all", {}).get("drift_job", {}))
-    return DriftJobConfig.model_validate(merged)
+    return fleet_config(loaded)
 
 
 def shard_count(cfg: DriftJobConfig, hosts: int) -> int:
@@ -33,3 +45,144 @@ def cluster_files(loaded: LoadedCluster) -> dict[str, str]:
         shards=shard_count(cfg, hosts),
     )
     return {MANIFEST: manifest}
+
+
+# -- the forced-command user's files on every host (enabled) ----------------------------------
+
+
+def private_key(state_dir: Path, access: str) -> str:
+    """The drift key (OpenSSH format): made by the first enabled apply, kept 0600 in .state/."""
+
+    def generate() -> str:
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+        return (
+            Ed25519PrivateKey.generate()
+            .private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.OpenSSH,
+                serialization.NoEncryption(),
+            )
+            .decode()
+        )
+
+    return kept_secret(state_dir, STATE_KEY, generate, access)
+
+
+def public_key(private: str) -> str:
+    """`ssh-ed25519 AAAA…` of the drift key; the placeholder while only apply may make it."""
+    if private == PLACEHOLDER:
+        return PLACEHOLDER
+    from cryptography.hazmat.primitives import serialization
+
+    key = serialization.load_ssh_private_key(private.encode(), password=None)
+    return (
+        key.public_key()
+        .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        .decode()
+    )
+
+
+def key_sources(loaded: LoadedCluster, cfg: DriftJobConfig) -> tuple[str, ...]:
+    """What `from=` admits: the fleet-ops nodes (their pods' traffic to other hosts leaves
+    masqueraded to the node's address), their own pods, and `sources`."""
+    cluster = loaded.cluster
+    found = [str(source) for source in cfg.sources]
+    for node in cfg.nodes:
+        found.append(str(cluster.hosts[node].address))
+        found += pod_sources(cluster, node, settings_of(loaded, node, "kubernetes"))
+    return collapse_sources(found)
+
+
+def keys_line(loaded: LoadedCluster, cfg: DriftJobConfig) -> str:
+    sources = ",".join(key_sources(loaded, cfg))
+    key = public_key(private_key(loaded.state_dir, loaded.state_access))
+    return f'restrict,from="{sources}" {key} gpuinfra-drift@{loaded.cluster.name}\n'
+
+
+def sshd_dropin(cfg: DriftJobConfig) -> str:
+    """A trailing Match block: it applies to the drift user only and leaves every global
+    setting of the main file and the other drop-ins alone."""
+    return (
+        "# Managed by gpuinfra (role drift_job): the drift Job's user runs one thing.\n"
+        f"Match User {cfg.user}\n"
+        f"    AuthorizedKeysFile {KEYS_FILE}\n"
+        f"    ForceCommand {FORCED_COMMAND}\n"
+        "    DisableForwarding yes\n"
+        "    PermitTTY no\n"
+        "    PermitUserRC no\n"
+    )
+
+
+def sudoers(cfg: DriftJobConfig) -> str:
+    # `""`: the command with no arguments only (sudoers(5)).
+    return (
+        "# Managed by gpuinfra (role drift_job).\n"
+        f'{cfg.user} ALL=(root) NOPASSWD: {driftprobe.WRAPPER} ""\n'
+    )
+
+
+# sshd reads its drop-ins by `Include /etc/ssh/sshd_config.d/*.conf`: the staged file (named
+# `.60-gpuinfra-drift.conf.gpuinfra-new`) is not read until it is moved into place, so it is
+# checked together with the live configuration, as sshd will read them, before it is.
+SSHD_CHECK = (
+    '( f=$(mktemp) && printf "Include /etc/ssh/sshd_config\\nInclude %s\\n" {path} > "$f" '
+    '&& sshd -t -f "$f"; rc=$?; rm -f "$f"; exit $rc )'
+)
+
+
+def managed_files(ctx: HostContext) -> list[ManagedFile]:
+    cfg = fleet_config(ctx.loaded)
+    if not cfg.enabled:
+        return []
+    return [
+        ManagedFile("drift_job", KEYS_FILE, keys_line(ctx.loaded, cfg)),
+        ManagedFile("drift_job", SSHD_DROPIN, sshd_dropin(cfg), check=SSHD_CHECK),
+        ManagedFile("drift_job", SUDOERS, sudoers(cfg), mode="0440", check="visudo -cf {path}"),
+        ManagedFile("drift_job", driftprobe.WRAPPER, driftprobe.wrapper_text(), mode="0755"),
+    ]
+
+
+def removed_paths() -> tuple[str, ...]:
+    """What `remove` deletes: every file above (the probe folder separately)."""
+    return (SSHD_DROPIN, SUDOERS, KEYS_FILE, driftprobe.WRAPPER)
+
+
+CONTROL_PLANE_TAINT = "node-role.kubernetes.io/control-plane"
+
+
+def job_tolerations(loaded: LoadedCluster, cfg: DriftJobConfig) -> list[dict[str, str]]:
+    """Exactly the taints the fleet-ops nodes register with, as the kubernetes role registers
+    them (roles/kubernetes/files.py `registration_taints`, by the groups and toolkit/nodes.py):
+    GPU workers the preflight taint, a team's nodes the team's, control-plane nodes with
+    neither kubeadm's own. Nothing broader (no operator Exists without a key)."""
+    found: dict[tuple[str, str], dict[str, str]] = {}
+    for node in cfg.nodes:
+        groups = loaded.cluster.hosts[node].groups
+        taints = []
+        if "gpu_worker" in groups:
+            taints.append(
+                (
+                    nodes.PREFLIGHT_TAINT_KEY,
+                    nodes.PREFLIGHT_TAINT_VALUE,
+                    nodes.PREFLIGHT_TAINT_EFFECT,
+                )
+            )
+        team = nodes.team_of(loaded.cluster, node)
+        if team is not None:
+            taints.append((nodes.TEAM_TAINT_KEY, team, nodes.TEAM_TAINT_EFFECT))
+        if not taints and "control_plane" in groups:
+            found[(CONTROL_PLANE_TAINT, "")] = {
+                "key": CONTROL_PLANE_TAINT,
+                "operator": "Exists",
+                "effect": "NoSchedule",
+            }
+        for key, value, effect in taints:
+            found[(key, value)] = {
+                "key": key,
+                "operator": "Equal",
+                "value": value,
+                "effect": effect,
+            }
+    return list(found.values())

@@ -1,13 +1,128 @@
-"""The drift job's record: one Kubernetes Indexed Job, a cluster file only."""
+"""The drift job's record: the forced-command user on every host (with `enabled`), one firewall
+rule on the fleet-ops nodes, and the older Indexed Job manifest as a cluster file."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
+from inventory.model import Cluster, LoadedCluster
+from inventory.topology import FirewallRule, collapse_sources, host_rules_key, pod_block
 from roles.drift_job.config import DriftJobConfig
-from toolkit.spec import Role, lazy
+from toolkit import nodes
+from toolkit.spec import HostSettings, Phase, Role, lazy, settings_of
+
+# The Kubernetes nodes (the kubernetes role's groups): the Job's pods run on these only.
+NODE_GROUPS = ("control_plane", "gpu_worker", "cpu_worker")
+
+
+def fleet_config(loaded: LoadedCluster) -> DriftJobConfig:
+    """The drift Job's settings, the same on every host: group_vars.all only (`checks` refuses
+    them anywhere else)."""
+    return cluster_config(loaded.cluster)
+
+
+def cluster_config(cluster: Cluster) -> DriftJobConfig:
+    return DriftJobConfig.model_validate(cluster.group_vars.get("all", {}).get("drift_job", {}))
+
+
+def phase_on(cluster: Cluster) -> bool:
+    """The host phase runs while the Job is enabled, or once more to remove what it installed:
+    otherwise it is on no host (no operation, no fact, not among a record's roles)."""
+    cfg = cluster_config(cluster)
+    return cfg.enabled or cfg.remove
+
+
+def pod_sources(cluster: Cluster, node: str, kubernetes: Any) -> list[str]:
+    """Where a fleet-ops node's own pods connect from when they reach the node itself (local
+    delivery skips postrouting, so no masquerade): its pod block under "routes", the pod
+    network under Calico (whose IPAM blocks move)."""
+    if kubernetes.cni == "routes":
+        return [str(pod_block(cluster, node, kubernetes.routes_block_prefix))]
+    return [str(cluster.networks.pod)]
+
+
+def ports(loaded: LoadedCluster) -> dict[str, list[FirewallRule]]:
+    """The one rule the Job adds, on each fleet-ops node only: ssh from its own pods. Other
+    hosts see the pods masqueraded to a node's address, which base's rule already admits."""
+    cfg = fleet_config(loaded)
+    if not cfg.enabled:
+        return {}
+    cluster = loaded.cluster
+    return {
+        host_rules_key(node): [
+            FirewallRule(
+                "SSH from this node's drift Job pods",
+                cluster.ssh.port,
+                "tcp",
+                collapse_sources(
+                    pod_sources(cluster, node, settings_of(loaded, node, "kubernetes"))
+                ),
+            )
+        ]
+        for node in cfg.nodes
+    }
+
+
+def checks(loaded: LoadedCluster, settings: HostSettings) -> Iterator[tuple[str, str]]:
+    """The Job is one object for the fleet: its settings only in group_vars.all; its nodes are
+    Kubernetes nodes; under "routes" the pods' traffic must be masqueraded."""
+    cluster = loaded.cluster
+    for group, values in cluster.group_vars.items():
+        if group != "all" and "drift_job" in values:
+            yield (f"group_vars.{group}.drift_job", "set drift_job in group_vars.all only")
+    for name, host in cluster.hosts.items():
+        if "drift_job" in host.vars:
+            yield (f"hosts.{name}.vars.drift_job", "set drift_job in group_vars.all only")
+    try:
+        cfg = fleet_config(loaded)
+    except ValueError:
+        return  # the settings' own validation names the key
+    if not cfg.enabled:
+        return
+    if cfg.remove:
+        yield ("group_vars.all.drift_job.remove", "remove: true needs enabled: false")
+    if not cfg.nodes:
+        yield ("group_vars.all.drift_job.nodes", "name the Kubernetes nodes the Job runs on")
+    for node in cfg.nodes:
+        host = cluster.hosts.get(node)
+        if host is None or not any(group in NODE_GROUPS for group in host.groups):
+            yield (
+                "group_vars.all.drift_job.nodes",
+                f"{node} is not a Kubernetes node of this inventory ({', '.join(NODE_GROUPS)})",
+            )
+            continue
+        team = nodes.team_of(cluster, node)
+        if team is not None and cfg.namespace not in nodes.team_namespaces(cluster, team):
+            yield (
+                "group_vars.all.drift_job.nodes",
+                f"{node} belongs to the team {team}: fleet_policy admits a pod tolerating its "
+                f"taint only in the team's namespaces, not in {cfg.namespace} (pick shared nodes)",
+            )
+        kubernetes = settings.get(node, {}).get("kubernetes")
+        if getattr(kubernetes, "enabled", False) is False:
+            yield ("group_vars.all.drift_job.nodes", f"{node}: kubernetes is not enabled there")
+        elif kubernetes.cni == "routes" and not kubernetes.routes_nat_outgoing:
+            yield (
+                "kubernetes.routes_nat_outgoing",
+                f"false on {node}, a drift Job node: hosts outside the pod network could not "
+                "answer its pods (set group_vars.all.kubernetes.routes_nat_outgoing: true)",
+            )
+
 
 ROLE = Role(
     name="drift_job",
     config=DriftJobConfig,
+    phases=(
+        Phase(
+            None,
+            lazy("roles.drift_job.files:managed_files"),
+            lazy("roles.drift_job.deploy:apply"),
+            when=phase_on,
+        ),
+    ),
+    ports=ports,
     cluster_files=lazy("roles.drift_job.files:cluster_files"),
-    summary="the fleet drift check as an Indexed Job, one pod per shard",
+    checks=checks,
+    summary="the fleet drift check as a Kubernetes Job: the probe's forced-command user, the Job",
 )

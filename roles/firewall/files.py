@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from inventory.topology import FirewallRule, collapse_sources
+from inventory.topology import FirewallRule, collapse_sources, host_rules_key
 from roles.firewall.config import FirewallConfig
 from toolkit.spec import HostContext, ManagedFile
 from toolkit.templates import render_template
@@ -26,7 +26,7 @@ class RenderedRule:
 def host_rules(ctx: HostContext) -> list[FirewallRule]:
     """The topology's rules for the host's groups, then the inventory's extra rules."""
     cfg = ctx.config(FirewallConfig)
-    rules = ctx.topology.rules_for(list(ctx.host.groups))
+    rules = ctx.topology.rules_for([*ctx.host.groups, host_rules_key(ctx.name)])
     rules += [
         FirewallRule(
             extra.description,

@@ -67,6 +67,11 @@ class KubernetesConfig(BaseModel):
     cni: Literal["calico", "routes"] = "calico"
     # The pod block of each node in "routes" mode (a /24: 254 pods, over the 110-pod limit).
     routes_block_prefix: int = Field(24, ge=16, le=28)
+    # "routes" mode: masquerade pod traffic leaving the pod network (nft table
+    # gpuinfra-pod-nat, loaded by the pod routes unit), so hosts with no route back to the pod
+    # blocks (etcd, load balancers, DNS) can answer a pod; Calico's calico_nat_outgoing does
+    # the same. Off by default: the drift Job (docs/fleet-jobs.md) is what needs it.
+    routes_nat_outgoing: bool = False
 
     # Calico in BGP mode with no encapsulation: pod CIDRs routed natively between nodes (the
     # reference design left Flannel's overlay for ~2 Gbit/s against 10-15 host to host).

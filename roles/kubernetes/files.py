@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from inventory.model import Cluster, LoadedCluster
+from inventory.topology import pod_block
 from roles.kubernetes import models as m
 from roles.kubernetes.config import KubernetesConfig
 from roles.kubernetes.role import NODE_GROUPS
@@ -696,24 +697,10 @@ def kubernetes_nodes(cluster: Cluster) -> list[str]:
     return [name for group in NODE_GROUPS for name in cluster.in_group(group)]
 
 
-def pod_block(cluster: Cluster, name: str, cfg: KubernetesConfig) -> ipaddress.IPv4Network:
-    """A node's pod block in "routes" mode: the block whose number is the node's offset in the
-    node network, so it never moves when the inventory adds or removes other hosts."""
-    pods, nodes = cluster.networks.pod, cluster.networks.node
-    offset = int(cluster.hosts[name].address) - int(nodes.network_address)
-    blocks = list(pods.subnets(new_prefix=cfg.routes_block_prefix))
-    if offset >= len(blocks):
-        raise ValueError(
-            f"networks.pod {pods} holds {len(blocks)} /{cfg.routes_block_prefix} blocks, too few "
-            f"for node {name} at offset {offset} of networks.node {nodes} (cni: routes)"
-        )
-    return blocks[offset]
-
-
 def cni_config(ctx: HostContext, cfg: KubernetesConfig) -> str:
     """The reference bridge plugin with host-local addresses from this node's block. No IP
     masquerade: pod traffic keeps its address inside the cluster, answered over the routes."""
-    block = pod_block(ctx.cluster, ctx.name, cfg)
+    block = pod_block(ctx.cluster, ctx.name, cfg.routes_block_prefix)
     document = {
         "cniVersion": "1.0.0",
         "name": "gpuinfra",
@@ -742,15 +729,40 @@ def pod_routes_script(ctx: HostContext, cfg: KubernetesConfig) -> str:
     lines = [f"route flush root {cluster.networks.pod} proto static"]
     for name in kubernetes_nodes(cluster):
         if name != ctx.name:
-            block = pod_block(cluster, name, cfg)
+            block = pod_block(cluster, name, cfg.routes_block_prefix)
             address = cluster.hosts[name].address
             lines.append(f"route replace {block} via {address} proto static")
     batch = "\n".join(lines)
-    return (
+    script = (
         "#!/bin/sh\n"
         f"# Managed by gpuinfra (role kubernetes, cni: routes) for {ctx.name}.\n"
         "set -eu\n"
         f"ip -4 -batch - <<'EOF'\n{batch}\nEOF\n"
+    )
+    if cfg.routes_nat_outgoing:
+        script += pod_nat_rules(pod_block(cluster, ctx.name, cfg.routes_block_prefix), cluster)
+    return script
+
+
+POD_NAT_TABLE = "gpuinfra-pod-nat"
+
+
+def pod_nat_rules(block: ipaddress.IPv4Network, cluster: Cluster) -> str:
+    """The nft table that masquerades this node's pods' traffic leaving the pod network: hosts
+    with no route back to the pod blocks (etcd, load balancers, DNS) see the node's address.
+    Replaced whole in one transaction (the table declared, deleted, declared again), so a rerun
+    of the unit never leaves two rules or a moment with none."""
+    return (
+        "nft -f - <<'EOF'\n"
+        f"table ip {POD_NAT_TABLE}\n"
+        f"delete table ip {POD_NAT_TABLE}\n"
+        f"table ip {POD_NAT_TABLE} {{\n"
+        "  chain postrouting {\n"
+        "    type nat hook postrouting priority srcnat; policy accept;\n"
+        f"    ip saddr {block} ip daddr != {cluster.networks.pod} masquerade\n"
+        "  }\n"
+        "}\n"
+        "EOF\n"
     )
 
 

@@ -131,7 +131,7 @@ def recorded(tmp_path, monkeypatch):
         command = f"echo {name}"
         record = Record(
             key="k",
-            roles=fingerprint.host_roles(host.groups),
+            roles=fingerprint.host_roles(host.groups, cluster=loaded.cluster),
             commands=((command, (0,), fingerprint.output_digest([name])),),
             operations=(),
             inputs=fingerprint.inputs_key(common, name),
@@ -463,6 +463,8 @@ HANDED_TO_TYPER = {
     "--shard",
     "--connect-timeout",
     "--exact",
+    "--job",
+    "--shards",
 }
 
 

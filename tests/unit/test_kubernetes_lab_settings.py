@@ -12,13 +12,13 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from engine.context import host_contexts, load
+from inventory.topology import pod_block
 from roles.kubernetes import operations as kube_ops
 from roles.kubernetes.config import KubernetesConfig
 from roles.kubernetes.files import (
     CNI_CONFIG,
     INIT_CONFIG,
     POD_ROUTES_SCRIPT,
-    pod_block,
 )
 from tests.helpers import files_of as shared_files_of
 
@@ -64,7 +64,7 @@ def test_each_node_gets_the_block_of_its_own_address_and_routes_to_the_others(
     others = ["cp-1", "cp-2", "gpu-1"]  # every other Kubernetes node, never itself
     assert len(routes) == len(others)
     for name in others:
-        block = pod_block(loaded.cluster, name, cfg)
+        block = pod_block(loaded.cluster, name, cfg.routes_block_prefix)
         assert f"route replace {block} via {loaded.cluster.hosts[name].address}" in script
     assert str(expected) not in "\n".join(routes)
     assert f"route flush root {pods} proto static" in script
@@ -73,11 +73,11 @@ def test_each_node_gets_the_block_of_its_own_address_and_routes_to_the_others(
 def test_a_block_does_not_move_when_other_hosts_come_and_go(small_cluster, write_cluster):
     before = lab_like(small_cluster, write_cluster)
     cfg = next(c for c in host_contexts(before) if c.name == "cpu-1").config(KubernetesConfig)
-    block = pod_block(before.cluster, "cpu-1", cfg)
+    block = pod_block(before.cluster, "cpu-1", cfg.routes_block_prefix)
     small_cluster["hosts"]["cpu-0"] = {"address": "10.0.0.70", "groups": ["cpu_worker"]}
     del small_cluster["hosts"]["cp-2"]
     after = load(write_cluster(small_cluster, "after.yml"))
-    assert pod_block(after.cluster, "cpu-1", cfg) == block
+    assert pod_block(after.cluster, "cpu-1", cfg.routes_block_prefix) == block
     assert isinstance(block, ipaddress.IPv4Network)
 
 
@@ -162,3 +162,25 @@ def test_the_certificate_upload_for_joins_reads_the_init_file():
     kube_ops.join_secrets(State(), "cp-1", True, "15m")
     upload = next(c for c in first.ran if "upload-certs" in c)
     assert f"--config {INIT_CONFIG}" in upload
+
+
+def test_routes_nat_outgoing_masquerades_only_this_nodes_pods_leaving_the_pod_network(
+    small_cluster, write_cluster
+):
+    loaded = lab_like(small_cluster, write_cluster, routes_nat_outgoing=True)
+    script = files_of(loaded, "cpu-1")[POD_ROUTES_SCRIPT]
+    block = pod_block(loaded.cluster, "cpu-1", 24)
+    pods = loaded.cluster.networks.pod
+    assert f"ip saddr {block} ip daddr != {pods} masquerade" in script
+    assert "type nat hook postrouting priority srcnat" in script
+    # Declared, deleted and declared again in one nft transaction: a rerun replaces the table.
+    nft = script[script.index("nft -f -") :]
+    assert nft.index("delete table ip gpuinfra-pod-nat") < nft.index("chain postrouting")
+    assert script.count("masquerade") == 1
+
+
+def test_routes_without_nat_outgoing_load_no_nft_table(small_cluster, write_cluster):
+    """The default (and every inventory before the option): the script is as it was."""
+    script = files_of(lab_like(small_cluster, write_cluster), "cpu-1")[POD_ROUTES_SCRIPT]
+    assert "nft" not in script and "masquerade" not in script
+    assert script.endswith("proto static\nEOF\n")

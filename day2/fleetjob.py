@@ -1,0 +1,484 @@
+"""`gpuinfra drift --job`: the fleet's drift check as a Kubernetes Indexed Job
+(docs/design/fleet-jobs.md, docs/fleet-jobs.md), run by the controller in kubeadm-style steps.
+
+The controller computes every key, as local drift does; a shard only probes its hosts as the
+forced-command user and compares digests (engine/fleetshard.py). Each host a shard cannot
+settle (no probe, another key, an answer unlike its record, an ssh failure) is checked here,
+exactly, with the operator's key, so the report and the exit code are local drift's. An index
+that never reported is named and its hosts fail (exit 1).
+
+Every kubectl runs on the first control-plane node with admin.conf, through
+`toolkit.remote.run_remote` (the Secret with the drift key goes on stdin, never on a command
+line). Nothing of the Job is left when the flow ends, whichever way it ends.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import math
+import secrets
+import shlex
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from day2.flows import DRIFT_JOB
+from day2.kubernetes import KUBECTL
+from day2.steps import run_flow
+from engine import fingerprint
+from engine import fleetshard as shard_io
+from engine.drift import ExactRun, merged_report
+from engine.reports import HostReport, HostStatus, OperationResult, RunOptions, RunReport
+from engine.selection import selected_hosts, shard_hosts
+from inventory.model import LoadedCluster, StateAccess
+from roles.drift_job.config import DriftJobConfig
+from roles.drift_job.files import job_tolerations, private_key
+from roles.drift_job.role import fleet_config
+from toolkit.remote import RemoteRunner, run_remote
+from toolkit.statefiles import StateMissing
+from toolkit.templates import render_template
+
+# Kubernetes keeps one object (a ConfigMap: its data and binaryData together) under 1 MiB.
+OBJECT_LIMIT = 1024 * 1024
+OBJECT_OVERHEAD = 2048  # the object's metadata, labels and keys, generously
+POLL_S = 2.0
+JOB_LABEL = "app.kubernetes.io/name=gpuinfra-drift"
+INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+
+
+class FleetJobError(RuntimeError):
+    """A step of the Job flow failed (exit 1); the message names the step and the shard."""
+
+
+class FleetJobRefused(ValueError):
+    """The Job cannot run with this input (exit 2): bad option, missing key, a shard too big."""
+
+
+@dataclass
+class JobRun:
+    """What the command was asked, and what each step found."""
+
+    loaded: LoadedCluster
+    options: RunOptions
+    run_exact: ExactRun
+    count: int | None = None  # --shards; None: the inventory's drift_job.shards or per size
+    runner: RemoteRunner = run_remote
+    sleep: Callable[[float], None] = time.sleep
+    clock: Callable[[], float] = time.monotonic
+    run: str = field(default_factory=lambda: secrets.token_hex(6))
+    started: float = field(default_factory=time.monotonic)
+    cfg: DriftJobConfig | None = None
+    control_plane: str = ""
+    hosts: list[str] = field(default_factory=list)  # the run's hosts, in inventory order
+    notes: list[str] = field(default_factory=list)
+    records: dict[str, fingerprint.Record] = field(default_factory=dict)  # on the sheet
+    exact: dict[str, str] = field(default_factory=dict)  # host -> why the controller checks it
+    sheets: list[tuple[str, str]] = field(default_factory=list)  # (sheet base64, known_hosts)
+    published: bool = False
+    shard_of: list[list[str]] = field(default_factory=list)  # each shard's hosts
+    status: dict = field(default_factory=dict)  # the Job's status when it ended
+    answered: dict[str, shard_io.ShardHost] = field(default_factory=dict)
+    failed: dict[str, HostReport] = field(default_factory=dict)  # hosts of a silent shard
+    exact_report: RunReport | None = None
+    report: RunReport | None = None
+
+    @property
+    def name(self) -> str:
+        return f"gpuinfra-drift-{self.loaded.cluster.name}"
+
+    @property
+    def namespace(self) -> str:
+        assert self.cfg is not None
+        return self.cfg.namespace
+
+    def kubectl(self, action: str, command: str, *, stdin: bytes | None = None) -> str:
+        """kubectl on the first control-plane node; FleetJobError naming `action` if it fails."""
+        full = f"{KUBECTL} -n {shlex.quote(self.namespace)} {command}"
+        extra = {"stdin": stdin} if stdin is not None else {}
+        result = self.runner(self.loaded, self.control_plane, full, timeout=120, **extra)
+        if not result.ok:
+            raise FleetJobError(
+                f"{action}: kubectl on {self.control_plane} failed: {result.tail(300)}"
+            )
+        return result.stdout
+
+
+def fleet_drift(run: JobRun) -> RunReport:
+    """The flow's steps in order, and the Job's objects deleted whatever happened."""
+    check_options(run)
+    try:
+        run_flow(DRIFT_JOB, run, error=FleetJobError)
+    finally:
+        if run.published:
+            delete(run)
+    assert run.report is not None
+    return run.report
+
+
+def check_options(run: JobRun) -> None:
+    loaded, options = run.loaded, run.options
+    cfg = run.cfg = fleet_config(loaded)
+    if not cfg.enabled:
+        raise FleetJobRefused(
+            f"{loaded.source}: drift --job needs group_vars.all.drift_job.enabled: true (and an "
+            "apply since, which installs the probes)"
+        )
+    if options.roles or options.shard:
+        raise FleetJobRefused("drift --job checks every role of every host: no --roles, --shard")
+    if loaded.cluster.ssh.bastion:
+        raise FleetJobRefused(
+            f"{loaded.source}: ssh.bastion: the Job's pods connect from the cluster, not "
+            "through the bastion; run drift without --job"
+        )
+    control_planes = loaded.cluster.in_group("control_plane")
+    if not control_planes:
+        raise FleetJobRefused(f"{loaded.source}: drift --job needs a control_plane host")
+    run.control_plane = control_planes[0]
+
+
+# -- sheet -------------------------------------------------------------------------------------
+
+
+def make_sheets(run: JobRun) -> None:
+    """Which hosts a shard can settle (a record of the host's roles, an installed probe and the
+    key still standing, as `Probes.finish` decides), split into shards, each with its sheet and
+    only its own hosts' keys."""
+    from engine.context import host_contexts
+
+    loaded = run.loaded.with_state_access(StateAccess.existing)
+    cfg = run.cfg
+    assert cfg is not None
+    run.hosts, run.notes = selected_hosts(loaded, run.options)
+    for name in run.hosts:
+        record = fingerprint.load_record(loaded.state_dir, name)
+        if record is None:
+            run.exact[name] = "no converged record"
+        elif (
+            fingerprint.host_roles(loaded.cluster.hosts[name].groups, cluster=loaded.cluster)
+            != record.roles
+        ):
+            run.exact[name] = "other roles than its record"
+        elif not record.probe_digest:
+            run.exact[name] = "no drift Job probe installed"
+        else:
+            run.records[name] = record
+    common = fingerprint.common_digest(loaded)
+    rendered = [n for n, r in run.records.items() if not fingerprint.inputs_stand(r, common, n)]
+    if rendered:
+        contexts = {ctx.name: ctx for ctx in host_contexts(loaded)}
+        for name in rendered:
+            if fingerprint.host_key(contexts[name], common) != run.records[name].key:
+                run.exact[name] = "code, inventory or state changed since its record"
+                del run.records[name]
+    on_sheet = [name for name in run.hosts if name in run.records]
+    count = min(shard_count(run, len(on_sheet)), len(on_sheet))
+    known = _known_hosts_text(loaded)
+    settings = {
+        "user": cfg.user,
+        "port": loaded.cluster.ssh.port,
+        "parallel": cfg.parallel,
+        "timeout": run.options.connect_timeout,
+    }
+    for index in range(count):
+        mine = shard_hosts(on_sheet, index, count)
+        entries = [
+            (n, str(loaded.cluster.hosts[n].address), run.records[n].probe_digest) for n in mine
+        ]
+        sheet = base64.b64encode(shard_io.shard_sheet(run.run, index, count, settings, entries))
+        keys = known_hosts_for(known, [_host_pattern(a, settings["port"]) for _, a, _ in entries])
+        size = len(sheet) + len(keys.encode()) + OBJECT_OVERHEAD
+        if size > OBJECT_LIMIT:
+            wanted = math.ceil(count * size / (OBJECT_LIMIT - OBJECT_OVERHEAD)) + 1
+            raise FleetJobRefused(
+                f"shard {index}/{count}: its ConfigMap would hold {size:,} bytes (the sheet and "
+                f"the host keys of its {len(mine)} hosts), over Kubernetes' 1 MiB limit for one "
+                f"object: run with more shards (--shards {wanted})"
+            )
+        run.sheets.append((sheet.decode(), keys))
+        run.shard_of.append(mine)
+
+
+def shard_count(run: JobRun, hosts: int) -> int:
+    assert run.cfg is not None
+    if run.count is not None:
+        return run.count
+    return run.cfg.shards or max(1, math.ceil(hosts / run.cfg.hosts_per_shard))
+
+
+def _known_hosts_text(loaded: LoadedCluster) -> str:
+    path = loaded.resolve(loaded.cluster.ssh.known_hosts)
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise FleetJobRefused(f"ssh.known_hosts: cannot read {path}: {exc.strerror}") from None
+
+
+def _host_pattern(address: str, port: int) -> str:
+    """How ssh names a host in known_hosts: the address, or [address]:port off port 22."""
+    return address if port == 22 else f"[{address}]:{port}"
+
+
+def known_hosts_for(text: str, patterns: list[str]) -> str:
+    """The lines of a known_hosts file that name one of `patterns`, plain or hashed
+    (`|1|salt|hash`, HashKnownHosts), markers (@cert-authority, @revoked) kept."""
+    wanted = set(patterns)
+    kept = []
+    for line in text.splitlines():
+        words = line.split()
+        if not words or words[0].startswith("#"):
+            continue
+        names = words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
+        if any(_names(name, wanted) for name in names.split(",")):
+            kept.append(line)
+    return "".join(f"{line}\n" for line in kept)
+
+
+def _names(name: str, wanted: set[str]) -> bool:
+    if not name.startswith("|1|"):
+        return name in wanted
+    try:
+        _, _, salt, digest = name.split("|")
+        key, expected = base64.b64decode(salt), base64.b64decode(digest)
+    except ValueError:
+        return False
+    return any(
+        hmac.compare_digest(hmac.new(key, p.encode(), hashlib.sha1).digest(), expected)
+        for p in wanted
+    )
+
+
+# -- publish, wait, collect -----------------------------------------------------------------------
+
+
+def job_manifest(run: JobRun) -> str:
+    """The Namespace, ServiceAccount, Secret, each shard's ConfigMap, the NetworkPolicy (Calico)
+    and the Job, as one YAML stream (it holds the drift key: stdin only)."""
+    from toolkit.spec import settings_of
+
+    loaded, cfg = run.loaded, run.cfg
+    assert cfg is not None
+    key = private_key(loaded.state_dir, StateAccess.existing)
+    calico = any(settings_of(loaded, n, "kubernetes").cni == "calico" for n in cfg.nodes)
+    return render_template(
+        "drift_job/fleet-job.yaml.j2",
+        cfg=cfg,
+        cluster_name=loaded.cluster.name,
+        run=run.run,
+        labels={
+            "app.kubernetes.io/name": "gpuinfra-drift",
+            "app.kubernetes.io/instance": loaded.cluster.name,
+            "gpuinfra.io/drift-run": run.run,
+        },
+        key_base64=base64.b64encode((key.strip() + "\n").encode()).decode(),
+        shards=[{"sheet": sheet, "known_hosts": keys} for sheet, keys in run.sheets],
+        tolerations=job_tolerations(loaded, cfg),
+        network_policy=calico,
+        egress=[str(loaded.cluster.networks.node)],
+        port=loaded.cluster.ssh.port,
+    )
+
+
+def publish(run: JobRun) -> None:
+    if not run.sheets:
+        return  # no host a shard could settle: the controller checks them all
+    try:
+        manifest = job_manifest(run)
+    except StateMissing as exc:
+        raise FleetJobRefused(f"{exc}: apply with drift_job.enabled first") from None
+    run.published = True  # from here on, the end deletes what this run may have made
+    run.kubectl("remove an earlier run", f"delete job {run.name} --ignore-not-found --wait=true")
+    run.kubectl("apply the Job", "apply -f -", stdin=manifest.encode())
+
+
+def wait(run: JobRun) -> None:
+    """Until the Job is Complete or Failed, or past its deadline and a margin."""
+    if not run.sheets:
+        return
+    assert run.cfg is not None
+    until = run.clock() + run.cfg.deadline_seconds + 60
+    while True:
+        text = run.kubectl("wait for the Job", f"get job {run.name} -o json")
+        try:
+            status = json.loads(text).get("status", {})
+        except ValueError:
+            raise FleetJobError(f"wait: kubectl get job {run.name} printed no JSON") from None
+        ended = {c.get("type") for c in status.get("conditions", []) if c.get("status") == "True"}
+        if ended & {"Complete", "Failed"}:
+            run.status = status
+            return
+        if run.clock() > until:
+            run.status = status
+            return
+        run.sleep(POLL_S)
+
+
+def collect(run: JobRun) -> None:
+    """Each index's report from its succeeded pod's log, taken only when its sha256, run, shard
+    and hosts are the termination message's and the sheet's; an index without one is named."""
+    if not run.sheets:
+        return
+    text = run.kubectl("list the Job's pods", f"get pods -l job-name={run.name} -o json")
+    try:
+        pods = json.loads(text).get("items", [])
+    except ValueError:
+        raise FleetJobError(f"collect: kubectl get pods of {run.name} printed no JSON") from None
+    count = len(run.sheets)
+    by_index: dict[int, list[dict]] = {}
+    for pod in pods:
+        index = pod.get("metadata", {}).get("annotations", {}).get(INDEX_ANNOTATION, "")
+        if index.isdigit():
+            by_index.setdefault(int(index), []).append(pod)
+    for index in range(count):
+        found = _shard_report(run, index, count, by_index.get(index, []))
+        if isinstance(found, str):
+            for name in run.shard_of[index]:
+                run.failed[name] = HostReport(name, HostStatus.failed, error=found)
+            continue
+        for name, status, reason, seconds in found["hosts"]:
+            run.answered[name] = shard_io.ShardHost(name, status, reason, seconds)
+
+
+def _shard_report(run: JobRun, index: int, count: int, pods: list[dict]) -> dict | str:
+    """The index's report, or why it has none (the text the report's failed hosts carry)."""
+    label = f"shard {index}/{count}"
+    succeeded = [p for p in pods if p.get("status", {}).get("phase") == "Succeeded"]
+    if not succeeded:
+        history = "; ".join(_pod_story(pod) for pod in pods) or "no pod ran"
+        return f"{label} did not report: {history}{_index_end(run, index)}"
+    pod = succeeded[-1]
+    name = pod["metadata"]["name"]
+    logs = run.runner(
+        run.loaded,
+        run.control_plane,
+        f"{KUBECTL} -n {shlex.quote(run.namespace)} logs {shlex.quote(name)} -c drift",
+        timeout=120,
+    )
+    if not logs.ok:
+        raise FleetJobError(
+            f"collect: kubectl logs of {label} (pod {name}) on {run.control_plane} failed: "
+            f"{logs.tail(300)}"
+        )
+    lines = [line for line in logs.stdout.splitlines() if line.strip()]
+    line = lines[-1].strip().encode() if lines else b""
+    message = _termination_message(pod)
+    try:
+        said = json.loads(message)
+    except ValueError:
+        return f"{label} did not report: pod {name} left no termination message"
+    if said.get("sha256") != hashlib.sha256(line).hexdigest():
+        return f"{label}: report refused: its log's sha256 is not the one pod {name} ended with"
+    try:
+        report = shard_io.read_report(line)
+    except ValueError as exc:
+        return f"{label}: report refused: {exc}"
+    expected = run.shard_of[index]
+    if (report.get("run"), report.get("shard"), report.get("count")) != (run.run, index, count):
+        return f"{label}: report refused: another run's or shard's (pod {name})"
+    if [entry[0] for entry in report.get("hosts", [])] != expected:
+        return f"{label}: report refused: its hosts are not its sheet's (pod {name})"
+    return report
+
+
+def _termination_message(pod: dict) -> str:
+    for status in pod.get("status", {}).get("containerStatuses", []):
+        if status.get("name") == "drift":
+            return status.get("state", {}).get("terminated", {}).get("message", "")
+    return ""
+
+
+def _pod_story(pod: dict) -> str:
+    name = pod.get("metadata", {}).get("name", "?")
+    status = pod.get("status", {})
+    conditions = {c.get("type"): c for c in status.get("conditions", [])}
+    if conditions.get("DisruptionTarget", {}).get("status") == "True":
+        why = conditions["DisruptionTarget"].get("reason", "disrupted")
+        return f"pod {name} {why} (DisruptionTarget, not counted)"
+    for container in status.get("containerStatuses", []):
+        ended = container.get("state", {}).get("terminated")
+        if ended:
+            return f"pod {name} exit {ended.get('exitCode')} {ended.get('reason', '')}".rstrip()
+    return f"pod {name} {status.get('phase', 'unknown').lower()}"
+
+
+def _index_end(run: JobRun, index: int) -> str:
+    failed = run.status.get("failedIndexes", "")
+    if str(index) in failed.split(","):
+        return "; index failed after its retries"
+    if not {c.get("type") for c in run.status.get("conditions", [])} & {"Complete", "Failed"}:
+        return "; the Job did not end before its deadline"
+    return ""
+
+
+# -- exact, merge, delete ------------------------------------------------------------------------
+
+
+def exact(run: JobRun) -> None:
+    """The hosts no shard settled, checked operation by operation with the operator's key."""
+    from engine.clusterstate import require_state
+
+    for name, answer in run.answered.items():
+        if answer.status != shard_io.MATCHED:
+            run.exact[name] = f"{answer.status} in its shard ({answer.reason})"
+    rest = [name for name in run.hosts if name in run.exact]
+    if rest:
+        loaded = require_state(run.loaded, ())
+        options = replace(run.options, limit=tuple(rest), shard=None)
+        run.exact_report = run.run_exact(loaded, options)
+    else:
+        run.exact_report = RunReport(cluster=run.loaded.cluster.name, mode=run.options.mode)
+
+
+def merge(run: JobRun) -> None:
+    """One report as local drift makes it: a matched host's from its record (as
+    fingerprint.check `_matched` builds it), the others' from the exact check or the silence
+    of their shard."""
+    from engine.fingerprint import FastCheck
+
+    fast = FastCheck(started=run.started)
+    for name, answer in run.answered.items():
+        if answer.status == shard_io.MATCHED:
+            record = run.records[name]
+            fast.reports[name] = HostReport(
+                name,
+                HostStatus.ok,
+                operations=[OperationResult(role, op, False) for role, op in record.operations],
+                seconds=answer.seconds,
+                reboot_required=record.reboot_required,
+                notes=list(record.notes),
+            )
+    fast.reports.update(run.failed)
+    fast.exact = dict(run.exact)
+    fast.seconds = run.clock() - run.started
+    assert run.exact_report is not None
+    report = merged_report(
+        run.loaded.cluster.name, run.hosts, run.notes, fast, run.exact_report, run.started
+    )
+    settled = sum(1 for a in run.answered.values() if a.status == shard_io.MATCHED)
+    report.notes.insert(
+        len(run.notes),
+        f"drift --job: {len(run.sheets)} shard(s) settled {settled} of {len(run.hosts)} hosts; "
+        f"{len(run.exact)} checked by the controller, {len(run.failed)} in shards that did "
+        "not report",
+    )
+    run.report = report
+
+
+def delete(run: JobRun) -> None:
+    """The run's Job, ConfigMaps, Secret and NetworkPolicy (the namespace and its service
+    account stay for the next run). A failure here is a note, not the run's result."""
+    selector = f"{JOB_LABEL},app.kubernetes.io/instance={run.loaded.cluster.name}"
+    try:
+        run.kubectl(
+            "delete the Job",
+            f"delete job,configmap,secret,networkpolicy -l {selector} --ignore-not-found",
+        )
+    except FleetJobError as exc:
+        note = f"{exc}; delete them by hand: kubectl -n {run.namespace} delete ... -l {selector}"
+        if run.report is not None:
+            run.report.notes.append(note)
+        else:
+            run.notes.append(note)

@@ -446,9 +446,10 @@ def shrink(lab, members: list[str]) -> None:
 def test_one_member_with_a_full_data_disk(converged):
     """Fault suite: etcd-3's data disk (512 MiB) filled to the last block, then 80 MiB written
     through the cluster so every member needs new space. Writes go on (two of three members
-    hold the quorum; a request caught on etcd-3 as it crashes is tried again) and `etcd status` names etcd-3 and why (exit 5, degraded). Before the
-    fault, the same status reports etcd-3 healthy (positive control). Recovery, as documented:
-    `etcd replace etcd-3 --discard-old-data` (etcd's own repair leaves its disk full)."""
+    hold the quorum; a request caught on etcd-3 as it crashes is tried again) and `etcd
+    status` names etcd-3 and why (exit 5, degraded). Before the fault, the same status reports
+    etcd-3 healthy (positive control). Recovery, as documented: `etcd replace etcd-3
+    --discard-old-data` (etcd's own repair leaves its disk full)."""
     lab = converged
     wait_healthy(lab)
     shrink(lab, MEMBERS)

@@ -386,8 +386,10 @@ def proxy_base(mirror: rootfs.Mirror) -> Path:
 
 
 def _debian_base(name: str, packages: tuple[str, ...], mirror: rootfs.Mirror) -> Path:
-    """A layer of a minimal Debian 13 root with these packages, built once per machine."""
-    layer = BASE_DIR / f"{name}-{rootfs.SUITE}.tar"
+    """A layer of a minimal Debian 13 root with these packages, built once per machine and
+    package list (the list is in its name: a package added is a new layer, not the old one)."""
+    listed = hashlib.sha256(" ".join(sorted(packages)).encode()).hexdigest()[:12]
+    layer = BASE_DIR / f"{name}-{rootfs.SUITE}-{listed}.tar"
     if layer.is_file():
         return layer
     BASE_DIR.mkdir(parents=True, exist_ok=True)
@@ -566,13 +568,15 @@ def publish_gpuinfra(kubernetes: gobuild.GoModule, mirror: rootfs.Mirror) -> str
         "kubectl", {"usr/local/bin/kubectl": kubernetes.binary("kubectl")}
     )
     base = _debian_base("gpuinfra-base", GPUINFRA_BASE_PACKAGES, mirror)
-    # One tag per code and kubectl: each Kubernetes build publishes its own, never overwriting
-    # another's.
-    tag_digest = hashlib.sha256(f"{code_digest}-{kubectl_digest}".encode()).hexdigest()
+    # One tag per base, code and kubectl: each Kubernetes build publishes its own, never
+    # overwriting another's, and a base with other packages is another image.
+    made_of = f"{base.stem}-{code_digest}-{kubectl_digest}"
+    tag_digest = hashlib.sha256(made_of.encode()).hexdigest()
     tag = f"{metadata.version('gpuinfra')}-{tag_digest[:12]}"
     _push_image(
         GPUINFRA, tag, [base, deps_layer, kubectl, code_layer], "/usr/local/bin/gpuinfra",
-        label=f"{deps_key}-{kubectl_digest}-{code_digest}", env=(f"PYTHONPATH=/{GPUINFRA_LIB}",),
+        label=f"{base.stem}-{deps_key}-{kubectl_digest}-{code_digest}",
+        env=(f"PYTHONPATH=/{GPUINFRA_LIB}",),
     )  # fmt: skip
     return f"{GPUINFRA}:{tag}"
 

@@ -385,10 +385,17 @@ def proxy_base(mirror: rootfs.Mirror) -> Path:
     return _debian_base("kube-proxy-base", PROXY_BASE_PACKAGES, mirror)
 
 
-def _debian_base(name: str, packages: tuple[str, ...], mirror: rootfs.Mirror) -> Path:
-    """A layer of a minimal Debian 13 root with these packages, built once per machine and
-    package list (the list is in its name: a package added is a new layer, not the old one)."""
-    listed = hashlib.sha256(" ".join(sorted(packages)).encode()).hexdigest()[:12]
+def _debian_base(
+    name: str,
+    packages: tuple[str, ...],
+    mirror: rootfs.Mirror,
+    accounts: tuple[tuple[str, int], ...] = (),
+) -> Path:
+    """A layer of a minimal Debian 13 root with these packages and accounts (name, uid, a
+    group of the same number, no login), built once per machine and list (the lists are in
+    its name: a package added is a new layer, not the old one)."""
+    what = " ".join(sorted(packages)) + "".join(f" {user}:{uid}" for user, uid in accounts)
+    listed = hashlib.sha256(what.encode()).hexdigest()[:12]
     layer = BASE_DIR / f"{name}-{rootfs.SUITE}-{listed}.tar"
     if layer.is_file():
         return layer
@@ -398,6 +405,11 @@ def _debian_base(name: str, packages: tuple[str, ...], mirror: rootfs.Mirror) ->
     build.mkdir()
     try:
         rootfs.debootstrap(build, mirror, rootfs.SUITE, packages)
+        for user, uid in accounts:
+            with open(build / "etc/passwd", "a") as passwd:
+                passwd.write(f"{user}:x:{uid}:{uid}:{user}:/nonexistent:/usr/sbin/nologin\n")
+            with open(build / "etc/group", "a") as group:
+                group.write(f"{user}:x:{uid}:\n")
         for bulky in ("usr/share/doc", "usr/share/man", "usr/share/locale", "var/cache/apt"):
             shutil.rmtree(build / bulky, ignore_errors=True)
         staged = layer.with_name(f".{layer.name}.new")
@@ -454,6 +466,9 @@ def pause_tag(kubernetes: gobuild.GoModule) -> str:
 GPUINFRA = "gpuinfra/gpuinfra"
 # openssh-client: the drift Job's shards probe hosts over ssh (docs/fleet-jobs.md).
 GPUINFRA_BASE_PACKAGES = ("python3", "openssh-client")  # Debian 13: Python 3.13
+# The drift Job's pods run as uid 65532 (templates/drift_job/fleet-job.yaml.j2), and OpenSSH's
+# client refuses to start for a uid without a passwd entry ("No user exists for uid").
+GPUINFRA_ACCOUNTS = (("nonroot", 65532),)
 GPUINFRA_PYTHON = "3.13"
 GPUINFRA_LIB = "opt/gpuinfra/lib"
 # Not in the image: rendering's offline schemas (108 MB), Ansible inventory import and testinfra
@@ -567,7 +582,7 @@ def publish_gpuinfra(kubernetes: gobuild.GoModule, mirror: rootfs.Mirror) -> str
     kubectl, kubectl_digest = _layer_file(
         "kubectl", {"usr/local/bin/kubectl": kubernetes.binary("kubectl")}
     )
-    base = _debian_base("gpuinfra-base", GPUINFRA_BASE_PACKAGES, mirror)
+    base = _debian_base("gpuinfra-base", GPUINFRA_BASE_PACKAGES, mirror, GPUINFRA_ACCOUNTS)
     # One tag per base, code and kubectl: each Kubernetes build publishes its own, never
     # overwriting another's, and a base with other packages is another image.
     made_of = f"{base.stem}-{code_digest}-{kubectl_digest}"

@@ -7,6 +7,7 @@ what is under test is the cache's key, not Debian."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,9 @@ def builds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, .
     def debootstrap(root: Path, mirror, suite: str, packages: tuple[str, ...]) -> None:
         made.append(tuple(packages))
         (root / "packages").write_text(" ".join(packages))
+        (root / "etc").mkdir()
+        (root / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/bash\n")
+        (root / "etc/group").write_text("root:x:0:\n")
 
     monkeypatch.setattr(offline, "BASE_DIR", tmp_path / "images")
     monkeypatch.setattr(rootfs, "debootstrap", debootstrap)
@@ -34,3 +38,17 @@ def test_a_base_is_built_once_per_package_list(builds) -> None:
     wider = offline._debian_base("gpuinfra-base", ("python3", "openssh-client"), None)
     assert wider != first and builds == [("python3",), ("python3", "openssh-client")]
     assert first.is_file() and wider.is_file()
+
+
+def test_an_account_is_in_the_base_and_in_its_key(builds, tmp_path: Path) -> None:
+    """The drift Job's pods run as uid 65532: ssh needs it in /etc/passwd."""
+    plain = offline._debian_base("gpuinfra-base", ("openssh-client",), None)
+    base = offline._debian_base("gpuinfra-base", ("openssh-client",), None, (("nonroot", 65532),))
+    assert base != plain
+    root = tmp_path / "root"
+    root.mkdir()
+    subprocess.run(["tar", "-C", str(root), "-xf", str(base)], check=True)
+    passwd = (root / "etc/passwd").read_text().splitlines()
+    assert passwd[0].startswith("root:") and passwd[-1].startswith("nonroot:x:65532:65532:")
+    assert (root / "etc/group").read_text().splitlines()[-1] == "nonroot:x:65532:"
+    assert offline.GPUINFRA_ACCOUNTS == (("nonroot", 65532),)

@@ -20,6 +20,7 @@ import json
 import os
 import resource
 import shutil
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,19 @@ RUN_DIR = "/run/gpuinfra"  # a memory emptyDir: ssh refuses a key its group may 
 TERMINATION_LOG = "/dev/termination-log"
 
 MATCHED, UNSETTLED, SSH = "matched", "unsettled", "ssh"
+# A shard stopped before it reported (its pod deleted, evicted or drained): the exit code a
+# shell gives a process ended by SIGTERM, so the Job counts the pod failed and starts the shard
+# again. The pod's process is its PID 1, which the kernel spares a SIGTERM it has no handler for:
+# without one the shard would finish, report and succeed after its pod was deleted.
+TERMINATED = 128 + signal.SIGTERM
+
+
+class Terminated(Exception):
+    """SIGTERM arrived before the shard reported."""
+
+
+def _terminated(signum, frame) -> None:
+    raise Terminated
 
 
 class ShardInputError(Exception):
@@ -188,7 +202,7 @@ def run_shard(
     termination: Path = Path(TERMINATION_LOG),
 ) -> int:
     """Ask every host of shard `index`; 0 when it reported (whatever the hosts answered),
-    2 when its input is bad."""
+    2 when its input is bad, TERMINATED when stopped before it reported."""
     try:
         sheet = read_sheet(folder, index)
         key = private_key_copy(key_source, run_dir)
@@ -197,10 +211,20 @@ def run_shard(
         return 2
     known_hosts = str(folder / shard_folder(index) / KNOWN_HOSTS)
     asking = Asking("gpuinfra-drift-job", int(sheet["parallel"]))
-    for entry in sheet["hosts"]:
-        asking.send(entry["name"], shard_argv(sheet, str(key), known_hosts, entry["address"]), [])
-    asking.go()
-    hosts = [judged(entry, asking.answer(entry["name"])) for entry in sheet["hosts"]]
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        for entry in sheet["hosts"]:
+            argv = shard_argv(sheet, str(key), known_hosts, entry["address"])
+            asking.send(entry["name"], argv, [])
+        asking.go()
+        hosts = [judged(entry, asking.answer(entry["name"])) for entry in sheet["hosts"]]
+    except Terminated:
+        asking.cancel()
+        print("error: stopped (SIGTERM) before reporting: the Job starts this shard again",
+              file=sys.stderr)  # fmt: skip
+        return TERMINATED
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     line = report_line(sheet["run"], index, sheet["count"], hosts, _usage())
     out = stdout if stdout is not None else sys.stdout.buffer
     out.write(line + b"\n")

@@ -73,15 +73,18 @@ def statuses(report: dict) -> dict[str, str]:
     return {name: host["status"] for name, host in report["hosts"].items()}
 
 
-def pod_ssh(cluster: Cluster, node: str, target: str, *args: str) -> subprocess.CompletedProcess:
-    """ssh from a throwaway pod on `node` with the drift key, as a shard connects. The key goes
-    in the pod's manifest on kubectl's stdin, never on a command line."""
+def pod_ssh(
+    cluster: Cluster, node: str, target: str, *options: str, command: str = ""
+) -> subprocess.CompletedProcess:
+    """ssh from a throwaway pod on `node` with the drift key, as a shard connects, with these
+    options and remote command. The key goes in the pod's manifest on kubectl's stdin, never
+    on a command line."""
     image = yaml.safe_load(cluster.inventory.read_text())["group_vars"]["all"]["drift_job"]["image"]
     key = (cluster.inventory.parent / ".state" / "drift" / "id_ed25519").read_text()
     script = (
         'umask 077; mkdir -p /tmp/k; printf "%s" "$KEY" > /tmp/k/id; '
         "ssh -F /dev/null -T -i /tmp/k/id -o BatchMode=yes -o StrictHostKeyChecking=no "
-        f"-o UserKnownHostsFile=/dev/null {' '.join(args)} gpuinfra-drift@{target}"
+        f"-o UserKnownHostsFile=/dev/null {' '.join(options)} gpuinfra-drift@{target} {command}"
     )
     name = f"drift-ssh-{time.monotonic_ns() % 1000000}"
     cluster.kubectl("create", "namespace", NAMESPACE, check=False)  # made by drift --job too
@@ -193,7 +196,10 @@ def test_a_deleted_pod_is_retried_and_the_report_is_complete(cluster):
     output, _ = job.communicate(timeout=900)
     report = json.loads(output)
     assert set(report["hosts"]) == set(loaded.cluster.hosts)
-    assert job.returncode == ExitCode.OK, output[-2000:]
+    errors = {
+        name: host.get("error") for name, host in report["hosts"].items() if host.get("error")
+    }
+    assert job.returncode == ExitCode.OK, (report["notes"], errors)
 
 
 def test_evicting_a_shard_does_not_count_against_its_retries(cluster):
@@ -240,14 +246,17 @@ def test_evicting_a_shard_does_not_count_against_its_retries(cluster):
 
 
 def test_from_a_pod_the_key_runs_the_probe_and_nothing_else(cluster):
-    answer = pod_ssh(cluster, NODE, cluster.lab.address("etcd-1"), "id")
+    answer = pod_ssh(cluster, NODE, cluster.lab.address("etcd-1"), command="id")
     assert answer.returncode == 0, answer.stderr
     assert "gpuinfra-drift-probe-begin" in answer.stdout  # the probe, not `id`
     assert "uid=" not in answer.stdout
+    # A remote forward is asked for at login (a local one only when used): refused, ssh exits.
     forwarded = pod_ssh(
-        cluster, NODE, cluster.lab.address("etcd-1"), "-N", "-L", "1234:127.0.0.1:22"
-    )
-    assert forwarded.returncode != 0 or "refused" in forwarded.stderr.lower()
+        cluster, NODE, cluster.lab.address("etcd-1"),
+        "-N", "-o", "ExitOnForwardFailure=yes", "-R", "1234:127.0.0.1:22",
+    )  # fmt: skip
+    assert forwarded.returncode == 255, forwarded.stderr
+    assert "forwarding failed" in forwarded.stderr, forwarded.stderr
 
 
 def test_the_key_is_refused_from_other_pods_and_from_the_controller(cluster):

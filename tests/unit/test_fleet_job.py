@@ -8,6 +8,8 @@ import base64
 import gzip
 import hashlib
 import json
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ from roles.drift_job.role import fleet_config
 from toolkit import driftprobe
 from toolkit.remote import RemoteResult
 
+REPO = Path(__file__).resolve().parents[2]
 STAT = "user=root group=root mode=-rw-r--r-- atime=1 mtime=2 ctime=3 size=4 '/etc/hosts'"
 ANSWER = f"{driftprobe.BEGIN}\n{STAT}\n"
 DIGEST = driftprobe.answer_digest(ANSWER.encode())
@@ -547,3 +550,43 @@ def test_the_pods_may_reach_ssh_on_the_node_network_only(loaded):
         {"to": [{"ipBlock": {"cidr": "10.0.0.0/24"}}], "ports": [{"protocol": "TCP", "port": 22}]}
     ]
     assert "ingress" not in policy and policy["policyTypes"] == ["Ingress", "Egress"]
+
+
+STOPPED_SHARD = """
+import os, signal, sys, time
+from pathlib import Path
+from engine import fleetshard
+
+class Stopped:
+    def __init__(self, marker, parallel):
+        pass
+    def send(self, name, argv, commands):
+        pass
+    def go(self):  # the pod deleted while the shard waits on a host
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)
+    def answer(self, name):
+        raise AssertionError("answered after SIGTERM")
+    def cancel(self):
+        print("cancelled", file=sys.stderr)
+
+fleetshard.Asking = Stopped
+folder = Path(sys.argv[1])
+sys.exit(fleetshard.run_shard(0, folder / "data", folder / "key", folder / "run",
+                              termination=folder / "termination-log"))
+"""
+
+
+def test_a_shard_stopped_before_it_reports_exits_as_terminated(tmp_path):
+    """A deleted pod's shard must fail, not finish and succeed: the Job then starts it again
+    (tests/integration/test_drift_job.py saw it succeed, so no index was retried). In a process
+    of its own: the unit suite's gevent patching would take the signal from it."""
+    write_shard(tmp_path / "data")
+    (tmp_path / "key").write_text("PRIVATE")
+    stopped = subprocess.run(
+        [sys.executable, "-c", STOPPED_SHARD, str(tmp_path)],
+        capture_output=True, text=True, timeout=60, cwd=REPO,
+    )  # fmt: skip
+    assert stopped.returncode == shard_io.TERMINATED == 143, stopped.stderr
+    assert stopped.stdout == "" and not (tmp_path / "termination-log").exists()
+    assert "cancelled" in stopped.stderr and "SIGTERM" in stopped.stderr

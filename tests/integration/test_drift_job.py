@@ -159,7 +159,7 @@ def test_job_equals_local_drift(cluster):
 def test_an_edit_on_a_host_outside_the_pod_network_is_found_both_ways(cluster):
     """dns-1 is no Kubernetes node: its answer reaches the pod only through the masquerade."""
     path = "/etc/bind/named.conf.options"
-    cluster.lab.ssh("dns-1", f"cp {path} /root/named.options.bak && echo '# edit' >> {path}")
+    cluster.lab.ssh("dns-1", f"cp -p {path} /root/named.options.bak && echo '# edit' >> {path}")
     try:
         local_code, local = drift(cluster)
         job_code, job = drift(cluster, "--job")
@@ -167,6 +167,8 @@ def test_an_edit_on_a_host_outside_the_pod_network_is_found_both_ways(cluster):
         assert statuses(job)["dns-1"] == statuses(local)["dns-1"] == "drift"
     finally:
         cluster.lab.ssh("dns-1", f"mv /root/named.options.bak {path}")
+    # Put back as it was (cp -p: owner, mode and times), for the tests after this one.
+    assert drift(cluster)[0] == ExitCode.OK
 
 
 def test_a_deleted_pod_is_retried_and_the_report_is_complete(cluster):

@@ -29,6 +29,7 @@ ROLE_PACKAGES: tuple[str, ...] = (
     "shared_fs",
     "gpu_health",
     "drift_job",
+    "rollout_job",
     "fleet_policy",
 )
 

@@ -21,6 +21,7 @@ from pyinfra.facts.files import FileContents
 
 from engine.context import host_contexts
 from engine.factcache import prepare_cache
+from engine.fleetgate import Gate, LocalGate
 from engine.orchestrate import batch_size, group_policies, paced_hosts, plan_steps
 from engine.registry import PHASES
 from engine.reports import (  # noqa: F401 (the report types, re-exported for callers)
@@ -64,6 +65,7 @@ KEEPALIVE_S = 5
 DEAD_PEER_S = 30
 CONNECTION_LOST = "connection lost (the host stopped answering: rebooted, powered off or cut off)"
 # errno texts that say the host itself is broken, whatever the command was.
+FAILED_STATUSES = (HostStatus.failed, HostStatus.unreachable)
 HOST_CAUSES = ("No space left on device", "Read-only file system", "Input/output error")
 
 
@@ -99,10 +101,12 @@ def run(
     options: RunOptions,
     progress: Progress | None = None,
     record: bool = False,
+    gate: Gate | None = None,
 ) -> RunReport:
     """Plan, apply or check the hosts. With `record` (apply only: it writes `.state/`), every
     host found converged gets its record for the drift fast path (engine/fingerprint/); hosts
-    the apply changed are checked again, exactly, to find them converged."""
+    the apply changed are checked again, exactly, to find them converged. `gate` decides which
+    of a step's hosts start when (a rollout shard's LedgerGate); None: the whole step."""
     started = time.monotonic()
     if record:  # the code this run has loaded, unless the command line took it before
         from engine import fingerprint
@@ -119,20 +123,37 @@ def run(
     steps = apply_steps(loaded, hosts, options)
     pacer = Pacer(options.rate) if options.rate else None
     policies = group_policies(PHASES)
+    gate = gate if gate is not None else LocalGate()
     for number, step in enumerate(steps, 1):
-        if pacer is not None:
-            groups_of = {name: loaded.cluster.hosts[name].groups for name in step}
-            for _ in range(paced_hosts(step, groups_of, policies)):
-                pacer.acquire()
-        _run_batch(
-            loaded,
-            options,
-            [contexts[h] for h in step],
-            phases,
-            report,
-            progress,
-            asked if record else None,
-        )
+        pending = list(step)
+        # A local apply's gate grants the whole step at once; a rollout shard's grants what the
+        # shared budget allows and waits for the rest (engine/fleetgate.py).
+        while pending:
+            granted = gate.acquire(pending, want=len(pending))
+            if not granted:
+                break
+            pending = [h for h in pending if h not in granted]
+            if pacer is not None:
+                groups_of = {name: loaded.cluster.hosts[name].groups for name in granted}
+                for _ in range(paced_hosts(granted, groups_of, policies)):
+                    pacer.acquire()
+            _run_batch(
+                loaded,
+                options,
+                [contexts[h] for h in granted],
+                phases,
+                report,
+                progress,
+                asked if record else None,
+            )
+            gate.release({h: report.hosts[h].status not in FAILED_STATUSES for h in granted})
+        if gate.stopped is not None:
+            report.stopped = gate.stopped
+            for name in pending + [h for later in steps[number:] for h in later]:
+                report.hosts[name] = HostReport(
+                    name, HostStatus.skipped, error="not tried: the rollout stopped before it"
+                )
+            break
         failed = len(report.with_status(HostStatus.failed, HostStatus.unreachable))
         if (
             options.fail_percent is not None

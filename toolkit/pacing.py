@@ -9,6 +9,7 @@ acquiring a slot inside the operation itself, so hosts that have nothing to do n
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 import time
@@ -96,8 +97,11 @@ class Pacer:
 _shared: dict[str, Pacer] = {}
 
 
-def shared_pacer(name: str, rate: Rate) -> Pacer:
-    """One pacer per name for the whole run: every host's operation draws from it."""
+def shared_pacer(name: str, rate: Rate) -> Pacer | SlotPacer:
+    """One pacer per name for the whole run: every host's operation draws from it (the one
+    `install_pacer` put there, in a rollout shard)."""
+    if name in _installed:
+        return _installed[name]
     pacer = _shared.get(name)
     if pacer is None or pacer.rate != rate:
         pacer = _shared[name] = Pacer(rate)
@@ -107,3 +111,91 @@ def shared_pacer(name: str, rate: Rate) -> Pacer:
 def reset_shared() -> None:
     """Forget every shared pacer (the engine calls this when a run starts)."""
     _shared.clear()
+
+
+class SlotPacer:
+    """A join rate shared by `count` shards that never talk to each other: time is cut into
+    slots of `rate.seconds / rate.hosts` (wall clock: chrony runs on every node), and shard
+    `index` starts a join only in slots where `floor(t / slot) % count == index`, at most one
+    per slot. Fleet-wide that is at most one start per slot, so no window of `rate.seconds`
+    holds more than `rate.hosts` starts, however many shards there are; a static share
+    `Rate(hosts, seconds * count)` per shard cannot promise that (docs/design/fleet-jobs.md
+    section 5).
+
+    `slow_down` (the API answered 429 or 5xx) skips the shard's next 2^k slots, k counting the
+    push-backs since the last healthy answer; `recover` resets k. A shard that wakes later than
+    `LATE` of a slot into it waits for its next slot: a start stays near its slot's beginning.
+    Same interface as `Pacer`, so the kubernetes role's join draws from either."""
+
+    LATE = 0.5  # of a slot
+    MAX_BACKOFF = 6  # 2^6 = 64 of the shard's slots: past that, a person looks at the API
+
+    def __init__(
+        self,
+        rate: Rate,
+        index: int,
+        count: int,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] | None = None,
+    ):
+        if not 0 <= index < count:
+            raise ValueError(f"shard {index} of {count}: the index must be below the count")
+        self.rate = rate
+        self.index = index
+        self.count = count
+        self.slot = rate.seconds / rate.hosts
+        self.backoff = 0  # k: push-backs since the last healthy answer
+        self._clock = clock
+        self._sleep = sleep
+        self._last: int | None = None  # the slot of this shard's last start
+        self._not_before: int | None = None  # the first slot a backoff allows
+        self._lock = threading.Lock()
+
+    def owns(self, number: int) -> bool:
+        return number % self.count == self.index
+
+    def next_slot(self, now: float) -> int:
+        """The first slot this shard may start in at or after `now` (maybe the current one)."""
+        number = math.floor(now / self.slot)
+        if now - number * self.slot > self.slot * self.LATE:
+            number += 1  # too far into this slot to start in it
+        if self._last is not None:
+            number = max(number, self._last + 1)
+        if self._not_before is not None:
+            number = max(number, self._not_before)
+        return number + (self.index - number) % self.count
+
+    def acquire(self) -> float:
+        """Wait for this shard's next free slot; returns the seconds waited."""
+        waited = 0.0
+        with self._lock:
+            while True:
+                now = self._clock()
+                number = self.next_slot(now)
+                start = number * self.slot
+                if start <= now:  # inside the slot, not too late (next_slot checked)
+                    self._last = number
+                    return waited
+                (self._sleep or time.sleep)(start - now)
+                waited += start - now
+
+    def slow_down(self) -> None:
+        """A 429 or 5xx: skip this shard's next 2^k slots."""
+        self.backoff = min(self.backoff + 1, self.MAX_BACKOFF)
+        after = self._last if self._last is not None else math.floor(self._clock() / self.slot)
+        self._not_before = after + 1 + self.count * 2**self.backoff
+
+    def recover(self) -> None:
+        self.backoff = 0
+
+
+_installed: dict[str, Pacer | SlotPacer] = {}
+
+
+def install_pacer(name: str, pacer: Pacer | SlotPacer | None) -> None:
+    """Make `shared_pacer(name, ...)` return `pacer` whatever rate it is asked for (a rollout
+    shard's SlotPacer for the joins), until installed again with None. Survives reset_shared."""
+    if pacer is None:
+        _installed.pop(name, None)
+    else:
+        _installed[name] = pacer

@@ -12,6 +12,7 @@ removed after the join.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shlex
@@ -47,7 +48,7 @@ from toolkit import record
 from toolkit.aptkeys import KeyFingerprints, fetch_key_commands
 from toolkit.facts import HeldPackages
 from toolkit.operations import report_note, wait_for
-from toolkit.pacing import Pacer, Rate, shared_pacer
+from toolkit.pacing import Pacer, Rate, SlotPacer, shared_pacer
 
 PACKAGES = ("kubeadm", "kubelet", "kubectl")
 JOIN_PACER = "kubernetes-join"
@@ -358,9 +359,34 @@ def _run_on_first(state, first_name: str, command: str, what: str) -> str:
     raise JoinFailed(f"{first_name} could not create the {what}: {redact(detail, None)}")
 
 
+# In a rollout Job's pod: the path of the mounted Secret `gpuinfra-rollout-join`, holding the
+# token the controller minted on cp-1 (`{"token": ..., "ca_cert_hash": ...}`); the pod cannot
+# reach cp-1's kubeadm, and gets no certificate key (workers only).
+JOIN_SECRETS_ENV = "GPUINFRA_JOIN_SECRETS"
+
+
+def preset_join_secrets() -> JoinSecrets | None:
+    """The token handed to a rollout pod (JOIN_SECRETS_ENV), or None outside one."""
+    path = os.environ.get(JOIN_SECRETS_ENV)
+    if not path:
+        return None
+    try:
+        found = json.loads(Path(path).read_text())
+        return JoinSecrets(str(found["token"]), str(found["ca_cert_hash"]))
+    except (OSError, ValueError, KeyError) as exc:
+        # The file's name and the kind of fault, never its content.
+        raise JoinFailed(f"{JOIN_SECRETS_ENV}={path}: unreadable ({type(exc).__name__})") from None
+
+
 def join_secrets(state, first_name: str, control_plane: bool, token_ttl: str) -> JoinSecrets:
     """One short-lived token (and, for control-plane joins, one fresh certificate key) per run,
-    made on the first control-plane node when the first node of the run needs it."""
+    made on the first control-plane node when the first node of the run needs it; in a rollout
+    pod, the token the controller made (workers only)."""
+    preset = preset_join_secrets()
+    if preset is not None:
+        if control_plane:
+            raise JoinFailed("a rollout Job joins workers only: no control-plane join here")
+        return preset
     with _secrets_lock:
         secrets: JoinSecrets | None = getattr(state, "_gpuinfra_kube_join", None)
         if secrets is None:
@@ -434,7 +460,9 @@ def run_join(
 ) -> bool:
     """Fill the join file into a 0700 directory, validate it, join, remove it. Workers take a
     slot of the run's shared pacer first, and slow it down when the API pushes back."""
-    pacer: Pacer | None = shared_pacer(JOIN_PACER, Rate.parse(pacer_rate)) if pacer_rate else None
+    pacer: Pacer | SlotPacer | None = (
+        shared_pacer(JOIN_PACER, Rate.parse(pacer_rate)) if pacer_rate else None
+    )
     secrets: JoinSecrets | None = None
     path = f"{SECRET_DIR}/kubeadm-join.yaml"
     detail = ""

@@ -1,0 +1,21 @@
+"""The rollout_job role's deploy: the keys file, then the sshd Match (checked before it is
+live) and a reload. Nothing while the Job is not enabled."""
+
+from __future__ import annotations
+
+from pyinfra.api import deploy
+
+from roles.rollout_job.files import SSHD_DROPIN, managed_files
+from roles.rollout_job.role import fleet_config
+from toolkit.operations import put_file, restart_if_running
+from toolkit.spec import HostContext
+
+
+@deploy("Rollout job")
+def apply(ctx: HostContext) -> None:
+    if not fleet_config(ctx.loaded).enabled:
+        return
+    written = {f.path: put_file(f) for f in managed_files(ctx)}
+    restart_if_running(
+        name="Reload sshd", unit="ssh", reload=True, _if=written[SSHD_DROPIN].did_change
+    )

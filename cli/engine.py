@@ -86,12 +86,32 @@ def apply(
         ),
     ] = False,
     break_lock: BreakLockOpt = False,
+    job: Annotated[
+        bool,
+        typer.Option(
+            "--job",
+            help="Roll the workers out from a Kubernetes Job in the cluster "
+            "(rollout_job.enabled; batch-policy groups only; docs/fleet-jobs.md).",
+        ),
+    ] = False,
+    shards: Annotated[
+        int | None,
+        typer.Option(
+            "--shards", min=1, help="With --job: the number of pods [default: inventory]."
+        ),
+    ] = None,
+    job_shard: Annotated[bool, typer.Option("--job-shard", hidden=True)] = False,
 ) -> None:
     """Converge hosts to the inventory, with per-phase and per-host timings.
 
-    Holds the cluster's lock while it runs (exit 8 when another apply has it), and refuses
-    (exit 2) when the etcd members trust another CA than the controller's .state/."""
+    Holds the cluster's lock while it runs (exit 8 when another apply has it, or while a
+    rollout Job runs), and refuses (exit 2) when the etcd members trust another CA than the
+    controller's .state/."""
     connecting()
+    if job_shard:  # a rollout Job's pod (engine/rolloutshard.py): its settings beside CLUSTER
+        from engine.rolloutshard import main
+
+        raise typer.Exit(main(Path(cluster)))
     from engine.context import load
     from engine.reports import Mode
     from toolkit.pacing import Rate
@@ -109,11 +129,17 @@ def apply(
             fail_percent,
             rate=Rate.parse(rate) if rate is not None else None,
         )
+        if shards is not None and not job:
+            raise UserError("--shards: only with --job")
+        rollout = _rollout_job(loaded, options, shards, reboot) if job else None
     # Lock and CA check before asking: whoever confirms knows no other apply is running.
     with changing(loaded, break_lock=break_lock) as loaded:
         if not yes and not typer.confirm("Apply changes to the hosts?", default=False, err=True):
             raise typer.Exit(ExitCode.OK)
-        report = _run(loaded, options, output, record=True)
+        if rollout is not None:
+            report = _run_rollout(rollout, loaded)
+        else:
+            report = _run(loaded, options, output, record=True)
         if reboot:
             _reboot(cluster, report, batch)
     write_reports(report, report_path, junit)
@@ -285,6 +311,37 @@ def _drift_job(loaded, options, output, shards: int | None, exact: bool):
         except FleetJobRefused as exc:
             raise UserError(str(exc)) from None
         except FleetJobError as exc:
+            raise UserError(str(exc), ExitCode.ERROR) from None
+
+
+def _rollout_job(loaded, options, shards: int | None, reboot: bool):
+    """apply --job's refusals (exit 2), before the lock: day2/rolloutjob.py `check_options`."""
+    from day2.rolloutjob import Rollout, RolloutRefused, check_options
+
+    if reboot or options.batch or options.rate:
+        raise UserError(
+            "--job: no --reboot, --batch or --rate (the budget is rollout_job.budget, the join "
+            "rate kubernetes.join_rate)"
+        )
+    rollout = Rollout(loaded, options, count=shards)
+    try:
+        check_options(rollout)
+    except RolloutRefused as exc:
+        raise UserError(str(exc)) from None
+    return rollout
+
+
+def _run_rollout(rollout, loaded):
+    """The Job's flow, holding the apply lock all along (its ledger locks the cluster inside)."""
+    from day2.rolloutjob import RolloutError, RolloutRefused, fleet_rollout
+
+    rollout.loaded = loaded
+    with reporting():
+        try:
+            return fleet_rollout(rollout)
+        except RolloutRefused as exc:
+            raise UserError(str(exc)) from None
+        except RolloutError as exc:
             raise UserError(str(exc), ExitCode.ERROR) from None
 
 

@@ -92,6 +92,8 @@ def changing(loaded, *, break_lock: bool = False) -> Iterator:
                 loaded, lock = held.enter_context(applying(loaded, break_lock=break_lock))
             except PreApplyRefused as exc:
                 raise UserError(str(exc)) from None
+        for note in lock.notes:
+            stderr.print(f"note: {note}", markup=False)
         if lock.taken_over:
             stderr.print(
                 f"note: took over the cluster lock left by {lock.taken_over.describe()}",

@@ -180,3 +180,28 @@ DRIFT_JOB = Flow(
         Step("merge", "one report, as local drift makes it", f"{_JOB}:merge"),
     ),
 )
+
+_ROLLOUT = "day2.rolloutjob"
+
+ROLLOUT_JOB = Flow(
+    "apply --job",
+    (
+        Step("shards", "the workers selected, split into shards", f"{_ROLLOUT}:make_shards"),
+        Step(
+            "token",
+            "a join token on the first control-plane node, with a TTL past the deadline",
+            f"{_ROLLOUT}:mint_token",
+        ),
+        Step(
+            "publish",
+            "the ledger, the shards' progress, the key's and token's Secrets and the Job",
+            f"{_ROLLOUT}:publish",
+        ),
+        Step(
+            "wait",
+            "until the Job is Complete or Failed, renewing the ledger's heartbeat",
+            f"{_ROLLOUT}:wait",
+        ),
+        Step("collect", "each shard's progress and the ledger: one report", f"{_ROLLOUT}:collect"),
+    ),
+)

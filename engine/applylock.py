@@ -29,7 +29,7 @@ import socket
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 LOCK_FILE = "apply.lock"
@@ -95,6 +95,7 @@ class HeldLock:
     path: Path
     holder: LockHolder
     taken_over: LockHolder | None = None  # the record a crashed apply left, now replaced
+    notes: list[str] = field(default_factory=list)  # what taking it did (a rollout stopped)
 
 
 def this_process(command: str | None = None) -> LockHolder:

@@ -53,6 +53,7 @@ def applying(
     fresh = not loaded.state_dir.exists()
     try:
         with apply_lock(loaded.state_dir, command, break_lock=break_lock) as held:
+            _check_rollout_job(loaded, held, break_lock)
             run_pre_apply_checks(loaded)
             yield loaded.with_state_access(StateAccess.create), held
     except PreApplyRefused:
@@ -61,6 +62,20 @@ def applying(
             with contextlib.suppress(OSError):
                 loaded.state_dir.rmdir()
         raise
+
+
+def _check_rollout_job(loaded: LoadedCluster, held: HeldLock, break_lock: bool) -> None:
+    """A rollout Job's ledger is the lock inside the cluster (engine/rolloutlock.py): asked on
+    cp-1 only when the inventory enables the Job, so any other apply asks nothing more."""
+    from roles.rollout_job.role import fleet_config
+
+    if not fleet_config(loaded).enabled:
+        return
+    from engine.rolloutlock import check_rollout
+
+    note = check_rollout(loaded, held.path, break_lock=break_lock, who=held.holder.describe())
+    if note:
+        held.notes.append(note)
 
 
 def run_pre_apply_checks(loaded: LoadedCluster) -> None:

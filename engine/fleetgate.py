@@ -41,7 +41,9 @@ POLL_S = 2.0
 # times on one write; a hundred means something rewrites the ledger in a loop.
 MAX_CONFLICTS = 100
 
-DONE, FAILED, IN_FLIGHT = "done", "failed", "in_flight"
+IN_FLIGHT = "in_flight"
+# A host's end as the runner reports it (engine/reports.py HostStatus): these count as failed.
+FAILED_ENDS = ("failed", "unreachable")
 
 T = TypeVar("T")
 
@@ -51,7 +53,7 @@ class Gate(Protocol):
 
     def acquire(self, pending: Sequence[str], want: int) -> list[str]: ...
 
-    def release(self, results: Mapping[str, bool]) -> None: ...
+    def release(self, results: Mapping[str, str]) -> None: ...
 
 
 class LocalGate:
@@ -62,7 +64,7 @@ class LocalGate:
     def acquire(self, pending: Sequence[str], want: int) -> list[str]:
         return list(pending)[:want]
 
-    def release(self, results: Mapping[str, bool]) -> None:
+    def release(self, results: Mapping[str, str]) -> None:
         return None
 
 
@@ -196,25 +198,26 @@ class LedgerGate:
         ledger.heartbeat = now
         return hosts, True
 
-    def release(self, results: Mapping[str, bool]) -> None:
-        """The step's hosts ended (True: ok): out of flight, failures counted."""
+    def release(self, results: Mapping[str, str]) -> None:
+        """The step's hosts ended (host -> its status: ok, changed, failed ...): out of flight,
+        failures counted."""
 
         def change(ledger: Ledger):
             now = self.clock()
-            for host, ok in results.items():
+            for host, status in results.items():
                 ledger.in_flight.pop(host, None)
                 # A host a retried pod did again (its predecessor released it, then died
                 # before its progress said so) is counted once, by its last result.
                 ledger.done = [h for h in ledger.done if h != host]
                 ledger.failed = [h for h in ledger.failed if h != host]
-                (ledger.done if ok else ledger.failed).append(host)
+                (ledger.failed if status in FAILED_ENDS else ledger.done).append(host)
                 ledger.history.append([round(now, 3), self.pod, "end", host])
             ledger.heartbeat = now
             return None, True
 
         swap(self.api, self.name, change)
         if self.progress is not None:
-            self.progress.mark({h: DONE if ok else FAILED for h, ok in results.items()})
+            self.progress.mark(dict(results))
 
     def adopt(self, hosts: Sequence[str]) -> list[str]:
         """Take over the hosts a predecessor pod of this shard left in flight (the ledger keeps
@@ -242,7 +245,7 @@ class ShardProgress:
     api: LedgerApi
     name: str
     pod: str
-    hosts: dict[str, str] = field(default_factory=dict)  # host -> DONE, FAILED or IN_FLIGHT
+    hosts: dict[str, str] = field(default_factory=dict)  # host -> IN_FLIGHT or its end
     pods: list[str] = field(default_factory=list)  # every pod that ran this shard, in order
 
     def load(self) -> None:
@@ -269,8 +272,8 @@ class ShardProgress:
 
 def resume(progress: ShardProgress, gate: LedgerGate, hosts: Sequence[str]) -> list[str]:
     """What a shard's pod still has to do, in order: the hosts a predecessor left in flight and
-    this pod adopted first, then those never tried. Done and failed hosts are skipped (a failed
-    host stays counted, and reported failed)."""
+    this pod adopted first, then those never tried. Hosts that ended are skipped (a failed host
+    stays counted, and reported failed)."""
     progress.load()
     left = [h for h in hosts if progress.hosts.get(h) == IN_FLIGHT]
     adopted = gate.adopt(left) if left else []
@@ -330,3 +333,63 @@ def pod_kubectl(namespace: str) -> Callable[[str, bytes | None], tuple[int, str,
         return done.returncode, done.stdout.decode(errors="replace"), done.stderr.decode()
 
     return call
+
+
+class InClusterApi:
+    """ConfigMaps through the API server with the pod's service account token (no kubectl in
+    the image needed): GET, then PUT with the resourceVersion read; 409 is a conflict."""
+
+    ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+    def __init__(self, namespace: str, server: str | None = None, account: str | None = None):
+        import os
+
+        self.namespace = namespace
+        host = os.environ.get("KUBERNETES_SERVICE_HOST", "")
+        port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+        self.server = server or f"https://{host}:{port}"
+        self.account = account or self.ACCOUNT
+        self._objects: dict[str, dict] = {}
+
+    def _request(self, method: str, name: str, body: bytes | None = None):
+        import ssl
+        import urllib.request
+        from pathlib import Path
+
+        token = Path(self.account, "token").read_text().strip()  # re-read: it is rotated
+        context = ssl.create_default_context(cafile=f"{self.account}/ca.crt")
+        request = urllib.request.Request(
+            f"{self.server}/api/v1/namespaces/{self.namespace}/configmaps/{name}",
+            data=body,
+            method=method,
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        )
+        return urllib.request.urlopen(request, context=context, timeout=30)
+
+    def get(self, name: str) -> tuple[dict[str, str], str]:
+        import urllib.error
+
+        try:
+            with self._request("GET", name) as answer:
+                found = json.loads(answer.read())
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise LedgerError(f"GET configmap {name}: {exc}") from None
+        self._objects[name] = found
+        return dict(found.get("data") or {}), str(found["metadata"]["resourceVersion"])
+
+    def put(self, name: str, data: dict[str, str], version: str) -> bool:
+        import urllib.error
+
+        body = dict(self._objects.get(name) or {"apiVersion": "v1", "kind": "ConfigMap"})
+        meta = dict(body.get("metadata") or {"name": name, "namespace": self.namespace})
+        meta["resourceVersion"] = version
+        body["metadata"], body["data"] = meta, data
+        try:
+            with self._request("PUT", name, json.dumps(body).encode()):
+                return True
+        except urllib.error.HTTPError as exc:
+            if exc.code == 409:
+                return False
+            raise LedgerError(f"PUT configmap {name}: HTTP {exc.code}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise LedgerError(f"PUT configmap {name}: {exc}") from None

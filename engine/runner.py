@@ -65,7 +65,6 @@ KEEPALIVE_S = 5
 DEAD_PEER_S = 30
 CONNECTION_LOST = "connection lost (the host stopped answering: rebooted, powered off or cut off)"
 # errno texts that say the host itself is broken, whatever the command was.
-FAILED_STATUSES = (HostStatus.failed, HostStatus.unreachable)
 HOST_CAUSES = ("No space left on device", "Read-only file system", "Input/output error")
 
 
@@ -146,7 +145,7 @@ def run(
                 progress,
                 asked if record else None,
             )
-            gate.release({h: report.hosts[h].status not in FAILED_STATUSES for h in granted})
+            gate.release({h: report.hosts[h].status.value for h in granted})
         if gate.stopped is not None:
             report.stopped = gate.stopped
             for name in pending + [h for later in steps[number:] for h in later]:

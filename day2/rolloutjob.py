@@ -1,0 +1,434 @@
+"""`gpuinfra apply --job`: a worker rollout as a Kubernetes Indexed Job (docs/design/fleet-jobs.md
+section 5, docs/fleet-jobs.md), run by the controller in kubeadm-style steps.
+
+Each shard's pod applies its share of the workers with the operator's runner, asking a shared
+ledger (engine/fleetgate.py `LedgerGate`) before each step, so never more than the budget of
+hosts is in flight fleet-wide, and pacing its joins by time slots (toolkit/pacing.py
+`SlotPacer`), so the join rate holds fleet-wide. The controller holds the apply lock while it
+waits; the ledger's heartbeat is the lock inside the cluster (engine/clusterstate.py).
+
+Only batch-policy groups roll this way: a host of a group that rolls one at a time or together
+(etcd, control plane, load balancers, DNS) is refused, exit 2, naming the group. Every kubectl
+runs on the first control-plane node with admin.conf (`toolkit.remote.run_remote`); the key
+and the join token go on stdin, never on a command line. Nothing of the Job is left at the end.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import secrets
+import shlex
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from day2.flows import ROLLOUT_JOB
+from day2.kubernetes import ADMIN_CONF
+from day2.steps import run_flow
+from engine import fleetgate
+from engine.orchestrate import group_policies
+from engine.registry import PHASES
+from engine.reports import HostReport, HostStatus, RunOptions, RunReport
+from engine.rolloutlock import ledger_name, remote_kubectl
+from engine.selection import select_hosts, shard_hosts
+from inventory.model import LoadedCluster, StateAccess
+from roles.rollout_job.config import RolloutJobConfig
+from roles.rollout_job.files import private_key
+from roles.rollout_job.role import fleet_config
+from toolkit.remote import RemoteRunner, run_remote
+from toolkit.spec import Rolling, settings_of
+from toolkit.templates import render_template
+
+SETTINGS_FORMAT = 1  # bump when settings.json changes: a skewed pod exits 2
+POLL_S = 5.0
+JOB_LABEL = "app.kubernetes.io/name=gpuinfra-rollout"
+# Roles whose worker files carry a key from .state/ (drift's and the rollout's own): a pod
+# has no .state/, so they are applied by a local apply, never by the Job.
+STATE_KEYED_ROLES = ("drift_job", "rollout_job")
+# Where the pod finds what the Job mounts (templates/rollout_job/rollout-job.yaml.j2).
+POD_DIR = "/etc/gpuinfra/rollout"
+POD_KEY = "/etc/gpuinfra/rollout-key/id_ed25519"
+# kubeadm's join command, as `kubeadm token create --print-join-command` prints it.
+_JOIN_COMMAND = re.compile(r"--token\s+(\S+).*--discovery-token-ca-cert-hash\s+(sha256:[0-9a-f]+)")
+# The token outlives the Job's deadline by this much: a pod started late can still join.
+TOKEN_MARGIN_S = 600
+
+
+class RolloutRefused(ValueError):
+    """`apply --job` cannot run with this input (exit 2)."""
+
+
+class RolloutError(RuntimeError):
+    """A step of the rollout flow failed (exit 1); the message names the step."""
+
+
+@dataclass
+class Rollout:
+    """What the command was asked, and what each step found."""
+
+    loaded: LoadedCluster
+    options: RunOptions
+    count: int | None = None  # --shards; None: rollout_job.shards
+    runner: RemoteRunner = run_remote
+    sleep: Callable[[float], None] = time.sleep
+    clock: Callable[[], float] = time.time
+    run: str = field(default_factory=lambda: secrets.token_hex(6))
+    started: float = field(default_factory=time.monotonic)
+    cfg: RolloutJobConfig | None = None
+    control_plane: str = ""
+    roles: tuple[str, ...] = ()
+    hosts: list[str] = field(default_factory=list)
+    shard_of: list[list[str]] = field(default_factory=list)
+    token: str = ""  # the join token: in memory, then in the Secret only
+    ca_hash: str = ""
+    published: bool = False
+    status: dict = field(default_factory=dict)
+    progress: list[dict] = field(default_factory=list)  # each shard's {pods, hosts}
+    ledger: fleetgate.Ledger | None = None
+    report: RunReport | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return ledger_name(self.loaded.cluster.name)
+
+    @property
+    def namespace(self) -> str:
+        assert self.cfg is not None
+        return self.cfg.namespace
+
+    def kubectl(self, action: str, command: str, *, stdin: bytes | None = None) -> str:
+        result = remote_kubectl(self.loaded, self.control_plane, self.namespace, self.runner)(
+            command, stdin
+        )
+        code, out, err = result
+        if code != 0:
+            said = (err.strip() or out.strip() or "failed")[-300:]
+            raise RolloutError(f"{action}: kubectl on {self.control_plane} failed: {said}")
+        return out
+
+
+def fleet_rollout(rollout: Rollout) -> RunReport:
+    """The flow's steps in order; the Job's objects and the token deleted however it ends."""
+    check_options(rollout)
+    try:
+        run_flow(ROLLOUT_JOB, rollout, error=RolloutError)
+    finally:
+        if rollout.published:
+            delete(rollout)
+    assert rollout.report is not None
+    return rollout.report
+
+
+def check_options(rollout: Rollout) -> None:
+    """Exit 2 for what a Job cannot do: not enabled, a bastion, a host of a group that does not
+    roll in batches (named), a role whose files need .state/, no control-plane node."""
+    loaded, options = rollout.loaded, rollout.options
+    cfg = rollout.cfg = fleet_config(loaded)
+    if not cfg.enabled:
+        raise RolloutRefused(
+            f"{loaded.source}: apply --job needs group_vars.all.rollout_job.enabled: true (and "
+            "a local apply since, which admits the rollout key on the workers)"
+        )
+    if loaded.cluster.ssh.bastion:
+        raise RolloutRefused(f"{loaded.source}: ssh.bastion: the Job's pods cannot use it")
+    if options.shard:
+        raise RolloutRefused("apply --job shards the hosts itself: no --shard (use --shards)")
+    refuse_unbatched(loaded, options.limit)
+    keyed = sorted(set(options.roles) & set(STATE_KEYED_ROLES))
+    if keyed:
+        raise RolloutRefused(
+            f"--roles {', '.join(keyed)}: these roles' files carry a key from .state/, which "
+            "the Job's pods never get; apply them without --job"
+        )
+    known = {phase.role for phase in PHASES}
+    rollout.roles = options.roles or tuple(
+        sorted(known - set(STATE_KEYED_ROLES), key=[p.role for p in PHASES].index)
+    )
+    control_planes = loaded.cluster.in_group("control_plane")
+    if not control_planes:
+        raise RolloutRefused(f"{loaded.source}: apply --job needs a control_plane host")
+    rollout.control_plane = control_planes[0]
+
+
+def refuse_unbatched(loaded: LoadedCluster, limit: tuple[str, ...]) -> None:
+    """RolloutRefused naming the first group of the selected hosts that rolls one at a time or
+    together (its members' rules hold inside one run, which a Job's shards are not)."""
+    policies = group_policies(PHASES)
+    for name in select_hosts(loaded, limit):
+        for group in loaded.cluster.hosts[name].groups:
+            policy = policies.get(group, Rolling.batches)
+            if policy is not Rolling.batches:
+                raise RolloutRefused(
+                    f"--limit reaches {name} of the group {group}, which rolls "
+                    f"{policy.value.replace('_', ' ')}: apply --job rolls batch-policy groups "
+                    "only (e.g. --limit gpu_worker); apply the others without --job"
+                )
+
+
+# -- plan, token, publish --------------------------------------------------------------------
+
+
+def make_shards(rollout: Rollout) -> None:
+    assert rollout.cfg is not None
+    rollout.hosts = select_hosts(rollout.loaded, rollout.options.limit)
+    if not rollout.hosts:
+        raise RolloutRefused("--limit selects no host")
+    count = min(rollout.count or rollout.cfg.shards, len(rollout.hosts))
+    rollout.shard_of = [shard_hosts(rollout.hosts, i, count) for i in range(count)]
+
+
+def mint_token(rollout: Rollout) -> None:
+    """A join token on cp-1 with a TTL past the Job's deadline (kubeadm prints the join command,
+    which the controller reads; the token never goes on a command line here)."""
+    assert rollout.cfg is not None
+    ttl = f"{rollout.cfg.deadline_seconds + TOKEN_MARGIN_S}s"
+    result = rollout.runner(
+        rollout.loaded,
+        rollout.control_plane,
+        f"kubeadm token create --kubeconfig {ADMIN_CONF} --ttl {ttl} --print-join-command",
+        timeout=120,
+    )
+    match = _JOIN_COMMAND.search(result.stdout) if result.ok else None
+    if match is None:
+        raise RolloutError(
+            f"token: kubeadm on {rollout.control_plane} made no join token "
+            f"(exit {result.exit_code}: {result.last_line()})"
+        )
+    rollout.token, rollout.ca_hash = match[1], match[2]
+
+
+def pod_inventory(loaded: LoadedCluster) -> str:
+    """The inventory as the pods read it: the rollout key as root, the known_hosts beside it."""
+    data = yaml.safe_load(Path(loaded.source).read_text())
+    ssh = dict(data.get("ssh") or {})
+    ssh.update({"user": "root", "key": POD_KEY, "known_hosts": f"{POD_DIR}/known_hosts"})
+    ssh.pop("bastion", None)
+    data["ssh"] = ssh
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def pod_settings(rollout: Rollout) -> dict:
+    assert rollout.cfg is not None
+    first = rollout.hosts[0]
+    return {
+        "format": SETTINGS_FORMAT,
+        "run": rollout.run,
+        "cluster": rollout.loaded.cluster.name,
+        "namespace": rollout.namespace,
+        "ledger": rollout.name,
+        "count": len(rollout.shard_of),
+        "shards": rollout.shard_of,
+        "roles": list(rollout.roles),
+        "join_rate": settings_of(rollout.loaded, first, "kubernetes").join_rate,
+        "parallel": rollout.options.parallel,
+        "connect_timeout": rollout.options.connect_timeout,
+    }
+
+
+def job_manifest(rollout: Rollout) -> str:
+    """Every object of the Job as one YAML stream (it holds the key and the token: stdin only)."""
+    from roles.drift_job.files import job_tolerations
+
+    loaded, cfg = rollout.loaded, rollout.cfg
+    assert cfg is not None
+    key = private_key(loaded.state_dir, StateAccess.existing)
+    known_path = Path(loaded.resolve(loaded.cluster.ssh.known_hosts))
+    try:
+        known = known_path.read_text()
+    except OSError as exc:
+        raise RolloutRefused(f"ssh.known_hosts: cannot read {known_path}: {exc.strerror}") from None
+    ledger = fleetgate.Ledger(
+        run=rollout.run,
+        budget=cfg.budget,
+        total=len(rollout.hosts),
+        fail_percent=cfg.fail_percent
+        if rollout.options.fail_percent is None
+        else rollout.options.fail_percent,
+        heartbeat=rollout.clock(),
+    )
+    join = json.dumps({"token": rollout.token, "ca_cert_hash": rollout.ca_hash})
+    count = len(rollout.shard_of)
+    return render_template(
+        "rollout_job/rollout-job.yaml.j2",
+        cfg=cfg,
+        cluster_name=loaded.cluster.name,
+        run=rollout.run,
+        count=count,
+        ledger=rollout.name,
+        writable=[rollout.name, *(f"{rollout.name}-{i}" for i in range(count))],
+        labels={
+            "app.kubernetes.io/name": "gpuinfra-rollout",
+            "app.kubernetes.io/instance": loaded.cluster.name,
+            "gpuinfra.io/rollout-run": rollout.run,
+        },
+        key_base64=base64.b64encode((key.strip() + "\n").encode()).decode(),
+        join_base64=base64.b64encode(join.encode()).decode(),
+        inventory=pod_inventory(loaded),
+        known_hosts=known,
+        settings=json.dumps(pod_settings(rollout)),
+        ledger_json=ledger.dump()[fleetgate.LEDGER_KEY],
+        tolerations=job_tolerations(loaded, cfg),  # type: ignore[arg-type]
+    )
+
+
+def publish(rollout: Rollout) -> None:
+    manifest = job_manifest(rollout)
+    rollout.published = True  # from here on, the end deletes what this run may have made
+    rollout.kubectl(
+        "remove an earlier run",
+        f"delete job {rollout.name} --ignore-not-found --wait=true",
+    )
+    rollout.kubectl("apply the Job", "apply -f -", stdin=manifest.encode())
+
+
+# -- wait, collect, delete -------------------------------------------------------------------
+
+
+def wait(rollout: Rollout) -> None:
+    """Until the Job is Complete or Failed (or past its deadline), renewing the ledger's
+    heartbeat meanwhile: a join can outlast the heartbeat's 120 s without any shard writing."""
+    assert rollout.cfg is not None
+    api = fleetgate.KubectlApi(
+        rollout.namespace,
+        remote_kubectl(rollout.loaded, rollout.control_plane, rollout.namespace, rollout.runner),
+    )
+    until = rollout.clock() + rollout.cfg.deadline_seconds + 60
+    renewed = 0.0
+    while True:
+        text = rollout.kubectl("wait for the Job", f"get job {rollout.name} -o json")
+        try:
+            status = json.loads(text).get("status", {})
+        except ValueError:
+            raise RolloutError(f"wait: kubectl get job {rollout.name} printed no JSON") from None
+        ended = {c.get("type") for c in status.get("conditions", []) if c.get("status") == "True"}
+        if ended & {"Complete", "Failed"} or rollout.clock() > until:
+            rollout.status = status
+            return
+        if rollout.clock() - renewed >= fleetgate.HEARTBEAT_RENEW_S:
+            renewed = now = rollout.clock()
+            try:
+                fleetgate.swap(api, rollout.name, lambda ledger, now=now: _renew(ledger, now))
+            except fleetgate.LedgerError as exc:
+                raise RolloutError(f"wait: the ledger's heartbeat: {exc}") from None
+        rollout.sleep(POLL_S)
+
+
+def _renew(ledger: fleetgate.Ledger, now: float):
+    ledger.heartbeat = now
+    return None, True
+
+
+def collect(rollout: Rollout) -> None:
+    """Each shard's progress and the ledger, read back; the hosts' statuses from them."""
+    api = fleetgate.KubectlApi(
+        rollout.namespace,
+        remote_kubectl(rollout.loaded, rollout.control_plane, rollout.namespace, rollout.runner),
+    )
+    try:
+        data, _ = api.get(rollout.name)
+        rollout.ledger = fleetgate.Ledger.parse(data)
+    except fleetgate.LedgerError as exc:
+        raise RolloutError(f"collect: {exc}") from None
+    rollout.progress = []
+    for index in range(len(rollout.shard_of)):
+        try:
+            found, _ = api.get(f"{rollout.name}-{index}")
+        except fleetgate.LedgerError as exc:
+            raise RolloutError(f"collect: shard {index}'s progress: {exc}") from None
+        try:
+            rollout.progress.append(json.loads(found.get(fleetgate.PROGRESS_KEY) or "{}"))
+        except ValueError:
+            rollout.progress.append({})
+    rollout.report = rollout_report(rollout)
+
+
+def rollout_report(rollout: Rollout) -> RunReport:
+    """One host report per host: its end as its shard wrote it; a host left in flight or never
+    tried failed (its shard ended without it) or skipped (the ledger stopped)."""
+    assert rollout.ledger is not None
+    report = RunReport(cluster=rollout.loaded.cluster.name, mode=rollout.options.mode)
+    stopped = rollout.ledger.stopped
+    for index, hosts in enumerate(rollout.shard_of):
+        progress = rollout.progress[index]
+        ends = progress.get("hosts", {})
+        pods = progress.get("pods", [])
+        label = f"shard {index}/{len(rollout.shard_of)}"
+        if len(pods) > 1:
+            report.notes.append(
+                f"{label} was retried: pods {', '.join(pods)} (the later ones resumed from its "
+                "progress)"
+            )
+        for name in hosts:
+            end = ends.get(name)
+            if end in {s.value for s in HostStatus} and end != HostStatus.skipped.value:
+                error = f"failed in {label} (kubectl logs of {pods[-1]})" if pods else ""
+                failed = end in fleetgate.FAILED_ENDS
+                report.hosts[name] = HostReport(
+                    name, HostStatus(end), error=error if failed else None
+                )
+            elif stopped and end is None:
+                report.hosts[name] = HostReport(
+                    name, HostStatus.skipped, error=f"not tried: {stopped}"
+                )
+            else:
+                why = "left in flight" if end == fleetgate.IN_FLIGHT else "never tried"
+                report.hosts[name] = HostReport(
+                    name,
+                    HostStatus.failed,
+                    error=f"{label} ended with this host {why}{_index_end(rollout, index)}",
+                )
+    if stopped:
+        report.stopped = stopped
+    report.notes.append(
+        f"apply --job: {len(rollout.shard_of)} shard(s), budget {rollout.ledger.budget}, "
+        f"{len(rollout.ledger.done)} done, {len(rollout.ledger.failed)} failed of "
+        f"{rollout.ledger.total}"
+    )
+    report.seconds = time.monotonic() - rollout.started
+    return report
+
+
+def _index_end(rollout: Rollout, index: int) -> str:
+    failed = rollout.status.get("failedIndexes", "")
+    if str(index) in failed.split(","):
+        return "; index failed after its retries"
+    if not {c.get("type") for c in rollout.status.get("conditions", [])} & {"Complete", "Failed"}:
+        return "; the Job did not end before its deadline"
+    return ""
+
+
+def delete(rollout: Rollout) -> None:
+    """The Job, its Secrets (the key, the token), ConfigMaps and RBAC, and the token itself on
+    cp-1 (by its id, the public half). A failure here is a note, not the run's result."""
+    selector = f"{JOB_LABEL},app.kubernetes.io/instance={rollout.loaded.cluster.name}"
+    problems = []
+    try:
+        rollout.kubectl(
+            "delete the Job",
+            f"delete job,configmap,secret,role,rolebinding -l {selector} --ignore-not-found",
+        )
+    except RolloutError as exc:
+        problems.append(
+            f"{exc}; delete them by hand: kubectl -n {rollout.namespace} delete ... -l {selector}"
+        )
+    if rollout.token:
+        token_id = rollout.token.split(".")[0]
+        result = rollout.runner(
+            rollout.loaded,
+            rollout.control_plane,
+            f"kubeadm token delete --kubeconfig {ADMIN_CONF} {shlex.quote(token_id)}",
+            timeout=120,
+        )
+        if not result.ok:
+            problems.append(
+                f"the join token {token_id} was not deleted on {rollout.control_plane} "
+                f"(it expires by its TTL): {result.last_line()}"
+            )
+    target = rollout.report.notes if rollout.report is not None else rollout.notes
+    target.extend(problems)

@@ -1,0 +1,108 @@
+"""The rollout Job's ledger as the cluster's lock: while a Job's heartbeat is under 120 s old,
+a local apply is refused (LockHeld, exit 8) naming the Job; `--break-lock` stops the Job
+instead (docs/design/fleet-jobs.md section 5). Read on the first control-plane node with
+admin.conf, only when the inventory enables the rollout Job.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from pathlib import Path
+
+from engine import fleetgate
+from engine.applylock import LockHeld
+from inventory.model import LoadedCluster
+from roles.kubernetes.files import ADMIN_CONF
+from roles.rollout_job.role import fleet_config
+from toolkit.remote import RemoteRunner, run_remote
+
+KUBECTL = f"kubectl --kubeconfig {ADMIN_CONF} --request-timeout=30s"
+
+
+class RolloutHoldsLock(LockHeld):
+    """A rollout Job's heartbeat is fresh: it holds the cluster."""
+
+    def __init__(self, path: Path, message: str):
+        Exception.__init__(self, f"{path}: {message}")
+        self.holder = None
+
+
+def ledger_name(cluster: str) -> str:
+    return f"gpuinfra-rollout-{cluster}"
+
+
+def remote_kubectl(loaded: LoadedCluster, host: str, namespace: str, runner: RemoteRunner):
+    """kubectl on `host` with admin.conf, as `fleetgate.KubectlApi` calls it."""
+
+    def call(command: str, stdin: bytes | None) -> tuple[int, str, str]:
+        full = f"{KUBECTL} -n {shlex.quote(namespace)} {command}"
+        extra = {"stdin": stdin} if stdin is not None else {}
+        result = runner(loaded, host, full, timeout=120, **extra)
+        return result.exit_code, result.stdout, result.stderr
+
+    return call
+
+
+def _api(loaded: LoadedCluster, runner: RemoteRunner) -> fleetgate.KubectlApi | None:
+    cfg = fleet_config(loaded)
+    control_planes = loaded.cluster.in_group("control_plane")
+    if not cfg.enabled or not control_planes:
+        return None
+    return fleetgate.KubectlApi(
+        cfg.namespace, remote_kubectl(loaded, control_planes[0], cfg.namespace, runner)
+    )
+
+
+def live_rollout(
+    loaded: LoadedCluster, runner: RemoteRunner | None = None, now: float | None = None
+) -> fleetgate.Ledger | None:
+    """The ledger of a rollout Job still running (heartbeat under 120 s); None when there is
+    none, the Job is off, or cp-1 cannot say (a cluster not up yet has no Job)."""
+    api = _api(loaded, runner or run_remote)
+    if api is None:
+        return None
+    try:
+        data, _ = api.get(ledger_name(loaded.cluster.name))
+        ledger = fleetgate.Ledger.parse(data)
+    except fleetgate.LedgerError:
+        return None
+    return ledger if ledger.live(time.time() if now is None else now) else None
+
+
+def check_rollout(
+    loaded: LoadedCluster,
+    path: Path,
+    *,
+    break_lock: bool = False,
+    who: str = "",
+    runner: RemoteRunner | None = None,
+) -> str | None:
+    """RolloutHoldsLock while a live Job holds the cluster; with `break_lock`, mark its ledger
+    stopped and return what was broken (a note for the operator)."""
+    ledger = live_rollout(loaded, runner)
+    if ledger is None:
+        return None
+    cfg = fleet_config(loaded)
+    name = ledger_name(loaded.cluster.name)
+    age = max(0, int(time.time() - ledger.heartbeat))
+    holder = (
+        f"the rollout Job {cfg.namespace}/{name} (run {ledger.run}, "
+        f"{len(ledger.in_flight)} host(s) in flight, heartbeat {age} s ago)"
+    )
+    if not break_lock:
+        raise RolloutHoldsLock(
+            path, f"{holder} holds the cluster; wait for it, or pass --break-lock to stop it"
+        )
+    api = _api(loaded, runner or run_remote)
+    assert api is not None
+
+    def stop(found: fleetgate.Ledger):
+        found.stopped = f"stopped by --break-lock ({who or 'another apply'})"
+        return None, True
+
+    try:
+        fleetgate.swap(api, name, stop)
+    except fleetgate.LedgerError as exc:
+        raise RolloutHoldsLock(path, f"{holder} holds the cluster; --break-lock: {exc}") from None
+    return f"stopped {holder}: its shards end without trying their other hosts"

@@ -115,19 +115,24 @@ def reset_shared() -> None:
 
 class SlotPacer:
     """A join rate shared by `count` shards that never talk to each other: time is cut into
-    slots of `rate.seconds / rate.hosts` (wall clock: chrony runs on every node), and shard
-    `index` starts a join only in slots where `floor(t / slot) % count == index`, at most one
-    per slot. Fleet-wide that is at most one start per slot, so no window of `rate.seconds`
-    holds more than `rate.hosts` starts, however many shards there are; a static share
+    slots (wall clock: chrony runs on every node), and shard `index` starts a join only at the
+    beginning of a slot where `floor(t / slot) % count == index`, at most one per slot.
+    Fleet-wide that is at most one start per slot, so no window of `rate.seconds` holds more
+    than `rate.hosts` starts, however many shards there are; a static share
     `Rate(hosts, seconds * count)` per shard cannot promise that (docs/design/fleet-jobs.md
     section 5).
 
-    `slow_down` (the API answered 429 or 5xx) skips the shard's next 2^k slots, k counting the
-    push-backs since the last healthy answer; `recover` resets k. A shard that wakes later than
-    `LATE` of a slot into it waits for its next slot: a start stays near its slot's beginning.
-    Same interface as `Pacer`, so the kubernetes role's join draws from either."""
+    A start may come up to `late` seconds after its slot's beginning (a woken process's
+    oversleep); a later one waits for the shard's next slot. Slots are `(rate.seconds + late) /
+    rate.hosts` long, not `rate.seconds / rate.hosts`: two starts `rate.hosts` slots apart are
+    then at least `rate.seconds` apart whatever their lateness, so the bound is exact (0.5 %
+    slower at 5/10s).
 
-    LATE = 0.5  # of a slot
+    `slow_down` (the API answered 429 or 5xx) skips the shard's next 2^k slots, k counting the
+    push-backs since the last healthy answer; `recover` resets k. Same interface as `Pacer`,
+    so the kubernetes role's join draws from either."""
+
+    LATE_S = 0.05  # a sleep's oversleep on a busy node; later starts wait for the next slot
     MAX_BACKOFF = 6  # 2^6 = 64 of the shard's slots: past that, a person looks at the API
 
     def __init__(
@@ -137,13 +142,15 @@ class SlotPacer:
         count: int,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] | None = None,
+        late: float = LATE_S,
     ):
         if not 0 <= index < count:
             raise ValueError(f"shard {index} of {count}: the index must be below the count")
         self.rate = rate
         self.index = index
         self.count = count
-        self.slot = rate.seconds / rate.hosts
+        self.late = late
+        self.slot = (rate.seconds + late) / rate.hosts
         self.backoff = 0  # k: push-backs since the last healthy answer
         self._clock = clock
         self._sleep = sleep
@@ -151,13 +158,10 @@ class SlotPacer:
         self._not_before: int | None = None  # the first slot a backoff allows
         self._lock = threading.Lock()
 
-    def owns(self, number: int) -> bool:
-        return number % self.count == self.index
-
     def next_slot(self, now: float) -> int:
         """The first slot this shard may start in at or after `now` (maybe the current one)."""
         number = math.floor(now / self.slot)
-        if now - number * self.slot > self.slot * self.LATE:
+        if now - number * self.slot > self.late:
             number += 1  # too far into this slot to start in it
         if self._last is not None:
             number = max(number, self._last + 1)
@@ -173,7 +177,7 @@ class SlotPacer:
                 now = self._clock()
                 number = self.next_slot(now)
                 start = number * self.slot
-                if start <= now:  # inside the slot, not too late (next_slot checked)
+                if start <= now + 1e-9:  # reached (a float sum may land an ulp short)
                     self._last = number
                     return waited
                 (self._sleep or time.sleep)(start - now)

@@ -1,0 +1,737 @@
+"""`gpuinfra apply --job` (docs/design/fleet-jobs.md section 5): the shared ledger against a
+stand-in API that answers 409, two gates contending for one budget, the slot pacer's fleet-wide
+rate, a retried shard's resume, the refusals, the secrets and the manifest, the in-cluster lock.
+No host, no cluster."""
+
+from __future__ import annotations
+
+import json
+import random
+import stat
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from cli.main import app
+from day2 import rolloutjob
+from day2.rolloutjob import Rollout, check_options
+from engine import fleetgate, rolloutlock, runner
+from engine.context import host_contexts, host_files, load
+from engine.fleetgate import Ledger, LedgerGate, ShardProgress, resume, swap
+from engine.reports import HostReport, HostStatus, Mode, RunOptions
+from inventory.model import StateAccess
+from roles.rollout_job.files import KEYS_FILE, STATE_KEY, private_key
+from toolkit.pacing import Pacer, Rate, SlotPacer
+from toolkit.remote import RemoteResult
+from toolkit.statefiles import StateMissing
+
+LEDGER = "gpuinfra-rollout-small"
+
+
+# -- a stand-in for the API server's ConfigMaps ---------------------------------------------------
+
+
+@dataclass
+class FakeApi:
+    """ConfigMaps with resourceVersions. `conflicts`: that many PUTs answer 409 first (another
+    writer got there), each bumping the version as that writer would. `compare`: False makes
+    it a store without compare-and-swap (the positive control of the contention test)."""
+
+    objects: dict[str, tuple[dict[str, str], int]] = field(default_factory=dict)
+    conflicts: int = 0
+    compare: bool = True
+    delay: Callable[[], None] = lambda: None
+    gets: int = 0
+    puts: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def get(self, name):
+        with self.lock:
+            self.gets += 1
+            data, version = self.objects[name]
+            found = dict(data), str(version)
+        self.delay()  # another shard may write between this read and our write
+        return found
+
+    def put(self, name, data, version):
+        with self.lock:
+            self.puts += 1
+            current = self.objects[name][1]
+            if self.conflicts:
+                self.conflicts -= 1
+                self.objects[name] = (self.objects[name][0], current + 1)
+                return False
+            if self.compare and str(current) != version:
+                return False
+            self.objects[name] = (dict(data), current + 1)
+            return True
+
+    def ledger(self, name=LEDGER) -> Ledger:
+        return Ledger.parse(self.objects[name][0])
+
+
+def new_api(budget=1, total=4, fail_percent=None, **kwargs) -> FakeApi:
+    ledger = Ledger(run="r1", budget=budget, total=total, fail_percent=fail_percent)
+    return FakeApi(objects={LEDGER: (ledger.dump(), 1)}, **kwargs)
+
+
+# -- the ledger: compare-and-swap, 409, the budget ------------------------------------------------
+
+
+def test_a_conflict_is_read_again_and_the_grant_decided_on_the_new_ledger():
+    api = new_api(budget=2, conflicts=1)
+    gate = LedgerGate(api, LEDGER, "pod-a", clock=lambda: 100.0)
+    assert gate.acquire(["gpu-1", "gpu-2", "gpu-3"], want=3) == ["gpu-1", "gpu-2"]
+    assert (api.gets, api.puts) == (2, 2)  # 409, then read again and written
+    assert api.ledger().in_flight == {"gpu-1": "pod-a", "gpu-2": "pod-a"}
+    assert api.ledger().heartbeat == 100.0
+
+
+def test_kubectl_api_takes_kubectls_409_as_a_conflict_then_succeeds():
+    """The controller's KubectlApi against a kubectl that answers Conflict once."""
+    store = {"version": "7", "data": new_api().objects[LEDGER][0]}
+    calls: list[tuple[str, bytes | None]] = []
+
+    def kubectl(command, stdin):
+        calls.append((command, stdin))
+        if command.startswith("get configmap"):
+            meta = {"name": LEDGER, "resourceVersion": store["version"], "labels": {"a": "b"}}
+            return 0, json.dumps({"metadata": meta, "data": store["data"]}), ""
+        body = json.loads(stdin)
+        if body["metadata"]["resourceVersion"] != store["version"] or len(calls) == 2:
+            store["version"] = str(int(store["version"]) + 1)  # another writer won
+            return (
+                1,
+                "",
+                (
+                    "Error from server (Conflict): Operation cannot be fulfilled on configmaps "
+                    f'"{LEDGER}": the object has been modified; please apply your changes'
+                ),
+            )
+        store.update(version=str(int(store["version"]) + 1), data=body["data"])
+        return 0, "configmap replaced", ""
+
+    api = fleetgate.KubectlApi("gpuinfra", kubectl)
+    gate = LedgerGate(api, LEDGER, "pod-a", clock=lambda: 5.0)
+    assert gate.acquire(["gpu-1"], want=1) == ["gpu-1"]
+    assert [c for c, _ in calls] == [
+        f"get configmap {LEDGER} -o json",
+        "replace -f -",
+        f"get configmap {LEDGER} -o json",
+        "replace -f -",
+    ]
+    assert json.loads(calls[-1][1])["metadata"]["labels"] == {"a": "b"}
+    assert Ledger.parse(store["data"]).in_flight == {"gpu-1": "pod-a"}
+
+
+def test_kubectl_api_raises_on_an_error_that_is_not_a_conflict():
+    api = fleetgate.KubectlApi("gpuinfra", lambda c, s: (1, "", "Forbidden: no update"))
+    with pytest.raises(fleetgate.LedgerError, match="Forbidden"):
+        api.get(LEDGER)
+
+
+def contend(api: FakeApi, budget_hosts: list[list[str]], want: int) -> tuple[int, list[str]]:
+    """Two (or more) shards, each a thread with its own gate on one ledger, applying their
+    hosts; returns the most hosts any moment had in flight, counted by the shards themselves
+    (not by the ledger), and every host that ran."""
+    active = 0
+    most = 0
+    ran: list[str] = []
+    count = threading.Lock()
+
+    def shard(index: int, hosts: list[str]) -> None:
+        nonlocal active, most
+        gate = LedgerGate(api, LEDGER, f"pod-{index}", sleep=lambda s: time.sleep(0.001))
+        pending = list(hosts)
+        while pending:
+            granted = gate.acquire(pending, want=want)
+            with count:
+                active += len(granted)
+                most = max(most, active)
+                ran.extend(granted)
+            time.sleep(random.uniform(0, 0.004))  # the step's work
+            with count:
+                active -= len(granted)
+            gate.release(dict.fromkeys(granted, "changed"))
+            pending = [h for h in pending if h not in granted]
+
+    threads = [threading.Thread(target=shard, args=(i, h)) for i, h in enumerate(budget_hosts)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    return most, ran
+
+
+def test_two_gates_on_one_ledger_never_exceed_the_budget():
+    random.seed(32)
+    hosts = [[f"gpu-{i}" for i in range(12)], [f"cpu-{i}" for i in range(12)]]
+    api = new_api(budget=3, total=24, delay=lambda: time.sleep(random.uniform(0, 0.002)))
+    most, ran = contend(api, hosts, want=2)
+    assert most <= 3
+    assert sorted(ran) == sorted(hosts[0] + hosts[1])  # every host ran, none twice
+    assert len(api.ledger().done) == 24 and not api.ledger().in_flight
+    assert api.puts > api.gets / 4 and api.puts > 24  # conflicts happened: a real contention
+
+
+def test_the_contention_test_catches_a_store_without_compare_and_swap():
+    """Positive control: both shards read the ledger before either writes (a barrier), so a
+    store that ignores resourceVersion lets both take the budget's one slot."""
+    barrier = threading.Barrier(2)
+    first_reads = threading.local()
+
+    def both_read_first():
+        if not getattr(first_reads, "done", False):
+            first_reads.done = True
+            barrier.wait(timeout=10)
+
+    hosts = [["gpu-1"], ["cpu-1"]]
+    lax = new_api(budget=1, total=2, compare=False, delay=both_read_first)
+    assert contend(lax, hosts, want=1)[0] == 2
+    strict = new_api(budget=1, total=2, compare=True, delay=both_read_first)
+    assert contend(strict, hosts, want=1)[0] == 1
+
+
+def test_past_fail_percent_the_ledger_stops_and_every_shard_skips_its_untried_hosts():
+    api = new_api(budget=2, total=4, fail_percent=25)
+    a = LedgerGate(api, LEDGER, "pod-a")
+    b = LedgerGate(api, LEDGER, "pod-b")
+    assert a.acquire(["gpu-1", "gpu-2"], want=2) == ["gpu-1", "gpu-2"]
+    a.release({"gpu-1": "failed", "gpu-2": "unreachable"})  # 50 % > 25 %
+    assert b.acquire(["cpu-1"], want=1) == []
+    assert b.stopped and "2 of 4 hosts failed, over fail_percent 25" in b.stopped
+    assert api.ledger().stopped == b.stopped
+    assert a.acquire(["gpu-3"], want=1) == [] and a.stopped == b.stopped
+
+
+def test_within_fail_percent_the_rollout_goes_on():
+    """Positive control of the test above: one failure of four is 25 %, not over it."""
+    api = new_api(budget=2, total=4, fail_percent=25)
+    gate = LedgerGate(api, LEDGER, "pod-a")
+    gate.release({"gpu-1": "failed"})
+    assert gate.acquire(["cpu-1"], want=1) == ["cpu-1"] and gate.stopped is None
+
+
+def test_the_runner_asks_the_gate_and_reports_a_stopped_rollouts_hosts_skipped(
+    small_cluster, write_cluster, monkeypatch
+):
+    loaded = load(write_cluster(small_cluster))
+    api = new_api(budget=1, total=2, fail_percent=0)
+    gate = LedgerGate(api, LEDGER, "pod-a")
+    ran: list[list[str]] = []
+
+    def fake_batch(loaded, options, contexts, phases, report, progress, asked=None):
+        ran.append([c.name for c in contexts])
+        for ctx in contexts:
+            report.hosts[ctx.name] = HostReport(ctx.name, HostStatus.failed, error="boom")
+
+    monkeypatch.setattr(runner, "_run_batch", fake_batch)
+    options = RunOptions(mode=Mode.apply, limit=("gpu-1", "cpu-1"))
+    report = runner.run(loaded, options, gate=gate)
+    assert ran == [["gpu-1"]]  # the budget let one in; its failure stopped the rest
+    assert report.hosts["cpu-1"].status is HostStatus.skipped
+    assert report.stopped and "over fail_percent 0" in report.stopped
+
+
+def test_the_runner_without_a_gate_runs_each_step_whole(small_cluster, write_cluster, monkeypatch):
+    loaded = load(write_cluster(small_cluster))
+    ran: list[list[str]] = []
+
+    def fake_batch(loaded, options, contexts, phases, report, progress, asked=None):
+        ran.append([c.name for c in contexts])
+        for ctx in contexts:
+            report.hosts[ctx.name] = HostReport(ctx.name, HostStatus.ok)
+
+    monkeypatch.setattr(runner, "_run_batch", fake_batch)
+    runner.run(loaded, RunOptions(mode=Mode.apply, limit=("gpu-1", "cpu-1")))
+    assert ran == [["gpu-1", "cpu-1"]]
+
+
+# -- the join rate across shards ------------------------------------------------------------------
+
+
+def simulate(make_pacer, shards: int, rate: Rate, seed: int, joins: int = 40) -> list[float]:
+    """Every shard joining `joins` hosts on its own simulated clock (the shards share only the
+    wall clock): random first moments, join times, oversleeps (some past the pacer's lateness)
+    and 429s; the start times of all joins."""
+    rng = random.Random(seed)
+    starts: list[float] = []
+    for index in range(shards):
+        now = [rng.uniform(0, 50)]
+
+        def sleep(seconds: float, now=now) -> None:
+            now[0] += seconds + rng.choice([0.0, rng.uniform(0, 2 * SlotPacer.LATE_S)])
+
+        pacer = make_pacer(index, lambda now=now: now[0], sleep)
+        for _ in range(joins):
+            pacer.acquire()
+            starts.append(now[0])
+            now[0] += rng.choice([0.0, rng.uniform(0, rate.seconds)])  # the join's own time
+            if rng.random() < 0.15:
+                pacer.slow_down()  # the API answered 429
+            else:
+                pacer.recover()
+    return sorted(starts)
+
+
+def most_in_a_window(starts: list[float], seconds: float) -> int:
+    """The most starts any half-open window [t, t + seconds) holds (it suffices to put t on
+    each start)."""
+    most = 0
+    right = 0
+    for left, start in enumerate(starts):
+        while right < len(starts) and starts[right] < start + seconds:
+            right += 1
+        most = max(most, right - left)
+    return most
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize(("rate", "shards"), [(Rate(5, 10), 2), (Rate(5, 10), 7), (Rate(3, 1), 16)])
+def test_no_window_of_the_rate_holds_more_joins_than_it_allows(rate, shards, seed):
+    starts = simulate(
+        lambda i, clock, sleep: SlotPacer(rate, i, shards, clock=clock, sleep=sleep),
+        shards,
+        rate,
+        seed,
+    )
+    assert len(starts) == shards * 40
+    assert most_in_a_window(starts, rate.seconds) <= rate.hosts
+
+
+def test_the_window_check_catches_a_static_share_of_the_rate():
+    """Positive control: each shard keeping its own sliding window of Rate(h, s * N) lets N
+    shards start together, as the design says a static share cannot promise the rate."""
+    rate, shards = Rate(5, 10), 4
+    starts = simulate(
+        lambda i, clock, sleep: Pacer(Rate(rate.hosts, rate.seconds * shards), clock, sleep),
+        shards,
+        rate,
+        seed=1,
+    )
+    assert most_in_a_window(starts, rate.seconds) > rate.hosts
+
+
+def test_a_shard_starts_only_in_its_own_slots_and_a_429_skips_two_to_the_k():
+    clock = [0.0]
+    pacer = SlotPacer(
+        Rate(5, 10),
+        1,
+        3,
+        clock=lambda: clock[0],
+        sleep=lambda s: clock.__setitem__(0, clock[0] + s),
+        late=0.0,
+    )
+    assert pacer.slot == 2.0
+    pacer.acquire()
+    assert clock[0] == 2.0  # slot 1: shard 1 of 3
+    pacer.acquire()
+    assert clock[0] == 8.0  # slot 4
+    pacer.slow_down()  # k = 1: its next 2 slots (7, 10) skipped
+    pacer.acquire()
+    assert clock[0] == 26.0  # slot 13
+    pacer.slow_down()
+    pacer.slow_down()  # k = 3: 8 of its slots
+    pacer.acquire()
+    assert clock[0] == 26.0 + 2.0 * 3 * 9
+    clock[0] += 2.0 * 3 + 0.5  # half a slot into its next own slot: too late, the one after
+    pacer.acquire()
+    assert clock[0] == 26.0 + 2.0 * 3 * 11
+
+
+# -- a retried pod resumes ------------------------------------------------------------------------
+
+
+def progress_api(ledger: Ledger, progress: dict) -> FakeApi:
+    return FakeApi(
+        objects={
+            LEDGER: (ledger.dump(), 1),
+            f"{LEDGER}-0": ({fleetgate.PROGRESS_KEY: json.dumps(progress)}, 1),
+        }
+    )
+
+
+def test_a_retried_pod_skips_done_hosts_adopts_those_in_flight_and_applies_them_first():
+    ledger = Ledger(run="r1", budget=2, total=5, in_flight={"gpu-1": "pod-a", "cpu-9": "pod-z"})
+    api = progress_api(
+        ledger,
+        {"pods": ["pod-a"], "hosts": {"cpu-1": "changed", "gpu-1": "in_flight", "gpu-2": "failed"}},
+    )
+    progress = ShardProgress(api, f"{LEDGER}-0", "pod-b")
+    gate = LedgerGate(api, LEDGER, "pod-b", progress=progress)
+    todo = resume(progress, gate, ["cpu-1", "gpu-1", "gpu-2", "gpu-3"])
+    assert todo == ["gpu-1", "gpu-3"]  # cpu-1 done, gpu-2 failed (counted), gpu-1 adopted first
+    assert api.ledger().in_flight == {"gpu-1": "pod-b", "cpu-9": "pod-z"}  # still counted
+    assert progress.pods == ["pod-a", "pod-b"]
+    puts = api.puts
+    assert gate.acquire(todo, want=2) == ["gpu-1"]  # adopted: no new grant
+    assert api.puts == puts  # counted already: no new grant written
+    gate.release({"gpu-1": "changed"})
+    assert gate.acquire(["gpu-3"], want=1) == ["gpu-3"]
+    assert api.ledger().in_flight == {"cpu-9": "pod-z", "gpu-3": "pod-b"}
+    assert ["r" for e in api.ledger().history if e[2] == "adopt"] == ["r"]
+
+
+def test_a_host_released_before_its_pod_died_is_done_again_not_adopted():
+    ledger = Ledger(run="r1", budget=1, total=1, done=["gpu-1"])
+    api = progress_api(ledger, {"pods": ["pod-a"], "hosts": {"gpu-1": "in_flight"}})
+    progress = ShardProgress(api, f"{LEDGER}-0", "pod-b")
+    gate = LedgerGate(api, LEDGER, "pod-b", progress=progress)
+    assert resume(progress, gate, ["gpu-1"]) == ["gpu-1"] and gate.held == []
+    assert gate.acquire(["gpu-1"], want=1) == ["gpu-1"]
+    gate.release({"gpu-1": "ok"})
+    assert api.ledger().done == ["gpu-1"]  # counted once
+
+
+def test_the_controller_names_a_retried_shard_and_its_hosts_ends():
+    rollout = Rollout.__new__(Rollout)
+    rollout.loaded = type("L", (), {"cluster": type("C", (), {"name": "small"})()})()
+    rollout.options = RunOptions(mode=Mode.apply)
+    rollout.shard_of = [["cpu-1", "gpu-1"], ["gpu-2"]]
+    rollout.status = {"conditions": [{"type": "Complete", "status": "True"}]}
+    rollout.started = time.monotonic()
+    rollout.ledger = Ledger(run="r", budget=1, total=3, done=["cpu-1", "gpu-1"], failed=["gpu-2"])
+    rollout.progress = [
+        {"pods": ["p-0-a", "p-0-b"], "hosts": {"cpu-1": "changed", "gpu-1": "ok"}},
+        {"pods": ["p-1-a"], "hosts": {"gpu-2": "failed"}},
+    ]
+    report = rolloutjob.rollout_report(rollout)
+    assert {n: h.status for n, h in report.hosts.items()} == {
+        "cpu-1": HostStatus.changed,
+        "gpu-1": HostStatus.ok,
+        "gpu-2": HostStatus.failed,
+    }
+    assert "shard 0/2 was retried: pods p-0-a, p-0-b" in report.notes[0]
+    assert "p-1-a" in (report.hosts["gpu-2"].error or "")
+
+
+# -- refusals (exit 2) ----------------------------------------------------------------------------
+
+
+def rollout_cluster(small_cluster, write_cluster, tmp_path: Path, **job):
+    known = tmp_path / "known_hosts"
+    known.write_text("10.0.0.61 ssh-ed25519 AAAA\n")
+    small_cluster["ssh"] = {"known_hosts": str(known)}
+    small_cluster["group_vars"] = {
+        "all": {"rollout_job": {"enabled": True, "nodes": ["cpu-1"], **job}}
+    }
+    return write_cluster(small_cluster)
+
+
+@pytest.mark.parametrize(
+    ("limit", "group"),
+    [
+        ("etcd", "etcd"),
+        ("control_plane", "control_plane"),
+        ("lb-1", "loadbalancer"),
+        ("dns", "dns"),
+        ("", "etcd"),
+    ],
+)
+def test_apply_job_refuses_a_limit_reaching_a_group_that_does_not_roll_in_batches(
+    small_cluster, write_cluster, tmp_path, limit, group
+):
+    path = rollout_cluster(small_cluster, write_cluster, tmp_path)
+    extra = ["--limit", f"gpu_worker,{limit}"] if limit else []
+    result = CliRunner().invoke(app, ["apply", str(path), "--job", "--yes", *extra])
+    assert result.exit_code == 2
+    assert f"of the group {group}, which rolls" in result.stderr
+    assert "Traceback" not in result.output
+    assert not (path.parent / ".state").exists()  # refused before the lock
+
+
+def test_apply_job_accepts_the_worker_groups(small_cluster, write_cluster, tmp_path):
+    """Positive control: the same check passes gpu_worker and cpu_worker."""
+    loaded = load(rollout_cluster(small_cluster, write_cluster, tmp_path))
+    rollout = Rollout(loaded, RunOptions(mode=Mode.apply, limit=("gpu_worker", "cpu_worker")))
+    check_options(rollout)
+    assert rollout.control_plane == "cp-1"
+    assert "rollout_job" not in rollout.roles and "drift_job" not in rollout.roles
+    assert "kubernetes" in rollout.roles
+
+
+@pytest.mark.parametrize(
+    ("job", "args", "said"),
+    [
+        ({"enabled": False}, ["--limit", "gpu_worker"], "rollout_job.enabled: true"),
+        ({}, ["--limit", "gpu_worker", "--roles", "drift_job"], "carry a key from .state/"),
+        ({}, ["--limit", "gpu_worker", "--batch", "2"], "no --reboot, --batch or --rate"),
+    ],
+)
+def test_apply_job_refuses_what_a_job_cannot_do(
+    small_cluster, write_cluster, tmp_path, job, args, said
+):
+    path = rollout_cluster(small_cluster, write_cluster, tmp_path, **job)
+    result = CliRunner().invoke(app, ["apply", str(path), "--job", "--yes", *args])
+    assert result.exit_code == 2 and said in result.stderr
+
+
+def test_shards_without_job_is_refused(small_cluster, write_cluster, tmp_path):
+    path = rollout_cluster(small_cluster, write_cluster, tmp_path)
+    result = CliRunner().invoke(app, ["apply", str(path), "--shards", "2", "--yes"])
+    assert result.exit_code == 2 and "--shards: only with --job" in result.stderr
+
+
+# -- secrets and the manifest ---------------------------------------------------------------------
+
+
+def test_the_rollout_key_is_0600_in_a_0700_folder_from_creation(
+    small_cluster, write_cluster, tmp_path
+):
+    loaded = load(rollout_cluster(small_cluster, write_cluster, tmp_path))
+    with pytest.raises(StateMissing):
+        private_key(loaded.state_dir, StateAccess.existing)  # never made by a read
+    private_key(loaded.state_dir, StateAccess.create)
+    path = loaded.state_dir / STATE_KEY
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+
+
+def test_only_the_worker_groups_admit_the_key_with_restrict_and_from(
+    small_cluster, write_cluster, tmp_path
+):
+    loaded = load(rollout_cluster(small_cluster, write_cluster, tmp_path))
+    private_key(loaded.state_dir, StateAccess.create)
+    files = {ctx.name: {f.path: f for f in host_files(ctx)} for ctx in host_contexts(loaded)}
+    holders = sorted(name for name, found in files.items() if KEYS_FILE in found)
+    assert holders == ["cpu-1", "gpu-1"]
+    line = files["gpu-1"][KEYS_FILE].content
+    assert line.startswith('restrict,from="') and "10.0.0.71" in line
+    assert "PRIVATE" not in line
+
+
+def test_an_inventory_without_the_job_has_no_rollout_file(small_cluster, write_cluster):
+    loaded = load(write_cluster(small_cluster))
+    for ctx in host_contexts(loaded):
+        assert not any("gpuinfra-rollout" in f.path for f in host_files(ctx))
+
+
+def test_a_pods_roles_render_the_workers_over_an_empty_state(
+    small_cluster, write_cluster, tmp_path
+):
+    """The pods get no .state/: every file they apply on a worker must render without it;
+    the state-keyed roles (left to a local apply) would not (the positive control)."""
+    small_cluster["group_vars"] = {"all": {"drift_job": {"enabled": True, "nodes": ["cpu-1"]}}}
+    path = rollout_cluster(small_cluster, write_cluster, tmp_path)
+    data = yaml.safe_load(path.read_text())
+    data["group_vars"]["all"]["drift_job"] = {"enabled": True, "nodes": ["cpu-1"]}
+    data["group_vars"]["all"]["kubernetes"] = {"routes_nat_outgoing": True}
+    path.write_text(yaml.safe_dump(data))
+    loaded = load(path).with_state_access(StateAccess.existing)
+    rollout = Rollout(loaded, RunOptions(mode=Mode.apply, limit=("gpu_worker", "cpu_worker")))
+    check_options(rollout)
+    workers = [c for c in host_contexts(loaded) if c.name in ("gpu-1", "cpu-1")]
+    for ctx in workers:
+        assert host_files(ctx, rollout.roles)
+        with pytest.raises(StateMissing):
+            host_files(ctx, ("rollout_job",))
+    assert not loaded.state_dir.exists()
+
+
+class Kubectl:
+    """cp-1's kubectl and kubeadm for the controller's flow: a token, the manifest, a Job that
+    completes with each shard's progress written as its pods would."""
+
+    def __init__(self, ends: dict[str, str]):
+        self.ends = ends
+        self.commands: list[str] = []
+        self.stdin: list[bytes] = []
+        self.manifest: list[dict] = []
+        self.maps: dict[str, dict] = {}
+
+    def __call__(self, loaded, host, command, *, timeout, stdin=None):
+        assert host == "cp-1"
+        self.commands.append(command)
+        if stdin is not None:
+            self.stdin.append(stdin)
+        if "kubeadm token create" in command:
+            return RemoteResult(
+                host,
+                0,
+                "kubeadm join 10.0.0.21:6443 --token abcdef.0123456789abcdef "
+                "--discovery-token-ca-cert-hash sha256:" + "a" * 64 + "\n",
+            )
+        if "apply -f -" in command:
+            self.manifest = [d for d in yaml.safe_load_all(stdin.decode()) if d]
+            for doc in self.manifest:
+                if doc["kind"] == "ConfigMap":
+                    self.maps[doc["metadata"]["name"]] = doc["data"]
+            self._run_shards()
+            return RemoteResult(host, 0, "applied")
+        if " get job " in command:
+            return RemoteResult(
+                host,
+                0,
+                json.dumps({"status": {"conditions": [{"type": "Complete", "status": "True"}]}}),
+            )
+        if " get configmap " in command:
+            name = command.split(" get configmap ")[1].split()[0]
+            meta = {"name": name, "resourceVersion": "1"}
+            return RemoteResult(host, 0, json.dumps({"metadata": meta, "data": self.maps[name]}))
+        return RemoteResult(host, 0, "")
+
+    def _run_shards(self) -> None:
+        settings = json.loads(self.maps[f"{LEDGER}-inventory"]["settings.json"])
+        ledger = Ledger.parse(self.maps[LEDGER])
+        for index, hosts in enumerate(settings["shards"]):
+            ends = {h: self.ends.get(h, "changed") for h in hosts}
+            pods = [f"{LEDGER}-{index}-a"]
+            self.maps[f"{LEDGER}-{index}"] = {
+                fleetgate.PROGRESS_KEY: json.dumps({"pods": pods, "hosts": ends})
+            }
+            for host, end in ends.items():
+                (ledger.failed if end in fleetgate.FAILED_ENDS else ledger.done).append(host)
+        self.maps[LEDGER] = ledger.dump()
+
+
+def test_the_flow_publishes_a_manifest_without_state_and_keeps_secrets_off_command_lines(
+    small_cluster, write_cluster, tmp_path
+):
+    loaded = load(rollout_cluster(small_cluster, write_cluster, tmp_path))
+    key = private_key(loaded.state_dir, StateAccess.create)
+    kubectl = Kubectl({"gpu-1": "failed"})
+    rollout = Rollout(
+        loaded,
+        RunOptions(mode=Mode.apply, limit=("gpu_worker", "cpu_worker")),
+        runner=kubectl,
+        sleep=lambda s: None,
+    )
+    report = rolloutjob.fleet_rollout(rollout)
+    assert report.hosts["cpu-1"].status is HostStatus.changed
+    assert report.hosts["gpu-1"].status is HostStatus.failed
+    # The token and the key: on stdin only, never on a command line.
+    token = "abcdef.0123456789abcdef"
+    assert not any(token in c or "PRIVATE KEY" in c for c in kubectl.commands)
+    assert any(
+        c.endswith("kubeadm token delete --kubeconfig /etc/kubernetes/admin.conf abcdef")
+        for c in kubectl.commands
+    )
+    assert any("delete job,configmap,secret,role,rolebinding" in c for c in kubectl.commands)
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in kubectl.manifest}
+    job = docs[("Job", LEDGER)]
+    assert not state_mounts(job)
+    inventory = yaml.safe_load(docs[("ConfigMap", f"{LEDGER}-inventory")]["data"]["cluster.yml"])
+    assert inventory["ssh"]["key"] == rolloutjob.POD_KEY
+    assert key.strip() not in json.dumps(job)
+    role = docs[("Role", "gpuinfra-rollout")]
+    assert role["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "verbs": ["get", "update"],
+            "resourceNames": [LEDGER, f"{LEDGER}-0", f"{LEDGER}-1"],
+        }
+    ]
+    joined = json.loads(
+        __import__("base64").b64decode(
+            docs[("Secret", "gpuinfra-rollout-join")]["data"]["join.json"]
+        )
+    )
+    assert joined == {"token": token, "ca_cert_hash": "sha256:" + "a" * 64}
+
+
+def state_mounts(job: dict) -> list[str]:
+    """Every volume or mount of the Job's pods that names .state or a host path."""
+    spec = job["spec"]["template"]["spec"]
+    found = [v["name"] for v in spec.get("volumes", []) if "hostPath" in v]
+    found += [
+        m["mountPath"]
+        for c in spec["containers"]
+        for m in c.get("volumeMounts", [])
+        if ".state" in m["mountPath"]
+    ]
+    return found
+
+
+def test_the_state_mount_check_finds_one():
+    """Positive control of `state_mounts`."""
+    job = {
+        "spec": {
+            "template": {
+                "spec": {
+                    "volumes": [{"name": "state", "hostPath": {"path": "/root/.state"}}],
+                    "containers": [{"volumeMounts": [{"mountPath": "/inv/.state"}]}],
+                }
+            }
+        }
+    }
+    assert state_mounts(job) == ["state", "/inv/.state"]
+
+
+# -- the in-cluster lock --------------------------------------------------------------------------
+
+
+def ledger_on_cp1(ledger: Ledger, writes: list[bytes]):
+    def run(loaded, host, command, *, timeout, stdin=None):
+        if " get configmap " in command:
+            meta = {"name": LEDGER, "resourceVersion": "3"}
+            return RemoteResult(host, 0, json.dumps({"metadata": meta, "data": ledger.dump()}))
+        if "replace -f -" in command:
+            writes.append(stdin)
+            return RemoteResult(host, 0, "replaced")
+        return RemoteResult(host, 1, "", "unexpected")
+
+    return run
+
+
+def test_a_local_apply_during_a_live_rollout_exits_8_naming_the_job(
+    small_cluster, write_cluster, tmp_path, monkeypatch
+):
+    path = rollout_cluster(small_cluster, write_cluster, tmp_path)
+    live = Ledger(run="r9", budget=1, total=2, in_flight={"gpu-1": "p"}, heartbeat=time.time() - 5)
+    monkeypatch.setattr(rolloutlock, "run_remote", ledger_on_cp1(live, []))
+    result = CliRunner().invoke(app, ["apply", str(path), "--yes"])
+    assert result.exit_code == 8
+    assert "the rollout Job gpuinfra/gpuinfra-rollout-small (run r9" in result.stderr
+
+
+def test_a_stale_heartbeat_or_an_ended_rollout_holds_nothing(
+    small_cluster, write_cluster, tmp_path
+):
+    """Positive control of the test above: the same ledger, its heartbeat 121 s old."""
+    loaded = load(rollout_cluster(small_cluster, write_cluster, tmp_path))
+    now = time.time()
+    stale = Ledger(run="r9", budget=1, total=2, in_flight={"gpu-1": "p"}, heartbeat=now - 121)
+    assert rolloutlock.live_rollout(loaded, ledger_on_cp1(stale, []), now=now) is None
+    fresh = Ledger(run="r9", budget=1, total=2, in_flight={"gpu-1": "p"}, heartbeat=now - 119)
+    assert rolloutlock.live_rollout(loaded, ledger_on_cp1(fresh, []), now=now) is not None
+    ended = Ledger(run="r9", budget=1, total=1, done=["gpu-1"], heartbeat=now - 1)
+    assert rolloutlock.live_rollout(loaded, ledger_on_cp1(ended, []), now=now) is None
+
+
+def test_break_lock_marks_the_ledger_stopped(small_cluster, write_cluster, tmp_path):
+    loaded = load(rollout_cluster(small_cluster, write_cluster, tmp_path))
+    live = Ledger(run="r9", budget=1, total=2, heartbeat=time.time())
+    writes: list[bytes] = []
+    note = rolloutlock.check_rollout(
+        loaded,
+        tmp_path / "apply.lock",
+        break_lock=True,
+        who="me",
+        runner=ledger_on_cp1(live, writes),
+    )
+    assert note and note.startswith("stopped the rollout Job")
+    written = Ledger.parse(json.loads(writes[0])["data"])
+    assert written.stopped == "stopped by --break-lock (me)"
+    assert json.loads(writes[0])["metadata"]["resourceVersion"] == "3"
+
+
+def test_without_the_job_enabled_a_local_apply_asks_cp1_nothing(small_cluster, write_cluster):
+    loaded = load(write_cluster(small_cluster))
+
+    def never(*args, **kwargs):
+        raise AssertionError("asked cp-1")
+
+    assert rolloutlock.live_rollout(loaded, never) is None
+
+
+def test_swap_gives_up_after_too_many_conflicts():
+    api = new_api(conflicts=fleetgate.MAX_CONFLICTS)
+    with pytest.raises(fleetgate.LedgerError, match="write conflicts in a row"):
+        swap(api, LEDGER, lambda ledger: (None, True))

@@ -388,10 +388,26 @@ def rollout_report(rollout: Rollout) -> RunReport:
     report.notes.append(
         f"apply --job: {len(rollout.shard_of)} shard(s), budget {rollout.ledger.budget}, "
         f"{len(rollout.ledger.done)} done, {len(rollout.ledger.failed)} failed of "
-        f"{rollout.ledger.total}"
+        f"{rollout.ledger.total}; at most {most_in_flight(rollout.ledger)} host(s) in flight "
+        "at once (the ledger's history)"
     )
     report.seconds = time.monotonic() - rollout.started
     return report
+
+
+def most_in_flight(ledger: fleetgate.Ledger) -> int:
+    """The most hosts the ledger's history had in flight at one moment (an adoption moves a
+    host to another pod; it stays in flight). The history is in the order of the writes that
+    made it, each a compare-and-swap: the order they happened in."""
+    flying: set[str] = set()
+    most = 0
+    for _, _, event, host in ledger.history:
+        if event == "start":
+            flying.add(host)
+        elif event == "end":
+            flying.discard(host)
+        most = max(most, len(flying))
+    return most
 
 
 def _index_end(rollout: Rollout, index: int) -> str:

@@ -31,7 +31,10 @@ def test_render_sample_writes_files_for_all_28_hosts(tmp_path):
 
 # Templates a command renders when it runs, not `render`: each is rendered under StrictUndefined
 # by the test named here.
-RENDERED_BY_A_COMMAND = {"drift_job/fleet-job.yaml.j2": "tests/unit/test_fleet_job.py"}
+RENDERED_BY_A_COMMAND = {
+    "drift_job/fleet-job.yaml.j2": "tests/unit/test_fleet_job.py",
+    "rollout_job/rollout-job.yaml.j2": "tests/unit/test_rollout_job.py",
+}
 
 
 def test_every_template_is_rendered_from_the_sample(tmp_path):

@@ -178,6 +178,7 @@ def test_two_gates_on_one_ledger_never_exceed_the_budget():
     assert sorted(ran) == sorted(hosts[0] + hosts[1])  # every host ran, none twice
     assert len(api.ledger().done) == 24 and not api.ledger().in_flight
     assert api.puts > api.gets / 4 and api.puts > 24  # conflicts happened: a real contention
+    assert most <= rolloutjob.most_in_flight(api.ledger()) <= 3  # what the report says
 
 
 def test_the_contention_test_catches_a_store_without_compare_and_swap():
@@ -634,6 +635,15 @@ def test_the_flow_publishes_a_manifest_without_state_and_keeps_secrets_off_comma
         )
     )
     assert joined == {"token": token, "ca_cert_hash": "sha256:" + "a" * 64}
+
+
+def test_the_manifest_template_renders_under_strict_undefined(
+    small_cluster, write_cluster, tmp_path
+):
+    import jinja2
+
+    with pytest.raises(jinja2.UndefinedError):
+        rolloutjob.render_template("rollout_job/rollout-job.yaml.j2", cfg=None, cluster_name="x")
 
 
 def state_mounts(job: dict) -> list[str]:

@@ -1,0 +1,201 @@
+"""`gpuinfra apply --job` on the Kubernetes lab (docs/design/fleet-jobs.md sections 5 and 7).
+
+Opt-in: `pytest -m fleetjob tests/integration/test_rollout_job.py` (deselected by default, as
+test_drift_job.py is: it boots the Kubernetes lab of test_kubernetes.py under a name of its
+own). Not run yet: written with the rollout, to be run on a lab.
+
+The lab: test_kubernetes.py's topology and settings, with the rollout Job enabled on cp-2 (the
+workers are what it rolls, so its pods cannot run there), budget 1, two shards. Each test
+removes both workers from the cluster (`kubernetes node remove --force`) and has the Job join
+them again, so each leaves the cluster as it found it: both workers Ready.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cli.exitcodes import ExitCode
+from tests.helpers import GPUINFRA
+from tests.integration.roles_helpers import gpuinfra
+from tests.integration.test_kubernetes import (
+    LAB_NAME,
+    WORKERS,
+    Cluster,
+    applied_lab,
+    lab_inventory,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.fleetjob]
+
+ROLLOUT_LAB = os.environ.get("GPUINFRA_ROLLOUT_LAB_NAME", f"{LAB_NAME}-rollout")
+NODE = "cp-2"
+NAMESPACE = "gpuinfra"
+LEDGER = "gpuinfra-rollout-{cluster}"
+INDEX = "batch.kubernetes.io/job-completion-index"
+APPLY_JOB = ("--job", "--shards", "2", "--limit", "gpu_worker,cpu_worker", "--roles", "kubernetes")
+
+
+def rollout_inventory(path: Path) -> None:
+    lab_inventory(path)
+    data = yaml.safe_load(path.read_text())
+    everyone = data["group_vars"]["all"]
+    image = everyone["gpu_health"]["image"]  # the lab's gpuinfra image, built from this checkout
+    everyone["rollout_job"] = {
+        "enabled": True,
+        "nodes": [NODE],
+        "image": image,
+        "cpu": "100m",
+        "shards": 2,
+        "budget": 1,
+        "deadline_seconds": 1800,
+    }
+    everyone["kubernetes"]["routes_nat_outgoing"] = True
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory) -> Iterator[Cluster]:
+    report = tmp_path_factory.mktemp("rollout") / "apply.json"
+    yield from applied_lab(ROLLOUT_LAB, report, prepare=rollout_inventory)
+
+
+def remove_workers(cluster: Cluster) -> None:
+    for worker in WORKERS:
+        result = gpuinfra(
+            "kubernetes", "node", "remove", str(cluster.inventory), worker, "--force", "--yes"
+        )
+        assert result.returncode == 0, result.stderr
+    names = {n["metadata"]["name"] for n in cluster.get("nodes")["items"]}
+    assert not names & set(WORKERS), names
+
+
+def ready_workers(cluster: Cluster) -> dict[str, str]:
+    """Each worker Node's creation time, for those Ready."""
+    found = {}
+    for node in cluster.get("nodes")["items"]:
+        name = node["metadata"]["name"]
+        ready = any(
+            c["type"] == "Ready" and c["status"] == "True" for c in node["status"]["conditions"]
+        )
+        if name in WORKERS and ready:
+            found[name] = node["metadata"]["creationTimestamp"]
+    return found
+
+
+def wait_ready(cluster: Cluster, seconds: int = 300) -> dict[str, str]:
+    for _ in range(seconds // 5):
+        found = ready_workers(cluster)
+        if set(found) == set(WORKERS):
+            return found
+        time.sleep(5)
+    pytest.fail(f"workers not Ready after the rollout: {ready_workers(cluster)}")
+
+
+def apply_job(cluster: Cluster, *extra: str) -> tuple[int, dict, str]:
+    report = cluster.inventory.parent / f"apply-job-{time.monotonic_ns()}.json"
+    result = gpuinfra(
+        "apply", str(cluster.inventory), *APPLY_JOB, "--yes", "--format", "json",
+        "--report", str(report), *extra,
+    )  # fmt: skip
+    return result.returncode, json.loads(report.read_text()), result.stderr
+
+
+def start_job(cluster: Cluster) -> subprocess.Popen:
+    return subprocess.Popen(
+        [GPUINFRA, "apply", str(cluster.inventory), *APPLY_JOB, "--yes", "--format", "json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def ledger(cluster: Cluster) -> dict | None:
+    name = LEDGER.format(cluster=cluster.lab.loaded.cluster.name)
+    found = cluster.kubectl("get", "configmap", "-n", NAMESPACE, name, "-o", "json", check=False)
+    if found.returncode != 0:
+        return None
+    return json.loads(json.loads(found.stdout)["data"]["ledger.json"])
+
+
+def wait_in_flight(cluster: Cluster, seconds: int = 300) -> dict:
+    """The ledger once a host is in flight (a shard's pod is applying it)."""
+    for _ in range(seconds // 2):
+        found = ledger(cluster)
+        if found and found["in_flight"]:
+            return found
+        time.sleep(2)
+    pytest.fail("no host went in flight")
+
+
+def test_two_shards_with_budget_one_never_join_two_workers_at_once(cluster):
+    remove_workers(cluster)
+    code, report, stderr = apply_job(cluster)
+    assert code == ExitCode.OK, (stderr, report["notes"])
+    assert {report["hosts"][w]["status"] for w in WORKERS} <= {"changed", "ok"}
+    # The ledger's own history, read by the controller before it deleted the ledger.
+    assert any("at most 1 host(s) in flight at once" in note for note in report["notes"]), report[
+        "notes"
+    ]
+    created = wait_ready(cluster)
+    assert len(set(created.values())) == 2  # joined one after the other
+    # Nothing of the Job is left: no Job, ConfigMap, Secret (the key, the token) or Role.
+    left = cluster.kubectl(
+        "get", "job,configmap,secret,role", "-n", NAMESPACE,
+        "-l", "app.kubernetes.io/name=gpuinfra-rollout", "-o", "name",
+    )  # fmt: skip
+    assert left.stdout.strip() == ""
+    # The token was deleted on cp-1 (its TTL would end it anyway).
+    tokens = cluster.lab.ssh("cp-1", "kubeadm token list --kubeconfig /etc/kubernetes/admin.conf")
+    assert "gpuinfra" not in tokens.stdout.lower() or tokens.stdout.count("\n") <= 1
+
+
+def test_a_deleted_shard_pod_is_retried_and_the_rollout_completes(cluster):
+    remove_workers(cluster)
+    job = start_job(cluster)
+    try:
+        flying = wait_in_flight(cluster)
+        victim_pod = next(iter(flying["in_flight"].values()))
+        cluster.kubectl("delete", "pod", "-n", NAMESPACE, victim_pod, "--wait=false")
+        output, stderr = job.communicate(timeout=1500)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    report = json.loads(output)
+    assert job.returncode == ExitCode.OK, (stderr, report["notes"])
+    assert {report["hosts"][w]["status"] for w in WORKERS} <= {"changed", "ok"}
+    assert any("was retried: pods" in note for note in report["notes"]), report["notes"]
+    assert any("at most 1 host(s) in flight" in note for note in report["notes"])
+    wait_ready(cluster)
+
+
+def test_a_local_apply_while_the_job_runs_exits_8_naming_it(cluster, tmp_path):
+    """From another controller (a copy of the inventory and .state/: its own apply.lock), so
+    the refusal is the ledger's heartbeat, not this controller's flock."""
+    other = tmp_path / "other"
+    shutil.copytree(cluster.inventory.parent, other, symlinks=True)
+    remove_workers(cluster)
+    job = start_job(cluster)
+    try:
+        wait_in_flight(cluster)
+        local = gpuinfra(
+            "apply", str(other / cluster.inventory.name), "--yes", "--limit", "cpu-1",
+            "--roles", "base",
+        )  # fmt: skip
+        assert local.returncode == ExitCode.LOCKED, local.stderr
+        name = LEDGER.format(cluster=cluster.lab.loaded.cluster.name)
+        assert f"the rollout Job {NAMESPACE}/{name}" in local.stderr
+        output, stderr = job.communicate(timeout=1500)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == ExitCode.OK, stderr
+    wait_ready(cluster)

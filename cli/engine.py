@@ -109,8 +109,9 @@ def apply(
     controller's .state/."""
     connecting()
     if job_shard:  # a rollout Job's pod (engine/rolloutshard.py): its settings beside CLUSTER
-        from engine.rolloutshard import main
+        from engine.rolloutshard import exit_on_sigterm, main
 
+        exit_on_sigterm()
         raise typer.Exit(main(Path(cluster)))
     from engine.context import load
     from engine.reports import Mode

@@ -52,7 +52,10 @@ JOB_LABEL = "app.kubernetes.io/name=gpuinfra-rollout"
 STATE_KEYED_ROLES = ("drift_job", "rollout_job")
 # Where the pod finds what the Job mounts (templates/rollout_job/rollout-job.yaml.j2).
 POD_DIR = "/etc/gpuinfra/rollout"
-POD_KEY = "/etc/gpuinfra/rollout-key/id_ed25519"
+# The key as the Secret mounts it (0440, group 65532), and the copy the inventory names: ssh and
+# the inventory's check refuse a key its group may read (engine/rolloutshard.py copies it).
+MOUNTED_KEY = "/etc/gpuinfra/rollout-key/id_ed25519"
+POD_KEY = "/run/gpuinfra/id_ed25519"
 # kubeadm's join command, as `kubeadm token create --print-join-command` prints it.
 _JOIN_COMMAND = re.compile(r"--token\s+(\S+).*--discovery-token-ca-cert-hash\s+(sha256:[0-9a-f]+)")
 # The token outlives the Job's deadline by this much: a pod started late can still join.

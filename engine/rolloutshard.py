@@ -21,6 +21,9 @@ from engine import fleetgate
 
 SETTINGS = "settings.json"
 SETTINGS_FORMAT = 1  # day2/rolloutjob.py writes it
+# day2/rolloutjob.py MOUNTED_KEY and POD_KEY: the Secret's file, and its 0400 copy in memory.
+MOUNTED_KEY = Path("/etc/gpuinfra/rollout-key/id_ed25519")
+POD_KEY = Path("/run/gpuinfra/id_ed25519")
 TERMINATED = 128 + signal.SIGTERM
 
 
@@ -53,12 +56,15 @@ def shard_index(settings: dict, environ=os.environ) -> int:
     return index
 
 
+def exit_on_sigterm() -> None:
+    """The pod's PID 1: without a handler the kernel spares it the SIGTERM of a deleted pod.
+    Ending at once leaves the hosts in flight in the ledger and the progress: the next pod of
+    the index adopts them."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(TERMINATED))
+
+
 def main(cluster_file: Path, api: fleetgate.LedgerApi | None = None, environ=os.environ) -> int:
     """Run the shard; prints one JSON line of its hosts' ends."""
-    # PID 1 of the pod: without a handler the kernel spares it the SIGTERM of a deleted pod.
-    # Ending at once leaves the hosts in flight in the ledger and the progress: the next pod
-    # of the index adopts them.
-    signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(TERMINATED))
     folder = cluster_file.parent
     try:
         settings = read_settings(folder)
@@ -69,12 +75,28 @@ def main(cluster_file: Path, api: fleetgate.LedgerApi | None = None, environ=os.
     pod = environ.get("POD_NAME", f"shard-{index}")
     api = api or fleetgate.InClusterApi(settings["namespace"])
     try:
+        if MOUNTED_KEY.exists():
+            copy_key(MOUNTED_KEY, POD_KEY)
+    except OSError as exc:
+        print(f"gpuinfra rollout shard: the rollout key: {exc.strerror}", file=sys.stderr)
+        return 2
+    try:
         report = run_shard(cluster_file, settings, index, pod, api)
     except fleetgate.LedgerError as exc:
         print(f"gpuinfra rollout shard {index}: {exc}", file=sys.stderr)
         return 1
     print(json.dumps({"run": settings["run"], "shard": index, "pod": pod, "hosts": report}))
     return 0
+
+
+def copy_key(source: Path, target: Path) -> None:
+    """The key where the inventory names it, 0400 from its first byte (ssh and the inventory's
+    check refuse one its group may read, as the Secret's mount is)."""
+    data = source.read_bytes()
+    target.unlink(missing_ok=True)
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
 
 
 def run_shard(

@@ -69,3 +69,10 @@ def holds_until(moment: dt.datetime) -> None:
 
 def expired(until: float | None) -> bool:
     return until is not None and time.time() >= until
+
+
+def wall_seconds() -> float:
+    """Epoch seconds for what shards on several hosts pace together by (the rollout Job's join
+    slots, toolkit/pacing.py SlotPacer; chrony keeps the nodes' clocks together). Not an input
+    of any rendering, so it sets no horizon."""
+    return time.time()

@@ -17,6 +17,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from toolkit.clock import wall_seconds
+
 _RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d+(?:\.\d+)?)\s*(s|m)?\s*$")
 
 
@@ -140,7 +142,7 @@ class SlotPacer:
         rate: Rate,
         index: int,
         count: int,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = wall_seconds,
         sleep: Callable[[float], None] | None = None,
         late: float = LATE_S,
     ):

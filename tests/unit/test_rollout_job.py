@@ -646,6 +646,30 @@ def test_the_manifest_template_renders_under_strict_undefined(
         rolloutjob.render_template("rollout_job/rollout-job.yaml.j2", cfg=None, cluster_name="x")
 
 
+def test_the_pod_copies_the_key_0400_and_names_the_copy(tmp_path):
+    from engine import rolloutshard
+
+    mounted = tmp_path / "mounted"
+    mounted.write_text("KEY\n")
+    mounted.chmod(0o440)
+    copy = tmp_path / "run" / "id_ed25519"
+    copy.parent.mkdir()
+    rolloutshard.copy_key(mounted, copy)
+    assert stat.S_IMODE(copy.stat().st_mode) == 0o400 and copy.read_text() == "KEY\n"
+    assert (
+        Path(rolloutjob.MOUNTED_KEY),
+        Path(rolloutjob.POD_KEY),
+    ) == (rolloutshard.MOUNTED_KEY, rolloutshard.POD_KEY)
+
+
+def test_a_pod_of_another_gpuinfra_exits_2(tmp_path, capsys):
+    from engine import rolloutshard
+
+    (tmp_path / "settings.json").write_text(json.dumps({"format": 99}))
+    code = rolloutshard.main(tmp_path / "cluster.yml", api=new_api(), environ={})
+    assert code == 2 and "format 99" in capsys.readouterr().err
+
+
 def state_mounts(job: dict) -> list[str]:
     """Every volume or mount of the Job's pods that names .state or a host path."""
     spec = job["spec"]["template"]["spec"]

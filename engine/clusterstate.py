@@ -67,11 +67,10 @@ def applying(
 def _check_rollout_job(loaded: LoadedCluster, held: HeldLock, break_lock: bool) -> None:
     """A rollout Job's ledger is the lock inside the cluster (engine/rolloutlock.py): asked on
     cp-1 only when the inventory enables the Job, so any other apply asks nothing more."""
-    from roles.rollout_job.role import fleet_config
+    from engine.rolloutlock import check_rollout, fleet_config
 
-    if not fleet_config(loaded).enabled:
+    if not loaded.cluster.hosts or not fleet_config(loaded).enabled:
         return
-    from engine.rolloutlock import check_rollout
 
     note = check_rollout(loaded, held.path, break_lock=break_lock, who=held.holder.describe())
     if note:

@@ -13,11 +13,20 @@ from pathlib import Path
 from engine import fleetgate
 from engine.applylock import LockHeld
 from inventory.model import LoadedCluster
-from roles.kubernetes.files import ADMIN_CONF
-from roles.rollout_job.role import fleet_config
 from toolkit.remote import RemoteRunner, run_remote
+from toolkit.spec import settings_of
 
+# The kubernetes role's admin kubeconfig on cp-1 (roles/kubernetes/files.py ADMIN_CONF; the
+# engine reaches roles only through the registry; tests/unit/test_rollout_job.py keeps them
+# equal), and kubectl as the day-2 flows run it (day2/kubernetes.py KUBECTL).
+ADMIN_CONF = "/etc/kubernetes/admin.conf"
 KUBECTL = f"kubectl --kubeconfig {ADMIN_CONF} --request-timeout=30s"
+
+
+def fleet_config(loaded: LoadedCluster):
+    """The rollout Job's settings (group_vars.all only, the same on every host)."""
+    first = next(iter(loaded.cluster.hosts))
+    return settings_of(loaded, first, "rollout_job")
 
 
 class RolloutHoldsLock(LockHeld):

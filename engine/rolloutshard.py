@@ -107,8 +107,7 @@ def run_shard(
     from engine.reports import Mode, RunOptions
     from engine.runner import run
     from inventory.model import StateAccess
-    from roles.kubernetes.operations import JOIN_PACER
-    from toolkit.pacing import Rate, SlotPacer, install_pacer
+    from toolkit.pacing import JOIN_PACER, Rate, SlotPacer, install_pacer
 
     ledger = settings["ledger"]
     hosts = settings["shards"][index]

@@ -19,6 +19,10 @@ from dataclasses import dataclass
 
 from toolkit.clock import wall_seconds
 
+# The shared pacer the kubernetes role's worker joins draw from (roles/kubernetes/operations.py);
+# a rollout shard installs its SlotPacer under this name (engine/rolloutshard.py).
+JOIN_PACER = "kubernetes-join"
+
 _RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d+(?:\.\d+)?)\s*(s|m)?\s*$")
 
 

@@ -48,10 +48,9 @@ from toolkit import record
 from toolkit.aptkeys import KeyFingerprints, fetch_key_commands
 from toolkit.facts import HeldPackages
 from toolkit.operations import report_note, wait_for
-from toolkit.pacing import Pacer, Rate, SlotPacer, shared_pacer
+from toolkit.pacing import JOIN_PACER, Pacer, Rate, SlotPacer, shared_pacer
 
 PACKAGES = ("kubeadm", "kubelet", "kubectl")
-JOIN_PACER = "kubernetes-join"
 # An API server that pushes back: HTTP 429 or a 5xx in kubeadm's error output.
 _THROTTLED = re.compile(r"\b(429|50[0-4])\b|Too Many Requests|Service Unavailable", re.I)
 _JOIN_COMMAND = re.compile(r"--token\s+(\S+).*--discovery-token-ca-cert-hash\s+(sha256:[0-9a-f]+)")

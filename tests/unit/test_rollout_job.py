@@ -765,6 +765,13 @@ def test_without_the_job_enabled_a_local_apply_asks_cp1_nothing(small_cluster, w
     assert rolloutlock.live_rollout(loaded, never) is None
 
 
+def test_the_engine_names_the_kubernetes_roles_admin_kubeconfig():
+    from day2.kubernetes import KUBECTL
+    from roles.kubernetes.files import ADMIN_CONF
+
+    assert rolloutlock.ADMIN_CONF == ADMIN_CONF and rolloutlock.KUBECTL == KUBECTL
+
+
 def test_swap_gives_up_after_too_many_conflicts():
     api = new_api(conflicts=fleetgate.MAX_CONFLICTS)
     with pytest.raises(fleetgate.LedgerError, match="write conflicts in a row"):

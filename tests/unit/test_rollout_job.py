@@ -776,3 +776,48 @@ def test_swap_gives_up_after_too_many_conflicts():
     api = new_api(conflicts=fleetgate.MAX_CONFLICTS)
     with pytest.raises(fleetgate.LedgerError, match="write conflicts in a row"):
         swap(api, LEDGER, lambda ledger: (None, True))
+
+
+# -- the join token in a pod ----------------------------------------------------------------------
+
+
+def test_a_pod_joins_with_the_token_the_controller_minted_and_asks_cp1_nothing(
+    tmp_path, monkeypatch
+):
+    from roles.kubernetes import operations
+
+    secret = tmp_path / "join.json"
+    secret.write_text(json.dumps({"token": "abcdef.0123456789abcdef", "ca_cert_hash": "sha256:f"}))
+    monkeypatch.setenv(operations.JOIN_SECRETS_ENV, str(secret))
+
+    class NoState:  # a pyinfra state whose cp-1 would be asked: it must not be
+        def __getattr__(self, name):
+            raise AssertionError(f"asked the run's state for {name}")
+
+    found = operations.join_secrets(NoState(), "cp-1", control_plane=False, token_ttl="1h")
+    assert (found.token, found.ca_cert_hash, found.certificate_key) == (
+        "abcdef.0123456789abcdef",
+        "sha256:f",
+        None,
+    )
+    with pytest.raises(operations.JoinFailed, match="workers only"):
+        operations.join_secrets(NoState(), "cp-1", control_plane=True, token_ttl="1h")
+
+
+def test_an_unreadable_join_secret_is_named_never_shown(tmp_path, monkeypatch):
+    from roles.kubernetes import operations
+
+    secret = tmp_path / "join.json"
+    secret.write_text('{"token": "abcdef.0123456789abcdef"')  # cut short
+    monkeypatch.setenv(operations.JOIN_SECRETS_ENV, str(secret))
+    with pytest.raises(operations.JoinFailed) as caught:
+        operations.preset_join_secrets()
+    assert str(secret) in str(caught.value) and "0123456789abcdef" not in str(caught.value)
+
+
+def test_outside_a_pod_no_join_secret_is_preset(monkeypatch):
+    """Positive control: without the variable a local apply mints its own token as before."""
+    from roles.kubernetes import operations
+
+    monkeypatch.delenv(operations.JOIN_SECRETS_ENV, raising=False)
+    assert operations.preset_join_secrets() is None

@@ -22,6 +22,7 @@ import resource
 import shutil
 import signal
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -37,6 +38,12 @@ DATA_DIR = "/etc/gpuinfra/drift"
 KEY_FILE = "/etc/gpuinfra/drift-key/id_ed25519"
 RUN_DIR = "/run/gpuinfra"  # a memory emptyDir: ssh refuses a key its group may read
 TERMINATION_LOG = "/dev/termination-log"
+# The container's memory high-water mark, as its cgroup keeps it: v1, then v2 (memory.peak,
+# Linux 5.19+). Readable by the pod's user; absent elsewhere, and then not reported.
+MEMORY_PEAK_FILES = (
+    "/sys/fs/cgroup/memory/memory.max_usage_in_bytes",
+    "/sys/fs/cgroup/memory.peak",
+)
 
 MATCHED, UNSETTLED, SSH = "matched", "unsettled", "ssh"
 # A shard stopped before it reported (its pod deleted, evicted or drained): the exit code a
@@ -172,14 +179,26 @@ def read_report(line: bytes) -> dict:
     return document
 
 
-def _usage() -> dict:
+def _usage(started: float | None = None, peak_files: tuple[str, ...] = MEMORY_PEAK_FILES) -> dict:
+    """The shard's own cost: CPU of itself and its ssh clients, the largest process, its wall
+    seconds, and the container's memory peak where its cgroup shows one (the benchmark's
+    per-shard figures, benchmarks/jobs.py)."""
     own, children = (
         resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
     )
-    return {
+    usage: dict = {
         "cpu_s": round(own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime, 3),
         "max_rss_kib": max(own.ru_maxrss, children.ru_maxrss),
     }
+    if started is not None:
+        usage["seconds"] = round(time.monotonic() - started, 3)
+    for path in peak_files:
+        try:
+            usage["memory_peak_bytes"] = int(Path(path).read_text().split()[0])
+            break
+        except (OSError, ValueError, IndexError):
+            continue
+    return usage
 
 
 def private_key_copy(source: Path, folder: Path) -> Path:
@@ -203,6 +222,7 @@ def run_shard(
 ) -> int:
     """Ask every host of shard `index`; 0 when it reported (whatever the hosts answered),
     2 when its input is bad, TERMINATED when stopped before it reported."""
+    started = time.monotonic()
     try:
         sheet = read_sheet(folder, index)
         key = private_key_copy(key_source, run_dir)
@@ -225,7 +245,7 @@ def run_shard(
         return TERMINATED
     finally:
         signal.signal(signal.SIGTERM, previous)
-    line = report_line(sheet["run"], index, sheet["count"], hosts, _usage())
+    line = report_line(sheet["run"], index, sheet["count"], hosts, _usage(started))
     out = stdout if stdout is not None else sys.stdout.buffer
     out.write(line + b"\n")
     out.flush()

@@ -498,7 +498,8 @@ def merge(run: JobRun) -> None:
     )
     at = len(run.notes) + 1
     for index in sorted(run.usage):
-        report.notes.insert(at, usage_note(index, len(run.sheets), run.usage[index]))
+        usage = {"hosts": len(run.shard_of[index]), **run.usage[index]}
+        report.notes.insert(at, usage_note(index, len(run.sheets), usage))
         at += 1
     run.report = report
 

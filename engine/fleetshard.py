@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from engine.fingerprint.check import Asking
+from engine.fingerprint.check import KEEPALIVE_S, Asking
 from toolkit import driftprobe
 
 SHEET_FORMAT = 1  # bump when the sheet or the report changes: a skewed pod exits 2
@@ -105,7 +105,8 @@ def read_sheet(folder: Path, index: int) -> dict:
 
 def shard_argv(sheet: dict, key: str, known_hosts: str, address: str) -> list[str]:
     """ssh to one host as the forced-command user: no command (the host forces its own), no
-    pty, no agent or config of the pod's, host keys checked against the shard's known_hosts."""
+    pty, no agent or config of the pod's, host keys checked against the shard's known_hosts; a
+    silent host is dropped as a local probe drops it (check.probe_argv)."""
     return [
         "ssh",
         "-F",
@@ -123,6 +124,10 @@ def shard_argv(sheet: dict, key: str, known_hosts: str, address: str) -> list[st
         f"UserKnownHostsFile={known_hosts}",
         "-o",
         "GlobalKnownHostsFile=/dev/null",
+        "-o",
+        f"ServerAliveInterval={KEEPALIVE_S}",
+        "-o",
+        "ServerAliveCountMax=6",
         "-o",
         f"ConnectTimeout={int(sheet['timeout'])}",
         "-p",

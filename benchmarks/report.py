@@ -6,6 +6,7 @@ import math
 import statistics
 from pathlib import Path
 
+from benchmarks import jobreport
 from benchmarks.suites import BASELINE, CONNECT, ENGINES, EXACT, PROBE_FLOOR
 from engine.fingerprint.check import DEFAULT_PARALLEL
 
@@ -366,6 +367,12 @@ def markdown(results: dict) -> str:
                 f"| `{entry['command']}` under {TARGET_CLI_CPU_SECONDS} s of CPU | {cpu:.2f} s "
                 f"(median of {entry['runs']}) | {_status(cpu < TARGET_CLI_CPU_SECONDS)} |"
             )
+    jobs = results.get("jobs")
+    if jobs:
+        lines += jobreport.markdown(jobs, results.get("jobs_machine", {}))
+        row = jobreport.target_row(jobs)
+        if row:
+            targets.append(row)
     if targets:
         lines += ["## Targets", "", "| target | measured | status |", "| --- | --- | --- |"]
         lines += targets + [""]
@@ -483,6 +490,9 @@ def plots(results: dict, out: Path) -> list[Path]:
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(path)
+    job_plot = jobreport.plot(results.get("jobs", {}), out)
+    if job_plot is not None:
+        written.append(job_plot)
     return written
 
 

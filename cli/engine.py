@@ -182,6 +182,14 @@ def drift(
         int | None,
         typer.Option("--shards", min=1, help="With --job: the number of pods [default: by size]."),
     ] = None,
+    job_cluster: Annotated[
+        Path | None,
+        typer.Option(
+            "--job-cluster",
+            help="With --job: run the Job on this inventory's cluster (its drift_job nodes) "
+            "instead of the checked one's; the checked hosts admit it by drift_job.sources.",
+        ),
+    ] = None,
 ) -> None:
     """The CI check: exit 0 clean, 3 drift, 4 unreachable, 1 error; never changes a host.
 
@@ -197,8 +205,15 @@ def drift(
     if shards is not None and not job:
         with reporting():
             raise UserError("--shards: only with --job")
+    if job_cluster is not None and not job:
+        with reporting():
+            raise UserError("--job-cluster: only with --job")
     if job:
-        report = _drift_job(loaded, options, output, shards, exact)
+        there = None
+        if job_cluster is not None:
+            with reporting():
+                there = load(job_cluster)
+        report = _drift_job(loaded, options, output, shards, exact, there)
     elif exact:
         loaded = _read_only(loaded, roles)
         connecting()
@@ -293,7 +308,7 @@ def _drift(loaded, options, output):
         return drift(loaded, options, run_exact)
 
 
-def _drift_job(loaded, options, output, shards: int | None, exact: bool):
+def _drift_job(loaded, options, output, shards: int | None, exact: bool, job_cluster=None):
     """drift --job (day2/fleetjob.py): the Job's shards, then the exact check of the rest."""
     from day2.fleetjob import FleetJobError, FleetJobRefused, JobRun, fleet_drift
 
@@ -308,7 +323,8 @@ def _drift_job(loaded, options, output, shards: int | None, exact: bool):
 
     with reporting():
         try:
-            return fleet_drift(JobRun(loaded, options, run_exact, count=shards))
+            run = JobRun(loaded, options, run_exact, count=shards, job_cluster=job_cluster)
+            return fleet_drift(run)
         except FleetJobRefused as exc:
             raise UserError(str(exc)) from None
         except FleetJobError as exc:

@@ -10,6 +10,11 @@ that never reported is named and its hosts fail (exit 1).
 Every kubectl runs on the first control-plane node with admin.conf, through
 `toolkit.remote.run_remote` (the Secret with the drift key goes on stdin, never on a command
 line). Nothing of the Job is left when the flow ends, whichever way it ends.
+
+With `job_cluster` (`drift --job --job-cluster OTHER.yml`) the Job runs on another inventory's
+cluster: its drift_job settings place the pods (nodes, image, namespace, resources, deadline)
+and its first control-plane node runs kubectl, while the checked inventory gives the hosts, the
+drift key, the user and the ssh settings (docs/design/fleet-jobs.md section 6).
 """
 
 from __future__ import annotations
@@ -67,11 +72,13 @@ class JobRun:
     run_exact: ExactRun
     count: int | None = None  # --shards; None: the inventory's drift_job.shards or per size
     runner: RemoteRunner = run_remote
+    job_cluster: LoadedCluster | None = None  # where the Job runs; None: the checked cluster
     sleep: Callable[[float], None] = time.sleep
     clock: Callable[[], float] = time.monotonic
     run: str = field(default_factory=lambda: secrets.token_hex(6))
     started: float = field(default_factory=time.monotonic)
-    cfg: DriftJobConfig | None = None
+    cfg: DriftJobConfig | None = None  # the checked inventory's: user, parallel, shards
+    job_cfg: DriftJobConfig | None = None  # the Job's cluster's: nodes, image, namespace ...
     control_plane: str = ""
     hosts: list[str] = field(default_factory=list)  # the run's hosts, in inventory order
     notes: list[str] = field(default_factory=list)
@@ -82,6 +89,7 @@ class JobRun:
     shard_of: list[list[str]] = field(default_factory=list)  # each shard's hosts
     status: dict = field(default_factory=dict)  # the Job's status when it ended
     answered: dict[str, shard_io.ShardHost] = field(default_factory=dict)
+    usage: dict[int, dict] = field(default_factory=dict)  # index -> the shard's own rusage
     failed: dict[str, HostReport] = field(default_factory=dict)  # hosts of a silent shard
     exact_report: RunReport | None = None
     report: RunReport | None = None
@@ -92,14 +100,19 @@ class JobRun:
 
     @property
     def namespace(self) -> str:
-        assert self.cfg is not None
-        return self.cfg.namespace
+        assert self.job_cfg is not None
+        return self.job_cfg.namespace
+
+    @property
+    def job_loaded(self) -> LoadedCluster:
+        """The inventory of the cluster the Job runs on (kubectl on its first control plane)."""
+        return self.job_cluster if self.job_cluster is not None else self.loaded
 
     def kubectl(self, action: str, command: str, *, stdin: bytes | None = None) -> str:
         """kubectl on the first control-plane node; FleetJobError naming `action` if it fails."""
         full = f"{KUBECTL} -n {shlex.quote(self.namespace)} {command}"
         extra = {"stdin": stdin} if stdin is not None else {}
-        result = self.runner(self.loaded, self.control_plane, full, timeout=120, **extra)
+        result = self.runner(self.job_loaded, self.control_plane, full, timeout=120, **extra)
         if not result.ok:
             raise FleetJobError(
                 f"{action}: kubectl on {self.control_plane} failed: {result.tail(300)}"
@@ -134,9 +147,26 @@ def check_options(run: JobRun) -> None:
             f"{loaded.source}: ssh.bastion: the Job's pods connect from the cluster, not "
             "through the bastion; run drift without --job"
         )
-    control_planes = loaded.cluster.in_group("control_plane")
+    there = run.job_loaded
+    if run.job_cluster is None:
+        run.job_cfg = cfg
+        if not cfg.nodes:
+            raise FleetJobRefused(
+                f"{loaded.source}: drift_job.nodes is empty: this inventory's Job runs in "
+                "another cluster (--job-cluster THAT_INVENTORY)"
+            )
+    else:
+        run.job_cfg = fleet_config(there)
+        if not run.job_cfg.enabled or not run.job_cfg.nodes:
+            raise FleetJobRefused(
+                f"--job-cluster {there.source}: the Job's cluster needs "
+                "group_vars.all.drift_job.enabled: true and its nodes"
+            )
+        if there.source == loaded.source:
+            run.job_cluster = None  # the same inventory: a plain --job
+    control_planes = there.cluster.in_group("control_plane")
     if not control_planes:
-        raise FleetJobRefused(f"{loaded.source}: drift --job needs a control_plane host")
+        raise FleetJobRefused(f"{there.source}: drift --job needs a control_plane host")
     run.control_plane = control_planes[0]
 
 
@@ -259,10 +289,10 @@ def job_manifest(run: JobRun) -> str:
     and the Job, as one YAML stream (it holds the drift key: stdin only)."""
     from toolkit.spec import settings_of
 
-    loaded, cfg = run.loaded, run.cfg
+    loaded, cfg, there = run.loaded, run.job_cfg, run.job_loaded
     assert cfg is not None
     key = private_key(loaded.state_dir, StateAccess.existing)
-    calico = any(settings_of(loaded, n, "kubernetes").cni == "calico" for n in cfg.nodes)
+    calico = any(settings_of(there, n, "kubernetes").cni == "calico" for n in cfg.nodes)
     return render_template(
         "drift_job/fleet-job.yaml.j2",
         cfg=cfg,
@@ -275,7 +305,7 @@ def job_manifest(run: JobRun) -> str:
         },
         key_base64=base64.b64encode((key.strip() + "\n").encode()).decode(),
         shards=[{"sheet": sheet, "known_hosts": keys} for sheet, keys in run.sheets],
-        tolerations=job_tolerations(loaded, cfg),
+        tolerations=job_tolerations(there, cfg),
         network_policy=calico,
         egress=[str(loaded.cluster.networks.node)],
         port=loaded.cluster.ssh.port,
@@ -298,8 +328,8 @@ def wait(run: JobRun) -> None:
     """Until the Job is Complete or Failed, or past its deadline and a margin."""
     if not run.sheets:
         return
-    assert run.cfg is not None
-    until = run.clock() + run.cfg.deadline_seconds + 60
+    assert run.job_cfg is not None
+    until = run.clock() + run.job_cfg.deadline_seconds + 60
     while True:
         text = run.kubectl("wait for the Job", f"get job {run.name} -o json")
         try:
@@ -340,6 +370,8 @@ def collect(run: JobRun) -> None:
             continue
         for name, status, reason, seconds in found["hosts"]:
             run.answered[name] = shard_io.ShardHost(name, status, reason, seconds)
+        if isinstance(found.get("rusage"), dict):
+            run.usage[index] = found["rusage"]
 
 
 def _shard_report(run: JobRun, index: int, count: int, pods: list[dict]) -> dict | str:
@@ -352,7 +384,7 @@ def _shard_report(run: JobRun, index: int, count: int, pods: list[dict]) -> dict
     pod = succeeded[-1]
     name = pod["metadata"]["name"]
     logs = run.runner(
-        run.loaded,
+        run.job_loaded,
         run.control_plane,
         f"{KUBECTL} -n {shlex.quote(run.namespace)} logs {shlex.quote(name)} -c drift",
         timeout=120,
@@ -464,7 +496,38 @@ def merge(run: JobRun) -> None:
         f"{len(run.exact)} checked by the controller, {len(run.failed)} in shards that did "
         "not report",
     )
+    at = len(run.notes) + 1
+    for index in sorted(run.usage):
+        usage = {"hosts": len(run.shard_of[index]), **run.usage[index]}
+        report.notes.insert(at, usage_note(index, len(run.sheets), usage))
+        at += 1
     run.report = report
+
+
+USAGE_NOTE = "drift --job: shard {index}/{count} used "
+
+
+def usage_note(index: int, count: int, usage: dict) -> str:
+    """What a shard said it cost itself (its rusage, self and children, and its pod's memory
+    peak where the cgroup shows it): one note per shard, its JSON after the prefix, which the
+    benchmark reads back (`read_usage_notes`)."""
+    return USAGE_NOTE.format(index=index, count=count) + json.dumps(usage, sort_keys=True)
+
+
+def read_usage_notes(notes: list[str]) -> dict[int, dict]:
+    """index -> usage, from a report's notes (`usage_note`'s inverse)."""
+    found: dict[int, dict] = {}
+    for note in notes:
+        head, _, rest = note.partition(" used ")
+        words = head.split()
+        if not note.startswith("drift --job: shard ") or len(words) != 4 or not rest:
+            continue
+        index = words[3].split("/")[0]
+        try:
+            found[int(index)] = json.loads(rest)
+        except ValueError:
+            continue
+    return found
 
 
 def delete(run: JobRun) -> None:

@@ -22,11 +22,12 @@ import resource
 import shutil
 import signal
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from engine.fingerprint.check import Asking
+from engine.fingerprint.check import KEEPALIVE_S, Asking
 from toolkit import driftprobe
 
 SHEET_FORMAT = 1  # bump when the sheet or the report changes: a skewed pod exits 2
@@ -37,6 +38,12 @@ DATA_DIR = "/etc/gpuinfra/drift"
 KEY_FILE = "/etc/gpuinfra/drift-key/id_ed25519"
 RUN_DIR = "/run/gpuinfra"  # a memory emptyDir: ssh refuses a key its group may read
 TERMINATION_LOG = "/dev/termination-log"
+# The container's memory high-water mark, as its cgroup keeps it: v1, then v2 (memory.peak,
+# Linux 5.19+). Readable by the pod's user; absent elsewhere, and then not reported.
+MEMORY_PEAK_FILES = (
+    "/sys/fs/cgroup/memory/memory.max_usage_in_bytes",
+    "/sys/fs/cgroup/memory.peak",
+)
 
 MATCHED, UNSETTLED, SSH = "matched", "unsettled", "ssh"
 # A shard stopped before it reported (its pod deleted, evicted or drained): the exit code a
@@ -98,7 +105,8 @@ def read_sheet(folder: Path, index: int) -> dict:
 
 def shard_argv(sheet: dict, key: str, known_hosts: str, address: str) -> list[str]:
     """ssh to one host as the forced-command user: no command (the host forces its own), no
-    pty, no agent or config of the pod's, host keys checked against the shard's known_hosts."""
+    pty, no agent or config of the pod's, host keys checked against the shard's known_hosts; a
+    silent host is dropped as a local probe drops it (check.probe_argv)."""
     return [
         "ssh",
         "-F",
@@ -116,6 +124,10 @@ def shard_argv(sheet: dict, key: str, known_hosts: str, address: str) -> list[st
         f"UserKnownHostsFile={known_hosts}",
         "-o",
         "GlobalKnownHostsFile=/dev/null",
+        "-o",
+        f"ServerAliveInterval={KEEPALIVE_S}",
+        "-o",
+        "ServerAliveCountMax=6",
         "-o",
         f"ConnectTimeout={int(sheet['timeout'])}",
         "-p",
@@ -172,14 +184,26 @@ def read_report(line: bytes) -> dict:
     return document
 
 
-def _usage() -> dict:
+def _usage(started: float | None = None, peak_files: tuple[str, ...] = MEMORY_PEAK_FILES) -> dict:
+    """The shard's own cost: CPU of itself and its ssh clients, the largest process, its wall
+    seconds, and the container's memory peak where its cgroup shows one (the benchmark's
+    per-shard figures, benchmarks/jobs.py)."""
     own, children = (
         resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
     )
-    return {
+    usage: dict = {
         "cpu_s": round(own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime, 3),
         "max_rss_kib": max(own.ru_maxrss, children.ru_maxrss),
     }
+    if started is not None:
+        usage["seconds"] = round(time.monotonic() - started, 3)
+    for path in peak_files:
+        try:
+            usage["memory_peak_bytes"] = int(Path(path).read_text().split()[0])
+            break
+        except (OSError, ValueError, IndexError):
+            continue
+    return usage
 
 
 def private_key_copy(source: Path, folder: Path) -> Path:
@@ -203,6 +227,7 @@ def run_shard(
 ) -> int:
     """Ask every host of shard `index`; 0 when it reported (whatever the hosts answered),
     2 when its input is bad, TERMINATED when stopped before it reported."""
+    started = time.monotonic()
     try:
         sheet = read_sheet(folder, index)
         key = private_key_copy(key_source, run_dir)
@@ -225,7 +250,7 @@ def run_shard(
         return TERMINATED
     finally:
         signal.signal(signal.SIGTERM, previous)
-    line = report_line(sheet["run"], index, sheet["count"], hosts, _usage())
+    line = report_line(sheet["run"], index, sheet["count"], hosts, _usage(started))
     out = stdout if stdout is not None else sys.stdout.buffer
     out.write(line + b"\n")
     out.flush()

@@ -82,8 +82,13 @@ def checks(loaded: LoadedCluster, settings: HostSettings) -> Iterator[tuple[str,
         return
     if cfg.remove:
         yield ("group_vars.all.drift_job.remove", "remove: true needs enabled: false")
-    if not cfg.nodes:
-        yield ("group_vars.all.drift_job.nodes", "name the Kubernetes nodes the Job runs on")
+    if not cfg.nodes and not cfg.sources:
+        # With sources only, the Job runs in another cluster (`drift --job --job-cluster`).
+        yield (
+            "group_vars.all.drift_job.nodes",
+            "name the Kubernetes nodes the Job runs on (or, for a Job in another cluster, "
+            "its nodes' addresses in sources)",
+        )
     for node in cfg.nodes:
         host = cluster.hosts.get(node)
         if host is None or not any(group in NODE_GROUPS for group in host.groups):

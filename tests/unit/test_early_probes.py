@@ -465,6 +465,7 @@ HANDED_TO_TYPER = {
     "--exact",
     "--job",
     "--shards",
+    "--job-cluster",
 }
 
 

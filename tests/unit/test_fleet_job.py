@@ -590,3 +590,121 @@ def test_a_shard_stopped_before_it_reports_exits_as_terminated(tmp_path):
     assert stopped.returncode == shard_io.TERMINATED == 143, stopped.stderr
     assert stopped.stdout == "" and not (tmp_path / "termination-log").exists()
     assert "cancelled" in stopped.stderr and "SIGTERM" in stopped.stderr
+
+
+# -- --job-cluster: the Job on another inventory's cluster ------------------------------------
+
+
+@pytest.fixture
+def fleet_and_ops(small_cluster, write_cluster, tmp_path):
+    """A checked inventory whose Job runs elsewhere (no nodes, its sources) and the inventory
+    of the cluster that runs it."""
+    import copy
+
+    ops_data = copy.deepcopy(small_cluster)
+    fleet = job_cluster(
+        small_cluster, write_cluster, tmp_path, nodes=[], sources=["192.0.2.1/32"], shards=2
+    )
+    keep_records(fleet)
+    ops_data["name"] = "ops"
+    ops_data["group_vars"] = {
+        "all": {
+            "drift_job": {
+                "enabled": True,
+                "nodes": ["cpu-1"],
+                "image": "registry.example/gpuinfra:ops",
+                "memory": "384Mi",
+            }
+        }
+    }
+    (tmp_path / "ops").mkdir()
+    ops_path = tmp_path / "ops" / "cluster.yml"
+    ops_path.write_text(yaml.safe_dump(ops_data, sort_keys=False))
+    return fleet, load(ops_path)
+
+
+def test_a_job_cluster_runs_the_pods_for_another_inventorys_hosts(fleet_and_ops):
+    fleet, ops = fleet_and_ops
+    kubectl, where = Kubectl(), []
+
+    def runner(loaded, host, command, *, timeout, stdin=None):
+        where.append(loaded.cluster.name)
+        return kubectl(loaded, host, command, timeout=timeout, stdin=stdin)
+
+    report = fleet_drift(job_run(fleet, runner, Exact(), job_cluster=ops))
+    assert set(where) == {"ops"}  # every kubectl on the Job's cluster
+    assert any("2 shard(s) settled 10 of 10 hosts" in note for note in report.notes)
+    job = kubectl.manifest[-1]
+    pod = job["spec"]["template"]["spec"]
+    assert pod["containers"][0]["image"] == "registry.example/gpuinfra:ops"
+    assert pod["containers"][0]["resources"]["limits"]["memory"] == "384Mi"
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["cpu-1"]
+    # The checked inventory's hosts, key and name.
+    assert job["metadata"]["name"] == "gpuinfra-drift-small"
+    secret = next(d for d in kubectl.manifest if d["kind"] == "Secret")
+    key = private_key(fleet.state_dir, "existing")
+    assert base64.b64decode(secret["data"]["id_ed25519"]).decode().strip() == key.strip()
+
+
+def test_each_shards_usage_is_a_note_the_benchmark_reads_back(loaded):
+    report = fleet_drift(job_run(loaded, Kubectl(), Exact()))
+    usage = fleetjob.read_usage_notes(report.notes)
+    assert usage == {0: {"hosts": 5}, 1: {"hosts": 5}}  # the fake shards report no rusage
+    note = fleetjob.usage_note(3, 8, {"cpu_s": 1.5, "hosts": 20})
+    assert fleetjob.read_usage_notes(["other", note]) == {3: {"cpu_s": 1.5, "hosts": 20}}
+
+
+def test_without_nodes_the_job_needs_a_job_cluster(fleet_and_ops):
+    fleet, _ = fleet_and_ops
+    with pytest.raises(FleetJobRefused) as raised:
+        fleet_drift(job_run(fleet, Kubectl(), Exact()))
+    assert "--job-cluster" in str(raised.value)
+
+
+def test_a_job_cluster_without_the_job_enabled_is_refused(fleet_and_ops, small_cluster, tmp_path):
+    fleet, _ = fleet_and_ops
+    (tmp_path / "plain").mkdir()
+    plain = tmp_path / "plain" / "cluster.yml"
+    plain.write_text(yaml.safe_dump(small_cluster, sort_keys=False))
+    result = CliRunner().invoke(
+        app, ["drift", str(fleet.source), "--job", "--job-cluster", str(plain)]
+    )
+    assert result.exit_code == 2
+    assert f"--job-cluster {plain}: the Job's cluster needs" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (["--job", "--job-cluster", "/nonexistent/ops.yml"], "/nonexistent/ops.yml"),
+        (["--job-cluster", "/nonexistent/ops.yml"], "--job-cluster: only with --job"),
+    ],
+)
+def test_job_cluster_option_refusals(loaded, extra, said):
+    result = CliRunner().invoke(app, ["drift", str(loaded.source), *extra])
+    assert result.exit_code == 2
+    assert said in result.stderr
+
+
+def test_empty_nodes_validate_only_with_sources(small_cluster, write_cluster, tmp_path):
+    from inventory.errors import InventoryInvalid
+
+    small_cluster["group_vars"] = {"all": {"drift_job": {"enabled": True}}}
+    with pytest.raises(InventoryInvalid) as raised:
+        load(write_cluster(small_cluster))
+    assert "name the Kubernetes nodes the Job runs on" in str(raised.value)
+    small_cluster["group_vars"]["all"]["drift_job"]["sources"] = ["192.0.2.1/32"]
+    loaded = load(write_cluster(small_cluster))
+    from roles.drift_job.files import key_sources
+
+    assert key_sources(loaded, fleet_config(loaded)) == ("192.0.2.1",)
+
+
+def test_a_shard_reports_its_seconds_and_its_cgroups_memory_peak(tmp_path):
+    peak = tmp_path / "memory.max_usage_in_bytes"
+    peak.write_text("52428800\n")
+    usage = shard_io._usage(started=0.0, peak_files=(str(tmp_path / "absent"), str(peak)))
+    assert usage["memory_peak_bytes"] == 52428800
+    assert usage["seconds"] > 0 and usage["cpu_s"] > 0
+    assert "memory_peak_bytes" not in shard_io._usage(peak_files=(str(tmp_path / "absent"),))

@@ -310,7 +310,7 @@ def _drift(loaded, options, output):
 
 def _drift_job(loaded, options, output, shards: int | None, exact: bool, job_cluster=None):
     """drift --job (day2/fleetjob.py): the Job's shards, then the exact check of the rest."""
-    from day2.fleetjob import FleetJobError, FleetJobRefused, JobRun, fleet_drift
+    from day2.fleetjob import FleetJobBusy, FleetJobError, FleetJobRefused, JobRun, fleet_drift
 
     if exact:
         with reporting():
@@ -327,6 +327,8 @@ def _drift_job(loaded, options, output, shards: int | None, exact: bool, job_clu
             return fleet_drift(run)
         except FleetJobRefused as exc:
             raise UserError(str(exc)) from None
+        except FleetJobBusy as exc:
+            raise UserError(str(exc), ExitCode.LOCKED) from None
         except FleetJobError as exc:
             raise UserError(str(exc), ExitCode.ERROR) from None
 

@@ -14,4 +14,4 @@ class ExitCode(IntEnum):
     DEGRADED = 5  # health: a check is outside its threshold but the node can keep working
     UNHEALTHY = 6  # health: a check failed; the node should be drained
     VERIFY_FAILED = 7  # verify: a verification check failed on a reachable host
-    LOCKED = 8  # apply: another apply holds the cluster's lock (named); nothing was changed
+    LOCKED = 8  # another apply holds the cluster's lock, or drift --job's Job (named); no change

@@ -29,6 +29,7 @@ import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 
 from day2.flows import DRIFT_JOB
@@ -51,12 +52,19 @@ from toolkit.templates import render_template
 OBJECT_LIMIT = 1024 * 1024
 OBJECT_OVERHEAD = 2048  # the object's metadata, labels and keys, generously
 POLL_S = 2.0
+# Past a Job's activeDeadlineSeconds and this, the controller stops waiting, and a Job of an
+# earlier run that has not ended is taken as abandoned (its controller died).
+DEADLINE_MARGIN_S = 60
 JOB_LABEL = "app.kubernetes.io/name=gpuinfra-drift"
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 
 
 class FleetJobError(RuntimeError):
     """A step of the Job flow failed (exit 1); the message names the step and the shard."""
+
+
+class FleetJobBusy(RuntimeError):
+    """Another drift --job of the same cluster is running (exit 8, as a held lock)."""
 
 
 class FleetJobRefused(ValueError):
@@ -75,6 +83,7 @@ class JobRun:
     job_cluster: LoadedCluster | None = None  # where the Job runs; None: the checked cluster
     sleep: Callable[[float], None] = time.sleep
     clock: Callable[[], float] = time.monotonic
+    wall: Callable[[], float] = time.time  # epoch seconds, against the API server's stamps
     run: str = field(default_factory=lambda: secrets.token_hex(6))
     started: float = field(default_factory=time.monotonic)
     cfg: DriftJobConfig | None = None  # the checked inventory's: user, parallel, shards
@@ -319,9 +328,45 @@ def publish(run: JobRun) -> None:
         manifest = job_manifest(run)
     except StateMissing as exc:
         raise FleetJobRefused(f"{exc}: apply with drift_job.enabled first") from None
+    _refuse_a_running_job(run)
     run.published = True  # from here on, the end deletes what this run may have made
     run.kubectl("remove an earlier run", f"delete job {run.name} --ignore-not-found --wait=true")
     run.kubectl("apply the Job", "apply -f -", stdin=manifest.encode())
+
+
+def _refuse_a_running_job(run: JobRun) -> None:
+    """The Job's objects are named after the cluster: a second `drift --job` (another operator,
+    another controller) would replace the first's sheets and delete its Job. A Job of this
+    cluster that has not ended and is within its deadline is someone's run: FleetJobBusy. One
+    that ended, or outlived its deadline (its controller died), is removed as before."""
+    found = run.kubectl("look for a running Job", f"get job {run.name} --ignore-not-found -o json")
+    if not found.strip():
+        return
+    job = json.loads(found)
+    if job.get("kind") != "Job":  # an empty List, as some kubectl print for none
+        return
+    ended = {
+        c.get("type")
+        for c in job.get("status", {}).get("conditions", [])
+        if c.get("status") == "True"
+    }
+    if ended & {"Complete", "Failed"}:
+        return
+    meta = job.get("metadata", {})
+    created = meta.get("creationTimestamp", "")
+    deadline = job.get("spec", {}).get("activeDeadlineSeconds") or 0
+    try:
+        age = run.wall() - datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        age = 0.0  # no readable creation time: taken as running, the safe side
+    if deadline and age > deadline + DEADLINE_MARGIN_S:
+        return
+    other = meta.get("labels", {}).get("gpuinfra.io/drift-run", "?")
+    raise FleetJobBusy(
+        f"Job {run.namespace}/{run.name} (drift run {other}, created {created}) is still "
+        f"running: another drift --job of this cluster; wait for it, or if its controller is "
+        f"gone: kubectl -n {run.namespace} delete job {run.name}"
+    )
 
 
 def wait(run: JobRun) -> None:
@@ -329,7 +374,7 @@ def wait(run: JobRun) -> None:
     if not run.sheets:
         return
     assert run.job_cfg is not None
-    until = run.clock() + run.job_cfg.deadline_seconds + 60
+    until = run.clock() + run.job_cfg.deadline_seconds + DEADLINE_MARGIN_S
     while True:
         text = run.kubectl("wait for the Job", f"get job {run.name} -o json")
         try:

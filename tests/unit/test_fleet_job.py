@@ -18,10 +18,18 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from cli.exitcodes import ExitCode
 from cli.main import app
 from cli.output import exit_code
 from day2 import fleetjob
-from day2.fleetjob import FleetJobError, FleetJobRefused, JobRun, fleet_drift, known_hosts_for
+from day2.fleetjob import (
+    FleetJobBusy,
+    FleetJobError,
+    FleetJobRefused,
+    JobRun,
+    fleet_drift,
+    known_hosts_for,
+)
 from engine import fingerprint
 from engine import fleetshard as shard_io
 from engine.context import load
@@ -261,7 +269,7 @@ def test_a_report_whose_sha256_is_not_its_pods_is_refused(loaded):
     assert exit_code(report) == 1
 
 
-@pytest.mark.parametrize("word", ["get job", "get pods", "apply -f -"])
+@pytest.mark.parametrize("word", ["get job gpuinfra-drift-small -o", "get pods", "apply -f -"])
 def test_a_failed_kubectl_names_its_step(loaded, word):
     kubectl = Kubectl(fail=word)
     with pytest.raises(FleetJobError) as raised:
@@ -708,3 +716,73 @@ def test_a_shard_reports_its_seconds_and_its_cgroups_memory_peak(tmp_path):
     assert usage["memory_peak_bytes"] == 52428800
     assert usage["seconds"] > 0 and usage["cpu_s"] > 0
     assert "memory_peak_bytes" not in shard_io._usage(peak_files=(str(tmp_path / "absent"),))
+
+
+class Running(Kubectl):
+    """A Job of this cluster from another run is in the cluster before this run publishes."""
+
+    def __init__(self, job: dict):
+        super().__init__()
+        self.other = job
+
+    def __call__(self, loaded, host, command, *, timeout, stdin=None):
+        if " get job " in command and "--ignore-not-found" in command and not self.manifest:
+            self.commands.append(command)
+            return RemoteResult(host, 0, json.dumps(self.other))
+        return super().__call__(loaded, host, command, timeout=timeout, stdin=stdin)
+
+
+def other_job(created: str, conditions: list[dict] | None = None) -> dict:
+    return {
+        "kind": "Job",
+        "metadata": {"creationTimestamp": created, "labels": {"gpuinfra.io/drift-run": "r-other"}},
+        "spec": {"activeDeadlineSeconds": 600},
+        "status": {"conditions": conditions or [], "active": 2},
+    }
+
+
+NOW = 1_800_000_000.0  # the controller's clock in these tests (2027-01-15T08:00:00Z)
+
+
+def test_a_running_job_of_another_run_is_left_alone_and_exits_8(loaded):
+    kubectl = Running(other_job("2027-01-15T07:58:00Z"))  # 2 minutes old, deadline 10
+    with pytest.raises(FleetJobBusy, match="drift run r-other.*still running"):
+        fleet_drift(job_run(loaded, kubectl, Exact(), wall=lambda: NOW))
+    # Nothing applied, nothing deleted: the other run's objects are its own.
+    assert not any("apply -f -" in c or " delete " in c for c in kubectl.commands), kubectl.commands
+
+
+@pytest.mark.parametrize(
+    "job",
+    [
+        other_job("2027-01-15T07:58:00Z", [{"type": "Complete", "status": "True"}]),
+        other_job("2027-01-15T07:40:00Z"),  # 20 minutes old: past its deadline and the margin
+        {"apiVersion": "v1", "items": [], "kind": "List", "metadata": {}},
+    ],
+    ids=["ended", "abandoned", "none"],
+)
+def test_an_ended_or_abandoned_job_is_replaced(loaded, job):
+    kubectl = Running(job)
+    report = fleet_drift(job_run(loaded, kubectl, Exact(), wall=lambda: NOW))
+    assert exit_code(report) == 0
+    assert any(" delete job " in c for c in kubectl.commands)  # the earlier run's Job, removed
+    assert any("apply -f -" in c for c in kubectl.commands)
+
+
+def test_a_failed_look_for_a_running_job_deletes_nothing(loaded):
+    kubectl = Kubectl(fail="--ignore-not-found -o json")
+    with pytest.raises(FleetJobError, match="look for a running Job"):
+        fleet_drift(job_run(loaded, kubectl, Exact()))
+    assert not any(" delete " in c for c in kubectl.commands), kubectl.commands
+
+
+def test_a_busy_job_exits_8_from_the_command_line(loaded, monkeypatch):
+    import day2.fleetjob
+
+    def busy(run):
+        raise FleetJobBusy("Job gpuinfra/gpuinfra-drift-small (drift run r-other) is still running")
+
+    monkeypatch.setattr(day2.fleetjob, "fleet_drift", busy)
+    result = CliRunner().invoke(app, ["drift", str(loaded.source), "--job"])
+    assert result.exit_code == ExitCode.LOCKED, result.output
+    assert "still running" in result.output

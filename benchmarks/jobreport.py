@@ -31,16 +31,13 @@ LOCAL = "local"
 
 
 def fit_line(points: list[tuple[float, float]]) -> tuple[float, float] | None:
-    """Least-squares line y = intercept + slope * x; None without two distinct x."""
-    if len(points) < 2:
+    """Least-squares line y = intercept + slope * x (as (intercept, slope)); None without two
+    distinct x."""
+    if len({x for x, _ in points}) < 2:
         return None
     xs, ys = zip(*points, strict=True)
-    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
-    spread = sum((x - mean_x) ** 2 for x in xs)
-    if spread == 0:
-        return None
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread
-    return mean_y - slope * mean_x, slope
+    slope, intercept = statistics.linear_regression(xs, ys)
+    return intercept, slope
 
 
 def job_runs(entry: dict) -> list[dict]:

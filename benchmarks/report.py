@@ -84,17 +84,7 @@ def _median_or_none(values: list[float | None]) -> float | None:
     return statistics.median(present) if present else None
 
 
-def _fit(points: list[tuple[float, float]]) -> tuple[float, float] | None:
-    """Least-squares line y = a + b x."""
-    if len(points) < 2:
-        return None
-    xs, ys = zip(*points, strict=True)
-    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
-    spread = sum((x - mean_x) ** 2 for x in xs)
-    if spread == 0:
-        return None
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread
-    return mean_y - slope * mean_x, slope
+_fit = jobreport.fit_line  # least-squares line y = a + b x
 
 
 def projection(drift: dict[str, dict]) -> dict | None:

@@ -1,4 +1,5 @@
-"""Ed25519 keys for the Jobs' ssh identities: made once, kept 0600 under .state/."""
+"""The Jobs' ssh identities (drift_job, rollout_job): ed25519 keys, made once and kept 0600
+under .state/, and the check of the sshd drop-in that admits them."""
 
 from __future__ import annotations
 
@@ -33,3 +34,12 @@ def public_key(private: str) -> str:
         .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
         .decode()
     )
+
+
+# sshd reads its drop-ins by `Include /etc/ssh/sshd_config.d/*.conf`: a staged drop-in (named
+# `.NAME.conf.gpuinfra-new`) is not read until it is moved into place, so it is checked
+# together with the live configuration, as sshd will read them, before it is.
+SSHD_DROPIN_CHECK = (
+    '( f=$(mktemp) && printf "Include /etc/ssh/sshd_config\\nInclude %s\\n" {path} > "$f" '
+    '&& sshd -t -f "$f"; rc=$?; rm -f "$f"; exit $rc )'
+)

@@ -10,9 +10,9 @@ from inventory.model import LoadedCluster
 from inventory.topology import collapse_sources
 from roles.drift_job.config import DriftJobConfig
 from roles.drift_job.role import fleet_config, pod_sources
-from toolkit import driftprobe, nodes
+from toolkit import driftprobe, nodes, sshkeys
 from toolkit.spec import HostContext, ManagedFile, settings_of
-from toolkit.statefiles import PLACEHOLDER, kept_secret
+from toolkit.statefiles import kept_secret
 from toolkit.templates import render_template
 
 KEYS_FILE = "/etc/ssh/gpuinfra-drift.keys"
@@ -53,35 +53,7 @@ def cluster_files(loaded: LoadedCluster) -> dict[str, str]:
 def private_key(state_dir: Path, access: str) -> str:
     """The drift key (OpenSSH format): made by the first enabled apply, kept 0600 in .state/."""
 
-    def generate() -> str:
-        from cryptography.hazmat.primitives import serialization
-        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-        return (
-            Ed25519PrivateKey.generate()
-            .private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.OpenSSH,
-                serialization.NoEncryption(),
-            )
-            .decode()
-        )
-
-    return kept_secret(state_dir, STATE_KEY, generate, access)
-
-
-def public_key(private: str) -> str:
-    """`ssh-ed25519 AAAA…` of the drift key; the placeholder while only apply may make it."""
-    if private == PLACEHOLDER:
-        return PLACEHOLDER
-    from cryptography.hazmat.primitives import serialization
-
-    key = serialization.load_ssh_private_key(private.encode(), password=None)
-    return (
-        key.public_key()
-        .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
-        .decode()
-    )
+    return kept_secret(state_dir, STATE_KEY, sshkeys.new_ed25519, access)
 
 
 def key_sources(loaded: LoadedCluster, cfg: DriftJobConfig) -> tuple[str, ...]:
@@ -97,7 +69,7 @@ def key_sources(loaded: LoadedCluster, cfg: DriftJobConfig) -> tuple[str, ...]:
 
 def keys_line(loaded: LoadedCluster, cfg: DriftJobConfig) -> str:
     sources = ",".join(key_sources(loaded, cfg))
-    key = public_key(private_key(loaded.state_dir, loaded.state_access))
+    key = sshkeys.public_key(private_key(loaded.state_dir, loaded.state_access))
     return f'restrict,from="{sources}" {key} gpuinfra-drift@{loaded.cluster.name}\n'
 
 
@@ -123,13 +95,7 @@ def sudoers(cfg: DriftJobConfig) -> str:
     )
 
 
-# sshd reads its drop-ins by `Include /etc/ssh/sshd_config.d/*.conf`: the staged file (named
-# `.60-gpuinfra-drift.conf.gpuinfra-new`) is not read until it is moved into place, so it is
-# checked together with the live configuration, as sshd will read them, before it is.
-SSHD_CHECK = (
-    '( f=$(mktemp) && printf "Include /etc/ssh/sshd_config\\nInclude %s\\n" {path} > "$f" '
-    '&& sshd -t -f "$f"; rc=$?; rm -f "$f"; exit $rc )'
-)
+SSHD_CHECK = sshkeys.SSHD_DROPIN_CHECK
 
 
 def managed_files(ctx: HostContext) -> list[ManagedFile]:

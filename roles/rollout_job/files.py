@@ -57,11 +57,7 @@ def sshd_dropin() -> str:
     )
 
 
-# As roles/drift_job/files.py checks its drop-in: with the live configuration, before it is.
-SSHD_CHECK = (
-    '( f=$(mktemp) && printf "Include /etc/ssh/sshd_config\\nInclude %s\\n" {path} > "$f" '
-    '&& sshd -t -f "$f"; rc=$?; rm -f "$f"; exit $rc )'
-)
+SSHD_CHECK = sshkeys.SSHD_DROPIN_CHECK
 
 
 def managed_files(ctx: HostContext) -> list[ManagedFile]:

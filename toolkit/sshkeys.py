@@ -3,6 +3,11 @@ under .state/, and the check of the sshd drop-in that admits them."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from inventory.model import Cluster, LoadedCluster
+from inventory.topology import collapse_sources, pod_block
+from toolkit.spec import settings_of
 from toolkit.statefiles import PLACEHOLDER
 
 
@@ -43,3 +48,23 @@ SSHD_DROPIN_CHECK = (
     '( f=$(mktemp) && printf "Include /etc/ssh/sshd_config\\nInclude %s\\n" {path} > "$f" '
     '&& sshd -t -f "$f"; rc=$?; rm -f "$f"; exit $rc )'
 )
+
+
+def pod_sources(cluster: Cluster, node: str, kubernetes: Any) -> list[str]:
+    """Where a Job node's own pods connect from when they reach the node itself (local
+    delivery skips postrouting, so no masquerade): its pod block under "routes", the pod
+    network under Calico (whose IPAM blocks move)."""
+    if kubernetes.cni == "routes":
+        return [str(pod_block(cluster, node, kubernetes.routes_block_prefix))]
+    return [str(cluster.networks.pod)]
+
+
+def key_sources(loaded: LoadedCluster, nodes: list[str], sources: list) -> tuple[str, ...]:
+    """What a Job key's `from=` admits: the Job's nodes (their pods' traffic to other hosts
+    leaves masqueraded to the node's address), their own pods, and `sources`."""
+    cluster = loaded.cluster
+    found = [str(source) for source in sources]
+    for node in nodes:
+        found.append(str(cluster.hosts[node].address))
+        found += pod_sources(cluster, node, settings_of(loaded, node, "kubernetes"))
+    return collapse_sources(found)

@@ -7,11 +7,10 @@ import math
 from pathlib import Path
 
 from inventory.model import LoadedCluster
-from inventory.topology import collapse_sources
 from roles.drift_job.config import DriftJobConfig
-from roles.drift_job.role import fleet_config, pod_sources
+from roles.drift_job.role import fleet_config
 from toolkit import driftprobe, nodes, sshkeys
-from toolkit.spec import HostContext, ManagedFile, settings_of
+from toolkit.spec import HostContext, ManagedFile
 from toolkit.statefiles import kept_secret
 from toolkit.templates import render_template
 
@@ -57,14 +56,7 @@ def private_key(state_dir: Path, access: str) -> str:
 
 
 def key_sources(loaded: LoadedCluster, cfg: DriftJobConfig) -> tuple[str, ...]:
-    """What `from=` admits: the fleet-ops nodes (their pods' traffic to other hosts leaves
-    masqueraded to the node's address), their own pods, and `sources`."""
-    cluster = loaded.cluster
-    found = [str(source) for source in cfg.sources]
-    for node in cfg.nodes:
-        found.append(str(cluster.hosts[node].address))
-        found += pod_sources(cluster, node, settings_of(loaded, node, "kubernetes"))
-    return collapse_sources(found)
+    return sshkeys.key_sources(loaded, cfg.nodes, cfg.sources)
 
 
 def keys_line(loaded: LoadedCluster, cfg: DriftJobConfig) -> str:

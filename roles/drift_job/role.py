@@ -4,13 +4,13 @@ rule on the fleet-ops nodes, and the older Indexed Job manifest as a cluster fil
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 from inventory.model import Cluster, LoadedCluster
-from inventory.topology import FirewallRule, collapse_sources, host_rules_key, pod_block
+from inventory.topology import FirewallRule, collapse_sources, host_rules_key
 from roles.drift_job.config import DriftJobConfig
 from toolkit import nodes
 from toolkit.spec import HostSettings, Phase, Role, lazy, settings_of
+from toolkit.sshkeys import pod_sources
 
 # The Kubernetes nodes (the kubernetes role's groups): the Job's pods run on these only.
 NODE_GROUPS = ("control_plane", "gpu_worker", "cpu_worker")
@@ -31,15 +31,6 @@ def phase_on(cluster: Cluster) -> bool:
     otherwise it is on no host (no operation, no fact, not among a record's roles)."""
     cfg = cluster_config(cluster)
     return cfg.enabled or cfg.remove
-
-
-def pod_sources(cluster: Cluster, node: str, kubernetes: Any) -> list[str]:
-    """Where a fleet-ops node's own pods connect from when they reach the node itself (local
-    delivery skips postrouting, so no masquerade): its pod block under "routes", the pod
-    network under Calico (whose IPAM blocks move)."""
-    if kubernetes.cni == "routes":
-        return [str(pod_block(cluster, node, kubernetes.routes_block_prefix))]
-    return [str(cluster.networks.pod)]
 
 
 def ports(loaded: LoadedCluster) -> dict[str, list[FirewallRule]]:

@@ -6,11 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from inventory.model import LoadedCluster
-from inventory.topology import collapse_sources, pod_block
 from roles.rollout_job.config import RolloutJobConfig
 from roles.rollout_job.role import fleet_config
 from toolkit import sshkeys
-from toolkit.spec import HostContext, ManagedFile, settings_of
+from toolkit.spec import HostContext, ManagedFile
 from toolkit.statefiles import kept_secret
 
 KEYS_FILE = "/etc/ssh/gpuinfra-rollout.keys"
@@ -27,18 +26,7 @@ def private_key(state_dir: Path, access: str) -> str:
 
 
 def key_sources(loaded: LoadedCluster, cfg: RolloutJobConfig) -> tuple[str, ...]:
-    """What `from=` admits: the Job's nodes (their pods leave masqueraded to the node's
-    address), their own pods (a pod reaching its own node keeps its pod address), `sources`."""
-    cluster = loaded.cluster
-    found = [str(source) for source in cfg.sources]
-    for node in cfg.nodes:
-        found.append(str(cluster.hosts[node].address))
-        kubernetes = settings_of(loaded, node, "kubernetes")
-        if kubernetes.cni == "routes":
-            found.append(str(pod_block(cluster, node, kubernetes.routes_block_prefix)))
-        else:
-            found.append(str(cluster.networks.pod))
-    return collapse_sources(found)
+    return sshkeys.key_sources(loaded, cfg.nodes, cfg.sources)
 
 
 def keys_line(loaded: LoadedCluster, cfg: RolloutJobConfig) -> str:

@@ -209,6 +209,41 @@ def restart_if_running(unit: str, reload: bool = False):
     yield restart_command(unit, reload)
 
 
+# sshd's own listening sockets, "address:port inode" (none under socket activation: systemd's).
+SSHD_LISTENERS = (
+    "ss -Htlnpe | awk '/\"sshd\"/ { for (i = 1; i <= NF; i++) if ($i ~ /^ino:/) print $4, $i }'"
+)
+
+
+def reload_sshd_command(seconds: int = 10) -> str:
+    """The host's side of `reload_sshd`: reload, then wait until sshd listens again. sshd
+    answers SIGHUP by closing its sockets and re-executing itself; `systemctl reload` returns
+    before the new sockets are bound (the unit is Type=notify, not notify-reload). A connection
+    opened in between is refused: 1 in 30 reloads on a lab host, and CI saw one. The wait ends
+    when none of the old sockets is left and sshd listens on every port `sshd -T` names. Ports,
+    not addresses: sshd names [::] on a host without IPv6 too, and skips what it cannot bind."""
+    port = "sed 's/.*://' | sort -u"
+    old = f"old=$({SSHD_LISTENERS} | cut -d' ' -f2)"
+    want = f"want=$(sshd -T | awk '$1 == \"listenaddress\" {{print $2}}' | {port})"
+    now = f"now=$({SSHD_LISTENERS})"
+    same = f'[ "$(echo "$now" | cut -d" " -f1 | {port})" = "$want" ]'
+    gone = '! echo "$now" | grep -qwF "$old"'
+    return (
+        f"{old}; {{ {restart_command('ssh', reload=True)}; }} || exit 1; "
+        '[ -n "$old" ] || exit 0; '  # sshd held no socket of its own (socket activation)
+        f"{want}; for attempt in $(seq {seconds * 10}); do {now}; "
+        f"if {same} && {gone}; then exit 0; fi; sleep 0.1; done; "
+        f'echo "sshd does not listen again on port $want after {seconds} s" >&2; exit 1'
+    )
+
+
+@operation()
+def reload_sshd():
+    """Reload sshd for its new configuration, where it runs, and wait until it listens again
+    (see `reload_sshd_command`): the next connection, this run's or anyone's, is not refused."""
+    yield reload_sshd_command()
+
+
 UNIT_DIR = "/etc/systemd/system"
 
 

@@ -28,7 +28,13 @@ from toolkit.effective import (
     unit_dropins,
 )
 from toolkit.facts import UnitState
-from toolkit.operations import live_hostname, put_file, restart_if_running, service_running
+from toolkit.operations import (
+    live_hostname,
+    put_file,
+    reload_sshd,
+    restart_if_running,
+    service_running,
+)
 from toolkit.spec import HostContext
 
 SSHD_FILE = f"{SSHD_DROPINS}/50-gpuinfra.conf"
@@ -72,7 +78,7 @@ def apply(ctx: HostContext) -> None:
     )
     sshd_changed = written[SSHD_FILE].did_change
     server.shell(name="Check sshd configuration", commands=["sshd -t"], _if=sshd_changed)
-    restart_if_running(name="Reload sshd", unit="ssh", reload=True, _if=sshd_changed)
+    reload_sshd(name="Reload sshd", _if=sshd_changed)
     effective(ctx, cfg, {f.path: f.content for f in managed_files(ctx)}[SSHD_FILE])
 
 

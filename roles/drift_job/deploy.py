@@ -24,7 +24,7 @@ from roles.drift_job.role import fleet_config
 from toolkit import driftprobe
 from toolkit.effective import nothing_overrides
 from toolkit.facts import Account
-from toolkit.operations import put_file, restart_if_running
+from toolkit.operations import put_file, reload_sshd
 from toolkit.spec import HostContext
 
 # The login shell runs the forced command (`sh -c`); "*" in shadow: no password ever matches,
@@ -45,7 +45,7 @@ def apply(ctx: HostContext) -> None:
     managed = managed_files(ctx)
     written = {f.path: put_file(f) for f in managed}
     dropin = written[SSHD_DROPIN]
-    restart_if_running(name="Reload sshd", unit="ssh", reload=True, _if=dropin.did_change)
+    reload_sshd(name="Reload sshd", _if=dropin.did_change)
     source = one_source(ctx)
     # Right after the reload, in this apply: what sshd now does for the drift user.
     effective_now(
@@ -148,7 +148,7 @@ def removed(cfg: DriftJobConfig) -> None:
     keys file that is missing), sshd reloaded, then the rest, the probe and the user."""
     dropin, *rest = removed_paths()
     gone = files.file(name=f"Remove {dropin}", path=dropin, present=False)
-    restart_if_running(name="Reload sshd", unit="ssh", reload=True, _if=gone.did_change)
+    reload_sshd(name="Reload sshd", _if=gone.did_change)
     for path in rest:
         files.file(name=f"Remove {path}", path=path, present=False)
     files.directory(name=f"Remove {driftprobe.PROBE_DIR}", path=driftprobe.PROBE_DIR, present=False)

@@ -7,7 +7,7 @@ from pyinfra.api import deploy
 
 from roles.rollout_job.files import SSHD_DROPIN, managed_files
 from roles.rollout_job.role import fleet_config
-from toolkit.operations import put_file, restart_if_running
+from toolkit.operations import put_file, reload_sshd
 from toolkit.spec import HostContext
 
 
@@ -16,6 +16,4 @@ def apply(ctx: HostContext) -> None:
     if not fleet_config(ctx.loaded).enabled:
         return
     written = {f.path: put_file(f) for f in managed_files(ctx)}
-    restart_if_running(
-        name="Reload sshd", unit="ssh", reload=True, _if=written[SSHD_DROPIN].did_change
-    )
+    reload_sshd(name="Reload sshd", _if=written[SSHD_DROPIN].did_change)

@@ -27,6 +27,7 @@ from lab.state import read_state
 from lab.topology import generic_topology
 from tests.integration.conftest import KEEP_ENV, LabCluster, boot_lab
 from tests.integration.roles_helpers import gpuinfra
+from toolkit.operations import reload_sshd_command
 from toolkit.ssh import SSHSettings
 
 pytestmark = pytest.mark.integration
@@ -177,8 +178,10 @@ def test_a_non_default_ssh_port_converges_behind_the_firewall(
     """ssh.port 2222: the base role's sshd drop-in moves sshd to 2222 and the firewall's drop
     policy admits 2222 (it admitted only 22, locking the controller out). New connections on
     2222 after the apply are the proof: a live connection survives a drop policy."""
+    # Every reload waits until sshd listens again: a connection right after a bare `systemctl
+    # reload ssh` is refused now and then (sshd closes its sockets and re-executes itself).
     lab.ssh(PORT_HOST, f"printf 'Port 22\\nPort {PORT}\\n' > /etc/ssh/sshd_config.d/10-test.conf"
-            " && sshd -t && systemctl reload ssh")  # fmt: skip
+            f" && sshd -t && {{ {reload_sshd_command()}; }}")  # fmt: skip
     known = Path(lab.loaded.cluster.ssh.known_hosts).read_text().splitlines()
     address = lab.address(PORT_HOST)
     entry = next(line for line in known if line.split()[0] == address)
@@ -198,7 +201,7 @@ def test_a_non_default_ssh_port_converges_behind_the_firewall(
     assert applied.returncode == ExitCode.OK, applied.stdout[-3000:] + applied.stderr[-2000:]
     # The test's own listener on 22 goes: only gpuinfra's drop-in says where sshd listens.
     removed = run_ssh(settings.argv(address), "rm /etc/ssh/sshd_config.d/10-test.conf && "
-                      "sshd -t && systemctl reload ssh")  # fmt: skip
+                      f"sshd -t && {{ {reload_sshd_command()}; }}")  # fmt: skip
     assert removed.returncode == 0, removed.stderr
     listening = run_ssh(settings.argv(address), "ss -Htln")
     assert f":{PORT} " in listening.stdout and ":22 " not in listening.stdout, listening.stdout

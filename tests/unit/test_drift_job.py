@@ -135,13 +135,13 @@ def test_the_effective_check_runs_after_the_reload_in_the_same_apply(
     monkeypatch.setattr(
         drift_deploy, "put_file", lambda f: calls.append(("put", {})) or Meta(f.path)
     )
-    for name in ("drift_account", "restart_if_running", "effective_now"):
+    for name in ("drift_account", "reload_sshd", "effective_now"):
         monkeypatch.setattr(drift_deploy, name, lambda _n=name, **kw: calls.append((_n, kw)))
     monkeypatch.setattr(drift_deploy, "nothing_overrides", lambda *a: calls.append(("facts", {})))
     with ctx_host.use(Facts({})):
         drift_deploy.apply.__wrapped__(ctx)
     order = [name for name, _ in calls]
-    assert order.index("restart_if_running") < order.index("effective_now")
+    assert order.index("reload_sshd") < order.index("effective_now")
     check = dict(calls)["effective_now"]
     assert check["_if"].__self__.path == SSHD_DROPIN
     assert "sshd -T -C user=gpuinfra-drift,addr=10.0.0.71,host=gpu-1 " in check["command"]
@@ -216,7 +216,7 @@ def test_without_the_job_no_host_gets_a_file_a_rule_or_an_operation(monkeypatch)
         def noop(self, message):
             asked.append(message)
 
-    for name in ("drift_account", "put_file", "restart_if_running", "effective_now", "removed"):
+    for name in ("drift_account", "put_file", "reload_sshd", "effective_now", "removed"):
         monkeypatch.setattr(drift_deploy, name, lambda *a, _n=name, **k: asked.append(_n))
     for name in loaded.cluster.hosts:
         ctx = host_context(loaded, name)
@@ -236,7 +236,7 @@ def test_remove_deletes_what_an_enabled_apply_installed(small_cluster, write_clu
         drift_deploy.files, "file", lambda **kw: removed.append(kw["path"]) or _Changed()
     )
     monkeypatch.setattr(drift_deploy.files, "directory", lambda **kw: removed.append(kw["path"]))
-    monkeypatch.setattr(drift_deploy, "restart_if_running", lambda **kw: removed.append("reload"))
+    monkeypatch.setattr(drift_deploy, "reload_sshd", lambda **kw: removed.append("reload"))
     monkeypatch.setattr(drift_deploy, "remove_account", lambda **kw: removed.append(kw["user"]))
     with ctx_host.use(Facts({})):
         drift_deploy.apply.__wrapped__(host_context(loaded, "etcd-1"))

@@ -291,3 +291,86 @@ def test_a_start_refused_for_want_of_resources_is_tried_once_more(tmp_path, resu
     calls = log.read_text().splitlines()
     assert sum(line.startswith("systemctl start") for line in calls) == starts
     assert any(line.startswith("journal") for line in calls) == (rc != 0)
+
+
+FAKE_SS = """#!/bin/sh
+n=$(($(cat "$DIR/ss.n" 2>/dev/null || echo 0) + 1)); echo "$n" > "$DIR/ss.n"
+if [ -f "$DIR/ss.$n" ]; then cat "$DIR/ss.$n"; else cat "$DIR/ss.last"; fi
+"""
+
+
+def listener(address: str, inode: int, process: str = "sshd") -> str:
+    """A line of `ss -Htlnpe` as the lab's hosts print it."""
+    return (
+        f'LISTEN 0      128    {address} 0.0.0.0:* users:(("{process}",pid=53,fd=6)) '
+        f"ino:{inode} sk:63 cgroup:/system.slice/ssh.service <->"
+    )
+
+
+OLD = [listener("0.0.0.0:22", 100), listener("[::]:22", 101)]
+NEW = [listener("0.0.0.0:22", 1000), listener("[::]:22", 1001)]
+
+
+@pytest.mark.parametrize(
+    ("answers", "want", "rc", "ss_calls"),
+    [
+        # The window after SIGHUP: old sockets, none, then a new one on each port.
+        ([OLD, OLD, [], NEW[:1], NEW], "[::]:22\n0.0.0.0:22", 0, 4),
+        # Two ports: one bound is not yet enough.
+        ([OLD, NEW[:1], NEW[:1] + [listener("0.0.0.0:2222", 1002)]], "0.0.0.0:22\n[::]:2222", 0, 3),
+        ([OLD, NEW], "[::]:22\n0.0.0.0:22", 0, 2),
+        # sshd ignored the signal: its old sockets stay, and the wait gives up.
+        ([OLD, OLD], "[::]:22\n0.0.0.0:22", 1, 11),
+        # New sockets, but not on the port sshd -T names.
+        ([OLD, NEW], "0.0.0.0:2222", 1, 11),
+        # A port named twice, and [::] named on a host without IPv6: port 22 is enough.
+        ([OLD, NEW[:1]], "[::]:22\n0.0.0.0:22\n0.0.0.0:22", 0, 2),
+        # Socket activation: the sockets are systemd's, nothing of sshd's to wait for.
+        ([[listener("0.0.0.0:22", 7, "systemd")]], "unused", 0, 1),
+    ],
+)
+def test_a_reload_of_sshd_waits_until_sshd_listens_again(tmp_path, answers, want, rc, ss_calls):
+    """The host's command under /bin/sh with ss, sshd and systemctl played by scripts (a
+    stand-in: the window between sshd closing its sockets and binding new ones is too short to
+    hit on demand on a lab host; the lab's applies run the same command). The wait ends when
+    no old socket is left and sshd listens on exactly what `sshd -T` lists, not before."""
+    from toolkit.operations import reload_sshd_command
+
+    for number, lines in enumerate(answers, start=1):
+        (tmp_path / f"ss.{number}").write_text("".join(f"{line}\n" for line in lines))
+    (tmp_path / "ss.last").write_text("".join(f"{line}\n" for line in answers[-1]))
+    listen = "".join(f"listenaddress {address}\n" for address in want.split("\n"))
+    fake_commands(
+        tmp_path,
+        {
+            "systemctl": FAKE_SYSTEMCTL,
+            "ss": FAKE_SS,
+            "sshd": f'#!/bin/sh\necho "sshd $*" >> "$LOG"\nprintf "port 22\\n{listen}"\n',
+        },
+    )
+    log = tmp_path / "calls"
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "LOG": str(log), "DIR": str(tmp_path),
+           "RESTART_RC": "0"}  # fmt: skip
+    run = subprocess.run(
+        ["/bin/sh", "-c", reload_sshd_command(seconds=1)], env=env, capture_output=True, text=True
+    )
+    assert run.returncode == rc, run.stderr
+    assert int((tmp_path / "ss.n").read_text()) == ss_calls
+    assert "systemctl try-reload-or-restart ssh" in log.read_text()
+    assert ("sshd does not listen again" in run.stderr) == (rc == 1)
+
+
+def test_a_failed_reload_of_sshd_is_not_waited_for(tmp_path):
+    from toolkit.operations import reload_sshd_command
+
+    (tmp_path / "ss.last").write_text(listener("0.0.0.0:22", 100) + "\n")
+    fake_commands(
+        tmp_path,
+        {"systemctl": FAKE_SYSTEMCTL, "ss": FAKE_SS, "journalctl": "#!/bin/sh\necho why >&2\n"},
+    )
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "LOG": str(tmp_path / "calls"),
+           "DIR": str(tmp_path), "RESTART_RC": "1", "RESULT": "exit-code"}  # fmt: skip
+    run = subprocess.run(["/bin/sh", "-c", reload_sshd_command(seconds=1)], env=env,
+                         capture_output=True, text=True)  # fmt: skip
+    assert run.returncode == 1 and run.stderr == "why\n"
+    assert (tmp_path / "ss.n").read_text() == "1\n"

@@ -30,7 +30,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -163,13 +162,16 @@ def check(state: dict, hosts: dict) -> dict:
     return {"hosts": report}
 
 
-# The one field of the probe's answer that may move while the host is unchanged: the access
-# time in the lines of pyinfra's file facts (engine/fingerprint/ masks it the same way).
-_ATIME = re.compile(rb"^(user=\S* group=\S* mode=\S* atime=)-?[0-9]+( mtime=)", re.MULTILINE)
-
-
 def answer_digest(output: bytes) -> str:
-    return hashlib.sha256(_ATIME.sub(rb"\1*\2", output)).hexdigest()
+    """The answer's digest with the fields of pyinfra's file facts that move while the host is
+    unchanged masked, as engine/fingerprint/ masks them (toolkit.driftprobe, standard library
+    only)."""
+    from toolkit.driftprobe import masked
+
+    lines = output.decode(errors="surrogateescape").split("\n")
+    return hashlib.sha256(
+        "\n".join(map(masked, lines)).encode(errors="surrogateescape")
+    ).hexdigest()
 
 
 def check_probes(probes: dict, hosts: dict) -> dict:

@@ -28,7 +28,24 @@ BEGIN = "gpuinfra-drift-probe-begin"
 ENVIRONMENT = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C")
 HOME = "/"
 
+# The fields of a line of pyinfra's file facts (stat) that move while the host is unchanged:
+# the access time (the probe itself reads files), and a directory's times and size, which move
+# with its entries (a file written into it), never with what files.directory sets (mode, owner,
+# group). A file's mtime, ctime and size stay compared.
 _ATIME = re.compile(r"^(user=\S* group=\S* mode=\S* atime=)-?[0-9]+( mtime=)")
+_DIRECTORY = re.compile(
+    r"^(user=\S* group=\S* mode=d\S* atime=)-?[0-9]+( mtime=)-?[0-9]+( ctime=)-?[0-9]+"
+    r"( size=)[0-9]+ "
+)
+
+
+def masked(line: str) -> str:
+    """A line of an answer as its digest sees it (see _ATIME): stat's moving fields as `*`."""
+    if not line.startswith("user="):  # the patterns' own start: other lines stay as they are
+        return line
+    if _DIRECTORY.match(line):
+        return _DIRECTORY.sub(r"\1*\2*\3*\4* ", line)
+    return _ATIME.sub(r"\1*\2", line)
 
 
 def run_command(path: str) -> str:
@@ -72,16 +89,14 @@ def answer_lines(output: bytes) -> list[str] | None:
 
 
 def answer_digest(output: bytes) -> str | None:
-    """The digest of a probe's answer with stat's access times masked (running the probe reads
-    files), as engine/fingerprint/probe.py `output_digest` masks them; None: no answer."""
+    """The digest of a probe's answer with stat's moving fields masked (`masked`), as
+    engine/fingerprint/probe.py `output_digest` masks them; None: no answer."""
     lines = answer_lines(output)
     if lines is None:
         return None
     digest = hashlib.sha256()
     for line in lines:
-        if line.startswith("user="):
-            line = _ATIME.sub(r"\1*\2", line)
-        digest.update(line.encode() + b"\n")
+        digest.update(masked(line).encode() + b"\n")
     return digest.hexdigest()
 
 

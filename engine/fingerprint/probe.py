@@ -11,25 +11,21 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from engine.fingerprint.records import Record
+from toolkit.driftprobe import masked
 from toolkit.dropins import CLASSES, RENAMED, dropins_command, dropins_filter
 
 if TYPE_CHECKING:
     pass
 
 
-_ATIME = re.compile(r"^(user=\S* group=\S* mode=\S* atime=)-?[0-9]+( mtime=)")
-
-
 # -- outputs ---------------------------------------------------------------------------------
 
 
 def output_digest(stdout: Iterable[str]) -> str:
-    """Digest of a command's stdout lines, with stat's access time masked (see the module)."""
+    """Digest of a command's stdout lines, stat's moving fields masked (toolkit.driftprobe)."""
     digest = hashlib.sha256()
     for line in stdout:
-        if line.startswith("user="):  # the pattern's own start: other lines are left as they are
-            line = _ATIME.sub(r"\1*\2", line)
-        digest.update(line.encode() + b"\n")
+        digest.update(masked(line).encode() + b"\n")
     return digest.hexdigest()
 
 

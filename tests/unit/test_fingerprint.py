@@ -204,13 +204,30 @@ def test_only_the_access_time_is_compared_loosely():
     assert fingerprint.output_digest(["atime=1"]) != fingerprint.output_digest(["atime=2"])
 
 
+def test_a_directorys_times_and_size_are_masked_its_mode_and_owner_are_not():
+    """A file written into a directory moves the directory's mtime, ctime and size (seen on a
+    GPU worker: the health gate writes its textfile after the apply recorded the directory);
+    files.directory sets only mode, user and group, so those alone are compared."""
+    line = "user=root group=root mode=drwxr-xr-x atime=1 mtime=2 ctime=3 size=4096 '/var/lib/x'"
+    digest = fingerprint.output_digest([line])
+    moved = line.replace("mtime=2 ctime=3 size=4096", "mtime=9 ctime=9 size=8192")
+    assert fingerprint.output_digest([moved]) == digest
+    for old, new in [("root", "nobody"), ("drwxr-xr-x", "drwx------"), ("/x", "/y")]:
+        assert fingerprint.output_digest([line.replace(old, new, 1)]) != digest, new
+    # A file's own times and size stay compared.
+    file_line = line.replace("mode=d", "mode=-")
+    assert fingerprint.output_digest([file_line]) != fingerprint.output_digest(
+        [file_line.replace("size=4096", "size=8192")]
+    )
+
+
 def test_no_operation_of_the_roles_sets_or_reads_access_times():
-    """Why atime may be masked: a deploy that passed `atime` to pyinfra's files.file (the only
-    operation that reads it) would decide from it."""
+    """Why atime (and a directory's mtime) may be masked: a deploy that passed `atime` or
+    `mtime` to pyinfra's files.file (the only operation that reads them) would decide from it."""
     found = [
         str(path.relative_to(REPO))
         for path in (REPO / "roles").rglob("*.py")
-        if path.name != "fingerprint.py" and re.search(r"\batime\b", path.read_text())
+        if path.name != "fingerprint.py" and re.search(r"\b[am]time\b", path.read_text())
     ]
     assert found == []
 

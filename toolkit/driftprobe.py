@@ -43,9 +43,8 @@ def masked(line: str) -> str:
     """A line of an answer as its digest sees it (see _ATIME): stat's moving fields as `*`."""
     if not line.startswith("user="):  # the patterns' own start: other lines stay as they are
         return line
-    if _DIRECTORY.match(line):
-        return _DIRECTORY.sub(r"\1*\2*\3*\4* ", line)
-    return _ATIME.sub(r"\1*\2", line)
+    line, directories = _DIRECTORY.subn(r"\1*\2*\3*\4* ", line)
+    return line if directories else _ATIME.sub(r"\1*\2", line)
 
 
 def run_command(path: str) -> str:

@@ -8,15 +8,10 @@ import re
 import shlex
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from engine.fingerprint.records import Record
 from toolkit.driftprobe import masked
 from toolkit.dropins import CLASSES, RENAMED, dropins_command, dropins_filter
-
-if TYPE_CHECKING:
-    pass
-
 
 # -- outputs ---------------------------------------------------------------------------------
 

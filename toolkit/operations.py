@@ -163,6 +163,25 @@ def service_running(unit: str, container_skips: bool = False):
         yield start_command(unit)
 
 
+UNIT_TYPES = ("service", "socket", "mount", "timer", "target", "path", "swap", "automount")
+
+
+def unit_journal_command(unit: str, lines: int = 10) -> str:
+    """The unit's last journal lines, to stderr: why an operation on it failed. `journalctl -u`
+    finds a process's own message by the unit journald reads from the process's cgroup, and a
+    process gone before journald reads its message has none. systemd's executor says why a unit
+    could not start ("Unable to locate executable ...") and exits at once, so on a busy host
+    `-u` left out the one line that says why (CI once; every time on a lab host whose journald
+    was held back for a second). Those messages also name the unit in UNIT=, as systemd's own
+    do: either field matches. `--sync` first: journald has taken in all that was sent."""
+    name = unit if unit.rsplit(".", 1)[-1] in UNIT_TYPES else f"{unit}.service"
+    quoted = shlex.quote(name)
+    return (
+        "journalctl --sync 2>/dev/null; "
+        f"journalctl _SYSTEMD_UNIT={quoted} + UNIT={quoted} -n {lines} --no-pager -o cat >&2"
+    )
+
+
 def start_command(unit: str) -> str:
     """`systemctl start`, tried once more when systemd could not spawn the unit or one it needs
     (result `resources`, or `dependency` after such a failure of a dependency): seen on a lab
@@ -171,7 +190,7 @@ def start_command(unit: str) -> str:
     quoted = shlex.quote(unit)
     result = f"$(systemctl show -p Result --value {quoted})"
     transient = f'case "{result}" in resources|dependency) true ;; *) false ;; esac'
-    journal = f"journalctl -u {quoted} -n 10 --no-pager -o cat >&2"
+    journal = unit_journal_command(unit)
     return (
         f"systemctl start {quoted} || {{ {transient} && sleep 2 && systemctl start {quoted}; }}"
         f" || {{ {journal}; exit 1; }}"
@@ -191,7 +210,7 @@ def restart_command(unit: str, reload: bool = False) -> str:
     verb = "try-reload-or-restart" if reload else "try-restart"
     absent = f'[ "$(systemctl show -p LoadState --value {quoted})" = not-found ]'
     transient = f'[ "$(systemctl show -p Result --value {quoted})" = resources ]'
-    journal = f"journalctl -u {quoted} -n 10 --no-pager -o cat >&2"
+    journal = unit_journal_command(unit)
     return (
         f"systemctl {verb} {quoted} || {absent}"
         f" || {{ {transient} && systemctl start {quoted}; }} || {{ {journal}; exit 1; }}"

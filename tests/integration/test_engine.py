@@ -205,7 +205,9 @@ def test_a_restart_systemd_refuses_fails_with_the_units_journal_and_is_not_retri
     """`restart_if_running`'s command against the host's real systemd: a running unit restarts
     (a new main process); a unit whose new configuration cannot start fails the command with
     the journal's reason, and only systemd's transient `resources` result would start it again
-    (exit-code here: one start, not two)."""
+    (exit-code here: one start, not two). The failing restart runs with journald held back for
+    a second, as on a busy host: the line that says why comes from systemd's executor, gone
+    before journald reads it, and `journalctl -u` left it out (CI once)."""
     from toolkit.operations import restart_command
 
     host, unit = lab.hosts[0], "gpuinfra-restart-probe"
@@ -227,7 +229,8 @@ def test_a_restart_systemd_refuses_fails_with_the_units_journal_and_is_not_retri
         assert main_pid() not in ("0", before)
 
         write_unit("/nonexistent/daemon")
-        failed = lab.ssh(host, f"( {restart_command(unit)} )", check=False)
+        held = "j=$(pidof systemd-journald); kill -STOP $j; (sleep 1; kill -CONT $j) &"
+        failed = lab.ssh(host, f"{held} ( {restart_command(unit)} )", check=False)
         assert failed.returncode == 1
         assert "/nonexistent/daemon" in failed.stderr  # the journal's own words
         result = lab.ssh(host, f"systemctl show -p Result --value {unit}").stdout.strip()

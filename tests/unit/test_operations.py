@@ -177,6 +177,12 @@ def fake_commands(folder, scripts: dict[str, str]) -> None:
         (folder / name).chmod(0o755)
 
 
+FAKE_JOURNALCTL = """#!/bin/sh
+[ "$1" = --sync ] && exit 0
+echo "journal $*" >> "$LOG"
+echo "containerd: the why"
+"""
+
 FAKE_SYSTEMCTL = """#!/bin/sh
 echo "systemctl $*" >> "$LOG"
 case "$1" in
@@ -211,7 +217,7 @@ def test_a_restart_refused_for_want_of_resources_is_started_once_more(
         tmp_path,
         {
             "systemctl": FAKE_SYSTEMCTL,
-            "journalctl": '#!/bin/sh\necho "journal $*" >> "$LOG"\necho "containerd: the why"\n',
+            "journalctl": FAKE_JOURNALCTL,
         },
     )
     env = {
@@ -231,7 +237,20 @@ def test_a_restart_refused_for_want_of_resources_is_started_once_more(
     ]
     assert seen == calls
     assert ("containerd: the why" in run.stderr) == ("journal" in calls)
+    if "journal" in calls:  # either field names the unit, by its full name
+        assert "journal _SYSTEMD_UNIT=containerd.service + UNIT=containerd.service" in log.read_text()
     assert "systemctl show -p Result --value containerd" in log.read_text() or "show" not in calls
+
+
+def test_the_journal_of_a_unit_is_asked_for_by_its_full_name():
+    """journalctl's field matches take a unit's full name (`-u` adds .service itself); a name
+    that has its type already keeps it."""
+    from toolkit.operations import unit_journal_command
+
+    assert "UNIT=containerd.service -n 10 " in unit_journal_command("containerd")
+    assert "_SYSTEMD_UNIT=etcd-data.mount +" in unit_journal_command("etcd-data.mount")
+    assert "UNIT=kubelet.service -n 3 " in unit_journal_command("kubelet.service", lines=3)
+    assert unit_journal_command("ssh").startswith("journalctl --sync 2>/dev/null; ")
 
 
 def test_a_restart_of_a_unit_the_host_lacks_is_nothing_to_do(tmp_path):

@@ -62,7 +62,8 @@ def test_locked_memory_is_asked_for_sessions_and_containerd(applied):
         since = lab.ssh(HOST, "date +%s").stdout.strip()
         session = lab.ssh(HOST, "ulimit -l").stdout.strip()
         if session != str(TRIAL_KIB):  # the kernel refused what PAM read from the role's file
-            journal = lab.ssh(HOST, f"journalctl --since @{since} --no-pager -q").stdout
+            # --sync: journald has taken in what the ended session's process sent.
+            journal = lab.ssh(HOST, f"journalctl --sync; journalctl --since @{since} -q").stdout
             # pam_limits logs the value in KiB or bytes depending on its version.
             asked = {f"soft={n}, hard={n}" for n in (TRIAL_KIB, TRIAL_KIB * 1024)}
             refused = [line for line in journal.splitlines() if "limit for 'memlock'" in line]

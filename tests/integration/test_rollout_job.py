@@ -145,8 +145,11 @@ def rollout_sessions(cluster: Cluster, host: str, since: float) -> list[tuple[in
     fingerprint = subprocess.run(
         ["ssh-keygen", "-l", "-f", str(key)], capture_output=True, text=True, check=True
     ).stdout.split()[1]
+    # A session's process may be gone when journald reads its last line, which then names no
+    # unit: match sshd's identifiers too, after --sync (all that was sent is in).
+    units = "_SYSTEMD_UNIT=ssh.service + SYSLOG_IDENTIFIER=sshd-session + SYSLOG_IDENTIFIER=sshd"
     journal = cluster.lab.ssh(
-        host, f"journalctl -u ssh.service --since @{int(since) - 1} -o json --no-pager"
+        host, f"journalctl --sync; journalctl {units} --since @{int(since) - 1} -o json"
     ).stdout
     opened: dict[str, int] = {}
     windows = []

@@ -238,7 +238,8 @@ def test_a_restart_refused_for_want_of_resources_is_started_once_more(
     assert seen == calls
     assert ("containerd: the why" in run.stderr) == ("journal" in calls)
     if "journal" in calls:  # either field names the unit, by its full name
-        assert "journal _SYSTEMD_UNIT=containerd.service + UNIT=containerd.service" in log.read_text()
+        asked = "journal _SYSTEMD_UNIT=containerd.service + UNIT=containerd.service"
+        assert asked in log.read_text()
     assert "systemctl show -p Result --value containerd" in log.read_text() or "show" not in calls
 
 

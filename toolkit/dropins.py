@@ -18,6 +18,12 @@ RENAMED = {"Id": "unit", "LoadState": "load"}
 CLASSES = ("ours", "other")
 
 
+def unit_name(unit: str) -> str:
+    """A unit's full name, as systemctl names one given without its type: "docker" is
+    "docker.service" (journalctl's and systemctl's field matches take the full name)."""
+    return unit if "." in unit else f"{unit}.service"
+
+
 def dropins_filter(others: bool = False) -> str:
     """An awk reading `systemctl show` lines: `Id=` and `LoadState=` become `unit ID` and
     `load STATE`, a `DropInPaths=` line becomes `ours PATH` or `other PATH` for each drop-in

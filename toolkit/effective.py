@@ -21,7 +21,7 @@ from pyinfra.api import FactBase, operation
 from pyinfra.api.operation import OperationMeta
 
 from toolkit import record
-from toolkit.dropins import MARKER, dropins_command
+from toolkit.dropins import MARKER, dropins_command, unit_name
 from toolkit.pyinfra_api import op_hash
 
 # Where systemd reads drop-ins that an administrator or a runtime command made; /usr/lib and
@@ -92,7 +92,7 @@ def nothing_overrides(name: str, findings: Iterable[str]) -> OperationMeta:
 
 def unit_dropins(name: str, units: Iterable[str], declared: Iterable[str]) -> OperationMeta:
     """`nothing_overrides` for the drop-ins of a role's units."""
-    asked = tuple(sorted(u if "." in u else f"{u}.service" for u in units))
+    asked = tuple(sorted(map(unit_name, units)))
     found = host.get_fact(UnitDropIns, units=asked) or {}
     return nothing_overrides(name, foreign_dropins(found, declared))
 

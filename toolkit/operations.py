@@ -14,6 +14,7 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File, Link, Sha1File
 
 from toolkit import record
+from toolkit.dropins import unit_name
 from toolkit.facts import Account, Container, GroupEntry, NodeName, RebootReasons, UnitState
 from toolkit.pyinfra_api import op_hash
 from toolkit.spec import ManagedFile
@@ -163,9 +164,6 @@ def service_running(unit: str, container_skips: bool = False):
         yield start_command(unit)
 
 
-UNIT_TYPES = ("service", "socket", "mount", "timer", "target", "path", "swap", "automount")
-
-
 def unit_journal_command(unit: str, lines: int = 10) -> str:
     """The unit's last journal lines, to stderr: why an operation on it failed. `journalctl -u`
     finds a process's own message by the unit journald reads from the process's cgroup, and a
@@ -174,8 +172,7 @@ def unit_journal_command(unit: str, lines: int = 10) -> str:
     `-u` left out the one line that says why (CI once; every time on a lab host whose journald
     was held back for a second). Those messages also name the unit in UNIT=, as systemd's own
     do: either field matches. `--sync` first: journald has taken in all that was sent."""
-    name = unit if unit.rsplit(".", 1)[-1] in UNIT_TYPES else f"{unit}.service"
-    quoted = shlex.quote(name)
+    quoted = shlex.quote(unit_name(unit))
     return (
         "journalctl --sync 2>/dev/null; "
         f"journalctl _SYSTEMD_UNIT={quoted} + UNIT={quoted} -n {lines} --no-pager -o cat >&2"

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from engine.fingerprint.records import Record
 from toolkit.driftprobe import masked
-from toolkit.dropins import CLASSES, RENAMED, dropins_command, dropins_filter
+from toolkit.dropins import CLASSES, RENAMED, dropins_command, dropins_filter, unit_name
 
 # -- outputs ---------------------------------------------------------------------------------
 
@@ -125,17 +125,13 @@ _DROPIN_KINDS = (*RENAMED.values(), *CLASSES)
 _PROPERTY_OF = {word: key for key, word in RENAMED.items()}
 
 
-def _systemctl_name(unit: str) -> str:
-    return unit if "." in unit else f"{unit}.service"
-
-
 def _dropin_units(names: dict[str, list[str]]) -> list[str]:
     return [unit for units in names["dropins"] for unit in units.split(" ")]
 
 
 def _asked_units(names: dict[str, list[str]]) -> list[str]:
     asked = [*names["unit"], *names["status"], *_dropin_units(names)]
-    return list(dict.fromkeys(map(_systemctl_name, asked)))
+    return list(dict.fromkeys(map(unit_name, asked)))
 
 
 def _systemd_script(names: dict[str, list[str]]) -> str:
@@ -159,7 +155,7 @@ def _split_systemd(lines: list[str], names: dict[str, list[str]]) -> _Answers | 
 
     def only(unit: str, keys: tuple[str, ...]) -> list[str]:
         found = []
-        for line in block[_systemctl_name(unit)]:
+        for line in block[unit_name(unit)]:
             kind, _, value = line.partition(" ")
             if kind in _PROPERTY_OF:  # a property the filter renamed, named back
                 line = f"{_PROPERTY_OF[kind]}={value}"

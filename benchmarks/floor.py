@@ -166,12 +166,9 @@ def answer_digest(output: bytes) -> str:
     """The answer's digest with the fields of pyinfra's file facts that move while the host is
     unchanged masked, as engine/fingerprint/ masks them (toolkit.driftprobe, standard library
     only)."""
-    from toolkit.driftprobe import masked
+    from toolkit.driftprobe import lines_digest
 
-    lines = output.decode(errors="surrogateescape").split("\n")
-    return hashlib.sha256(
-        "\n".join(map(masked, lines)).encode(errors="surrogateescape")
-    ).hexdigest()
+    return lines_digest(output.decode(errors="surrogateescape").split("\n"))
 
 
 def check_probes(probes: dict, hosts: dict) -> dict:

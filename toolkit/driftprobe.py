@@ -17,6 +17,7 @@ import hashlib
 import posixpath
 import re
 import shlex
+from collections.abc import Iterable
 
 PROBE_DIR = "/var/lib/gpuinfra-drift"
 PROBE_FILE = f"{PROBE_DIR}/probe.sh"
@@ -87,16 +88,19 @@ def answer_lines(output: bytes) -> list[str] | None:
     return lines[start + 1 :]
 
 
-def answer_digest(output: bytes) -> str | None:
-    """The digest of a probe's answer with stat's moving fields masked (`masked`), as
-    engine/fingerprint/probe.py `output_digest` masks them; None: no answer."""
-    lines = answer_lines(output)
-    if lines is None:
-        return None
+def lines_digest(lines: Iterable[str]) -> str:
+    """The digest of a command's output lines, stat's moving fields masked (`masked`): what a
+    record keeps of each command (engine.fingerprint's `output_digest` is this function)."""
     digest = hashlib.sha256()
     for line in lines:
-        digest.update(masked(line).encode() + b"\n")
+        digest.update(masked(line).encode(errors="surrogateescape") + b"\n")
     return digest.hexdigest()
+
+
+def answer_digest(output: bytes) -> str | None:
+    """The digest of a probe's answer (`lines_digest`); None: no answer."""
+    lines = answer_lines(output)
+    return None if lines is None else lines_digest(lines)
 
 
 def install_command(script_bytes: int) -> str:

@@ -3,26 +3,14 @@ facts answered together, recognised by their exact text), its answer split again
 
 from __future__ import annotations
 
-import hashlib
 import re
 import shlex
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from engine.fingerprint.records import Record
-from toolkit.driftprobe import masked
+from toolkit.driftprobe import lines_digest as output_digest
 from toolkit.dropins import CLASSES, RENAMED, dropins_command, dropins_filter, unit_name
-
-# -- outputs ---------------------------------------------------------------------------------
-
-
-def output_digest(stdout: Iterable[str]) -> str:
-    """Digest of a command's stdout lines, stat's moving fields masked (toolkit.driftprobe)."""
-    digest = hashlib.sha256()
-    for line in stdout:
-        digest.update(masked(line).encode() + b"\n")
-    return digest.hexdigest()
-
 
 # Commands asked once per file or per unit, recognised by their exact text (rebuilt here for the
 # name and compared whole) and answered for all their names at once: a host's deploys ask about

@@ -550,6 +550,31 @@ def test_a_second_apply_changes_nothing_and_drift_is_clean(cluster, tmp_path):
         assert drift.returncode == ExitCode.OK, drift.stdout[-3000:] + drift.stderr[-2000:]
 
 
+def test_verify_passes_on_every_node_and_names_a_dropped_static_pod(cluster):
+    """`verify --roles kubernetes` on the bootstrapped nodes: every check passes on every node;
+    a manifest dropped into a worker's static pod folder (it would run with the node's rights)
+    fails that node's check alone, by name."""
+    args = ("verify", str(cluster.inventory), "--roles", "kubernetes", "--format", "json")
+    result = gpuinfra(*args)
+    assert result.returncode == ExitCode.OK, result.stdout[-3000:] + result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    assert {r["host"] for r in report["results"]} == set(NODES)
+    assert report["counts"].get("passed", 0) == len(report["results"])
+
+    rogue = "/etc/kubernetes/manifests/rogue.yaml"
+    cluster.lab.ssh("cpu-1", f"echo '{{}}' > {rogue}")
+    try:
+        result = gpuinfra(*args)
+        assert result.returncode == ExitCode.VERIFY_FAILED, result.stdout[-3000:]
+        failed = [r for r in json.loads(result.stdout)["results"] if r["outcome"] != "passed"]
+        assert [(r["host"], r["test"]) for r in failed] == [
+            ("cpu-1", "test_static_pods_are_only_kubeadms[cpu-1]")
+        ]
+        assert "rogue.yaml" in failed[0]["message"]
+    finally:
+        cluster.lab.ssh("cpu-1", f"rm -f {rogue}")
+
+
 def test_a_live_object_edited_by_hand_is_drift(cluster):
     """The balloon PriorityClass's description edited through the API: the exact drift names the
     first control-plane node's cluster objects (exit 3); an apply puts the object back."""

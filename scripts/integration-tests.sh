@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# make test's integration tests, in two pytest processes side by side: the modules that boot a
-# lab of their own and spend most of it waiting (Kubernetes: joins paced 20 s apart, pods and
-# certificates; etcd: members stopped and started) beside everything else, which shares the
-# session lab. In one process the machine's two cores sat about a third idle (2026-11-26,
-# docs/development.md). Labs of different names are made to coexist (lab.state.locked, their
-# own subnets); the two processes share nothing else but the machine's package cache.
+# make test's integration tests, in two pytest processes side by side: modules that boot labs
+# of their own and spend most of it waiting (Kubernetes: joins paced 20 s apart, pods and
+# certificates; etcd: members stopped and started; the fleet Jobs) beside everything else,
+# which shares the session lab. Which own-lab modules go beside is chosen from the last run's
+# times (scripts/integration_split.py), so the two processes end about together. Labs of
+# different names are made to coexist (lab.state.locked, their own subnets); the two processes
+# share nothing else but the machine's package cache.
 #
 # The side process writes build/integration-own-labs.log, printed whole when both are done.
 # Exit status: the first non-zero of the two.
@@ -12,11 +13,17 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 PYTEST=${PYTEST:-.venv/bin/pytest}
-OWN_LABS=(tests/integration/test_kubernetes.py tests/integration/test_role_etcd.py)
+PYTHON=${PYTHON:-$(dirname "$PYTEST")/python}
+mapfile -t OWN_LABS < <("$PYTHON" scripts/integration_split.py)
 LOG=build/integration-own-labs.log
 
 mkdir -p build
-"$PYTEST" "${OWN_LABS[@]}" "$@" >"$LOG" 2>&1 &
+if [ "${#OWN_LABS[@]}" -eq 0 ]; then
+    echo "no module measured with a lab of its own: one process" >"$LOG"
+    true &
+else
+    GPUINFRA_INTEGRATION_PROCESS=side "$PYTEST" "${OWN_LABS[@]}" "$@" >"$LOG" 2>&1 &
+fi
 side=$!
 # A stop of make (Ctrl-C, CI's time limit) stops the side process too.
 trap 'kill "$side" 2>/dev/null' EXIT
@@ -25,7 +32,7 @@ ignored=()
 for module in "${OWN_LABS[@]}"; do
     ignored+=(--ignore "$module")
 done
-"$PYTEST" tests/integration "${ignored[@]}" "$@"
+GPUINFRA_INTEGRATION_PROCESS=main "$PYTEST" tests/integration "${ignored[@]}" "$@"
 main_rc=$?
 
 wait "$side"

@@ -20,8 +20,10 @@ reboot) must leave it as they found it. Needs root, systemd-nspawn and debootstr
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,3 +103,35 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabCluster]:
     yield cluster
     if os.environ.get(KEEP_ENV) != "1":
         lifecycle.down(LAB_NAME)
+
+
+# Each run's time per module, and whether the module used the shared lab above, for
+# scripts/integration_split.py: it puts the modules with labs of their own beside the
+# shared-lab ones so the two processes of `make test` end together. Fixture setup counts
+# (a lab's boot is the module's time), so does teardown.
+TIMES_DIR = Path(__file__).resolve().parents[2] / "build" / "integration-times"
+_times: dict[str, dict[str, float | bool]] = {}
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    module = item.nodeid.split("::")[0]
+    definitions = getattr(item, "_fixtureinfo", None)
+    chain = definitions.name2fixturedefs.get("lab", ()) if definitions else ()
+    # The session lab is this conftest's fixture; a module may define a `lab` of its own.
+    shared = bool(chain) and not chain[-1].baseid.endswith(".py")
+    entry = _times.setdefault(module, {"seconds": 0.0, "shared_lab": False})
+    entry["shared_lab"] = bool(entry["shared_lab"]) or shared
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    entry = _times.setdefault(report.nodeid.split("::")[0], {"seconds": 0.0, "shared_lab": False})
+    entry["seconds"] = round(float(entry["seconds"]) + report.duration, 1)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if not _times or hasattr(session.config, "workerinput"):
+        return
+    TIMES_DIR.mkdir(parents=True, exist_ok=True)
+    name = os.environ.get("GPUINFRA_INTEGRATION_PROCESS", "run")
+    written = {"finished": time.time(), "modules": _times}
+    (TIMES_DIR / f"{name}.json").write_text(json.dumps(written, indent=1, sort_keys=True) + "\n")

@@ -1,0 +1,61 @@
+"""Choose the integration modules that `make test` runs in its side process, by the last run's
+times: the modules with labs of their own go beside the shared-lab modules, longest first, each
+to the process that would end sooner, so both end about together.
+
+    python3 scripts/integration_split.py    # the side process's modules, one per line
+
+The times are what tests/integration/conftest.py wrote after each run (build/integration-times/,
+newest run first for each module), over the figures committed in
+tests/integration/module-times.json (a clean clone's only record). A module never measured
+counts as a shared-lab one: it stays in the main process, which is always correct.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BASELINE = REPO / "tests" / "integration" / "module-times.json"
+TIMES_DIR = REPO / "build" / "integration-times"
+
+
+def measured(baseline: Path = BASELINE, times_dir: Path = TIMES_DIR) -> dict[str, dict]:
+    """Module -> {"seconds", "shared_lab"}: the committed figures, then each run's, oldest first."""
+    runs = [json.loads(baseline.read_text())] if baseline.exists() else []
+    if times_dir.is_dir():
+        recorded = [json.loads(path.read_text()) for path in sorted(times_dir.glob("*.json"))]
+        runs += sorted(recorded, key=lambda run: run.get("finished", 0))
+    times: dict[str, dict] = {}
+    for run in runs:
+        times.update(run["modules"])
+    return times
+
+
+def side_modules(modules: list[str], times: dict[str, dict]) -> list[str]:
+    """The own-lab modules for the side process: longest first, each to the process whose
+    running total is smaller (the shared-lab modules all run in the main one)."""
+    own = [m for m in modules if m in times and not times[m]["shared_lab"]]
+    main = sum(times[m]["seconds"] for m in modules if m in times and m not in own)
+    side, side_total = [], 0.0
+    for module in sorted(own, key=lambda m: (-times[m]["seconds"], m)):
+        if side_total <= main:
+            side.append(module)
+            side_total += times[module]["seconds"]
+        else:
+            main += times[module]["seconds"]
+    return sorted(side)
+
+
+def main() -> int:
+    modules = sorted(
+        str(path.relative_to(REPO)) for path in (REPO / "tests" / "integration").glob("test_*.py")
+    )
+    for module in side_modules(modules, measured()):
+        print(module)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""make test's two integration processes (scripts/integration_split.py): the modules with labs
+of their own are spread by their last times, the shared-lab ones stay together."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location(
+    "integration_split", REPO / "scripts/integration_split.py"
+)
+split = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(split)
+
+
+def module(seconds: float, shared: bool) -> dict:
+    return {"seconds": seconds, "shared_lab": shared}
+
+
+def test_own_lab_modules_balance_the_shared_ones_longest_first():
+    times = {
+        "shared_a.py": module(900, True),
+        "shared_b.py": module(600, True),
+        "k8s.py": module(800, False),
+        "rollout.py": module(500, False),
+        "etcd.py": module(300, False),
+        "orch.py": module(200, False),
+    }
+    # side: k8s 800, rollout 1300, then 1300 < 1500 main: etcd 1600; main takes orch (1700).
+    assert split.side_modules(sorted(times), times) == ["etcd.py", "k8s.py", "rollout.py"]
+
+
+def test_a_module_never_measured_stays_with_the_shared_lab():
+    times = {"shared.py": module(100, True), "own.py": module(50, False)}
+    assert split.side_modules(["new.py", "own.py", "shared.py"], times) == ["own.py"]
+    assert split.side_modules(["new.py"], {}) == []
+
+
+def test_the_newest_run_wins_over_older_runs_and_the_committed_figures(tmp_path):
+    baseline = tmp_path / "module-times.json"
+    baseline.write_text(json.dumps({"modules": {"a.py": module(10, False)}}))
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    newer = {"finished": 2, "modules": {"a.py": module(30, False)}}
+    older = {"finished": 1, "modules": {"a.py": module(20, True), "b.py": module(5, True)}}
+    (runs / "main.json").write_text(json.dumps(newer))
+    (runs / "side.json").write_text(json.dumps(older))
+    assert split.measured(baseline, runs) == {"a.py": module(30, False), "b.py": module(5, True)}
+
+
+def test_the_committed_figures_name_every_module_they_time():
+    """A clean clone splits by tests/integration/module-times.json: each module it names exists."""
+    times = split.measured(split.BASELINE, split.TIMES_DIR / "absent")
+    assert times, "no committed integration times"
+    missing = [name for name in times if not (REPO / name).exists()]
+    assert missing == []

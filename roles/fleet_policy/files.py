@@ -1,7 +1,7 @@
 """The fleet policy's cluster-wide files under OUT/_cluster/: Kubernetes manifests (team
 isolation, balloons, GPU metrics), the scheduler's configuration and the control plane's
-kubeadm settings for in-tree gang scheduling, per-node labels and taints for the kubernetes role,
-and Prometheus scrape jobs.
+kubeadm settings for in-tree gang scheduling, and per-node labels and taints for the kubernetes
+role. The series kept at scrape time go to the monitoring role (`metric_rules`).
 
 Every Kubernetes object is validated against the pinned Kubernetes version's schemas before it
 is returned, so `gpuinfra render` never writes an object the API server would refuse on shape.
@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from inventory.model import Cluster, LoadedCluster
-from inventory.topology import DCGM_EXPORTER_PORT, ETCD_METRICS_PORT
+from inventory.topology import DCGM_EXPORTER_PORT
 from roles.fleet_policy import gang
 from roles.fleet_policy.config import FleetPolicyConfig
 from roles.fleet_policy.schemas import crd_schemas, documents, validate_objects
@@ -40,7 +40,6 @@ GPU_METRICS = f"{KUBERNETES_DIR}/gpu-metrics.yaml"
 SCHEDULER_CONFIG = "scheduler/kube-scheduler-config.yaml"
 KUBEADM_CLUSTER_CONFIGURATION = "scheduler/kubeadm-cluster-configuration.yaml"
 NODES = "fleet-policy/nodes.yaml"
-SCRAPE = "prometheus/fleet-policy-scrape.yml"
 # Namespaces whose pods tolerate every taint by design (node agents): the team policy skips them.
 SYSTEM_NAMESPACES = ("kube-system", "kube-node-lease", "kube-public")
 
@@ -90,32 +89,16 @@ def node_placement(cluster: Cluster) -> dict[str, Any]:
     return {"hosts": hosts}
 
 
-def scrape_jobs(cluster: Cluster, cfg: FleetPolicyConfig) -> list[dict[str, Any]]:
-    """The jobs of the scrape fragment. No API server job: scraping kube-apiserver's /metrics
-    needs a bearer token and the cluster CA on the monitoring host, and no role puts them there
-    (docs/fleet-policy.md, "GPU metrics"); a job pointing at files that never exist would only
-    fail."""
-
-    def targets(group: str, port: int) -> list[dict[str, str]]:
-        return [
-            {"address": f"{cluster.fqdn(name)}:{port}", "host": name}
-            for name in cluster.in_group(group)
-        ]
-
-    jobs = [
-        {
-            "name": "dcgm-exporter",
-            "targets": targets("gpu_worker", DCGM_EXPORTER_PORT),
-            # Keep only what is used: every other DCGM field of the counter set is dropped.
-            "relabel": [{"regex": "|".join(cfg.dcgm_keep_metrics), "action": "keep"}],
-        },
-        {
-            "name": "etcd",
-            "targets": targets("etcd", ETCD_METRICS_PORT),
-            "relabel": [{"regex": "|".join(ETCD_DROP), "action": "drop"}],
-        },
-    ]
-    return [job for job in jobs if job["targets"]]
+def metric_rules(loaded: LoadedCluster) -> dict[str, list[dict[str, str]]]:
+    """Series kept or dropped at scrape time, by the monitoring role's scrape job: only the
+    DCGM fields the alerts and dashboards use, and etcd without its debugging series (too many
+    series was its own failure at scale). The monitoring role writes them into the Prometheus
+    configuration it loads."""
+    cfg = fleet_config(loaded)
+    return {
+        "dcgm": [{"regex": "|".join(cfg.dcgm_keep_metrics), "action": "keep"}],
+        "etcd": [{"regex": "|".join(ETCD_DROP), "action": "drop"}],
+    }
 
 
 def template_context(loaded: LoadedCluster) -> dict[str, Any]:
@@ -201,9 +184,6 @@ def cluster_files(loaded: LoadedCluster) -> dict[str, str]:
         NODES: "# Rendered by gpuinfra (roles/fleet_policy): labels and taints per node, applied "
         "by the kubernetes role at join.\n"
         + yaml.safe_dump(node_placement(cluster), sort_keys=False),
-        SCRAPE: render_template(
-            "fleet_policy/fleet-scrape.yml.j2", **common, jobs=scrape_jobs(cluster, cfg)
-        ),
     }
 
 

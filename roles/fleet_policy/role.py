@@ -1,5 +1,5 @@
 """The fleet policy's record: cluster files only (Kubernetes objects, scheduler files, node
-labels and taints, scrape jobs), and the inventory rules its settings need."""
+labels and taints), the series Prometheus keeps, and the inventory rules its settings need."""
 
 from __future__ import annotations
 
@@ -20,6 +20,9 @@ ROLE = Role(
     config=FleetPolicyConfig,
     cluster_files=lazy("roles.fleet_policy.files:cluster_files"),
     checks=cluster_checks,
-    provides={"scheduler_files": lazy("roles.fleet_policy.files:scheduler_files")},
+    provides={
+        "scheduler_files": lazy("roles.fleet_policy.files:scheduler_files"),
+        "metric_rules": lazy("roles.fleet_policy.files:metric_rules"),
+    },
     summary="team isolation, balloons, gang scheduling and GPU metrics on the cluster",
 )

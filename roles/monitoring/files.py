@@ -9,8 +9,12 @@ from inventory.model import LoadedCluster
 from roles.monitoring.config import MonitoringConfig
 from roles.monitoring.dashboards import DASHBOARDS
 from roles.monitoring.targets import PROMETHEUS_PORT, scrape_jobs
-from toolkit.spec import HostContext, ManagedFile, default_settings, settings_of
+from toolkit.spec import HostContext, ManagedFile, default_settings, provided, settings_of
 from toolkit.templates import render_template
+
+# Series kept or dropped per scrape job, by the role that deploys the exporters (the DCGM
+# keep-list): job name -> Prometheus metric_relabel rules on __name__.
+metric_rules = provided("fleet_policy", "metric_rules")
 
 NODE_EXPORTER_DEFAULTS = "/etc/default/prometheus-node-exporter"
 PROMETHEUS_DEFAULTS = "/etc/default/prometheus"
@@ -69,6 +73,7 @@ def prometheus_files(ctx: HostContext) -> list[ManagedFile]:
         cfg=cfg,
         cluster=ctx.cluster,
         jobs=scrape_jobs(ctx.cluster, cfg.dcgm_exporter_port),
+        job_rules=metric_rules(ctx.loaded),
         rules=ALERT_RULES,
         drop_regex="|".join(cfg.drop_metrics),
     )

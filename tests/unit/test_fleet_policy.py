@@ -85,7 +85,7 @@ def test_render_writes_every_fleet_object(rendered):
     ]:
         assert wanted in kinds
     for path in [
-        files.SCHEDULER_CONFIG, files.KUBEADM_CLUSTER_CONFIGURATION, files.NODES, files.SCRAPE,
+        files.SCHEDULER_CONFIG, files.KUBEADM_CLUSTER_CONFIGURATION, files.NODES,
     ]:  # fmt: skip
         assert (rendered / path).is_file()
     # Gang scheduling is in-tree: no PodGroup CRD, no scheduler-plugins RBAC, no image patch.
@@ -640,11 +640,17 @@ def sample_series() -> list[str]:
     return [line.split("{", 1)[0] for line in lines if line and not line.startswith("#")]
 
 
-def test_the_dcgm_scrape_job_keeps_only_the_used_series(rendered):
-    scrape = yaml.safe_load((rendered / files.SCRAPE).read_text())
-    jobs = {job["job_name"]: job for job in scrape["scrape_configs"]}
-    assert set(jobs) == {"dcgm-exporter", "etcd"}
-    rules = jobs["dcgm-exporter"]["metric_relabel_configs"]
+def loaded_scrape_jobs(rendered: Path) -> dict[str, dict]:
+    """The scrape jobs of the Prometheus configuration the monitoring host loads."""
+    config = rendered.parent / "mon-1" / "etc" / "prometheus" / "prometheus.yml"
+    return {job["job_name"]: job for job in yaml.safe_load(config.read_text())["scrape_configs"]}
+
+
+def test_the_loaded_dcgm_scrape_job_keeps_only_the_used_series(rendered):
+    """The keep-list reaches the prometheus.yml that Prometheus reads (it once went to a file
+    under _cluster/ that nothing loaded)."""
+    jobs = loaded_scrape_jobs(rendered)
+    rules = jobs["dcgm"]["metric_relabel_configs"]
     series = sample_series()
     kept = [name for name in series if relabel(name, rules)]
     assert len(series) == 48  # 24 fields of the default counter set x 2 GPUs
@@ -652,27 +658,34 @@ def test_the_dcgm_scrape_job_keeps_only_the_used_series(rendered):
     assert sorted(set(kept)) == sorted(FleetPolicyConfig().dcgm_keep_metrics)
     dropped = set(series) - set(kept)
     assert "DCGM_FI_DEV_ENC_UTIL" in dropped and "DCGM_FI_DEV_VGPU_LICENSE_STATUS" in dropped
-    targets = [t["targets"][0] for t in jobs["dcgm-exporter"]["static_configs"]]
+    targets = [t["targets"][0] for t in jobs["dcgm"]["static_configs"]]
     assert targets[0] == "gpu-1.sample.gpu.internal:9400" and len(targets) == 8
 
 
-def test_the_etcd_job_drops_its_debugging_series(rendered):
-    scrape = yaml.safe_load((rendered / files.SCRAPE).read_text())
-    jobs = {job["job_name"]: job for job in scrape["scrape_configs"]}
-    etcd = jobs["etcd"]["metric_relabel_configs"]
+def test_the_keep_list_is_the_inventorys(tmp_path):
+    """A keep-list set in the inventory is the one in the loaded configuration (and the
+    default's series are then dropped): a positive control for the test above."""
+    data = yaml.safe_load((SAMPLE / "cluster.yml").read_text())
+    data["group_vars"]["all"].setdefault("fleet_policy", {})["dcgm_keep_metrics"] = [
+        "DCGM_FI_DEV_GPU_TEMP"
+    ]
+    (tmp_path / "cluster.yml").write_text(yaml.safe_dump(data, sort_keys=False))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["render", str(tmp_path), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    rules = loaded_scrape_jobs(out / "_cluster")["dcgm"]["metric_relabel_configs"]
+    assert relabel("DCGM_FI_DEV_GPU_TEMP", rules)
+    assert not relabel("DCGM_FI_DEV_GPU_UTIL", rules)
+
+
+def test_the_loaded_etcd_job_drops_its_debugging_series(rendered):
+    etcd = loaded_scrape_jobs(rendered)["etcd"]["metric_relabel_configs"]
     assert not relabel("etcd_debugging_mvcc_keys_total", etcd)
     assert relabel("etcd_disk_wal_fsync_duration_seconds_bucket", etcd)
 
 
-def test_no_scrape_job_needs_credentials_nothing_provides(rendered):
-    """An API server job would read a token and the cluster CA from the monitoring host, and
-    no role puts them there: the fragment holds only jobs that need no credentials."""
-    scrape = yaml.safe_load((rendered / files.SCRAPE).read_text())
-    jobs = {job["job_name"]: job for job in scrape["scrape_configs"]}
-    assert set(jobs) == {"dcgm-exporter", "etcd"}
-    for job in jobs.values():
-        assert job.keys() == {"job_name", "static_configs", "metric_relabel_configs"}
-    assert "apiserver_ca_file" not in FleetPolicyConfig.model_fields
+def test_no_fleet_scrape_fragment_that_nothing_loads(rendered):
+    assert not (rendered / "prometheus").exists()
 
 
 def test_gpu_daemonsets_are_pinned_and_land_on_every_gpu_worker(rendered):

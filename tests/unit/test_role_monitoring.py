@@ -120,12 +120,16 @@ def test_scrape_jobs_cover_the_inventory():
 
 
 def test_unused_series_are_dropped_at_scrape_time():
+    """Every job ends with the role's drop rule; the DCGM and etcd jobs first apply the fleet
+    policy's rules for their exporters (tests/unit/test_fleet_policy.py checks what they keep)."""
     config = prometheus_config(load(SAMPLE))
     for job in config["scrape_configs"]:
-        (relabel,) = job["metric_relabel_configs"]
+        *first, relabel = job["metric_relabel_configs"]
         assert relabel["action"] == "drop"
         assert relabel["source_labels"] == ["__name__"]
         assert "go_.*" in relabel["regex"].split("|")
+        expected = {"dcgm": ["keep"], "etcd": ["drop"]}.get(job["job_name"], [])
+        assert [rule["action"] for rule in first] == expected
 
 
 def test_groups_without_hosts_get_no_job(small_cluster, write_cluster):

@@ -157,7 +157,7 @@ def node_add(
 ) -> None:
     """Join nodes of the inventory (rate-limited, like every join)."""
     from day2.kubernetes import add_nodes
-    from engine.runner import HostStatus
+    from engine.reports import HostStatus
 
     with reporting():
         loaded = _load(cluster)

@@ -13,7 +13,8 @@ import sys
 def main() -> None:
     if sys.argv[1:2] == ["apply"]:
         # The code an apply records its hosts under, read before the inventory or any role is
-        # imported (engine/runner.py checks at the end that it is still the code on disk).
+        # imported (engine/fingerprint/recording.py checks at the end that it is still the code
+        # on disk).
         from engine.fingerprint import code_digest
 
         code_digest()

@@ -42,7 +42,7 @@ def verify_command(
     2 bad input."""
     connecting()
     from engine.context import load
-    from engine.runner import select_hosts
+    from engine.selection import select_hosts
 
     selected_roles = _split(roles)
     selected_limit = _split(limit)

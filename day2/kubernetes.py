@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 
 from day2.steps import run_flow
 from engine.context import host_contexts
-from engine.runner import Mode, RunOptions, run
+from engine.reports import Mode, RunOptions
+from engine.runner import run
 from inventory.model import LoadedCluster
 from inventory.versions import KubernetesVersion
 from roles.kubernetes.config import KubernetesConfig

@@ -8,9 +8,11 @@ Adding a role is that folder plus its name in `ROLE_PACKAGES` below.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterable
 
 from pydantic import BaseModel
 
+from inventory.model import Cluster
 from toolkit.spec import Phase, Role
 
 ROLE_PACKAGES: tuple[str, ...] = (
@@ -46,3 +48,14 @@ ROLES_BY_NAME: dict[str, Role] = {role.name: role for role in ROLES}
 # Every host phase of every role, in converge order.
 PHASES: tuple[Phase, ...] = tuple(phase for role in ROLES for phase in role.phases)
 ROLE_CONFIGS: dict[str, type[BaseModel]] = {role.name: role.config for role in ROLES}
+
+
+def select_phases(roles: Iterable[str], cluster: Cluster) -> list[Phase]:
+    """The phases of `roles` (all when empty), without those the inventory has turned off
+    (Phase.when): those prepare nothing and are not timed, as if they did not exist."""
+    wanted = set(roles)
+    return [
+        phase
+        for phase in PHASES
+        if (not wanted or phase.role in wanted) and (phase.when is None or phase.when(cluster))
+    ]

@@ -4,6 +4,7 @@ path, engine/fingerprint/) can build the same report."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -63,6 +64,10 @@ class RunReport:
 
     def with_status(self, *statuses: HostStatus) -> list[HostReport]:
         return [h for h in self.hosts.values() if h.status in statuses]
+
+    def add_time(self, key: str, since: float) -> None:
+        """Add the time since `since` (time.monotonic()) to the phase `key`."""
+        self.phase_seconds[key] = self.phase_seconds.get(key, 0.0) + time.monotonic() - since
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,15 @@
-"""The one module that talks to pyinfra's API: connect, add each role's deploy, plan or apply."""
+"""The one module that drives pyinfra's State: connect, add each role's deploy, plan or apply
+one step's hosts (engine/rolling.py takes the steps), and report what pyinfra did."""
 
 from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import logging
 import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 
 import gevent
@@ -21,23 +23,16 @@ from pyinfra.facts.files import FileContents
 
 from engine.context import host_contexts
 from engine.factcache import prepare_cache
-from engine.fleetgate import Gate, LocalGate
-from engine.orchestrate import batch_size, group_policies, paced_hosts, plan_steps
-from engine.registry import PHASES
-from engine.reports import (  # noqa: F401 (the report types, re-exported for callers)
-    HostReport,
-    HostStatus,
-    Mode,
-    OperationResult,
-    RunOptions,
-    RunReport,
-)
-from engine.selection import select_hosts, selected_hosts, shard_hosts  # noqa: F401
-from inventory.model import Cluster, LoadedCluster
+from engine.fleetgate import Gate
+from engine.registry import select_phases
+from engine.reports import HostReport, HostStatus, Mode, OperationResult, RunOptions, RunReport
+from engine.rolling import run_steps
+from engine.selection import selected_hosts
+from inventory.model import LoadedCluster
 from toolkit import pyinfra_api, record
 from toolkit.facts import RebootRequired
 from toolkit.operations import clear_pending, prefetch_requests
-from toolkit.pacing import Pacer, reset_shared
+from toolkit.pacing import reset_shared
 from toolkit.pyinfra_api import (
     commands_routed,
     conditions_hold,
@@ -71,30 +66,6 @@ HOST_CAUSES = ("No space left on device", "Read-only file system", "Input/output
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 
 
-def select_phases(roles: Iterable[str], cluster: Cluster) -> list[Phase]:
-    """The phases of `roles` (all when empty), without those the inventory has turned off
-    (Phase.when): those prepare nothing and are not timed, as if they did not exist."""
-    wanted = set(roles)
-    return [
-        phase
-        for phase in PHASES
-        if (not wanted or phase.role in wanted) and (phase.when is None or phase.when(cluster))
-    ]
-
-
-def apply_steps(loaded: LoadedCluster, hosts: list[str], options: RunOptions) -> list[list[str]]:
-    """The hosts in the steps an apply takes. One step unless --batch or --rate asks for
-    rolling; then by each group's policy (engine/orchestrate.py): etcd's members together,
-    never two of a one-at-a-time group at once, workers by --batch and --rate."""
-    if options.mode is not Mode.apply or not (options.batch or options.rate):
-        return [hosts] if hosts else []
-    size = batch_size(options.batch, len(hosts)) if options.batch else None
-    cluster = loaded.cluster
-    groups_of = {name: cluster.hosts[name].groups for name in hosts}
-    paced = options.rate.hosts if options.rate else None
-    return plan_steps(hosts, groups_of, group_policies(PHASES), size, paced_per_step=paced)
-
-
 def run(
     loaded: LoadedCluster,
     options: RunOptions,
@@ -102,10 +73,11 @@ def run(
     record: bool = False,
     gate: Gate | None = None,
 ) -> RunReport:
-    """Plan, apply or check the hosts. With `record` (apply only: it writes `.state/`), every
-    host found converged gets its record for the drift fast path (engine/fingerprint/); hosts
-    the apply changed are checked again, exactly, to find them converged. `gate` decides which
-    of a step's hosts start when (a rollout shard's LedgerGate); None: the whole step."""
+    """Plan, apply or check the hosts, in the steps engine/rolling.py takes them. With `record`
+    (apply only: it writes `.state/`), every host found converged gets its record for the drift
+    fast path (engine/fingerprint/recording.py); hosts the apply changed are checked again,
+    exactly, to find them converged. `gate` decides which of a step's hosts start when (a
+    rollout shard's LedgerGate); None: the whole step."""
     started = time.monotonic()
     if record:  # the code this run has loaded, unless the command line took it before
         from engine import fingerprint
@@ -119,160 +91,20 @@ def run(
     hosts, report.notes = selected_hosts(loaded, options)
     phases = select_phases(options.roles, loaded.cluster)
     contexts = {ctx.name: ctx for ctx in host_contexts(loaded)}
-    steps = apply_steps(loaded, hosts, options)
-    pacer = Pacer(options.rate) if options.rate else None
-    policies = group_policies(PHASES)
-    gate = gate if gate is not None else LocalGate()
-    for number, step in enumerate(steps, 1):
-        pending = list(step)
-        # A local apply's gate grants the whole step at once; a rollout shard's grants what the
-        # shared budget allows and waits for the rest (engine/fleetgate.py).
-        while pending:
-            granted = gate.acquire(pending, want=len(pending))
-            if not granted:
-                break
-            pending = [h for h in pending if h not in granted]
-            if pacer is not None:
-                groups_of = {name: loaded.cluster.hosts[name].groups for name in granted}
-                for _ in range(paced_hosts(granted, groups_of, policies)):
-                    pacer.acquire()
-            _run_batch(
-                loaded,
-                options,
-                [contexts[h] for h in granted],
-                phases,
-                report,
-                progress,
-                asked if record else None,
-            )
-            gate.release({h: report.hosts[h].status.value for h in granted})
-        if gate.stopped is not None:
-            report.stopped = gate.stopped
-            for name in pending + [h for later in steps[number:] for h in later]:
-                report.hosts[name] = HostReport(
-                    name, HostStatus.skipped, error="not tried: the rollout stopped before it"
-                )
-            break
-        failed = len(report.with_status(HostStatus.failed, HostStatus.unreachable))
-        if (
-            options.fail_percent is not None
-            and number < len(steps)
-            and failed * 100 / len(report.hosts) > options.fail_percent
-        ):
-            report.stopped = (
-                f"stopped after step {number} of {len(steps)}: {failed} of "
-                f"{len(report.hosts)} hosts failed, over --fail-percent {options.fail_percent:g}"
-            )
-            for name in (h for later in steps[number:] for h in later):
-                report.hosts[name] = HostReport(
-                    name, HostStatus.skipped, error="not tried: the run stopped before its step"
-                )
-            break
-    if len(steps) > 1:
-        report.notes.append(f"{len(steps)} steps: " + " | ".join(",".join(s) for s in steps))
+    batch_asked = asked if record else None
+
+    def run_hosts(names: list[str]) -> None:
+        batch = [contexts[h] for h in names]
+        _run_batch(loaded, options, batch, phases, report, progress, batch_asked)
+
+    run_steps(loaded, options, hosts, report, run_hosts, gate)
     if record:
-        _record_converged(loaded, options, report, asked, contexts)
+        from engine.fingerprint.recording import record_converged
+
+        check = functools.partial(run, loaded, record=True)
+        record_converged(loaded, options, report, asked, contexts, check)
     report.seconds = time.monotonic() - started
     return report
-
-
-# The note naming the converged hosts an apply could not record (fingerprint.record_keys).
-NOT_RECORDED = "not recorded for drift's one round trip"
-CODE_CHANGED = (
-    "gpuinfra's code changed on disk during the run; the next drift checks every host "
-    "operation by operation, until an apply records them"
-)
-
-
-def _record_converged(loaded, options, report: RunReport, asked, contexts) -> None:
-    """Keep the record of every host this run found converged, check the hosts an apply changed
-    once more (exactly: their facts are the ones that run recorded), and forget the records of
-    the hosts that are neither (their next drift checks them operation by operation)."""
-    from engine import fingerprint
-
-    if fingerprint.code_digest(again=True) != fingerprint.code_digest():
-        # An upgrade or a checkout while the run had the code loaded: what it found was found by
-        # code that is no longer on disk, and a record must name the code that made it.
-        report.notes.append(f"{NOT_RECORDED}: {CODE_CHANGED}")
-        fingerprint.forget(loaded.state_dir, set(report.hosts))
-        return
-    converged = [name for name in asked if report.hosts[name].status is HostStatus.ok]
-    common = fingerprint.common_digest(loaded)
-    keys, unkeyed = fingerprint.record_keys(loaded, converged, common)
-    parts = tuple(common.split())
-    kept = set()
-    job = drift_job_enabled(loaded)
-    if unkeyed:
-        report.notes.append(
-            f"{NOT_RECORDED} (checked operation by operation until an apply records them): "
-            f"{', '.join(sorted(unkeyed))} ({next(iter(unkeyed.values()))})"
-        )
-    for name in keys:
-        entry = report.hosts[name]
-        record = fingerprint.Record(
-            key=keys[name].key,
-            roles=fingerprint.host_roles(
-                contexts[name].host.groups, options.roles, cluster=loaded.cluster
-            ),
-            commands=asked[name],
-            operations=tuple((op.phase, op.name) for op in entry.operations),
-            notes=tuple(entry.notes),
-            reboot_required=entry.reboot_required,
-            parts=parts,
-            inputs=keys[name].inputs,
-            valid_until=keys[name].valid_until,
-            marker=fingerprint.new_marker() if job else "",
-        )
-        fingerprint.save_record(loaded.state_dir, name, record)
-        kept.add(name)
-    changed = [h.name for h in report.with_status(HostStatus.changed)]
-    if options.mode is Mode.apply and changed:
-        clock = time.monotonic()
-        check_options = RunOptions(
-            mode=Mode.plan,
-            limit=tuple(changed),
-            roles=options.roles,
-            parallel=options.parallel,
-            connect_timeout=options.connect_timeout,
-        )
-        check = run(loaded, check_options, record=True)
-        _add_time(report, "converged check", clock)
-        report.notes += [note for note in check.notes if note.startswith(NOT_RECORDED)]
-        kept.update(h for h in changed if check.hosts[h].status is HostStatus.ok)
-        still = [h for h in changed if check.hosts[h].status is not HostStatus.ok]
-        if still:
-            report.notes.append(
-                f"checked again after the apply, not converged: {', '.join(still)} "
-                "(`gpuinfra plan` shows what would still change)"
-            )
-    fingerprint.forget(loaded.state_dir, set(report.hosts) - kept)
-    if options.mode is Mode.apply:  # once, after the check of the changed hosts above
-        fingerprint.write_early_sheet(loaded)
-        if job and kept:
-            _install_probes(loaded, report, kept)
-
-
-def drift_job_enabled(loaded: LoadedCluster) -> bool:
-    """Whether the drift Job is on (drift_job.enabled, a fleet-wide setting)."""
-    from toolkit.spec import settings_of
-
-    first = next(iter(loaded.cluster.hosts), None)
-    return first is not None and bool(settings_of(loaded, first, "drift_job").enabled)
-
-
-def _install_probes(loaded: LoadedCluster, report: RunReport, kept: set[str]) -> None:
-    """The drift Job's probes (engine/fingerprint/installed.py), after the records are kept."""
-    from engine.fingerprint.installed import install_probes
-
-    clock = time.monotonic()
-    failed = install_probes(loaded, sorted(kept))
-    _add_time(report, "drift probes", clock)
-    if failed:
-        report.notes.append(
-            f"drift Job probe not installed on {len(failed)} host(s), checked by the "
-            f"controller in `drift --job`: {', '.join(sorted(failed))} "
-            f"({next(iter(failed.values()))})"
-        )
 
 
 class _Recorder(BaseStateCallback):
@@ -400,7 +232,7 @@ def _run_batch(
     state.set_stage(StateStage.Connect)
     with contextlib.suppress(PyinfraError):  # every host failed to connect: reported below
         connect_all(state)
-    _add_time(report, "connect", clock)
+    report.add_time("connect", clock)
     _detect_silent_hosts(state)
     for host in state.failed_hosts:
         entry = report.hosts[host.name]
@@ -443,7 +275,7 @@ def _prepare_and_execute(
     with prepare_cache(state, active, recording) as caches:
         clock = time.monotonic()
         _prefetch(state, caches, phases, by_name)
-        _add_time(report, "prefetch", clock)
+        report.add_time("prefetch", clock)
         for index, phase in enumerate(phases):
             clock = time.monotonic()
             targets = [
@@ -452,7 +284,7 @@ def _prepare_and_execute(
                 if phase.applies_to(by_name[h.name].host.groups, by_name[h.name].cluster)
             ]
             _prepare_phase(state, phase, index, targets, by_name, op_phase, run_record)
-            _add_time(report, f"prepare:{phase.role}", clock)
+            report.add_time(f"prepare:{phase.role}", clock)
 
     _collect_plan(state, active, op_phase, report, run_record)
     if options.mode is not Mode.apply:
@@ -470,7 +302,7 @@ def _prepare_and_execute(
         run_ops(state)
     except PyinfraError as exc:
         report.notes.append(str(exc))
-    _add_time(report, "execute", clock)
+    report.add_time("execute", clock)
     for role, seconds in recorder.role_seconds.items():
         report.phase_seconds[f"execute:{role}"] = (
             report.phase_seconds.get(f"execute:{role}", 0.0) + seconds
@@ -713,10 +545,6 @@ def _diff(host, managed: ManagedFile) -> str:
 def _disconnect(state) -> None:
     state.set_stage(StateStage.Disconnect)
     disconnect_all(state)
-
-
-def _add_time(report: RunReport, key: str, since: float) -> None:
-    report.phase_seconds[key] = report.phase_seconds.get(key, 0.0) + time.monotonic() - since
 
 
 # pyinfra logs each host's errors itself; our report says the same once, so keep it quiet.

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 from day2.etcd.common import EtcdOperationError
 from day2.etcd.health import status
-from engine.runner import Mode, RunOptions, run
+from engine.reports import Mode, RunOptions
+from engine.runner import run
 from inventory.model import LoadedCluster
 from roles.etcd.files import cluster_settings
 from roles.etcd.pki import CertExpiry, ensure_pki, expiry_report
@@ -121,7 +122,8 @@ def _ca_serial(loaded: LoadedCluster, stem: str) -> str | None:
 
 def _roll_out(loaded: LoadedCluster, step: str) -> CaRotationStep:
     """One apply of the etcd role (members one at a time, then the clients) and a health check."""
-    from engine.runner import Mode, RunOptions, run
+    from engine.reports import Mode, RunOptions
+    from engine.runner import run
 
     started = time.monotonic()
     report = run(loaded, RunOptions(mode=Mode.apply, roles=("etcd",)))

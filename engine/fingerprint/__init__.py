@@ -34,8 +34,9 @@ probes it sent are used only where they are, byte for byte, the ones `Probes` wo
 
 The modules, by concern: `records` (what a converged host keeps), `keys` (the digests of what
 the deploys were given), `probe` (the one-round-trip script and its answer), `check` (asking
-every host and comparing: `Probes`, `FastCheck`) and `early` (the probes sent before the
-command line is imported, and the answer given without loading the inventory). The names the
+every host and comparing: `Probes`, `FastCheck`), `early` (the probes sent before the
+command line is imported, and the answer given without loading the inventory), `recording`
+(what an apply keeps once it has run) and `installed` (the drift Job's probes). The names the
 runner, the command line and the drift use are re-exported here.
 """
 

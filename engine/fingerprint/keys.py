@@ -37,8 +37,9 @@ def code_digest(again: bool = False) -> str:
     installed distribution's name and version (pyinfra's, Jinja's, pydantic's...), as they were
     at the first call of the process (`again`: as they are on disk now, the first kept). The
     command line takes it before an apply imports the inventory or a role (cli/launch.py); the
-    apply records its hosts only when the files are still those at its end (engine/runner.py),
-    so a record never names code the run did not have loaded."""
+    apply records its hosts only when the files are still those at its end
+    (engine/fingerprint/recording.py), so a record never names code the run did not have
+    loaded."""
     global _code_digest
     if _code_digest is None or again:
         digest = hashlib.sha256(f"{sys.version}\n{' '.join(_distributions())}\n".encode())

@@ -297,8 +297,7 @@ def test_without_the_job_its_phase_is_on_no_host(small_cluster, write_cluster):
 def test_without_the_job_a_run_prepares_and_times_no_drift_job_phase(small_cluster, write_cluster):
     """Not even a `prepare:drift_job` of 0 s in the report's timings, and the phases keep the
     positions they had before the role had a phase."""
-    from engine.registry import PHASES
-    from engine.runner import select_phases
+    from engine.registry import PHASES, select_phases
 
     sample = load(SAMPLE / "cluster.yml")
     off = select_phases((), sample.cluster)

@@ -12,7 +12,7 @@ from engine.context import host_context, load
 from engine.fingerprint import Record, load_record, output_digest, save_record
 from engine.fingerprint.installed import checked_digest, install_probes, installed_probe
 from engine.fingerprint.probe import file_fact_text
-from engine.runner import drift_job_enabled
+from engine.fingerprint.recording import drift_job_enabled
 from roles.drift_job import deploy as drift_deploy
 from tests.helpers import files_of
 from tests.unit.conftest import SAMPLE
@@ -206,7 +206,7 @@ def test_an_apply_installs_the_probes_only_with_the_job(tmp_path: Path, monkeypa
     records are kept. Without (the control, every inventory today): neither."""
     import engine.context
     import engine.fingerprint.installed
-    from engine import runner
+    from engine.fingerprint import recording
     from engine.reports import HostReport, Mode, RunOptions, RunReport
     from tests.unit.loopback import loopback_cluster
 
@@ -223,14 +223,19 @@ def test_an_apply_installs_the_probes_only_with_the_job(tmp_path: Path, monkeypa
         lambda loaded, hosts: installed.append(list(hosts)) or {},
     )
 
+    def no_check(options: RunOptions) -> RunReport:
+        raise AssertionError("no host changed: there is nothing to check again")
+
     def apply() -> Record:
         report = RunReport(cluster="loop", mode=Mode.apply, hosts={"cpu-1": HostReport("cpu-1")})
-        runner._record_converged(loaded, RunOptions(mode=Mode.apply), report, asked, contexts)
+        recording.record_converged(
+            loaded, RunOptions(mode=Mode.apply), report, asked, contexts, check=no_check
+        )
         return load_record(loaded.state_dir, "cpu-1")
 
-    assert runner.drift_job_enabled(loaded) is False
+    assert recording.drift_job_enabled(loaded) is False
     assert apply().marker == "" and installed == []
     assert list(json.loads(apply().to_json())) == TODAY
-    monkeypatch.setattr(runner, "drift_job_enabled", lambda loaded: True)
+    monkeypatch.setattr(recording, "drift_job_enabled", lambda loaded: True)
     assert apply().marker.startswith("gpuinfra-fingerprint-")
     assert installed == [["cpu-1"]]

@@ -10,7 +10,7 @@ from cli.exitcodes import ExitCode
 from cli.main import app
 from engine.context import load
 from engine.render import render_cluster
-from engine.runner import shard_hosts
+from engine.selection import shard_hosts
 from roles.drift_job.files import MANIFEST, cluster_files
 from tests.unit.conftest import SAMPLE
 

@@ -14,16 +14,9 @@ from cli.main import app
 from cli.output import exit_code
 from engine.context import load
 from engine.junit import write_junit
-from engine.runner import (
-    REDACTED,
-    HostReport,
-    HostStatus,
-    Mode,
-    OperationResult,
-    RunReport,
-    _diff,
-    select_hosts,
-)
+from engine.reports import HostReport, HostStatus, Mode, OperationResult, RunReport
+from engine.runner import REDACTED, _diff
+from engine.selection import select_hosts
 from tests.unit.conftest import SAMPLE
 from toolkit.spec import ManagedFile
 

@@ -666,7 +666,7 @@ def test_an_apply_records_nothing_when_its_code_changed_on_disk_during_the_run(
     checkout meanwhile), no host is recorded and the records from before go too: drift checks
     each host operation by operation. Control: the same call with the code unchanged records
     the converged host (cpu-1: the loopback cluster's one host keyed without controller state)."""
-    from engine import runner
+    from engine.fingerprint import recording
     from engine.reports import HostReport, Mode, RunOptions, RunReport
 
     loaded = load(loopback_cluster(tmp_path / "c"))
@@ -676,13 +676,59 @@ def test_an_apply_records_nothing_when_its_code_changed_on_disk_during_the_run(
     }
     asked = {"cpu-1": (("echo cpu-1", (0,), fingerprint.output_digest(["cpu-1"])),)}
 
+    def no_check(options: RunOptions) -> RunReport:
+        raise AssertionError("no host changed: there is nothing to check again")
+
     def record() -> RunReport:
         report = RunReport(cluster="loop", mode=Mode.plan, hosts={"cpu-1": HostReport("cpu-1")})
-        runner._record_converged(loaded, RunOptions(mode=Mode.plan), report, asked, contexts)
+        recording.record_converged(
+            loaded, RunOptions(mode=Mode.plan), report, asked, contexts, check=no_check
+        )
         return report
 
     assert record().notes == []
     assert fingerprint.load_record(loaded.state_dir, "cpu-1") is not None
     monkeypatch.setattr(fingerprint.keys, "_code_digest", "the code when the run began")
-    assert record().notes == [f"{runner.NOT_RECORDED}: {runner.CODE_CHANGED}"]
+    assert record().notes == [f"{recording.NOT_RECORDED}: {recording.CODE_CHANGED}"]
     assert fingerprint.load_record(loaded.state_dir, "cpu-1") is None
+
+
+def test_an_apply_checks_the_hosts_it_changed_again_and_keeps_only_the_converged(tmp_path):
+    """A host the apply changed is recorded only if the exact check run after it (a recording
+    plan of the changed hosts) finds it converged; otherwise its earlier record goes and the
+    report says so. Control: the same apply whose check finds the host converged keeps it."""
+    from engine.fingerprint import recording
+    from engine.reports import HostReport, HostStatus, Mode, RunOptions, RunReport
+
+    loaded = load(loopback_cluster(tmp_path / "c"))
+    loaded.state_dir.mkdir(mode=0o700)
+    contexts = {ctx.name: ctx for ctx in engine.context.host_contexts(loaded)}
+    asked_checks: list[RunOptions] = []
+
+    def apply(found: HostStatus) -> RunReport:
+        fingerprint.save_record(loaded.state_dir, "cpu-1", Record("key", (), (), ()))
+
+        def check(options: RunOptions) -> RunReport:
+            asked_checks.append(options)
+            return RunReport(
+                cluster="loop", mode=Mode.plan, hosts={"cpu-1": HostReport("cpu-1", found)}
+            )
+
+        changed = HostReport("cpu-1", HostStatus.changed)
+        report = RunReport(cluster="loop", mode=Mode.apply, hosts={"cpu-1": changed})
+        options = RunOptions(mode=Mode.apply, roles=("base",), connect_timeout=7)
+        recording.record_converged(loaded, options, report, {}, contexts, check=check)
+        return report
+
+    still = apply(HostStatus.drift)
+    assert still.notes == [
+        "checked again after the apply, not converged: cpu-1 "
+        "(`gpuinfra plan` shows what would still change)"
+    ]
+    assert fingerprint.load_record(loaded.state_dir, "cpu-1") is None
+    assert asked_checks == [
+        RunOptions(mode=Mode.plan, limit=("cpu-1",), roles=("base",), connect_timeout=7)
+    ]
+    assert "converged check" in still.phase_seconds
+    assert apply(HostStatus.ok).notes == []
+    assert fingerprint.load_record(loaded.state_dir, "cpu-1") is not None

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from cli.exitcodes import ExitCode
 from cli.main import app
-from engine.runner import Mode, RunReport
+from engine.reports import Mode, RunReport
 from inventory.loader import load
 from inventory.model import StateAccess
 from roles.etcd import trust

@@ -86,7 +86,7 @@ def test_apply_reboot_updates_the_report(small_cluster, write_cluster, monkeypat
     from cli import engine
     from cli.output import exit_code
     from engine import reboot
-    from engine.runner import HostReport, HostStatus, Mode, RunReport
+    from engine.reports import HostReport, HostStatus, Mode, RunReport
 
     seen: list[list[str]] = []
 

@@ -2,7 +2,8 @@
 with the reason, in the JSON report and in JUnit (issue 13, defect 6).
 
 Stand-in: the batch runner (`engine.runner._run_batch`, which connects to hosts) is replaced by
-one that fails every host of its batch; the loop around it, the report and JUnit are real."""
+one that fails every host of its batch; the loop around it (engine/rolling.py), the report and
+JUnit are real."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from dataclasses import asdict
 
 from engine import runner
 from engine.junit import write_junit
-from engine.runner import HostReport, HostStatus, Mode, RunOptions, run
+from engine.reports import HostReport, HostStatus, Mode, RunOptions
+from engine.runner import run
 from inventory.loader import load
 from tests.unit.loopback import loopback_cluster
 

@@ -12,10 +12,10 @@ from cli.consoles import DeferredConsole
 from cli.errors import UserError, reporting, stderr
 from cli.exitcodes import ExitCode
 from cli.options import ClusterArg, FormatOpt, OutputFormat
-from roles.gpu_health.results import NodeReport, Verdict, worst
+from gpuhealth.results import NodeReport, Verdict, worst
 
 if TYPE_CHECKING:
-    from roles.gpu_health.fleet import FleetReport
+    from gpuhealth.fleet import FleetReport
 
 app = typer.Typer(
     help="GPU health: passive and active checks, fleet sampling, cordoning.", no_args_is_help=True
@@ -75,9 +75,9 @@ def run(
     ] = None,
 ) -> None:
     """Check this node's GPUs. Exit 0 healthy, 5 degraded, 6 unhealthy (drain it)."""
-    from roles.gpu_health.expect import UnknownHost
-    from roles.gpu_health.node import NodeRequest, check_node
-    from roles.gpu_health.report import to_json, to_prometheus, write_atomically
+    from gpuhealth.expect import UnknownHost
+    from gpuhealth.node import NodeRequest, check_node
+    from gpuhealth.report import to_json, to_prometheus, write_atomically
 
     if cluster is not None and expect_file is not None:
         _bad_input("give --cluster or --expect-file, not both")
@@ -118,8 +118,8 @@ def record(
     out: Annotated[Path, typer.Argument(help="JSON file to write.", show_default=False)],
 ) -> None:
     """Record this node's NVML answers and kernel log, for `run --replay` and for tests."""
-    from roles.gpu_health.node import record_node
-    from roles.gpu_health.nvml import NvmlError
+    from gpuhealth.node import record_node
+    from gpuhealth.nvml import NvmlError
 
     with reporting():
         try:
@@ -162,8 +162,8 @@ def fleet(
 ) -> None:
     """Run the checks over SSH on sampled GPU workers; with --cordon, cordon failed ones."""
     from engine.context import load
-    from roles.gpu_health.expect import cluster_config
-    from roles.gpu_health.fleet import run_fleet
+    from gpuhealth.fleet import run_fleet
+    from roles.gpu_health.config import cluster_config
 
     if (sample is None) == (not all_hosts):
         _bad_input("give exactly one of --sample K or --all")
@@ -220,8 +220,8 @@ def fabric(
     """RDMA write bandwidth (ib_write_bw) between random pairs of GPU workers, port by port,
     against each port's rate in the fabric settings. Needs gpu_health.fabric_check."""
     from engine.context import load
+    from gpuhealth.fabric import run_fabric_check
     from roles.gpu_health.config import GpuHealthConfig
-    from roles.gpu_health.fabric import run_fabric_check
     from toolkit.spec import host_config
 
     with reporting():
@@ -248,7 +248,7 @@ def fabric(
 
 def _budget(value: str | None) -> str | None:
     """The budget's form (a share or a count), checked before anything connects."""
-    from roles.gpu_health.fleet import parse_budget
+    from roles.gpu_health.config import parse_budget
 
     if value is not None:
         try:

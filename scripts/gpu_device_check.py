@@ -155,7 +155,7 @@ def replay(path: Path, summary: dict, live: dict | None) -> None:
 def cupy_figures(summary: dict) -> None:
     import cupy
 
-    from roles.gpu_health.active import CupyBackend
+    from gpuhealth.active import CupyBackend
 
     backend = CupyBackend(cupy)
     summary["cupy"] = {

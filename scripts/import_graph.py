@@ -19,7 +19,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("benchmarks",),
     ("cli",),
     ("day2", "lab"),
-    ("engine",),
+    ("engine", "gpuhealth"),
     ("roles",),
     ("toolkit",),
     ("inventory",),

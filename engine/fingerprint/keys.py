@@ -54,8 +54,9 @@ def code_digest(again: bool = False) -> str:
 
 def code_files() -> list[tuple[str, Path]]:
     """(name, path) of each file of the engine's, the roles' and the inventory layer's code and
-    templates: the Python of those packages and of the role toolkit (`inventory/` also holds
-    inventories) and every template."""
+    templates: the Python of those packages, of the role toolkit and of the GPU health agent
+    (hashed as when it was part of its role; `inventory/` also holds inventories) and every
+    template."""
     from toolkit.assets import TEMPLATES
 
     root = Path(__file__).resolve().parents[2]
@@ -64,6 +65,7 @@ def code_files() -> list[tuple[str, Path]]:
         (root / "engine", "*.py"),
         (root / "toolkit", "*.py"),
         (root / "roles", "*.py"),
+        (root / "gpuhealth", "*.py"),
         (root / "inventory", "*.py"),
         (TEMPLATES, "*"),
     ):

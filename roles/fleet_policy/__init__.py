@@ -1,7 +1,7 @@
 """GPU fleet policy on the cluster: team isolation (labels, taints, an admission policy),
 balloons that keep capacity warm, gang scheduling (Kubernetes' in-tree GangScheduling plugin)
 and GPU metrics (device plugin, DCGM exporter, scrape jobs). The preflight gate and the budgeted
-periodic check are gpu_health's (roles/gpu_health/gate.py and its manifest).
+periodic check are gpu_health's (gpuhealth/gate.py and its manifest).
 
 Cluster-wide only (the record in role.py has no host phases): the kubernetes role applies the
 rendered objects with server-side apply and places the scheduler files (`scheduler_files`,

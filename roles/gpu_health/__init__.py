@@ -1,5 +1,9 @@
 """GPU health: passive and active checks on a node, fleet sampling and budgeted cordoning.
 
+This package is the role: its record, settings and rendered manifests. The checks themselves,
+the gate and the fleet sampler are the agent, a program of its own in gpuhealth/, which reads
+the settings and the constants below from here.
+
 The preflight taint and the GPU worker label are the role toolkit's (toolkit/nodes.py), shared
 with the kubernetes role: kubelet registers every GPU worker with both, and the gpu-health
 DaemonSet lifts the taint only once the node's GPUs have passed their checks.

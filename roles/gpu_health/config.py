@@ -1,10 +1,17 @@
-"""Defaults of the gpu_health role; group_vars/host vars under `gpu_health:` override them."""
+"""Defaults of the gpu_health role; group_vars/host vars under `gpu_health:` override them.
+
+Two readings of them live here too, since both the role's manifests and its agent (gpuhealth/)
+need them and the role imports nothing from the agent: the fleet-wide settings and the number
+of nodes a cordon budget allows."""
 
 from __future__ import annotations
 
-from typing import Literal
+import math
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from inventory.model import LoadedCluster
 
 
 class GpuHealthConfig(BaseModel):
@@ -79,3 +86,25 @@ class GpuHealthConfig(BaseModel):
     textfile_dir: str = "/var/lib/prometheus/node-exporter"
     # The extended resource the NVIDIA device plugin advertises; the CronJob asks for all of them.
     gpu_resource: str = "nvidia.com/gpu"
+
+
+def cluster_config(loaded: LoadedCluster) -> GpuHealthConfig:
+    """The settings that apply fleet-wide (fleet runs, in-cluster manifests): group vars for all
+    hosts, then for gpu_worker; per-host vars only reach that host's own checks."""
+    merged: dict[str, Any] = {}
+    for group in ("all", "gpu_worker"):
+        merged.update(loaded.cluster.group_vars.get(group, {}).get("gpu_health", {}))
+    return GpuHealthConfig.model_validate(merged)
+
+
+def parse_budget(budget: str, gpu_workers: int) -> int:
+    """`10%` of the GPU workers, rounded down but at least 1; or a plain number of nodes."""
+    budget = budget.strip()
+    if budget.endswith("%"):
+        share = float(budget[:-1])
+        if not 0 <= share <= 100:
+            raise ValueError(f"budget {budget}: a share must be between 0% and 100%")
+        return max(1, math.floor(gpu_workers * share / 100))
+    if not budget.isdigit():
+        raise ValueError(f"budget {budget!r}: give a share like 10% or a number of nodes")
+    return int(budget)

@@ -4,14 +4,33 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Any
 
 from inventory.model import LoadedCluster
 from roles import gpu_health
-from roles.gpu_health.expect import cluster_config, expectations_document
-from roles.gpu_health.fleet import parse_budget
+from roles.gpu_health.config import GpuHealthConfig, cluster_config, parse_budget
+from toolkit.spec import host_config
 from toolkit.templates import render_template
 
 MANIFEST = "kubernetes/gpu-health.yaml"
+
+
+def expectations_document(loaded: LoadedCluster) -> dict[str, Any]:
+    """Every GPU worker's expectations and settings, for nodes that cannot read the inventory
+    (the in-cluster checks get it as a ConfigMap; gpuhealth/expect.py reads it). Each worker by
+    its inventory name, with no lookup: a lookup per worker made it quadratic in the fleet."""
+    cluster = loaded.cluster
+    hosts = {}
+    for name in cluster.in_group("gpu_worker"):
+        gpu = cluster.hosts[name].gpu
+        cfg = host_config(loaded, name, "gpu_health", GpuHealthConfig)
+        hosts[name] = {
+            "count": gpu.count if gpu else None,
+            "model": gpu.model if gpu else None,
+            # Only what differs from the defaults, so the file stays readable.
+            "config": cfg.model_dump(exclude_defaults=True),
+        }
+    return {"driver": cluster.versions.nvidia_driver, "hosts": hosts}
 
 
 def cluster_files(loaded: LoadedCluster) -> dict[str, str]:

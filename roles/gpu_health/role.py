@@ -20,6 +20,6 @@ ROLE = Role(
     config=GpuHealthConfig,
     ports=ports,
     cluster_files=lazy("roles.gpu_health.files:cluster_files"),
-    provides={"cluster_config": lazy("roles.gpu_health.expect:cluster_config")},
+    provides={"cluster_config": lazy("roles.gpu_health.config:cluster_config")},
     summary="passive and active GPU checks, preflight taint, budgeted cordoning (in-cluster)",
 )

@@ -107,3 +107,17 @@ def test_verify_from_the_wheel_finds_its_suites(installed, tmp_path: Path) -> No
     message = refused.stdout + refused.stderr
     assert "no verification suite for nosuch" in message
     assert "base" in message and "firewall" in message
+
+
+def test_the_wheel_carries_the_gpu_health_agent(installed, tmp_path: Path) -> None:
+    """The gpu-health pods run `python3 -m gpuhealth.gate` and the nodes `gpuinfra health run`
+    from the image's wheel: the agent's package must be in it, not only in the checkout."""
+    venv, _ = installed
+    gate = run([venv / "bin" / "python", "-m", "gpuhealth.gate", "--help"], tmp_path)
+    assert gate.returncode == 0, gate.stdout[-3000:] + gate.stderr[-3000:]
+    assert "python3 -m gpuhealth.gate" in gate.stdout
+    where = run([venv / "bin" / "python", "-c", "import gpuhealth.node as n; print(n.__file__)"],
+                tmp_path)  # fmt: skip
+    assert where.stdout.strip().startswith(str(venv)), where.stdout + where.stderr
+    helped = run([venv / "bin" / "gpuinfra", "health", "run", "--help"], tmp_path)
+    assert helped.returncode == 0 and "--expect-count" in helped.stdout, helped.stderr

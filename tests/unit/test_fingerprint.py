@@ -516,8 +516,6 @@ _NOT_RENDERING = {
     ("roles/etcd/pki.py", "begin_ca_rotation"),
     # Reading an Ansible inventory: its result is the cluster, which the key digests.
     ("inventory/ansible_import.py", "_read_with_ansible"),
-    # The GPU checks' clock, on the GPU nodes.
-    ("roles/gpu_health/checks.py", "run_checks"),
     # The inventory's SSH key and known_hosts paths (`~` allowed): the connection's, never a
     # rendering's (the audit hook sees any file a rendering would read through it).
     ("inventory/model.py", "resolve"),

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from roles.gpu_health.active import detect_backend, figures_for
-from roles.gpu_health.checks import (
+from gpuhealth.active import detect_backend, figures_for
+from gpuhealth.checks import (
     ActiveSetup,
     Expectations,
     check_dcgm,
@@ -18,12 +18,12 @@ from roles.gpu_health.checks import (
     rate_verdict,
     run_checks,
 )
-from roles.gpu_health.commands import CommandResult
+from gpuhealth.commands import CommandResult
+from gpuhealth.node import NodeRequest, check_node
+from gpuhealth.nvml import NvmlError, PynvmlGpus, RecordedGpus, record
+from gpuhealth.results import Verdict
+from gpuhealth.xid import KernelLog, XidAction, parse_xids, read_kernel_log
 from roles.gpu_health.config import GpuHealthConfig
-from roles.gpu_health.node import NodeRequest, check_node
-from roles.gpu_health.nvml import NvmlError, PynvmlGpus, RecordedGpus, record
-from roles.gpu_health.results import Verdict
-from roles.gpu_health.xid import KernelLog, XidAction, parse_xids, read_kernel_log
 
 RECORDINGS = Path(__file__).parent / "recordings" / "gpu"
 H100_NODE = Expectations(count=8, model="H100-SXM5-80GB", driver="550.163.01")

@@ -12,8 +12,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from engine.context import load
-from roles.gpu_health.config import GpuHealthConfig
-from roles.gpu_health.fabric import (
+from gpuhealth.fabric import (
     PortPlan,
     judge,
     pairs_of,
@@ -21,7 +20,8 @@ from roles.gpu_health.fabric import (
     plans_for,
     run_fabric_check,
 )
-from roles.gpu_health.results import Verdict
+from gpuhealth.results import Verdict
+from roles.gpu_health.config import GpuHealthConfig
 from tests.unit.conftest import SAMPLE
 from toolkit.remote import RemoteResult
 

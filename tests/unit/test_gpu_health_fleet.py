@@ -14,10 +14,11 @@ from typer.testing import CliRunner
 from cli.exitcodes import ExitCode
 from cli.main import app
 from engine.context import load
-from roles.gpu_health.commands import CommandResult
-from roles.gpu_health.fleet import parse_budget, run_fleet
-from roles.gpu_health.node import NodeRequest, check_node
-from roles.gpu_health.report import to_json
+from gpuhealth.commands import CommandResult
+from gpuhealth.fleet import run_fleet
+from gpuhealth.node import NodeRequest, check_node
+from gpuhealth.report import to_json
+from roles.gpu_health.config import parse_budget
 from toolkit.remote import RemoteResult
 
 RECORDINGS = Path(__file__).parent / "recordings" / "gpu"

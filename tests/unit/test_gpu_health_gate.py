@@ -14,9 +14,9 @@ from datetime import UTC, datetime
 
 import pytest
 
+from gpuhealth import gate
+from gpuhealth.commands import CommandResult
 from roles import gpu_health
-from roles.gpu_health import gate
-from roles.gpu_health.commands import CommandResult
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 PREFLIGHT = {"key": "gpuinfra.io/preflight", "value": "true", "effect": "NoSchedule"}

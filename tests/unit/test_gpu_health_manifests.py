@@ -140,7 +140,7 @@ def test_cronjob_draws_nodes_and_each_check_job_takes_a_whole_node():
     assert sampler["containers"][0]["command"][:4] == [
         "python3",
         "-m",
-        "roles.gpu_health.gate",
+        "gpuhealth.gate",
         "sample",
     ]
     assert f"--count={cfg.cronjob_parallelism}" in sampler["containers"][0]["command"]
@@ -155,8 +155,8 @@ def test_cronjob_draws_nodes_and_each_check_job_takes_a_whole_node():
 
 def test_node_script_lifts_the_taint_only_after_passing(tmp_path):
     script = documents(load(SAMPLE))["ConfigMap"]["data"]["health-node.sh"]
-    # The decision is Python's (roles/gpu_health/gate.py, tests/unit/test_gpu_health_gate.py).
-    assert 'python3 -m roles.gpu_health.gate "$1"' in script
+    # The decision is Python's (gpuhealth/gate.py, tests/unit/test_gpu_health_gate.py).
+    assert 'python3 -m gpuhealth.gate "$1"' in script
     assert "check --require-active" in script
     assert "--budget '10%'" in script
     path = tmp_path / "health-node.sh"

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from roles.gpu_health.node import NodeRequest, check_node
-from roles.gpu_health.report import to_json, to_prometheus, write_atomically
-from roles.gpu_health.results import CheckResult, NodeReport, Verdict
+from gpuhealth.node import NodeRequest, check_node
+from gpuhealth.report import to_json, to_prometheus, write_atomically
+from gpuhealth.results import CheckResult, NodeReport, Verdict
 
 RECORDINGS = Path(__file__).parent / "recordings" / "gpu"
 

@@ -14,7 +14,17 @@ import pytest
 from engine.registry import ROLE_PACKAGES, ROLES_BY_NAME
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("inventory", "toolkit", "roles", "engine", "lab", "cli", "day2", "benchmarks")
+PACKAGES = (
+    "inventory",
+    "toolkit",
+    "roles",
+    "gpuhealth",
+    "engine",
+    "lab",
+    "cli",
+    "day2",
+    "benchmarks",
+)
 
 # Lowest first; the first pattern a module matches gives its layer.
 LAYERS: list[tuple[str, list[str]]] = [
@@ -22,6 +32,8 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("inventory", [r"inventory(\..*)?"]),
     ("role toolkit", [r"roles", r"toolkit(\..*)?"]),
     ("roles", [rf"roles\.{name}(\..*)?" for name in ROLE_PACKAGES]),
+    # The GPU health agent reads its role's settings and constants; no role reads the agent.
+    ("node agent", [r"gpuhealth(\..*)?"]),
     ("registry", [r"engine\.(registry|context)"]),
     ("engine", [r"engine(\..*)?"]),
     ("day-2 flows and the lab", [r"day2(\..*)?", r"lab(\..*)?"]),

@@ -5,10 +5,10 @@ random GPU workers the periodic CronJob checks.
 The decisions are pure functions of the node object and the verdict (unit tested); `main` wires
 them to kubectl for the pods of templates/gpu_health/gpu-health.yaml.j2:
 
-    python3 -m roles.gpu_health.gate preflight --node NODE --verdict ok --report REPORT.json
-    python3 -m roles.gpu_health.gate passive --node NODE --verdict ok --report REPORT.json
-    python3 -m roles.gpu_health.gate periodic --node NODE --verdict failed --budget 10%
-    python3 -m roles.gpu_health.gate sample --count 2 --job /etc/gpu-health/periodic-job.yaml
+    python3 -m gpuhealth.gate preflight --node NODE --verdict ok --report REPORT.json
+    python3 -m gpuhealth.gate passive --node NODE --verdict ok --report REPORT.json
+    python3 -m gpuhealth.gate periodic --node NODE --verdict failed --budget 10%
+    python3 -m gpuhealth.gate sample --count 2 --job /etc/gpu-health/periodic-job.yaml
 """
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ from typing import Any, Protocol
 
 import yaml
 
+from gpuhealth.commands import CommandRunner, run_command
 from roles.gpu_health import (
     GPU_WORKER_LABEL_KEY,
     GPU_WORKER_LABEL_VALUE,
     HEALTH_CONDITION,
     PREFLIGHT_TAINT_KEY,
 )
-from roles.gpu_health.commands import CommandRunner, run_command
-from roles.gpu_health.fleet import parse_budget
+from roles.gpu_health.config import parse_budget
 
 # Verdicts that let a node take work: degraded keeps computing correctly, only slower.
 PASSING = frozenset({"ok", "degraded"})
@@ -355,7 +355,7 @@ def summarize(report_path: str | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python3 -m roles.gpu_health.gate")
+    parser = argparse.ArgumentParser(prog="python3 -m gpuhealth.gate")
     parser.add_argument("mode", choices=["preflight", "passive", "periodic", "sample"])
     parser.add_argument("--node")
     parser.add_argument("--verdict", choices=["ok", "degraded", "failed", "error"])

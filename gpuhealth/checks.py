@@ -7,12 +7,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from roles.gpu_health.active import ActiveBackend, figures_for, run_dcgm_diag
-from roles.gpu_health.commands import CommandRunner
+from gpuhealth.active import ActiveBackend, figures_for, run_dcgm_diag
+from gpuhealth.commands import CommandRunner
+from gpuhealth.nvml import GpuQueries, NvmlError
+from gpuhealth.results import CheckResult, NodeReport, Verdict
+from gpuhealth.xid import KernelLog, XidAction, parse_xids, summarise
 from roles.gpu_health.config import GpuHealthConfig
-from roles.gpu_health.nvml import GpuQueries, NvmlError
-from roles.gpu_health.results import CheckResult, NodeReport, Verdict
-from roles.gpu_health.xid import KernelLog, XidAction, parse_xids, summarise
 
 OK, DEGRADED, FAILED, SKIPPED = Verdict.ok, Verdict.degraded, Verdict.failed, Verdict.skipped
 

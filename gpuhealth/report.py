@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from roles.gpu_health.results import NodeReport, Verdict
+from gpuhealth.results import NodeReport, Verdict
 from toolkit import statefiles
 
 # Numeric verdicts for metrics: higher is worse; skipped is apart so alerts on > 0 ignore it.

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import json
-import math
 import random
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpuhealth.commands import CommandResult, run_command
+from gpuhealth.results import NodeReport, Verdict
 from inventory.model import LoadedCluster
 from roles.gpu_health import HEALTH_ANNOTATION
-from roles.gpu_health.commands import CommandResult, run_command
-from roles.gpu_health.results import NodeReport, Verdict
+from roles.gpu_health.config import parse_budget
 from toolkit.remote import SSH_FAILED, TIMED_OUT, RemoteRunner, run_remote
 
 # (argv, timeout seconds) -> result; the default runs the local kubectl binary.
@@ -66,19 +66,6 @@ class FleetReport:
             "over_budget": self.over_budget,
             "hosts": [outcome.to_dict() for outcome in self.hosts],
         }
-
-
-def parse_budget(budget: str, gpu_workers: int) -> int:
-    """`10%` of the GPU workers, rounded down but at least 1; or a plain number of nodes."""
-    budget = budget.strip()
-    if budget.endswith("%"):
-        share = float(budget[:-1])
-        if not 0 <= share <= 100:
-            raise ValueError(f"budget {budget}: a share must be between 0% and 100%")
-        return max(1, math.floor(gpu_workers * share / 100))
-    if not budget.isdigit():
-        raise ValueError(f"budget {budget!r}: give a share like 10% or a number of nodes")
-    return int(budget)
 
 
 def choose_hosts(

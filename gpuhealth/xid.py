@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import dataclass
 from enum import StrEnum
 
-from roles.gpu_health.commands import CommandRunner
+from gpuhealth.commands import CommandRunner
 
 
 class XidAction(StrEnum):

@@ -9,14 +9,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from roles.gpu_health import expect as expectations
-from roles.gpu_health.active import RecordedBackend, detect_backend
-from roles.gpu_health.checks import ActiveSetup, Expectations, run_checks
-from roles.gpu_health.commands import CommandResult, CommandRunner, run_command
+from gpuhealth import expect as expectations
+from gpuhealth.active import RecordedBackend, detect_backend
+from gpuhealth.checks import ActiveSetup, Expectations, run_checks
+from gpuhealth.commands import CommandResult, CommandRunner, run_command
+from gpuhealth.nvml import GpuQueries, NvmlError, PynvmlGpus, RecordedGpus, record
+from gpuhealth.results import NodeReport
+from gpuhealth.xid import KernelLog, read_kernel_log
 from roles.gpu_health.config import GpuHealthConfig
-from roles.gpu_health.nvml import GpuQueries, NvmlError, PynvmlGpus, RecordedGpus, record
-from roles.gpu_health.results import NodeReport
-from roles.gpu_health.xid import KernelLog, read_kernel_log
 
 
 @dataclass(frozen=True)

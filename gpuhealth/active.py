@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from roles.gpu_health.commands import CommandRunner
+from gpuhealth.commands import CommandRunner
 
 
 @dataclass(frozen=True)

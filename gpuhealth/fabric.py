@@ -17,9 +17,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from gpuhealth.results import CheckResult, Verdict
 from inventory.model import LoadedCluster
 from roles.gpu_health.config import GpuHealthConfig
-from roles.gpu_health.results import CheckResult, Verdict
 from toolkit.remote import RemoteResult, RemoteRunner, run_remote
 from toolkit.spec import host_config, settings_of
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+import re
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class MonitoringConfig(BaseModel):
@@ -51,6 +53,7 @@ class MonitoringConfig(BaseModel):
             "named",
             "nvidia-fabricmanager",
             "prometheus",
+            "prometheus-alertmanager",
             "prometheus-node-exporter",
             "ssh",
         ]
@@ -69,5 +72,23 @@ class MonitoringConfig(BaseModel):
             "grpc_server_msg_.*",
         ]
     )
+    # Where Alertmanager (beside Prometheus on the monitoring host) sends alerts, firing and
+    # resolved: webhook URLs (a pager's or chat's incoming webhook, an on-call bridge). None:
+    # alerts are only seen in Alertmanager and Prometheus, which no one watches at 3 a.m.
+    alert_webhooks: list[str] = Field(default_factory=list)
+    # Alertmanager's own defaults: wait before a group's first notification so alerts that fire
+    # together go out as one; between updates of a group (new alerts, resolutions); and before
+    # the same notification is sent again.
+    alert_group_wait: str = Field("30s", pattern=r"^\d+[smh]$")
+    alert_group_interval: str = Field("5m", pattern=r"^\d+[smh]$")
+    alert_repeat_interval: str = Field("4h", pattern=r"^\d+[smh]$")
     # NVIDIA's DCGM exporter default port, scraped on GPU workers (installed with Kubernetes).
     dcgm_exporter_port: int = Field(9400, ge=1, le=65535)
+
+    @field_validator("alert_webhooks")
+    @classmethod
+    def _webhooks_are_urls(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            if not re.fullmatch(r"https?://[^\s\"'`$;]+", url):
+                raise ValueError(f"{url!r} is not an http(s) URL")
+        return urls

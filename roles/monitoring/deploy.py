@@ -1,4 +1,5 @@
-"""The monitoring role's deploys: node exporter on every host, Prometheus on its group."""
+"""The monitoring role's deploys: node exporter on every host, Prometheus and Alertmanager on
+its group."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ from pyinfra.operations import apt, files, server
 from inventory.topology import NODE_EXPORTER_PORT
 from roles.monitoring.files import (
     ALERT_RULES,
+    ALERTMANAGER_CONFIG,
+    ALERTMANAGER_DEFAULTS,
+    ALERTMANAGER_PORT,
     NODE_EXPORTER_DEFAULTS,
     PROMETHEUS_CONFIG,
     PROMETHEUS_DEFAULTS,
@@ -18,6 +22,8 @@ from roles.monitoring.files import (
 from roles.monitoring.targets import PROMETHEUS_PORT
 from toolkit.operations import put_file, restart_if_running, service_running, wait_for
 from toolkit.spec import HostContext
+
+ALERTMANAGER_UNIT = "prometheus-alertmanager"
 
 
 @deploy("Node exporter")
@@ -53,7 +59,12 @@ def apply_node_exporter(ctx: HostContext) -> None:
 
 @deploy("Prometheus")
 def apply_prometheus(ctx: HostContext) -> None:
-    apt.packages(name="Install Prometheus", packages=["prometheus"], no_recommends=True)
+    # Alertmanager's package first too: its configuration is checked with its amtool.
+    apt.packages(
+        name="Install Prometheus and Alertmanager",
+        packages=["prometheus", "prometheus-alertmanager"],
+        no_recommends=True,
+    )
     # Rules are written (and checked) before the configuration that loads them.
     written = {f.path: put_file(f) for f in prometheus_files(ctx)}
     arguments, rules, config = (
@@ -79,4 +90,23 @@ def apply_prometheus(ctx: HostContext) -> None:
         name="Wait for Prometheus to be ready",
         commands=[wait_for(f"curl -fsS -o /dev/null http://127.0.0.1:{PROMETHEUS_PORT}/-/ready")],
         _if=lambda: arguments.did_change() or rules.did_change() or config.did_change(),
+    )
+    alertmanager_arguments, routes = written[ALERTMANAGER_DEFAULTS], written[ALERTMANAGER_CONFIG]
+    service_running(name="Run Alertmanager", unit=ALERTMANAGER_UNIT)
+    restart_if_running(
+        name="Restart Alertmanager for new arguments",
+        unit=ALERTMANAGER_UNIT,
+        _if=alertmanager_arguments.did_change,
+    )
+    # Routes and receivers are re-read on SIGHUP, keeping the alerts it holds.
+    restart_if_running(
+        name="Reload Alertmanager for new routes",
+        unit=ALERTMANAGER_UNIT,
+        reload=True,
+        _if=lambda: not alertmanager_arguments.did_change() and routes.did_change(),
+    )
+    server.shell(
+        name="Wait for Alertmanager to be ready",
+        commands=[wait_for(f"curl -fsS -o /dev/null http://127.0.0.1:{ALERTMANAGER_PORT}/-/ready")],
+        _if=lambda: alertmanager_arguments.did_change() or routes.did_change(),
     )

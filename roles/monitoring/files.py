@@ -22,6 +22,11 @@ PROMETHEUS_CONFIG = "/etc/prometheus/prometheus.yml"
 # Not under a rules/ glob: the staged copy that promtool checks must not be loaded as a rule file.
 ALERT_RULES = "/etc/prometheus/gpuinfra-alerts.yml"
 PROMETHEUS_DATA = "/var/lib/prometheus/metrics2/"
+ALERTMANAGER_DEFAULTS = "/etc/default/prometheus-alertmanager"
+ALERTMANAGER_CONFIG = "/etc/prometheus/alertmanager.yml"
+ALERTMANAGER_PORT = 9093
+# Silences and the notification log (the package makes it, owned by its user).
+ALERTMANAGER_DATA = "/var/lib/prometheus/alertmanager"
 DASHBOARD_DIR = "grafana"
 # Missed passive GPU checks before their metrics count as stale (the writer stopped).
 GPU_HEALTH_STALE_RUNS = 3
@@ -75,6 +80,7 @@ def prometheus_files(ctx: HostContext) -> list[ManagedFile]:
         jobs=scrape_jobs(ctx.cluster, cfg.dcgm_exporter_port),
         job_rules=metric_rules(ctx.loaded),
         rules=ALERT_RULES,
+        alertmanager=f"127.0.0.1:{ALERTMANAGER_PORT}",
         drop_regex="|".join(cfg.drop_metrics),
     )
     # Rules first: promtool checks the configuration together with the rule files it names.
@@ -82,6 +88,37 @@ def prometheus_files(ctx: HostContext) -> list[ManagedFile]:
         ManagedFile("monitoring", PROMETHEUS_DEFAULTS, defaults),
         ManagedFile("monitoring", ALERT_RULES, rules, check="promtool check rules {path}"),
         ManagedFile("monitoring", PROMETHEUS_CONFIG, config, check="promtool check config {path}"),
+        *alertmanager_files(ctx),
+    ]
+
+
+def alertmanager_files(ctx: HostContext) -> list[ManagedFile]:
+    """Alertmanager beside Prometheus: its arguments, and its routes to the inventory's
+    webhooks (a secret: a chat or pager webhook URL carries its token)."""
+    cfg = ctx.config(MonitoringConfig)
+    defaults = render_template(
+        "monitoring/prometheus-alertmanager.default.j2",
+        config=ALERTMANAGER_CONFIG,
+        data=ALERTMANAGER_DATA,
+        port=ALERTMANAGER_PORT,
+    )
+    routes = render_template(
+        "monitoring/alertmanager.yml.j2",
+        cfg=cfg,
+        cluster=ctx.cluster,
+        receiver="webhooks" if cfg.alert_webhooks else "kept",
+    )
+    return [
+        ManagedFile("monitoring", ALERTMANAGER_DEFAULTS, defaults),
+        ManagedFile(
+            "monitoring",
+            ALERTMANAGER_CONFIG,
+            routes,
+            mode="0640",
+            group="prometheus",
+            secret=True,
+            check="amtool check-config {path}",
+        ),
     ]
 
 

@@ -14,6 +14,8 @@ from engine.context import cluster_files, host_contexts, load
 from inventory.errors import InventoryInvalid
 from roles.monitoring.files import (
     ALERT_RULES,
+    ALERTMANAGER_CONFIG,
+    ALERTMANAGER_DEFAULTS,
     NODE_EXPORTER_DEFAULTS,
     PROMETHEUS_CONFIG,
     PROMETHEUS_DEFAULTS,
@@ -186,7 +188,14 @@ def test_retention_and_alert_delay_from_the_inventory(small_cluster, write_clust
 
 @pytest.mark.parametrize(
     ("setting", "value"),
-    [("retention_time", "a month"), ("retention_size", "50G"), ("dcgm_exporter_port", 0)],
+    [
+        ("retention_time", "a month"),
+        ("retention_size", "50G"),
+        ("dcgm_exporter_port", 0),
+        ("alert_webhooks", ["hooks.example.com/x"]),
+        ("alert_webhooks", ["https://hooks.example.com/$(reboot)"]),
+        ("alert_group_interval", "soon"),
+    ],
 )
 def test_invalid_settings_name_the_key(small_cluster, write_cluster, setting, value):
     small_cluster["group_vars"] = {"monitoring": {"monitoring": {setting: value}}}
@@ -221,3 +230,33 @@ def test_no_dashboards_without_a_monitoring_host(small_cluster, write_cluster):
     del small_cluster["hosts"]["mon-1"]
     rendered = cluster_files(load(write_cluster(small_cluster)))
     assert not [name for name in rendered if name.startswith("grafana/")]
+
+
+def test_prometheus_sends_alerts_to_alertmanager_on_its_host():
+    config = prometheus_config(load(SAMPLE))
+    (target,) = config["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"]
+    assert target == "127.0.0.1:9093"
+    args = arguments(files_of(load(SAMPLE), "mon-1")[ALERTMANAGER_DEFAULTS].content)
+    assert "--web.listen-address=127.0.0.1:9093" in args
+    assert "--cluster.listen-address=" in args  # one instance: no gossip port
+
+
+def test_alerts_go_to_the_inventorys_webhooks_firing_and_resolved(small_cluster, write_cluster):
+    hooks = ["https://pager.example.com/hook/abc", "http://198.18.0.1:9099/alerts"]
+    small_cluster["group_vars"] = {
+        "all": {"monitoring": {"alert_webhooks": hooks, "alert_group_wait": "5s"}}
+    }
+    managed = files_of(load(write_cluster(small_cluster)), "mon-1")[ALERTMANAGER_CONFIG]
+    routes = yaml.safe_load(managed.content)
+    assert routes["route"]["receiver"] == "webhooks"
+    assert routes["route"]["group_wait"] == "5s" and routes["route"]["group_interval"] == "5m"
+    (receiver,) = routes["receivers"]
+    assert receiver["webhook_configs"] == [{"url": url, "send_resolved": True} for url in hooks]
+    # A webhook URL carries its token: never shown in a diff, readable by Alertmanager only.
+    assert managed.secret and managed.mode == "0640" and managed.group == "prometheus"
+    assert managed.check == "amtool check-config {path}"
+
+
+def test_without_webhooks_alerts_stay_in_alertmanager():
+    routes = yaml.safe_load(files_of(load(SAMPLE), "mon-1")[ALERTMANAGER_CONFIG].content)
+    assert routes["receivers"] == [{"name": routes["route"]["receiver"]}]

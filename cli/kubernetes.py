@@ -20,6 +20,7 @@ from day2.flows import (
     KUBERNETES_NODE_REMOVE,
     KUBERNETES_UPGRADE,
 )
+from day2.steps import Flow
 
 app = typer.Typer(
     help="Day-2 operations on the Kubernetes cluster (kubeadm).", no_args_is_help=True
@@ -42,12 +43,25 @@ def _call(work):
     return day2_call(work, KubernetesOperationError)
 
 
+def _run_flow(flow: Flow, only: str | None, output: OutputFormat, work):
+    """Run a flow's command: its result, or None once the one step --only ran is reported."""
+    started = time.monotonic()
+    result = _call(work)
+    if not only:
+        return result
+    ran_alone(flow, only, output, time.monotonic() - started)
+    return None
+
+
 def _confirm(yes: bool, question: str) -> None:
     if not yes and not typer.confirm(question, default=False, err=True):
         raise typer.Exit(ExitCode.OK)
 
 
 def _emit_outcome(outcome, output: OutputFormat) -> None:
+    """The commands a flow sent, a row each, and its notes; nothing after a step run alone."""
+    if outcome is None:
+        return
     if output is OutputFormat.json:
         typer.echo(json.dumps(asdict(outcome), indent=2))
         return
@@ -117,13 +131,12 @@ def certs_renew(
     with changing(loaded, break_lock=break_lock) as loaded:
         question = f"Renew the certificates of every control-plane node of {loaded.cluster.name}?"
         _confirm(yes, question)
-        started = time.monotonic()
-        outcome = _call(
-            lambda: renew_certificates(loaded, skip=steps, only=only, progress=progress)
+        outcome = _run_flow(
+            KUBERNETES_CERTS_RENEW,
+            only,
+            output,
+            lambda: renew_certificates(loaded, skip=steps, only=only, progress=progress),
         )
-    if only:
-        ran_alone(KUBERNETES_CERTS_RENEW, only, output, time.monotonic() - started)
-        return
     _emit_outcome(outcome, output)
 
 
@@ -161,13 +174,12 @@ def upgrade(
     _call(lambda: check_upgrade_step(loaded.cluster.versions.kubernetes, version))
     with changing(loaded, break_lock=break_lock) as loaded:
         _confirm(yes, f"Upgrade {loaded.cluster.name} to {version}?")
-        started = time.monotonic()
-        outcome = _call(
-            lambda: run_upgrade(loaded, version, budget, progress=progress, skip=steps, only=only)
+        outcome = _run_flow(
+            KUBERNETES_UPGRADE,
+            only,
+            output,
+            lambda: run_upgrade(loaded, version, budget, progress=progress, skip=steps, only=only),
         )
-    if only:
-        ran_alone(KUBERNETES_UPGRADE, only, output, time.monotonic() - started)
-        return
     _emit_outcome(outcome, output)
 
 
@@ -192,10 +204,13 @@ def node_add(
         loaded = _load(cluster)
         steps = chosen_steps(KUBERNETES_NODE_ADD, skip, only)
     with changing(loaded, break_lock=break_lock) as loaded:
-        started = time.monotonic()
-        report = _call(lambda: add_nodes(loaded, nodes, skip=steps, only=only, progress=progress))
-    if only:
-        ran_alone(KUBERNETES_NODE_ADD, only, output, time.monotonic() - started)
+        report = _run_flow(
+            KUBERNETES_NODE_ADD,
+            only,
+            output,
+            lambda: add_nodes(loaded, nodes, skip=steps, only=only, progress=progress),
+        )
+    if report is None:
         return
     if output is OutputFormat.json:
         typer.echo(json.dumps(asdict(report), indent=2))
@@ -241,11 +256,10 @@ def node_remove(
         steps = chosen_steps(KUBERNETES_NODE_REMOVE, skip, only)
     with changing(loaded, break_lock=break_lock) as loaded:
         _confirm(yes, f"Remove {node} from {loaded.cluster.name} (drain, delete, kubeadm reset)?")
-        started = time.monotonic()
-        outcome = _call(
-            lambda: remove_node(loaded, node, force, skip=steps, only=only, progress=progress)
+        outcome = _run_flow(
+            KUBERNETES_NODE_REMOVE,
+            only,
+            output,
+            lambda: remove_node(loaded, node, force, skip=steps, only=only, progress=progress),
         )
-    if only:
-        ran_alone(KUBERNETES_NODE_REMOVE, only, output, time.monotonic() - started)
-        return
     _emit_outcome(outcome, output)

@@ -10,11 +10,11 @@ from typing import Annotated
 import typer
 
 from cli.consoles import DeferredConsole
-from cli.errors import UserError, changing, day2_call, load_cluster, reporting, stderr
+from cli.errors import UserError, changing, day2_call, load_cluster, reporting
 from cli.exitcodes import ExitCode
-from cli.options import BreakLockOpt, ClusterArg, FormatOpt, OutputFormat, SkipOpt
-from day2.flows import ETCD_REPLACE, ETCD_RESTORE
-from day2.steps import Flow
+from cli.options import BreakLockOpt, ClusterArg, FormatOpt, OnlyOpt, OutputFormat, SkipOpt
+from cli.steps import chosen_steps, flow_help, progress, ran_alone
+from day2.flows import ETCD_REPLACE, ETCD_RESTORE, ETCD_ROTATE_CA
 
 app = typer.Typer(help="Day-2 operations on the external etcd cluster.", no_args_is_help=True)
 console = DeferredConsole(highlight=False)
@@ -37,19 +37,6 @@ def _json(data) -> None:
 
 def _size(value: int | None) -> str:
     return "-" if value is None else f"{value / 2**20:.1f} MiB"
-
-
-def _progress(line: str) -> None:
-    """Each step of a day-2 flow as it starts, on stderr (stdout keeps the result)."""
-    stderr.print(line, markup=False)
-
-
-def _skipped(flow: Flow, skip: list[str] | None) -> list[str]:
-    """--skip's steps, refused (exit 2, before the lock) unless the flow may skip them."""
-    try:
-        return sorted(flow.check_skip(skip or ()))
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
 
 
 def _confirm(yes: bool, question: str) -> None:
@@ -187,17 +174,15 @@ def snapshot(
 
 
 # The help of a flow's command ends with its steps, listed from the flow that runs them.
-RESTORE_HELP = "\n\n".join(
+RESTORE_HELP = flow_help(
+    ETCD_RESTORE,
+    "Rebuild the whole cluster from a snapshot, staged on every member first.",
     (
-        "Rebuild the whole cluster from a snapshot, staged on every member first.",
-        (
-            "Members are stopped and swapped only when every member staged it; the old data is "
-            "kept until the restored cluster is healthy and put back if it does not become "
-            "healthy. Refused (exit 2) while a kube-apiserver runs or a member's data disk "
-            "is not mounted."
-        ),
-        ETCD_RESTORE.help(),
-    )
+        "Members are stopped and swapped only when every member staged it; the old data is "
+        "kept until the restored cluster is healthy and put back if it does not become "
+        "healthy. Refused (exit 2) while a kube-apiserver runs or a member's data disk "
+        "is not mounted."
+    ),
 )
 
 
@@ -207,6 +192,7 @@ def restore(
     snapshot_file: Annotated[Path, typer.Argument(help="A snapshot from `etcd snapshot`.")],
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
     skip: SkipOpt = None,
+    only: OnlyOpt = None,
     break_lock: BreakLockOpt = False,
     output: FormatOpt = OutputFormat.table,
 ) -> None:
@@ -216,10 +202,15 @@ def restore(
         loaded = _load(cluster)
         if not snapshot_file.is_file():
             raise UserError(f"{snapshot_file}: no such snapshot file")
-        steps = _skipped(ETCD_RESTORE, skip)
+        steps = chosen_steps(ETCD_RESTORE, skip, only)
     with changing(loaded, break_lock=break_lock) as loaded:
         _confirm(yes, f"Replace the data of every etcd member of {loaded.cluster.name}?")
-        result = _call(lambda: rebuild(loaded, snapshot_file, skip=steps, progress=_progress))
+        result = _call(
+            lambda: rebuild(loaded, snapshot_file, skip=steps, only=only, progress=progress)
+        )
+    if only:
+        ran_alone(ETCD_RESTORE, only, output, result.seconds)
+        return
     if output is OutputFormat.json:
         _json(asdict(result))
     else:
@@ -231,17 +222,15 @@ def restore(
     raise typer.Exit(HEALTH_EXIT[result.health])
 
 
-REPLACE_HELP = "\n\n".join(
+REPLACE_HELP = flow_help(
+    ETCD_REPLACE,
+    "Replace a member by a new one on the same host, joined as a learner.",
     (
-        "Replace a member by a new one on the same host, joined as a learner.",
-        (
-            "The old data is set aside and deleted only once the new member is promoted and the "
-            "cluster healthy; nothing is changed when etcd there does not stop. etcd there cannot "
-            "be started until the new member is added (a fence drop-in). Refused (exit 2) when its "
-            "data disk is not mounted. A failed step names itself and the state it left."
-        ),
-        ETCD_REPLACE.help(),
-    )
+        "The old data is set aside and deleted only once the new member is promoted and the "
+        "cluster healthy; nothing is changed when etcd there does not stop. etcd there cannot "
+        "be started until the new member is added (a fence drop-in). Refused (exit 2) when its "
+        "data disk is not mounted."
+    ),
 )
 
 
@@ -262,6 +251,7 @@ def replace_member(
     ] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
     skip: SkipOpt = None,
+    only: OnlyOpt = None,
     break_lock: BreakLockOpt = False,
     output: FormatOpt = OutputFormat.table,
 ) -> None:
@@ -269,7 +259,7 @@ def replace_member(
 
     with reporting():
         loaded = _load(cluster)
-        steps = _skipped(ETCD_REPLACE, skip)
+        steps = chosen_steps(ETCD_REPLACE, skip, only)
     with changing(loaded, break_lock=break_lock) as loaded:
         _confirm(yes, f"Remove {member} from etcd and add it back with an empty data directory?")
         result = _call(
@@ -279,9 +269,13 @@ def replace_member(
                 override_gate=override_gate,
                 discard_old_data=discard_old_data,
                 skip=steps,
-                progress=_progress,
+                only=only,
+                progress=progress,
             )
         )
+    if only:
+        ran_alone(ETCD_REPLACE, only, output, result.seconds)
+        return
     if output is OutputFormat.json:
         _json(asdict(result))
     else:
@@ -319,24 +313,37 @@ def rotate_certs(
     raise typer.Exit(HEALTH_EXIT[result.health])
 
 
-@app.command("rotate-ca")
+ROTATE_CA_HELP = flow_help(
+    ETCD_ROTATE_CA,
+    "Replace the etcd CA in three rolled-out steps; resumes a stopped run.",
+    (
+        "Trust old and new CA, reissue every certificate from the new one, drop the old one: "
+        "each step an apply with members restarting one at a time and a healthy cluster after "
+        "it. The steps a stopped run finished are reported as already done."
+    ),
+)
+
+
+@app.command("rotate-ca", help=ROTATE_CA_HELP)
 def rotate_ca(
     cluster: ClusterArg,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
+    skip: SkipOpt = None,
+    only: OnlyOpt = None,
     break_lock: BreakLockOpt = False,
     output: FormatOpt = OutputFormat.table,
 ) -> None:
-    """Replace the etcd CA in three rolled-out steps; resumes a stopped run.
-
-    Trust old and new CA, reissue every certificate from the new one, drop the old one: each
-    step an apply with members restarting one at a time and a healthy cluster after it."""
     from day2.etcd import rotate_ca as rotate
 
     with reporting():
         loaded = _load(cluster)
+        steps = chosen_steps(ETCD_ROTATE_CA, skip, only)
     with changing(loaded, break_lock=break_lock) as loaded:
         _confirm(yes, f"Replace the etcd CA of {loaded.cluster.name} (three rolling restarts)?")
-        result = _call(lambda: rotate(loaded))
+        result = _call(lambda: rotate(loaded, skip=steps, only=only, progress=progress))
+    if only:
+        ran_alone(ETCD_ROTATE_CA, only, output, result.seconds)
+        return
     if output is OutputFormat.json:
         _json(asdict(result))
     else:

@@ -3,16 +3,24 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict
 from typing import Annotated
 
 import typer
 
 from cli.consoles import DeferredConsole
-from cli.errors import UserError, changing, day2_call, load_cluster, reporting, stderr
+from cli.errors import UserError, changing, day2_call, load_cluster, reporting
 from cli.exitcodes import ExitCode
-from cli.options import BreakLockOpt, ClusterArg, FormatOpt, OutputFormat
-from day2.flows import KUBERNETES_UPGRADE
+from cli.options import BreakLockOpt, ClusterArg, FormatOpt, OnlyOpt, OutputFormat, SkipOpt
+from cli.steps import chosen_steps, flow_help, progress, ran_alone
+from day2.flows import (
+    KUBERNETES_CERTS_RENEW,
+    KUBERNETES_NODE_ADD,
+    KUBERNETES_NODE_REMOVE,
+    KUBERNETES_UPGRADE,
+)
+from day2.steps import Flow
 
 app = typer.Typer(
     help="Day-2 operations on the Kubernetes cluster (kubeadm).", no_args_is_help=True
@@ -35,12 +43,25 @@ def _call(work):
     return day2_call(work, KubernetesOperationError)
 
 
+def _run_flow(flow: Flow, only: str | None, output: OutputFormat, work):
+    """Run a flow's command: its result, or None once the one step --only ran is reported."""
+    started = time.monotonic()
+    result = _call(work)
+    if not only:
+        return result
+    ran_alone(flow, only, output, time.monotonic() - started)
+    return None
+
+
 def _confirm(yes: bool, question: str) -> None:
     if not yes and not typer.confirm(question, default=False, err=True):
         raise typer.Exit(ExitCode.OK)
 
 
 def _emit_outcome(outcome, output: OutputFormat) -> None:
+    """The commands a flow sent, a row each, and its notes; nothing after a step run alone."""
+    if outcome is None:
+        return
     if output is OutputFormat.json:
         typer.echo(json.dumps(asdict(outcome), indent=2))
         return
@@ -87,34 +108,44 @@ def status(cluster: ClusterArg, output: FormatOpt = OutputFormat.table) -> None:
     raise typer.Exit(ExitCode.DEGRADED if not_ready else ExitCode.OK)
 
 
-@certs_app.command("renew")
+RENEW_HELP = flow_help(
+    KUBERNETES_CERTS_RENEW,
+    "check-expiration, then renew every control-plane certificate, one node at a time.",
+)
+
+
+@certs_app.command("renew", help=RENEW_HELP)
 def certs_renew(
     cluster: ClusterArg,
     yes: YesOpt = False,
+    skip: SkipOpt = None,
+    only: OnlyOpt = None,
     break_lock: BreakLockOpt = False,
     output: FormatOpt = OutputFormat.table,
 ):
-    """check-expiration, then renew every control-plane certificate, one node at a time."""
     from day2.kubernetes import renew_certificates
 
     with reporting():
         loaded = _load(cluster)
+        steps = chosen_steps(KUBERNETES_CERTS_RENEW, skip, only)
     with changing(loaded, break_lock=break_lock) as loaded:
         question = f"Renew the certificates of every control-plane node of {loaded.cluster.name}?"
         _confirm(yes, question)
-        outcome = _call(lambda: renew_certificates(loaded))
+        outcome = _run_flow(
+            KUBERNETES_CERTS_RENEW,
+            only,
+            output,
+            lambda: renew_certificates(loaded, skip=steps, only=only, progress=progress),
+        )
     _emit_outcome(outcome, output)
 
 
-UPGRADE_HELP = "\n\n".join(
+UPGRADE_HELP = flow_help(
+    KUBERNETES_UPGRADE,
     (
-        (
-            "upgrade apply on the first control-plane node, upgrade node on the others one "
-            "by one, then workers drained, upgraded and uncordoned in batches within the budget."
-        ),
-        ("A failed step names its node and the state it left."),
-        KUBERNETES_UPGRADE.help(),
-    )
+        "upgrade apply on the first control-plane node, upgrade node on the others one "
+        "by one, then workers drained, upgraded and uncordoned in batches within the budget."
+    ),
 )
 
 
@@ -126,6 +157,8 @@ def upgrade(
         float, typer.Option("--budget", help="Percent of workers drained at once (at least 1).")
     ] = 20.0,
     yes: YesOpt = False,
+    skip: SkipOpt = None,
+    only: OnlyOpt = None,
     break_lock: BreakLockOpt = False,
     output: FormatOpt = OutputFormat.table,
 ) -> None:
@@ -136,33 +169,49 @@ def upgrade(
         loaded = _load(cluster)
         if not 0 < budget <= 100:
             raise UserError(f"--budget {budget:g}: a percentage in (0, 100]")
+        steps = chosen_steps(KUBERNETES_UPGRADE, skip, only)
     # A target the flow would refuse is refused before the lock and the hosts are touched.
     _call(lambda: check_upgrade_step(loaded.cluster.versions.kubernetes, version))
     with changing(loaded, break_lock=break_lock) as loaded:
         _confirm(yes, f"Upgrade {loaded.cluster.name} to {version}?")
-        outcome = _call(
-            lambda: run_upgrade(
-                loaded, version, budget, progress=lambda line: stderr.print(line, markup=False)
-            )
+        outcome = _run_flow(
+            KUBERNETES_UPGRADE,
+            only,
+            output,
+            lambda: run_upgrade(loaded, version, budget, progress=progress, skip=steps, only=only),
         )
     _emit_outcome(outcome, output)
 
 
-@node_app.command("add")
+NODE_ADD_HELP = flow_help(
+    KUBERNETES_NODE_ADD, "Join nodes of the inventory (rate-limited, like every join)."
+)
+
+
+@node_app.command("add", help=NODE_ADD_HELP)
 def node_add(
     cluster: ClusterArg,
     nodes: Annotated[list[str], typer.Argument(help="Inventory hosts to join.")],
+    skip: SkipOpt = None,
+    only: OnlyOpt = None,
     break_lock: BreakLockOpt = False,
     output: FormatOpt = OutputFormat.table,
 ) -> None:
-    """Join nodes of the inventory (rate-limited, like every join)."""
     from day2.kubernetes import add_nodes
     from engine.reports import HostStatus
 
     with reporting():
         loaded = _load(cluster)
+        steps = chosen_steps(KUBERNETES_NODE_ADD, skip, only)
     with changing(loaded, break_lock=break_lock) as loaded:
-        report = _call(lambda: add_nodes(loaded, nodes))
+        report = _run_flow(
+            KUBERNETES_NODE_ADD,
+            only,
+            output,
+            lambda: add_nodes(loaded, nodes, skip=steps, only=only, progress=progress),
+        )
+    if report is None:
+        return
     if output is OutputFormat.json:
         typer.echo(json.dumps(asdict(report), indent=2))
     else:
@@ -174,7 +223,17 @@ def node_add(
     raise typer.Exit(ExitCode.ERROR if failed else ExitCode.OK)
 
 
-@node_app.command("remove")
+NODE_REMOVE_HELP = flow_help(
+    KUBERNETES_NODE_REMOVE,
+    "cordon, drain, delete the Node, then kubeadm reset on it.",
+    (
+        "A drain that fails leaves the node in the cluster, schedulable again if it was; a "
+        "Node an earlier run deleted is only reset."
+    ),
+)
+
+
+@node_app.command("remove", help=NODE_REMOVE_HELP)
 def node_remove(
     cluster: ClusterArg,
     node: Annotated[str, typer.Argument(help="The node to cordon, drain, delete and reset.")],
@@ -185,16 +244,22 @@ def node_remove(
         ),
     ] = False,
     yes: YesOpt = False,
+    skip: SkipOpt = None,
+    only: OnlyOpt = None,
     break_lock: BreakLockOpt = False,
     output: FormatOpt = OutputFormat.table,
 ) -> None:
-    """cordon, drain, delete the Node, then kubeadm reset on it. A drain that fails leaves the
-    node in the cluster, schedulable again if it was."""
     from day2.kubernetes import remove_node
 
     with reporting():
         loaded = _load(cluster)
+        steps = chosen_steps(KUBERNETES_NODE_REMOVE, skip, only)
     with changing(loaded, break_lock=break_lock) as loaded:
         _confirm(yes, f"Remove {node} from {loaded.cluster.name} (drain, delete, kubeadm reset)?")
-        outcome = _call(lambda: remove_node(loaded, node, force))
+        outcome = _run_flow(
+            KUBERNETES_NODE_REMOVE,
+            only,
+            output,
+            lambda: remove_node(loaded, node, force, skip=steps, only=only, progress=progress),
+        )
     _emit_outcome(outcome, output)

@@ -127,6 +127,14 @@ SkipOpt = Annotated[
         help="Leave out a step marked (--skip) in the list above; repeat for more.",
     ),
 ]
+OnlyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--only",
+        metavar="STEP",
+        help="Run only this step, one marked (--only) in the list above.",
+    ),
+]
 BreakLockOpt = Annotated[
     bool,
     typer.Option(

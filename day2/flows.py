@@ -1,7 +1,7 @@
 """The day-2 flows, step by step: what each step does in one line and the function that does
-it (day2/etcd/replace_flow.py, day2/etcd/restore_flow.py, day2/kubernetes.py), named so that
-`--help` lists the steps without importing the flows. The commands' help and `--skip` are built
-from these lists, and the flows run them.
+it (day2/etcd/replace_flow.py, day2/etcd/restore_flow.py, day2/etcd/certs.py,
+day2/kubernetes.py), named so that `--help` lists the steps without importing the flows. The
+commands' help, `--skip` and `--only` are built from these lists, and the flows run them.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from day2.steps import Flow, Step
 
 _REPLACE = "day2.etcd.replace_flow"
 _RESTORE = "day2.etcd.restore_flow"
+_CERTS = "day2.etcd.certs"
 _KUBERNETES = "day2.kubernetes"
 
 ETCD_REPLACE = Flow(
@@ -17,8 +18,9 @@ ETCD_REPLACE = Flow(
     (
         Step(
             "preflight",
-            "a member, a healthy quorum without it, its data disk mounted",
+            "a member, a healthy quorum without it, its disk mounted",
             f"{_REPLACE}:replace_preflight",
+            alone=True,
         ),
         Step(
             "stop",
@@ -83,8 +85,9 @@ ETCD_RESTORE = Flow(
     (
         Step(
             "preflight",
-            "every member's data disk is mounted and no kube-apiserver runs",
+            "each member's data disk mounted, no kube-apiserver runs",
             f"{_RESTORE}:restore_preflight",
+            alone=True,
         ),
         Step(
             "copy",
@@ -151,6 +154,101 @@ KUBERNETES_UPGRADE = Flow(
             "drain, upgrade and uncordon workers, --budget at a time",
             f"{_KUBERNETES}:upgrade_workers",
             left=f"{_KUBERNETES}:upgrade_left_workers",
+        ),
+    ),
+)
+
+# Each step an apply of the etcd role (members restarting one at a time) and a healthy cluster
+# after it; a step an earlier, stopped run finished is not run again.
+ETCD_ROTATE_CA = Flow(
+    "etcd rotate-ca",
+    (
+        Step(
+            "trust-new",
+            "make the next CA; members and clients trust the old and the new",
+            f"{_CERTS}:ca_trust_new",
+            left=f"{_CERTS}:ca_left_trusting",
+            done=f"{_CERTS}:ca_trusting_done",
+        ),
+        Step(
+            "reissue",
+            "the new CA signs: every certificate reissued from it",
+            f"{_CERTS}:ca_reissue",
+            left=f"{_CERTS}:ca_left_reissued",
+            done=f"{_CERTS}:ca_reissued_done",
+        ),
+        Step(
+            "drop-old",
+            "the old CA no longer trusted anywhere",
+            f"{_CERTS}:ca_drop_old",
+            left=f"{_CERTS}:ca_left_dropping",
+        ),
+    ),
+)
+
+KUBERNETES_CERTS_RENEW = Flow(
+    "kubernetes certs renew",
+    (
+        Step(
+            "check-expiration",
+            "the expiry report on the first control-plane node",
+            f"{_KUBERNETES}:renew_check_expiration",
+            alone=True,
+        ),
+        Step(
+            "renew",
+            "renew all and restart the control plane, node by node",
+            f"{_KUBERNETES}:renew_control_plane",
+            left=f"{_KUBERNETES}:renew_left",
+        ),
+    ),
+)
+
+KUBERNETES_NODE_ADD = Flow(
+    "kubernetes node add",
+    (
+        Step(
+            "join",
+            "the kubernetes role on them and the first control-plane node, paced",
+            f"{_KUBERNETES}:add_join",
+        ),
+    ),
+)
+
+KUBERNETES_NODE_REMOVE = Flow(
+    "kubernetes node remove",
+    (
+        Step(
+            "read",
+            "is the Node in the cluster, and cordoned already",
+            f"{_KUBERNETES}:remove_read",
+            alone=True,
+        ),
+        Step(
+            "cordon",
+            "cordon the node",
+            f"{_KUBERNETES}:remove_cordon",
+            done=f"{_KUBERNETES}:remove_deleted_already",
+        ),
+        Step(
+            "drain",
+            "drain it (--force: pods no controller manages too)",
+            f"{_KUBERNETES}:remove_drain",
+            left=f"{_KUBERNETES}:remove_left_drain",
+            done=f"{_KUBERNETES}:remove_deleted_already",
+        ),
+        Step(
+            "delete",
+            "delete the Node object",
+            f"{_KUBERNETES}:remove_delete",
+            left=f"{_KUBERNETES}:remove_left_drained",
+            done=f"{_KUBERNETES}:remove_deleted_already",
+        ),
+        Step(
+            "reset",
+            "kubeadm reset on the node",
+            f"{_KUBERNETES}:remove_reset",
+            left=f"{_KUBERNETES}:remove_left_deleted",
         ),
     ),
 )

@@ -8,7 +8,9 @@ the node it acts on. Every step is recorded in order; the first failing step sto
 operation and names the node, so a bad upgrade stops on one node with the others untouched.
 The order follows kubeadm's documented procedures (and Kubespray's): `upgrade apply` on the
 first control-plane node, `upgrade node` on the others one at a time, then workers cordoned,
-drained, upgraded and uncordoned in batches no larger than the budget.
+drained, upgraded and uncordoned in batches no larger than the budget. Certificate renewal,
+upgrades and node add and remove are the flows of `day2.flows` (`KUBERNETES_*`); each step
+records the commands it sends in the operation's `Outcome`.
 """
 
 from __future__ import annotations
@@ -17,12 +19,12 @@ import base64
 import json
 import math
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from day2.steps import run_flow
 from engine.context import host_contexts
-from engine.reports import Mode, RunOptions
+from engine.reports import Mode, RunOptions, RunReport
 from engine.runner import run
 from inventory.model import LoadedCluster
 from inventory.versions import KubernetesVersion
@@ -53,7 +55,9 @@ class KubernetesOperationError(RuntimeError):
 
 
 @dataclass
-class Step:
+class Command:
+    """One command an operation sent to a node, as its result table shows it."""
+
     host: str
     action: str
     ok: bool = True
@@ -63,30 +67,31 @@ class Step:
 @dataclass
 class Outcome:
     operation: str
-    steps: list[Step] = field(default_factory=list)
+    steps: list[Command] = field(default_factory=list)  # named so for `--format json`
     notes: list[str] = field(default_factory=list)
 
 
-class Session:
-    """Runs the steps of one operation in order and records them."""
+@dataclass
+class KubernetesRun:
+    """One day-2 operation as its flow's steps see it: the cluster, how commands reach the
+    nodes, and the outcome that records each command in order."""
 
-    def __init__(self, loaded: LoadedCluster, operation: str, runner: RemoteRunner = run_remote):
-        self.loaded = loaded
-        self.outcome = Outcome(operation)
-        self.runner = runner
+    loaded: LoadedCluster
+    runner: RemoteRunner
+    outcome: Outcome
 
     def attempt(self, host: str, action: str, command: str, timeout: float = 600):
-        """Run and record one step; (ok, stdout, or the end of stderr) without stopping the
-        operation."""
+        """Run and record one command; (ok, stdout, or the end of stderr) without raising."""
         result = self.runner(self.loaded, host, command, timeout=timeout)
         if result.ok:
-            self.outcome.steps.append(Step(host, action))
+            self.outcome.steps.append(Command(host, action))
             return True, result.stdout
         said = result.stderr.strip()[-500:] or f"exit {result.exit_code}"
-        self.outcome.steps.append(Step(host, action, False, said))
+        self.outcome.steps.append(Command(host, action, False, said))
         return False, said
 
-    def step(self, host: str, action: str, command: str, timeout: float = 600) -> str:
+    def command(self, host: str, action: str, command: str, timeout: float = 600) -> str:
+        """Run and record one command; its stdout, or KubernetesOperationError naming the node."""
         ok, output = self.attempt(host, action, command, timeout)
         if not ok:
             raise KubernetesOperationError(f"{host}: {action} failed: {output}")
@@ -146,10 +151,10 @@ def parse_nodes(text: str) -> list[NodeStatus]:
 
 
 def status(loaded: LoadedCluster, runner: RemoteRunner = run_remote) -> ClusterStatus:
-    session = Session(loaded, "status", runner)
+    asking = KubernetesRun(loaded, runner, Outcome("status"))
     first = _first(loaded)
-    nodes = parse_nodes(session.step(first, "list nodes", f"{KUBECTL} get nodes -o json"))
-    expiry = session.step(first, "check certificate expiry", "kubeadm certs check-expiration")
+    nodes = parse_nodes(asking.command(first, "list nodes", f"{KUBECTL} get nodes -o json"))
+    expiry = asking.command(first, "check certificate expiry", "kubeadm certs check-expiration")
     lines = [line for line in expiry.splitlines() if line.strip()]
     return ClusterStatus(loaded.cluster.name, nodes, lines)
 
@@ -157,20 +162,20 @@ def status(loaded: LoadedCluster, runner: RemoteRunner = run_remote) -> ClusterS
 # ---------------------------------------------------------------- certificates
 
 
-def restart_control_plane(session: Session, host: str) -> None:
+def restart_control_plane(job: KubernetesRun, host: str) -> None:
     """kubeadm's documented restart of static pods: take their manifests away until kubelet
     has stopped them (it looks every 20 s: wait until none of their ports listens, rather than
     a fixed sleep), put them back, wait until this node's API server is ready."""
     away = "/etc/kubernetes/manifests.gpuinfra-away"
-    session.step(
+    job.command(
         host, "stop the control-plane pods", f"mkdir -p {away} && mv {MANIFESTS}/*.yaml {away}/"
     )
     ports = " or ".join(f"sport = :{port}" for port in CONTROL_PLANE_PORTS)
-    stopped, _ = session.attempt(
+    stopped, _ = job.attempt(
         host, "wait for the pods to stop", _wait(f"! ss -ltnH '( {ports} )' | grep -q .", 120), 180
     )
     # Back in place whatever happened: a node left without its manifests serves nothing.
-    session.step(
+    job.command(
         host, "start the control-plane pods", f"mv {away}/*.yaml {MANIFESTS}/ && rmdir {away}"
     )
     if not stopped:
@@ -178,19 +183,55 @@ def restart_control_plane(session: Session, host: str) -> None:
             f"{host}: kubelet did not stop the control-plane pods within 120 s; their "
             "manifests are back in place and the pods still run the old certificates"
         )
-    session.step(host, "wait for /healthz", _wait(HEALTHZ))
+    job.command(host, "wait for /healthz", _wait(HEALTHZ))
 
 
-def renew_certificates(loaded: LoadedCluster, runner: RemoteRunner = run_remote) -> Outcome:
-    """check-expiration, then `kubeadm certs renew all` and a control-plane restart on each
-    control-plane node in turn; the next node starts only after this one answers /healthz."""
-    session = Session(loaded, "certs renew", runner)
-    first = _first(loaded)
-    session.step(first, "check certificate expiry", "kubeadm certs check-expiration")
-    for host in loaded.cluster.in_group("control_plane"):
-        session.step(host, "renew certificates", "kubeadm certs renew all")
-        restart_control_plane(session, host)
-    return session.outcome
+@dataclass
+class RenewRun(KubernetesRun):
+    """One `kubernetes certs renew`: the nodes renewed so far."""
+
+    renewed: list[str] = field(default_factory=list)
+
+
+def renew_certificates(
+    loaded: LoadedCluster,
+    runner: RemoteRunner = run_remote,
+    *,
+    skip: Iterable[str] = (),
+    only: str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Outcome:
+    """The steps of `day2.flows.KUBERNETES_CERTS_RENEW`: check-expiration, then `kubeadm certs
+    renew all` and a control-plane restart on each control-plane node in turn; the next node
+    starts only after this one answers /healthz."""
+    from day2.flows import KUBERNETES_CERTS_RENEW
+
+    job = RenewRun(loaded, runner, Outcome("certs renew"))
+    run_flow(
+        KUBERNETES_CERTS_RENEW,
+        job,
+        error=KubernetesOperationError,
+        skip=skip,
+        only=only,
+        progress=progress,
+    )
+    return job.outcome
+
+
+def renew_check_expiration(job: RenewRun) -> None:
+    job.command(_first(job.loaded), "check certificate expiry", "kubeadm certs check-expiration")
+
+
+def renew_control_plane(job: RenewRun) -> None:
+    for host in job.loaded.cluster.in_group("control_plane"):
+        job.command(host, "renew certificates", "kubeadm certs renew all")
+        restart_control_plane(job, host)
+        job.renewed.append(host)
+
+
+def renew_left(job: RenewRun) -> str:
+    renewed = ", ".join(job.renewed) or "none"
+    return f"nodes renewed and restarted before it: {renewed}; the nodes after it were not touched"
 
 
 # ---------------------------------------------------------------- upgrades
@@ -305,20 +346,15 @@ def upgrade_flags(
 
 
 @dataclass
-class UpgradeRun:
-    """One `kubernetes upgrade`: the session that records each command, and the plan."""
+class UpgradeRun(KubernetesRun):
+    """One `kubernetes upgrade`: the plan its steps follow."""
 
-    session: Session
-    tag: str
-    coredns: str | None
-    first: str
-    control_plane: list[str]
-    workers: list[str]
-    budget_percent: float
-
-    @property
-    def loaded(self) -> LoadedCluster:
-        return self.session.loaded
+    tag: str = ""
+    coredns: str | None = None
+    first: str = ""
+    control_plane: list[str] = field(default_factory=list)
+    workers: list[str] = field(default_factory=list)
+    budget_percent: float = 20.0
 
 
 def upgrade(
@@ -327,6 +363,9 @@ def upgrade(
     budget_percent: float = 20.0,
     runner: RemoteRunner = run_remote,
     progress: Callable[[str], None] | None = None,
+    *,
+    skip: Iterable[str] = (),
+    only: str | None = None,
 ) -> Outcome:
     """The steps of `day2.flows.KUBERNETES_UPGRADE`; the first command that fails stops it
     with its node and step named, the nodes after it untouched."""
@@ -335,26 +374,34 @@ def upgrade(
     current = loaded.cluster.versions.kubernetes
     check_upgrade_step(current, target)
     version = KubernetesVersion.parse(target)
-    session = Session(loaded, f"upgrade {current} -> {version.tag}", runner)
     cluster = loaded.cluster
     first = _first(loaded)
     job = UpgradeRun(
-        session,
-        version.tag,
-        pinned_coredns(loaded, first),
-        first,
-        cluster.in_group("control_plane"),
-        cluster.in_group("gpu_worker") + cluster.in_group("cpu_worker"),
-        budget_percent,
+        loaded,
+        runner,
+        Outcome(f"upgrade {current} -> {version.tag}"),
+        tag=version.tag,
+        coredns=pinned_coredns(loaded, first),
+        first=first,
+        control_plane=cluster.in_group("control_plane"),
+        workers=cluster.in_group("gpu_worker") + cluster.in_group("cpu_worker"),
+        budget_percent=budget_percent,
     )
-    run_flow(KUBERNETES_UPGRADE, job, error=KubernetesOperationError, progress=progress)
-    notes = session.outcome.notes
+    run_flow(
+        KUBERNETES_UPGRADE,
+        job,
+        error=KubernetesOperationError,
+        skip=skip,
+        only=only,
+        progress=progress,
+    )
+    notes = job.outcome.notes
     notes.append(
         f"set versions.kubernetes: {version.plain} in the inventory so apply keeps this version"
     )
     if job.coredns is not None:
         notes.append(f"CoreDNS stays at {job.coredns}, as kubernetes.coredns_image_tag pins it")
-    return session.outcome
+    return job.outcome
 
 
 # kubeadm keeps no patches in the cluster: named again, the directory's kubelet patch is applied
@@ -363,19 +410,19 @@ _PATCHES = f"--patches {PATCHES_DIR}"
 
 
 def upgrade_first_control_plane(job: UpgradeRun) -> None:
-    session, loaded, first, tag = job.session, job.loaded, job.first, job.tag
-    session.step(first, "install kubeadm", package_commands(loaded, first, tag, ["kubeadm"]))
-    session.step(
+    loaded, first, tag = job.loaded, job.first, job.tag
+    job.command(first, "install kubeadm", package_commands(loaded, first, tag, ["kubeadm"]))
+    job.command(
         first,
         "store the target's ClusterConfiguration in kubeadm-config",
         store_cluster_configuration(loaded, tag),
     )
     checks, phases = upgrade_flags(loaded, first, job.coredns, first=True)
-    session.step(first, "plan the upgrade", f"kubeadm upgrade plan {tag}{checks}")
+    job.command(first, "plan the upgrade", f"kubeadm upgrade plan {tag}{checks}")
     apply = f"kubeadm upgrade apply {tag} -y {_PATCHES}{checks}{phases}"
-    session.step(first, "kubeadm upgrade apply", apply, 1800)
-    _upgrade_kubelet(session, loaded, first, tag)
-    session.step(first, "wait for /healthz", _wait(HEALTHZ))
+    job.command(first, "kubeadm upgrade apply", apply, 1800)
+    _upgrade_kubelet(job, first)
+    job.command(first, "wait for /healthz", _wait(HEALTHZ))
 
 
 def upgrade_left_first(job: UpgradeRun) -> str:
@@ -383,13 +430,13 @@ def upgrade_left_first(job: UpgradeRun) -> str:
 
 
 def upgrade_control_plane(job: UpgradeRun) -> None:
-    session, loaded, tag = job.session, job.loaded, job.tag
+    loaded, tag = job.loaded, job.tag
     for host in job.control_plane[1:]:
-        session.step(host, "install kubeadm", package_commands(loaded, host, tag, ["kubeadm"]))
+        job.command(host, "install kubeadm", package_commands(loaded, host, tag, ["kubeadm"]))
         flags = "".join(upgrade_flags(loaded, host, job.coredns, False))
-        session.step(host, "kubeadm upgrade node", f"kubeadm upgrade node {_PATCHES}{flags}", 1800)
-        _upgrade_kubelet(session, loaded, host, tag)
-        session.step(host, "wait for /healthz", _wait(HEALTHZ))
+        job.command(host, "kubeadm upgrade node", f"kubeadm upgrade node {_PATCHES}{flags}", 1800)
+        _upgrade_kubelet(job, host)
+        job.command(host, "wait for /healthz", _wait(HEALTHZ))
 
 
 def upgrade_left_control_plane(job: UpgradeRun) -> str:
@@ -400,20 +447,20 @@ def upgrade_left_control_plane(job: UpgradeRun) -> str:
 
 
 def upgrade_workers(job: UpgradeRun) -> None:
-    session, loaded, first, tag = job.session, job.loaded, job.first, job.tag
+    loaded, first, tag = job.loaded, job.first, job.tag
     workers = job.workers
     size = batch_size(len(workers), job.budget_percent)
     for start in range(0, len(workers), size):
         batch = workers[start : start + size]
         for host in batch:
-            session.step(first, f"drain {host}", drain_command(host))
+            job.command(first, f"drain {host}", drain_command(host))
         for host in batch:
-            session.step(host, "install kubeadm", package_commands(loaded, host, tag, ["kubeadm"]))
+            job.command(host, "install kubeadm", package_commands(loaded, host, tag, ["kubeadm"]))
             flags = "".join(upgrade_flags(loaded, host, job.coredns, False))
-            session.step(host, "kubeadm upgrade node", f"kubeadm upgrade node{flags}", 1800)
-            _upgrade_kubelet(session, loaded, host, tag)
+            job.command(host, "kubeadm upgrade node", f"kubeadm upgrade node{flags}", 1800)
+            _upgrade_kubelet(job, host)
         for host in batch:
-            session.step(first, f"uncordon {host}", f"{KUBECTL} uncordon {shlex.quote(host)}")
+            job.command(first, f"uncordon {host}", f"{KUBECTL} uncordon {shlex.quote(host)}")
 
 
 def upgrade_left_workers(job: UpgradeRun) -> str:
@@ -424,13 +471,13 @@ def upgrade_left_workers(job: UpgradeRun) -> str:
     )
 
 
-def _upgrade_kubelet(session: Session, loaded: LoadedCluster, host: str, tag: str) -> None:
-    session.step(
+def _upgrade_kubelet(job: UpgradeRun, host: str) -> None:
+    job.command(
         host,
         "upgrade kubelet and kubectl",
-        package_commands(loaded, host, tag, ["kubelet", "kubectl"]),
+        package_commands(job.loaded, host, job.tag, ["kubelet", "kubectl"]),
     )
-    session.step(host, "restart kubelet", "systemctl daemon-reload && systemctl restart kubelet")
+    job.command(host, "restart kubelet", "systemctl daemon-reload && systemctl restart kubelet")
 
 
 def drain_command(node: str, force: bool = False) -> str:
@@ -444,13 +491,34 @@ def drain_command(node: str, force: bool = False) -> str:
 # ---------------------------------------------------------------- nodes
 
 
+@dataclass
+class RemoveRun(KubernetesRun):
+    """One `kubernetes node remove`: the node, and what the read step found about it."""
+
+    node: str = ""
+    first: str = ""
+    force: bool = False
+    found: bool = False  # the Node object is in the cluster
+    was_cordoned: bool = False
+
+
 def remove_node(
-    loaded: LoadedCluster, node: str, force: bool = False, runner: RemoteRunner = run_remote
+    loaded: LoadedCluster,
+    node: str,
+    force: bool = False,
+    runner: RemoteRunner = run_remote,
+    *,
+    skip: Iterable[str] = (),
+    only: str | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> Outcome:
-    """cordon, drain, delete the Node object (on the first control-plane node), then
-    `kubeadm reset` on the node itself. The first control-plane node is never removed here.
-    A drain that fails (a pod no controller manages, without `force`; a disruption budget)
-    uncordons the node again if it was schedulable before, so nothing is left half done."""
+    """The steps of `day2.flows.KUBERNETES_NODE_REMOVE`: cordon, drain, delete the Node object
+    (on the first control-plane node), then `kubeadm reset` on the node itself. The first
+    control-plane node is never removed here. A drain that fails (a pod no controller manages,
+    without `force`; a disruption budget) uncordons the node again if it was schedulable
+    before, so nothing is left half done. A Node an earlier run deleted is only reset."""
+    from day2.flows import KUBERNETES_NODE_REMOVE
+
     cluster = loaded.cluster
     if node not in cluster.hosts:
         raise KubernetesOperationError(f"{loaded.source}: no host {node!r} in the inventory")
@@ -460,39 +528,116 @@ def remove_node(
             f"{node} is the first control-plane node (it hands out joins): move another "
             "control-plane node first in the inventory before removing it"
         )
-    session = Session(loaded, f"node remove {node}", runner)
-    quoted = shlex.quote(node)
-    found = session.step(
-        first,
-        f"read {node}",
-        f"{KUBECTL} get node {quoted} --ignore-not-found "
+    job = RemoveRun(
+        loaded, runner, Outcome(f"node remove {node}"), node=node, first=first, force=force
+    )
+    run_flow(
+        KUBERNETES_NODE_REMOVE,
+        job,
+        error=KubernetesOperationError,
+        skip=skip,
+        only=only,
+        progress=progress,
+    )
+    if job.found and only is None:
+        job.outcome.notes.append(f"remove {node} from the inventory so apply does not join it")
+    return job.outcome
+
+
+def remove_read(job: RemoveRun) -> None:
+    found = job.command(
+        job.first,
+        f"read {job.node}",
+        f"{KUBECTL} get node {shlex.quote(job.node)} --ignore-not-found "
         "-o jsonpath='{.metadata.name} {.spec.unschedulable}'",
     ).split()
+    job.found, job.was_cordoned = bool(found), found[1:] == ["true"]
     if not found:  # deleted by an earlier run that stopped before the reset: finish it
-        session.outcome.notes.append(f"{node} was no longer in the cluster: reset only")
-        session.step(node, "kubeadm reset", "kubeadm reset -f")
-        return session.outcome
-    was_cordoned = found[1:] == ["true"]
-    session.step(first, f"cordon {node}", f"{KUBECTL} cordon {quoted}")
-    try:
-        session.step(first, f"drain {node}", drain_command(node, force))
-    except KubernetesOperationError as exc:
-        if was_cordoned:
-            raise
-        ok, said = session.attempt(first, f"uncordon {node}", f"{KUBECTL} uncordon {quoted}", 60)
-        left = "schedulable again" if ok else f"still cordoned (uncordon failed: {said})"
-        raise KubernetesOperationError(f"{exc}\n{node} is in the cluster, {left}") from None
-    session.step(first, f"delete node {node}", f"{KUBECTL} delete node {quoted}")
-    session.step(node, "kubeadm reset", "kubeadm reset -f")
-    session.outcome.notes.append(f"remove {node} from the inventory so apply does not join it")
-    return session.outcome
+        job.outcome.notes.append(f"{job.node} was no longer in the cluster: reset only")
 
 
-def add_nodes(loaded: LoadedCluster, nodes: list[str]):
-    """Join new nodes: the kubernetes role on them and on the first control-plane node (which
-    hands out the short-lived token), rate-limited like any join."""
+def remove_deleted_already(job: RemoveRun) -> bool:
+    return not job.found
+
+
+def remove_cordon(job: RemoveRun) -> None:
+    job.command(job.first, f"cordon {job.node}", f"{KUBECTL} cordon {shlex.quote(job.node)}")
+
+
+def remove_drain(job: RemoveRun) -> None:
+    job.command(job.first, f"drain {job.node}", drain_command(job.node, job.force))
+
+
+def remove_left_drain(job: RemoveRun) -> str:
+    """A node that was schedulable before is uncordoned again: a failed drain changes nothing."""
+    if job.was_cordoned:
+        return f"{job.node} is in the cluster, cordoned as it was before"
+    ok, said = job.attempt(
+        job.first, f"uncordon {job.node}", f"{KUBECTL} uncordon {shlex.quote(job.node)}", 60
+    )
+    left = "schedulable again" if ok else f"still cordoned (uncordon failed: {said})"
+    return f"{job.node} is in the cluster, {left}"
+
+
+def remove_delete(job: RemoveRun) -> None:
+    job.command(
+        job.first, f"delete node {job.node}", f"{KUBECTL} delete node {shlex.quote(job.node)}"
+    )
+
+
+def remove_left_drained(job: RemoveRun) -> str:
+    return f"{job.node} is drained and cordoned, still in the cluster; {_REMOVE_AGAIN}"
+
+
+def remove_reset(job: RemoveRun) -> None:
+    job.command(job.node, "kubeadm reset", "kubeadm reset -f")
+
+
+def remove_left_deleted(job: RemoveRun) -> str:
+    return f"the Node object is deleted, the host not reset; {_REMOVE_AGAIN} (it resets only)"
+
+
+_REMOVE_AGAIN = "run `gpuinfra kubernetes node remove` again to finish"
+
+
+@dataclass
+class AddRun:
+    """One `kubernetes node add`: the hosts the kubernetes role runs on, and its run's report."""
+
+    loaded: LoadedCluster
+    limit: tuple[str, ...]
+    report: RunReport | None = None
+
+
+def add_nodes(
+    loaded: LoadedCluster,
+    nodes: list[str],
+    *,
+    skip: Iterable[str] = (),
+    only: str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> RunReport:
+    """The step of `day2.flows.KUBERNETES_NODE_ADD`: join new nodes, running the kubernetes
+    role on them and on the first control-plane node (which hands out the short-lived token),
+    rate-limited like any join."""
+    from day2.flows import KUBERNETES_NODE_ADD
+
     unknown = [n for n in nodes if n not in loaded.cluster.hosts]
     if unknown:
         raise KubernetesOperationError(f"{loaded.source}: no host {', '.join(unknown)}")
-    limit = (_first(loaded), *nodes)
-    return run(loaded, RunOptions(mode=Mode.apply, limit=limit, roles=("kubernetes",)))
+    job = AddRun(loaded, (_first(loaded), *nodes))
+    run_flow(
+        KUBERNETES_NODE_ADD,
+        job,
+        error=KubernetesOperationError,
+        skip=skip,
+        only=only,
+        progress=progress,
+    )
+    return job.report  # type: ignore[return-value]  # the join step, never skipped, set it
+
+
+def add_join(job: AddRun) -> None:
+    job.report = run(
+        job.loaded, RunOptions(mode=Mode.apply, limit=job.limit, roles=("kubernetes",))
+    )

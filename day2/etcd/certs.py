@@ -1,13 +1,16 @@
 """`etcd rotate-certs` and `etcd rotate-ca`: new certificates, or a new CA, rolled out by the
-etcd role one member at a time, each step ending with a health check."""
+etcd role one member at a time, each step ending with a health check (rotate-ca's steps are
+those of `day2.flows.ETCD_ROTATE_CA`)."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 from day2.etcd.common import EtcdOperationError
 from day2.etcd.health import status
+from day2.steps import run_flow
 from engine.reports import Mode, RunOptions
 from engine.runner import run
 from inventory.model import LoadedCluster
@@ -60,11 +63,26 @@ class CaRotationResult:
     seconds: float
 
 
-CA_STEPS = ("trust-new", "reissue", "drop-old")
+@dataclass
+class CaRotationRun:
+    """One `etcd rotate-ca`: the stage the PKI files were in when it started (an earlier run
+    may have stopped half way), and each step's roll-out."""
+
+    loaded: LoadedCluster
+    ca_days: int
+    stage: str  # none, trusting, reissued (roles.etcd.pki.ca_rotation_stage)
+    steps: list[CaRotationStep] = field(default_factory=list)
 
 
-def rotate_ca(loaded: LoadedCluster) -> CaRotationResult:
-    """Replace the etcd CA with no moment where a member or client distrusts another:
+def rotate_ca(
+    loaded: LoadedCluster,
+    *,
+    skip: Iterable[str] = (),
+    only: str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> CaRotationResult:
+    """Replace the etcd CA with no moment where a member or client distrusts another, in the
+    steps of `day2.flows.ETCD_ROTATE_CA`:
 
     1. trust-new: make the next CA; every member and client trusts old and new (rolled out by
        the role, members restarting one at a time, each waiting for a healthy cluster);
@@ -74,39 +92,81 @@ def rotate_ca(loaded: LoadedCluster) -> CaRotationResult:
 
     Each step must end with every host applied and the cluster healthy before the next one
     starts. A run stopped half way resumes where it stopped (the stage is read from the PKI
-    files: `ca-next.crt` or `ca-previous.crt` in `.state/etcd-pki/`).
+    files: `ca-next.crt` or `ca-previous.crt` in `.state/etcd-pki/`): the steps it finished
+    are reported as already done.
     """
+    from day2.flows import ETCD_ROTATE_CA
     from roles.etcd import pki
-    from roles.etcd.files import cluster_settings
 
     started = time.monotonic()
-    cfg = cluster_settings(loaded)
-    old_ca = _ca_serial(loaded, "ca")
     stage = pki.ca_rotation_stage(loaded)
-    todo = {"none": CA_STEPS, "trusting": CA_STEPS[1:], "reissued": CA_STEPS[2:]}[stage]
-    if stage == "reissued":
-        old_ca = _ca_serial(loaded, pki.PREVIOUS_CA)
-    steps: list[CaRotationStep] = []
+    old_ca = _ca_serial(loaded, pki.PREVIOUS_CA if stage == "reissued" else "ca")
+    job = CaRotationRun(loaded, cluster_settings(loaded).ca_days, stage)
+    run_flow(ETCD_ROTATE_CA, job, error=EtcdOperationError, skip=skip, only=only, progress=progress)
+    return CaRotationResult(old_ca, _ca_serial(loaded, "ca"), job.steps, time.monotonic() - started)
+
+
+def ca_trusting_done(job: CaRotationRun) -> bool:
+    return job.stage in ("trusting", "reissued")
+
+
+def ca_reissued_done(job: CaRotationRun) -> bool:
+    return job.stage == "reissued"
+
+
+def _rotation_step(job: CaRotationRun, step: str, change: Callable[[], object]) -> None:
+    """Change the PKI files, roll them out, and stop unless every host applied and the cluster
+    is healthy after it."""
+    from roles.etcd import pki
+
     try:
-        for step in todo:
-            if step == "trust-new":
-                pki.begin_ca_rotation(loaded, ca_days=cfg.ca_days)
-            elif step == "reissue":
-                pki.promote_next_ca(loaded)
-            else:
-                pki.drop_previous_ca(loaded)
-            steps.append(_roll_out(loaded, step))
-            last = steps[-1]
-            if last.apply_errors or last.health != "healthy":
-                detail = "; ".join(f"{h}: {e}" for h, e in last.apply_errors.items())
-                raise EtcdOperationError(
-                    f"CA rotation stopped after step {step}: cluster {last.health}"
-                    + (f"; {detail}" if detail else "")
-                    + "; run `gpuinfra etcd rotate-ca` again to resume from this step"
-                )
+        change()
     except pki.PkiError as exc:
         raise EtcdOperationError(str(exc)) from None
-    return CaRotationResult(old_ca, _ca_serial(loaded, "ca"), steps, time.monotonic() - started)
+    job.steps.append(_roll_out(job.loaded, step))
+    last = job.steps[-1]
+    if last.apply_errors or last.health != "healthy":
+        detail = "; ".join(f"{h}: {e}" for h, e in last.apply_errors.items())
+        raise EtcdOperationError(f"cluster {last.health}" + (f"; {detail}" if detail else ""))
+
+
+def ca_trust_new(job: CaRotationRun) -> None:
+    from roles.etcd import pki
+
+    _rotation_step(job, "trust-new", lambda: pki.begin_ca_rotation(job.loaded, ca_days=job.ca_days))
+
+
+def ca_reissue(job: CaRotationRun) -> None:
+    from roles.etcd import pki
+
+    _rotation_step(job, "reissue", lambda: pki.promote_next_ca(job.loaded))
+
+
+def ca_drop_old(job: CaRotationRun) -> None:
+    from roles.etcd import pki
+
+    _rotation_step(job, "drop-old", lambda: pki.drop_previous_ca(job.loaded))
+
+
+def _left(job: CaRotationRun, step: str, state: str) -> str:
+    rolled_out = bool(job.steps) and job.steps[-1].step == step
+    return (
+        f"CA rotation stopped after step {step}: "
+        + (state if rolled_out else "the PKI files refused it, nothing was rolled out")
+        + "; run `gpuinfra etcd rotate-ca` again to resume from this step"
+    )
+
+
+def ca_left_trusting(job: CaRotationRun) -> str:
+    return _left(job, "trust-new", "the next CA is made, trusted where the roll-out reached")
+
+
+def ca_left_reissued(job: CaRotationRun) -> str:
+    return _left(job, "reissue", "the new CA signs, certificates reissued where it reached")
+
+
+def ca_left_dropping(job: CaRotationRun) -> str:
+    return _left(job, "drop-old", "the old CA is still trusted where the roll-out did not reach")
 
 
 def _ca_serial(loaded: LoadedCluster, stem: str) -> str | None:

@@ -89,6 +89,7 @@ def replace(
     discard_old_data: bool = False,
     stamp: str | None = None,
     skip: Iterable[str] = (),
+    only: str | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> ReplaceResult:
     """Replace a member with a new one on the same host (name, address and certificates kept)
@@ -120,7 +121,7 @@ def replace(
     started = time.monotonic()
     stamp = stamp or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     job = ReplaceRun(loaded, host, override_gate, discard_old_data, stamp)
-    run_flow(ETCD_REPLACE, job, error=EtcdOperationError, skip=skip, progress=progress)
+    run_flow(ETCD_REPLACE, job, error=EtcdOperationError, skip=skip, only=only, progress=progress)
     return ReplaceResult(
         job.name, host, job.old_id, job.new_id, job.gate, time.monotonic() - started
     )

@@ -140,6 +140,7 @@ def restore(
     *,
     stamp: str | None = None,
     skip: Iterable[str] = (),
+    only: str | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> RestoreResult:
     """Rebuild the whole cluster from a snapshot, never leaving a member without its data (the
@@ -159,7 +160,7 @@ def restore(
 
     started = time.monotonic()
     job = RestoreRun(loaded, snapshot_path, stamp or command_token())
-    run_flow(ETCD_RESTORE, job, error=EtcdOperationError, skip=skip, progress=progress)
+    run_flow(ETCD_RESTORE, job, error=EtcdOperationError, skip=skip, only=only, progress=progress)
     return RestoreResult(
         str(snapshot_path), job.hosts, time.monotonic() - started, status(loaded).health, job.stamp
     )

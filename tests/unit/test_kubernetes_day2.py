@@ -143,14 +143,13 @@ def test_a_node_already_deleted_is_only_reset(loaded):
 def test_a_restart_waits_for_the_pods_to_stop_and_for_this_api_server():
     """Through the balancer another API server answers at once: the wait names 127.0.0.1."""
 
-    class Session(day2.Session):
-        def __init__(self, runner):
-            super().__init__(None, "restart", runner)
+    def restarting(runner):
+        return day2.KubernetesRun(None, runner, day2.Outcome("restart"))
 
     runner = Recorder()
-    session = Session(runner)
-    day2.restart_control_plane(session, "cp-2")
-    assert actions(session.outcome) == [
+    job = restarting(runner)
+    day2.restart_control_plane(job, "cp-2")
+    assert actions(job.outcome) == [
         ("cp-2", "stop the control-plane pods"),
         ("cp-2", "wait for the pods to stop"),
         ("cp-2", "start the control-plane pods"),
@@ -160,7 +159,7 @@ def test_a_restart_waits_for_the_pods_to_stop_and_for_this_api_server():
     assert "sport = :6443" in commands[1] and "--server https://127.0.0.1:6443" in commands[3]
     stuck = Recorder(fail_on="ss -ltnH")
     with pytest.raises(day2.KubernetesOperationError, match="did not stop"):
-        day2.restart_control_plane(Session(stuck), "cp-2")
+        day2.restart_control_plane(restarting(stuck), "cp-2")
     assert any("mv /etc/kubernetes/manifests.gpuinfra-away" in c for _, c in stuck.calls)
 
 

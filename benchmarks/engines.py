@@ -22,6 +22,7 @@ import yaml
 from engine.context import host_contexts
 from engine.registry import PHASES
 from inventory.model import LoadedCluster
+from toolkit.ssh import ssh_settings
 
 
 @dataclass(frozen=True)
@@ -138,8 +139,9 @@ class EngineFiles:
 def write_engines(loaded: LoadedCluster, state: DeclaredState, out: Path) -> EngineFiles:
     """Write both engines' inputs under `out` (pyinfra/, ansible/)."""
     cluster = loaded.cluster
-    key = str(loaded.resolve(cluster.ssh.key)) if cluster.ssh.key else None
-    known_hosts = str(loaded.resolve(cluster.ssh.known_hosts))
+    ssh = ssh_settings(loaded)
+    key = str(ssh.key) if ssh.key is not None else None
+    known_hosts = str(ssh.known_hosts)
     hosts = list(cluster.hosts)
 
     pyinfra_dir = out / "pyinfra"
@@ -147,8 +149,8 @@ def write_engines(loaded: LoadedCluster, state: DeclaredState, out: Path) -> Eng
     state_file = pyinfra_dir / "state.json"
     state_file.write_text(json.dumps({"files": state.files, "packages": state.packages}))
     host_data = {
-        "ssh_user": cluster.ssh.user,
-        "ssh_port": cluster.ssh.port,
+        "ssh_user": ssh.user,
+        "ssh_port": ssh.port,
         "ssh_known_hosts_file": known_hosts,
         "ssh_strict_host_key_checking": "yes",
         **({"ssh_key": key, "ssh_allow_agent": False, "ssh_look_for_keys": False} if key else {}),
@@ -170,8 +172,8 @@ def write_engines(loaded: LoadedCluster, state: DeclaredState, out: Path) -> Eng
             {
                 "all": {
                     "vars": {
-                        "ansible_user": cluster.ssh.user,
-                        "ansible_port": cluster.ssh.port,
+                        "ansible_user": ssh.user,
+                        "ansible_port": ssh.port,
                         **({"ansible_ssh_private_key_file": key} if key else {}),
                         "ansible_python_interpreter": "/usr/bin/python3",
                     },
@@ -219,8 +221,8 @@ def write_engines(loaded: LoadedCluster, state: DeclaredState, out: Path) -> Eng
             {
                 "addresses": {name: str(cluster.hosts[name].address) for name in hosts},
                 "ssh": {
-                    "user": cluster.ssh.user,
-                    "port": cluster.ssh.port,
+                    "user": ssh.user,
+                    "port": ssh.port,
                     "key": key,
                     "known_hosts": known_hosts,
                 },

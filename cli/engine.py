@@ -310,7 +310,8 @@ def _drift(loaded, options, output):
 
 def _drift_job(loaded, options, output, shards: int | None, exact: bool, job_cluster=None):
     """drift --job (day2/fleetjob.py): the Job's shards, then the exact check of the rest."""
-    from day2.fleetjob import FleetJobBusy, FleetJobError, FleetJobRefused, JobRun, fleet_drift
+    from day2.fleetjob import FleetJobBusy, JobRun, fleet_drift
+    from day2.jobs import JobError, JobRefused
 
     if exact:
         with reporting():
@@ -325,17 +326,18 @@ def _drift_job(loaded, options, output, shards: int | None, exact: bool, job_clu
         try:
             run = JobRun(loaded, options, run_exact, count=shards, job_cluster=job_cluster)
             return fleet_drift(run)
-        except FleetJobRefused as exc:
+        except JobRefused as exc:
             raise UserError(str(exc)) from None
         except FleetJobBusy as exc:
             raise UserError(str(exc), ExitCode.LOCKED) from None
-        except FleetJobError as exc:
+        except JobError as exc:
             raise UserError(str(exc), ExitCode.ERROR) from None
 
 
 def _rollout_job(loaded, options, shards: int | None, reboot: bool):
     """apply --job's refusals (exit 2), before the lock: day2/rolloutjob.py `check_options`."""
-    from day2.rolloutjob import Rollout, RolloutRefused, check_options
+    from day2.jobs import JobRefused
+    from day2.rolloutjob import Rollout, check_options
 
     if reboot or options.batch or options.rate:
         raise UserError(
@@ -345,22 +347,23 @@ def _rollout_job(loaded, options, shards: int | None, reboot: bool):
     rollout = Rollout(loaded, options, count=shards)
     try:
         check_options(rollout)
-    except RolloutRefused as exc:
+    except JobRefused as exc:
         raise UserError(str(exc)) from None
     return rollout
 
 
 def _run_rollout(rollout, loaded):
     """The Job's flow, holding the apply lock all along (its ledger locks the cluster inside)."""
-    from day2.rolloutjob import RolloutError, RolloutRefused, fleet_rollout
+    from day2.jobs import JobError, JobRefused
+    from day2.rolloutjob import fleet_rollout
 
     rollout.loaded = loaded
     with reporting():
         try:
             return fleet_rollout(rollout)
-        except RolloutRefused as exc:
+        except JobRefused as exc:
             raise UserError(str(exc)) from None
-        except RolloutError as exc:
+        except JobError as exc:
             raise UserError(str(exc), ExitCode.ERROR) from None
 
 

@@ -24,27 +24,25 @@ import hashlib
 import hmac
 import json
 import math
-import secrets
 import shlex
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 from datetime import datetime
-from pathlib import Path
 
+from day2 import jobs
 from day2.flows import DRIFT_JOB
-from day2.kubernetes import KUBECTL
-from day2.steps import run_flow
 from engine import fingerprint
 from engine import fleetshard as shard_io
 from engine.drift import ExactRun, merged_report
-from engine.reports import HostReport, HostStatus, OperationResult, RunOptions, RunReport
+from engine.reports import HostReport, HostStatus, OperationResult, RunReport
 from engine.selection import selected_hosts, shard_hosts
 from inventory.model import LoadedCluster, StateAccess
 from roles.drift_job.config import DriftJobConfig
-from roles.drift_job.files import job_tolerations, private_key
+from roles.drift_job.files import KEY
 from roles.drift_job.role import fleet_config
-from toolkit.remote import RemoteRunner, run_remote
+from toolkit.jobs import job_tolerations
+from toolkit.ssh import ssh_settings
 from toolkit.statefiles import StateMissing
 from toolkit.templates import render_template
 
@@ -52,60 +50,32 @@ from toolkit.templates import render_template
 OBJECT_LIMIT = 1024 * 1024
 OBJECT_OVERHEAD = 2048  # the object's metadata, labels and keys, generously
 POLL_S = 2.0
-# Past a Job's activeDeadlineSeconds and this, the controller stops waiting, and a Job of an
-# earlier run that has not ended is taken as abandoned (its controller died).
-DEADLINE_MARGIN_S = 60
-JOB_LABEL = "app.kubernetes.io/name=gpuinfra-drift"
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
-
-
-class FleetJobError(RuntimeError):
-    """A step of the Job flow failed (exit 1); the message names the step and the shard."""
 
 
 class FleetJobBusy(RuntimeError):
     """Another drift --job of the same cluster is running (exit 8, as a held lock)."""
 
 
-class FleetJobRefused(ValueError):
-    """The Job cannot run with this input (exit 2): bad option, missing key, a shard too big."""
-
-
 @dataclass
-class JobRun:
+class JobRun(jobs.InClusterJob):
     """What the command was asked, and what each step found."""
 
-    loaded: LoadedCluster
-    options: RunOptions
+    kind = "drift"
+
     run_exact: ExactRun
-    count: int | None = None  # --shards; None: the inventory's drift_job.shards or per size
-    runner: RemoteRunner = run_remote
+    _: KW_ONLY
     job_cluster: LoadedCluster | None = None  # where the Job runs; None: the checked cluster
-    sleep: Callable[[float], None] = time.sleep
-    clock: Callable[[], float] = time.monotonic
     wall: Callable[[], float] = time.time  # epoch seconds, against the API server's stamps
-    run: str = field(default_factory=lambda: secrets.token_hex(6))
-    started: float = field(default_factory=time.monotonic)
     cfg: DriftJobConfig | None = None  # the checked inventory's: user, parallel, shards
     job_cfg: DriftJobConfig | None = None  # the Job's cluster's: nodes, image, namespace ...
-    control_plane: str = ""
-    hosts: list[str] = field(default_factory=list)  # the run's hosts, in inventory order
-    notes: list[str] = field(default_factory=list)
     records: dict[str, fingerprint.Record] = field(default_factory=dict)  # on the sheet
     exact: dict[str, str] = field(default_factory=dict)  # host -> why the controller checks it
     sheets: list[tuple[str, str]] = field(default_factory=list)  # (sheet base64, known_hosts)
-    published: bool = False
-    shard_of: list[list[str]] = field(default_factory=list)  # each shard's hosts
-    status: dict = field(default_factory=dict)  # the Job's status when it ended
     answered: dict[str, shard_io.ShardHost] = field(default_factory=dict)
     usage: dict[int, dict] = field(default_factory=dict)  # index -> the shard's own rusage
     failed: dict[str, HostReport] = field(default_factory=dict)  # hosts of a silent shard
     exact_report: RunReport | None = None
-    report: RunReport | None = None
-
-    @property
-    def name(self) -> str:
-        return f"gpuinfra-drift-{self.loaded.cluster.name}"
 
     @property
     def namespace(self) -> str:
@@ -117,42 +87,22 @@ class JobRun:
         """The inventory of the cluster the Job runs on (kubectl on its first control plane)."""
         return self.job_cluster if self.job_cluster is not None else self.loaded
 
-    def kubectl(self, action: str, command: str, *, stdin: bytes | None = None) -> str:
-        """kubectl on the first control-plane node; FleetJobError naming `action` if it fails."""
-        full = f"{KUBECTL} -n {shlex.quote(self.namespace)} {command}"
-        extra = {"stdin": stdin} if stdin is not None else {}
-        result = self.runner(self.job_loaded, self.control_plane, full, timeout=120, **extra)
-        if not result.ok:
-            raise FleetJobError(
-                f"{action}: kubectl on {self.control_plane} failed: {result.tail(300)}"
-            )
-        return result.stdout
-
 
 def fleet_drift(run: JobRun) -> RunReport:
     """The flow's steps in order, and the Job's objects deleted whatever happened."""
     check_options(run)
-    try:
-        run_flow(DRIFT_JOB, run, error=FleetJobError)
-    finally:
-        if run.published:
-            delete(run)
-    assert run.report is not None
-    return run.report
+    return jobs.run_job_flow(DRIFT_JOB, run, delete)
 
 
 def check_options(run: JobRun) -> None:
     loaded, options = run.loaded, run.options
     cfg = run.cfg = fleet_config(loaded)
-    if not cfg.enabled:
-        raise FleetJobRefused(
-            f"{loaded.source}: drift --job needs group_vars.all.drift_job.enabled: true (and an "
-            "apply since, which installs the probes)"
-        )
+    since = "an apply since, which installs the probes"
+    jobs.refuse_unless_enabled(loaded, cfg.enabled, "drift --job", "drift_job", since)
     if options.roles or options.shard:
-        raise FleetJobRefused("drift --job checks every role of every host: no --roles, --shard")
+        raise jobs.JobRefused("drift --job checks every role of every host: no --roles, --shard")
     if loaded.cluster.ssh.bastion:
-        raise FleetJobRefused(
+        raise jobs.JobRefused(
             f"{loaded.source}: ssh.bastion: the Job's pods connect from the cluster, not "
             "through the bastion; run drift without --job"
         )
@@ -160,23 +110,20 @@ def check_options(run: JobRun) -> None:
     if run.job_cluster is None:
         run.job_cfg = cfg
         if not cfg.nodes:
-            raise FleetJobRefused(
+            raise jobs.JobRefused(
                 f"{loaded.source}: drift_job.nodes is empty: this inventory's Job runs in "
                 "another cluster (--job-cluster THAT_INVENTORY)"
             )
     else:
         run.job_cfg = fleet_config(there)
         if not run.job_cfg.enabled or not run.job_cfg.nodes:
-            raise FleetJobRefused(
+            raise jobs.JobRefused(
                 f"--job-cluster {there.source}: the Job's cluster needs "
                 "group_vars.all.drift_job.enabled: true and its nodes"
             )
         if there.source == loaded.source:
             run.job_cluster = None  # the same inventory: a plain --job
-    control_planes = there.cluster.in_group("control_plane")
-    if not control_planes:
-        raise FleetJobRefused(f"{there.source}: drift --job needs a control_plane host")
-    run.control_plane = control_planes[0]
+    run.control_plane = jobs.first_control_plane(there, "drift --job")
 
 
 # -- sheet -------------------------------------------------------------------------------------
@@ -215,10 +162,10 @@ def make_sheets(run: JobRun) -> None:
                 del run.records[name]
     on_sheet = [name for name in run.hosts if name in run.records]
     count = min(shard_count(run, len(on_sheet)), len(on_sheet))
-    known = _known_hosts_text(loaded)
+    known = jobs.known_hosts_text(loaded)
     settings = {
         "user": cfg.user,
-        "port": loaded.cluster.ssh.port,
+        "port": ssh_settings(loaded).port,
         "parallel": cfg.parallel,
         "timeout": run.options.connect_timeout,
     }
@@ -232,7 +179,7 @@ def make_sheets(run: JobRun) -> None:
         size = len(sheet) + len(keys.encode()) + OBJECT_OVERHEAD
         if size > OBJECT_LIMIT:
             wanted = math.ceil(count * size / (OBJECT_LIMIT - OBJECT_OVERHEAD)) + 1
-            raise FleetJobRefused(
+            raise jobs.JobRefused(
                 f"shard {index}/{count}: its ConfigMap would hold {size:,} bytes (the sheet and "
                 f"the host keys of its {len(mine)} hosts), over Kubernetes' 1 MiB limit for one "
                 f"object: run with more shards (--shards {wanted})"
@@ -246,14 +193,6 @@ def shard_count(run: JobRun, hosts: int) -> int:
     if run.count is not None:
         return run.count
     return run.cfg.shards or max(1, math.ceil(hosts / run.cfg.hosts_per_shard))
-
-
-def _known_hosts_text(loaded: LoadedCluster) -> str:
-    path = loaded.resolve(loaded.cluster.ssh.known_hosts)
-    try:
-        return Path(path).read_text()
-    except OSError as exc:
-        raise FleetJobRefused(f"ssh.known_hosts: cannot read {path}: {exc.strerror}") from None
 
 
 def _host_pattern(address: str, port: int) -> str:
@@ -300,24 +239,19 @@ def job_manifest(run: JobRun) -> str:
 
     loaded, cfg, there = run.loaded, run.job_cfg, run.job_loaded
     assert cfg is not None
-    key = private_key(loaded.state_dir, StateAccess.existing)
     calico = any(settings_of(there, n, "kubernetes").cni == "calico" for n in cfg.nodes)
     return render_template(
         "drift_job/fleet-job.yaml.j2",
         cfg=cfg,
         cluster_name=loaded.cluster.name,
         run=run.run,
-        labels={
-            "app.kubernetes.io/name": "gpuinfra-drift",
-            "app.kubernetes.io/instance": loaded.cluster.name,
-            "gpuinfra.io/drift-run": run.run,
-        },
-        key_base64=base64.b64encode((key.strip() + "\n").encode()).decode(),
+        labels=run.labels(),
+        key_base64=jobs.key_base64(KEY, loaded),
         shards=[{"sheet": sheet, "known_hosts": keys} for sheet, keys in run.sheets],
         tolerations=job_tolerations(there, cfg),
         network_policy=calico,
         egress=[str(loaded.cluster.networks.node)],
-        port=loaded.cluster.ssh.port,
+        port=ssh_settings(loaded).port,
     )
 
 
@@ -327,11 +261,9 @@ def publish(run: JobRun) -> None:
     try:
         manifest = job_manifest(run)
     except StateMissing as exc:
-        raise FleetJobRefused(f"{exc}: apply with drift_job.enabled first") from None
+        raise jobs.JobRefused(f"{exc}: apply with drift_job.enabled first") from None
     _refuse_a_running_job(run)
-    run.published = True  # from here on, the end deletes what this run may have made
-    run.kubectl("remove an earlier run", f"delete job {run.name} --ignore-not-found --wait=true")
-    run.kubectl("apply the Job", "apply -f -", stdin=manifest.encode())
+    run.apply_job(manifest)
 
 
 def _refuse_a_running_job(run: JobRun) -> None:
@@ -345,12 +277,7 @@ def _refuse_a_running_job(run: JobRun) -> None:
     job = json.loads(found)
     if job.get("kind") != "Job":  # an empty List, as some kubectl print for none
         return
-    ended = {
-        c.get("type")
-        for c in job.get("status", {}).get("conditions", [])
-        if c.get("status") == "True"
-    }
-    if ended & {"Complete", "Failed"}:
+    if jobs.ended(job.get("status", {})):
         return
     meta = job.get("metadata", {})
     created = meta.get("creationTimestamp", "")
@@ -359,9 +286,9 @@ def _refuse_a_running_job(run: JobRun) -> None:
         age = run.wall() - datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp()
     except ValueError:
         age = 0.0  # no readable creation time: taken as running, the safe side
-    if deadline and age > deadline + DEADLINE_MARGIN_S:
+    if deadline and age > deadline + jobs.DEADLINE_MARGIN_S:
         return
-    other = meta.get("labels", {}).get("gpuinfra.io/drift-run", "?")
+    other = meta.get("labels", {}).get(run.run_label, "?")
     raise FleetJobBusy(
         f"Job {run.namespace}/{run.name} (drift run {other}, created {created}) is still "
         f"running: another drift --job of this cluster; wait for it, or if its controller is "
@@ -374,21 +301,7 @@ def wait(run: JobRun) -> None:
     if not run.sheets:
         return
     assert run.job_cfg is not None
-    until = run.clock() + run.job_cfg.deadline_seconds + DEADLINE_MARGIN_S
-    while True:
-        text = run.kubectl("wait for the Job", f"get job {run.name} -o json")
-        try:
-            status = json.loads(text).get("status", {})
-        except ValueError:
-            raise FleetJobError(f"wait: kubectl get job {run.name} printed no JSON") from None
-        ended = {c.get("type") for c in status.get("conditions", []) if c.get("status") == "True"}
-        if ended & {"Complete", "Failed"}:
-            run.status = status
-            return
-        if run.clock() > until:
-            run.status = status
-            return
-        run.sleep(POLL_S)
+    run.wait_for_job(run.job_cfg.deadline_seconds, POLL_S)
 
 
 def collect(run: JobRun) -> None:
@@ -400,7 +313,7 @@ def collect(run: JobRun) -> None:
     try:
         pods = json.loads(text).get("items", [])
     except ValueError:
-        raise FleetJobError(f"collect: kubectl get pods of {run.name} printed no JSON") from None
+        raise jobs.JobError(f"collect: kubectl get pods of {run.name} printed no JSON") from None
     count = len(run.sheets)
     by_index: dict[int, list[dict]] = {}
     for pod in pods:
@@ -425,17 +338,12 @@ def _shard_report(run: JobRun, index: int, count: int, pods: list[dict]) -> dict
     succeeded = [p for p in pods if p.get("status", {}).get("phase") == "Succeeded"]
     if not succeeded:
         history = "; ".join(_pod_story(pod) for pod in pods) or "no pod ran"
-        return f"{label} did not report: {history}{_index_end(run, index)}"
+        return f"{label} did not report: {history}{run.index_end(index)}"
     pod = succeeded[-1]
     name = pod["metadata"]["name"]
-    logs = run.runner(
-        run.job_loaded,
-        run.control_plane,
-        f"{KUBECTL} -n {shlex.quote(run.namespace)} logs {shlex.quote(name)} -c drift",
-        timeout=120,
-    )
+    logs = run.kubectl_result(f"logs {shlex.quote(name)} -c drift")
     if not logs.ok:
-        raise FleetJobError(
+        raise jobs.JobError(
             f"collect: kubectl logs of {label} (pod {name}) on {run.control_plane} failed: "
             f"{logs.tail(300)}"
         )
@@ -479,15 +387,6 @@ def _pod_story(pod: dict) -> str:
         if ended:
             return f"pod {name} exit {ended.get('exitCode')} {ended.get('reason', '')}".rstrip()
     return f"pod {name} {status.get('phase', 'unknown').lower()}"
-
-
-def _index_end(run: JobRun, index: int) -> str:
-    failed = run.status.get("failedIndexes", "")
-    if str(index) in failed.split(","):
-        return "; index failed after its retries"
-    if not {c.get("type") for c in run.status.get("conditions", [])} & {"Complete", "Failed"}:
-        return "; the Job did not end before its deadline"
-    return ""
 
 
 # -- exact, merge, delete ------------------------------------------------------------------------
@@ -578,15 +477,4 @@ def read_usage_notes(notes: list[str]) -> dict[int, dict]:
 def delete(run: JobRun) -> None:
     """The run's Job, ConfigMaps, Secret and NetworkPolicy (the namespace and its service
     account stay for the next run). A failure here is a note, not the run's result."""
-    selector = f"{JOB_LABEL},app.kubernetes.io/instance={run.loaded.cluster.name}"
-    try:
-        run.kubectl(
-            "delete the Job",
-            f"delete job,configmap,secret,networkpolicy -l {selector} --ignore-not-found",
-        )
-    except FleetJobError as exc:
-        note = f"{exc}; delete them by hand: kubectl -n {run.namespace} delete ... -l {selector}"
-        if run.report is not None:
-            run.report.notes.append(note)
-        else:
-            run.notes.append(note)
+    run.add_notes(run.delete_objects("job,configmap,secret,networkpolicy"))

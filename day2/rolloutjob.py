@@ -18,35 +18,33 @@ from __future__ import annotations
 import base64
 import json
 import re
-import secrets
 import shlex
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 
 import yaml
 
+from day2 import jobs
 from day2.flows import ROLLOUT_JOB
-from day2.kubernetes import ADMIN_CONF
-from day2.steps import run_flow
 from engine import fleetgate
+from engine.incluster import ADMIN_CONF, remote_kubectl
 from engine.orchestrate import group_policies
 from engine.registry import PHASES
-from engine.reports import HostReport, HostStatus, RunOptions, RunReport
-from engine.rolloutlock import ledger_name, remote_kubectl
+from engine.reports import HostReport, HostStatus, RunReport
+from engine.rolloutlock import ledger_name
 from engine.selection import select_hosts, shard_hosts
-from inventory.model import LoadedCluster, StateAccess
+from inventory.model import LoadedCluster
 from roles.rollout_job.config import RolloutJobConfig
-from roles.rollout_job.files import private_key
+from roles.rollout_job.files import KEY
 from roles.rollout_job.role import fleet_config
-from toolkit.remote import RemoteRunner, run_remote
+from toolkit.jobs import job_tolerations
 from toolkit.spec import Rolling, settings_of
 from toolkit.templates import render_template
 
 SETTINGS_FORMAT = 1  # bump when settings.json changes: a skewed pod exits 2
 POLL_S = 5.0
-JOB_LABEL = "app.kubernetes.io/name=gpuinfra-rollout"
 # Roles whose worker files carry a key from .state/ (drift's and the rollout's own): a pod
 # has no .state/, so they are applied by a local apply, never by the Job.
 STATE_KEYED_ROLES = ("drift_job", "rollout_job")
@@ -62,42 +60,24 @@ _JOIN_COMMAND = re.compile(r"--token\s+(\S+).*--discovery-token-ca-cert-hash\s+(
 TOKEN_MARGIN_S = 600
 
 
-class RolloutRefused(ValueError):
-    """`apply --job` cannot run with this input (exit 2)."""
-
-
-class RolloutError(RuntimeError):
-    """A step of the rollout flow failed (exit 1); the message names the step."""
-
-
 @dataclass
-class Rollout:
+class Rollout(jobs.InClusterJob):
     """What the command was asked, and what each step found."""
 
-    loaded: LoadedCluster
-    options: RunOptions
-    count: int | None = None  # --shards; None: rollout_job.shards
-    runner: RemoteRunner = run_remote
-    sleep: Callable[[float], None] = time.sleep
-    clock: Callable[[], float] = time.time
-    run: str = field(default_factory=lambda: secrets.token_hex(6))
-    started: float = field(default_factory=time.monotonic)
+    kind = "rollout"
+
+    _: KW_ONLY
+    clock: Callable[[], float] = time.time  # epoch seconds: the ledger's heartbeat is one
     cfg: RolloutJobConfig | None = None
-    control_plane: str = ""
     roles: tuple[str, ...] = ()
-    hosts: list[str] = field(default_factory=list)
-    shard_of: list[list[str]] = field(default_factory=list)
     token: str = ""  # the join token: in memory, then in the Secret only
     ca_hash: str = ""
-    published: bool = False
-    status: dict = field(default_factory=dict)
     progress: list[dict] = field(default_factory=list)  # each shard's {pods, hosts}
     ledger: fleetgate.Ledger | None = None
-    report: RunReport | None = None
-    notes: list[str] = field(default_factory=list)
 
     @property
     def name(self) -> str:
+        """The Job's and its ledger's: a local apply reads it as the lock (rolloutlock)."""
         return ledger_name(self.loaded.cluster.name)
 
     @property
@@ -105,27 +85,11 @@ class Rollout:
         assert self.cfg is not None
         return self.cfg.namespace
 
-    def kubectl(self, action: str, command: str, *, stdin: bytes | None = None) -> str:
-        result = remote_kubectl(self.loaded, self.control_plane, self.namespace, self.runner)(
-            command, stdin
-        )
-        code, out, err = result
-        if code != 0:
-            said = (err.strip() or out.strip() or "failed")[-300:]
-            raise RolloutError(f"{action}: kubectl on {self.control_plane} failed: {said}")
-        return out
-
 
 def fleet_rollout(rollout: Rollout) -> RunReport:
     """The flow's steps in order; the Job's objects and the token deleted however it ends."""
     check_options(rollout)
-    try:
-        run_flow(ROLLOUT_JOB, rollout, error=RolloutError)
-    finally:
-        if rollout.published:
-            delete(rollout)
-    assert rollout.report is not None
-    return rollout.report
+    return jobs.run_job_flow(ROLLOUT_JOB, rollout, delete)
 
 
 def check_options(rollout: Rollout) -> None:
@@ -133,19 +97,16 @@ def check_options(rollout: Rollout) -> None:
     roll in batches (named), a role whose files need .state/, no control-plane node."""
     loaded, options = rollout.loaded, rollout.options
     cfg = rollout.cfg = fleet_config(loaded)
-    if not cfg.enabled:
-        raise RolloutRefused(
-            f"{loaded.source}: apply --job needs group_vars.all.rollout_job.enabled: true (and "
-            "a local apply since, which admits the rollout key on the workers)"
-        )
+    since = "a local apply since, which admits the rollout key on the workers"
+    jobs.refuse_unless_enabled(loaded, cfg.enabled, "apply --job", "rollout_job", since)
     if loaded.cluster.ssh.bastion:
-        raise RolloutRefused(f"{loaded.source}: ssh.bastion: the Job's pods cannot use it")
+        raise jobs.JobRefused(f"{loaded.source}: ssh.bastion: the Job's pods cannot use it")
     if options.shard:
-        raise RolloutRefused("apply --job shards the hosts itself: no --shard (use --shards)")
+        raise jobs.JobRefused("apply --job shards the hosts itself: no --shard (use --shards)")
     refuse_unbatched(loaded, options.limit)
     keyed = sorted(set(options.roles) & set(STATE_KEYED_ROLES))
     if keyed:
-        raise RolloutRefused(
+        raise jobs.JobRefused(
             f"--roles {', '.join(keyed)}: these roles' files carry a key from .state/, which "
             "the Job's pods never get; apply them without --job"
         )
@@ -153,21 +114,18 @@ def check_options(rollout: Rollout) -> None:
     rollout.roles = options.roles or tuple(
         sorted(known - set(STATE_KEYED_ROLES), key=[p.role for p in PHASES].index)
     )
-    control_planes = loaded.cluster.in_group("control_plane")
-    if not control_planes:
-        raise RolloutRefused(f"{loaded.source}: apply --job needs a control_plane host")
-    rollout.control_plane = control_planes[0]
+    rollout.control_plane = jobs.first_control_plane(loaded, "apply --job")
 
 
 def refuse_unbatched(loaded: LoadedCluster, limit: tuple[str, ...]) -> None:
-    """RolloutRefused naming the first group of the selected hosts that rolls one at a time or
+    """JobRefused naming the first group of the selected hosts that rolls one at a time or
     together (its members' rules hold inside one run, which a Job's shards are not)."""
     policies = group_policies(PHASES)
     for name in select_hosts(loaded, limit):
         for group in loaded.cluster.hosts[name].groups:
             policy = policies.get(group, Rolling.batches)
             if policy is not Rolling.batches:
-                raise RolloutRefused(
+                raise jobs.JobRefused(
                     f"--limit reaches {name} of the group {group}, which rolls "
                     f"{policy.value.replace('_', ' ')}: apply --job rolls batch-policy groups "
                     "only (e.g. --limit gpu_worker); apply the others without --job"
@@ -181,7 +139,7 @@ def make_shards(rollout: Rollout) -> None:
     assert rollout.cfg is not None
     rollout.hosts = select_hosts(rollout.loaded, rollout.options.limit)
     if not rollout.hosts:
-        raise RolloutRefused("--limit selects no host")
+        raise jobs.JobRefused("--limit selects no host")
     count = min(rollout.count or rollout.cfg.shards, len(rollout.hosts))
     rollout.shard_of = [shard_hosts(rollout.hosts, i, count) for i in range(count)]
 
@@ -199,7 +157,7 @@ def mint_token(rollout: Rollout) -> None:
     )
     match = _JOIN_COMMAND.search(result.stdout) if result.ok else None
     if match is None:
-        raise RolloutError(
+        raise jobs.JobError(
             f"token: kubeadm on {rollout.control_plane} made no join token "
             f"(exit {result.exit_code}: {result.last_line()})"
         )
@@ -236,16 +194,10 @@ def pod_settings(rollout: Rollout) -> dict:
 
 def job_manifest(rollout: Rollout) -> str:
     """Every object of the Job as one YAML stream (it holds the key and the token: stdin only)."""
-    from roles.drift_job.files import job_tolerations
-
     loaded, cfg = rollout.loaded, rollout.cfg
     assert cfg is not None
-    key = private_key(loaded.state_dir, StateAccess.existing)
-    known_path = Path(loaded.resolve(loaded.cluster.ssh.known_hosts))
-    try:
-        known = known_path.read_text()
-    except OSError as exc:
-        raise RolloutRefused(f"ssh.known_hosts: cannot read {known_path}: {exc.strerror}") from None
+    key_base64 = jobs.key_base64(KEY, loaded)
+    known = jobs.known_hosts_text(loaded)
     ledger = fleetgate.Ledger(
         run=rollout.run,
         budget=cfg.budget,
@@ -265,29 +217,19 @@ def job_manifest(rollout: Rollout) -> str:
         count=count,
         ledger=rollout.name,
         writable=[rollout.name, *(f"{rollout.name}-{i}" for i in range(count))],
-        labels={
-            "app.kubernetes.io/name": "gpuinfra-rollout",
-            "app.kubernetes.io/instance": loaded.cluster.name,
-            "gpuinfra.io/rollout-run": rollout.run,
-        },
-        key_base64=base64.b64encode((key.strip() + "\n").encode()).decode(),
+        labels=rollout.labels(),
+        key_base64=key_base64,
         join_base64=base64.b64encode(join.encode()).decode(),
         inventory=pod_inventory(loaded),
         known_hosts=known,
         settings=json.dumps(pod_settings(rollout)),
         ledger_json=ledger.dump()[fleetgate.LEDGER_KEY],
-        tolerations=job_tolerations(loaded, cfg),  # type: ignore[arg-type]
+        tolerations=job_tolerations(loaded, cfg),
     )
 
 
 def publish(rollout: Rollout) -> None:
-    manifest = job_manifest(rollout)
-    rollout.published = True  # from here on, the end deletes what this run may have made
-    rollout.kubectl(
-        "remove an earlier run",
-        f"delete job {rollout.name} --ignore-not-found --wait=true",
-    )
-    rollout.kubectl("apply the Job", "apply -f -", stdin=manifest.encode())
+    rollout.apply_job(job_manifest(rollout))
 
 
 # -- wait, collect, delete -------------------------------------------------------------------
@@ -297,29 +239,27 @@ def wait(rollout: Rollout) -> None:
     """Until the Job is Complete or Failed (or past its deadline), renewing the ledger's
     heartbeat meanwhile: a join can outlast the heartbeat's 120 s without any shard writing."""
     assert rollout.cfg is not None
-    api = fleetgate.KubectlApi(
-        rollout.namespace,
-        remote_kubectl(rollout.loaded, rollout.control_plane, rollout.namespace, rollout.runner),
-    )
-    until = rollout.clock() + rollout.cfg.deadline_seconds + 60
+    api = ledger_api(rollout)
     renewed = 0.0
-    while True:
-        text = rollout.kubectl("wait for the Job", f"get job {rollout.name} -o json")
-        try:
-            status = json.loads(text).get("status", {})
-        except ValueError:
-            raise RolloutError(f"wait: kubectl get job {rollout.name} printed no JSON") from None
-        ended = {c.get("type") for c in status.get("conditions", []) if c.get("status") == "True"}
-        if ended & {"Complete", "Failed"} or rollout.clock() > until:
-            rollout.status = status
-            return
+
+    def renew() -> None:
+        nonlocal renewed
         if rollout.clock() - renewed >= fleetgate.HEARTBEAT_RENEW_S:
             renewed = now = rollout.clock()
             try:
                 fleetgate.swap(api, rollout.name, lambda ledger, now=now: _renew(ledger, now))
             except fleetgate.LedgerError as exc:
-                raise RolloutError(f"wait: the ledger's heartbeat: {exc}") from None
-        rollout.sleep(POLL_S)
+                raise jobs.JobError(f"wait: the ledger's heartbeat: {exc}") from None
+
+    rollout.wait_for_job(rollout.cfg.deadline_seconds, POLL_S, renew)
+
+
+def ledger_api(rollout: Rollout) -> fleetgate.KubectlApi:
+    """The ledger and the shards' progress, read and written by kubectl on cp-1."""
+    return fleetgate.KubectlApi(
+        rollout.namespace,
+        remote_kubectl(rollout.loaded, rollout.control_plane, rollout.namespace, rollout.runner),
+    )
 
 
 def _renew(ledger: fleetgate.Ledger, now: float):
@@ -329,21 +269,18 @@ def _renew(ledger: fleetgate.Ledger, now: float):
 
 def collect(rollout: Rollout) -> None:
     """Each shard's progress and the ledger, read back; the hosts' statuses from them."""
-    api = fleetgate.KubectlApi(
-        rollout.namespace,
-        remote_kubectl(rollout.loaded, rollout.control_plane, rollout.namespace, rollout.runner),
-    )
+    api = ledger_api(rollout)
     try:
         data, _ = api.get(rollout.name)
         rollout.ledger = fleetgate.Ledger.parse(data)
     except fleetgate.LedgerError as exc:
-        raise RolloutError(f"collect: {exc}") from None
+        raise jobs.JobError(f"collect: {exc}") from None
     rollout.progress = []
     for index in range(len(rollout.shard_of)):
         try:
             found, _ = api.get(f"{rollout.name}-{index}")
         except fleetgate.LedgerError as exc:
-            raise RolloutError(f"collect: shard {index}'s progress: {exc}") from None
+            raise jobs.JobError(f"collect: shard {index}'s progress: {exc}") from None
         try:
             rollout.progress.append(json.loads(found.get(fleetgate.PROGRESS_KEY) or "{}"))
         except ValueError:
@@ -384,7 +321,7 @@ def rollout_report(rollout: Rollout) -> RunReport:
                 report.hosts[name] = HostReport(
                     name,
                     HostStatus.failed,
-                    error=f"{label} ended with this host {why}{_index_end(rollout, index)}",
+                    error=f"{label} ended with this host {why}{rollout.index_end(index)}",
                 )
     if stopped:
         report.stopped = stopped
@@ -413,29 +350,10 @@ def most_in_flight(ledger: fleetgate.Ledger) -> int:
     return most
 
 
-def _index_end(rollout: Rollout, index: int) -> str:
-    failed = rollout.status.get("failedIndexes", "")
-    if str(index) in failed.split(","):
-        return "; index failed after its retries"
-    if not {c.get("type") for c in rollout.status.get("conditions", [])} & {"Complete", "Failed"}:
-        return "; the Job did not end before its deadline"
-    return ""
-
-
 def delete(rollout: Rollout) -> None:
     """The Job, its Secrets (the key, the token), ConfigMaps and RBAC, and the token itself on
     cp-1 (by its id, the public half). A failure here is a note, not the run's result."""
-    selector = f"{JOB_LABEL},app.kubernetes.io/instance={rollout.loaded.cluster.name}"
-    problems = []
-    try:
-        rollout.kubectl(
-            "delete the Job",
-            f"delete job,configmap,secret,role,rolebinding -l {selector} --ignore-not-found",
-        )
-    except RolloutError as exc:
-        problems.append(
-            f"{exc}; delete them by hand: kubectl -n {rollout.namespace} delete ... -l {selector}"
-        )
+    problems = rollout.delete_objects("job,configmap,secret,role,rolebinding")
     if rollout.token:
         token_id = rollout.token.split(".")[0]
         result = rollout.runner(
@@ -449,5 +367,4 @@ def delete(rollout: Rollout) -> None:
                 f"the join token {token_id} was not deleted on {rollout.control_plane} "
                 f"(it expires by its TTL): {result.last_line()}"
             )
-    target = rollout.report.notes if rollout.report is not None else rollout.notes
-    target.extend(problems)
+    rollout.add_notes(problems)

@@ -19,7 +19,6 @@ import hashlib
 import json
 import os
 import resource
-import shutil
 import signal
 import sys
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import IO
 
 from engine.fingerprint.check import KEEPALIVE_S, Asking
+from engine.incluster import TERMINATED, copy_key
 from toolkit import driftprobe
 
 SHEET_FORMAT = 1  # bump when the sheet or the report changes: a skewed pod exits 2
@@ -46,11 +46,9 @@ MEMORY_PEAK_FILES = (
 )
 
 MATCHED, UNSETTLED, SSH = "matched", "unsettled", "ssh"
-# A shard stopped before it reported (its pod deleted, evicted or drained): the exit code a
-# shell gives a process ended by SIGTERM, so the Job counts the pod failed and starts the shard
-# again. The pod's process is its PID 1, which the kernel spares a SIGTERM it has no handler for:
-# without one the shard would finish, report and succeed after its pod was deleted.
-TERMINATED = 128 + signal.SIGTERM
+# A shard stopped before it reported exits TERMINATED. The pod's process is its PID 1, which the
+# kernel spares a SIGTERM it has no handler for: without one the shard would finish, report and
+# succeed after its pod was deleted.
 
 
 class Terminated(Exception):
@@ -206,17 +204,6 @@ def _usage(started: float | None = None, peak_files: tuple[str, ...] = MEMORY_PE
     return usage
 
 
-def private_key_copy(source: Path, folder: Path) -> Path:
-    """The Secret's key, copied 0400 into the pod's memory: the mount is group-readable
-    (fsGroup), which ssh refuses."""
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    target = folder / "id_ed25519"
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o400)
-    with os.fdopen(fd, "wb") as out, source.open("rb") as key:
-        shutil.copyfileobj(key, out)
-    return target
-
-
 def run_shard(
     index: int,
     folder: Path = Path(DATA_DIR),
@@ -230,7 +217,8 @@ def run_shard(
     started = time.monotonic()
     try:
         sheet = read_sheet(folder, index)
-        key = private_key_copy(key_source, run_dir)
+        key = run_dir / "id_ed25519"
+        copy_key(key_source, key)
     except (ShardInputError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

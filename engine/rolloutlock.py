@@ -6,21 +6,15 @@ admin.conf, only when the inventory enables the rollout Job.
 
 from __future__ import annotations
 
-import shlex
 import time
 from pathlib import Path
 
 from engine import fleetgate
 from engine.applylock import LockHeld
+from engine.incluster import remote_kubectl
 from inventory.model import LoadedCluster
 from toolkit.remote import RemoteRunner, run_remote
 from toolkit.spec import settings_of
-
-# The kubernetes role's admin kubeconfig on cp-1 (roles/kubernetes/files.py ADMIN_CONF; the
-# engine reaches roles only through the registry; tests/unit/test_rollout_job.py keeps them
-# equal), and kubectl as the day-2 flows run it (day2/kubernetes.py KUBECTL).
-ADMIN_CONF = "/etc/kubernetes/admin.conf"
-KUBECTL = f"kubectl --kubeconfig {ADMIN_CONF} --request-timeout=30s"
 
 
 def fleet_config(loaded: LoadedCluster):
@@ -39,18 +33,6 @@ class RolloutHoldsLock(LockHeld):
 
 def ledger_name(cluster: str) -> str:
     return f"gpuinfra-rollout-{cluster}"
-
-
-def remote_kubectl(loaded: LoadedCluster, host: str, namespace: str, runner: RemoteRunner):
-    """kubectl on `host` with admin.conf, as `fleetgate.KubectlApi` calls it."""
-
-    def call(command: str, stdin: bytes | None) -> tuple[int, str, str]:
-        full = f"{KUBECTL} -n {shlex.quote(namespace)} {command}"
-        extra = {"stdin": stdin} if stdin is not None else {}
-        result = runner(loaded, host, full, timeout=120, **extra)
-        return result.exit_code, result.stdout, result.stderr
-
-    return call
 
 
 def _api(loaded: LoadedCluster, runner: RemoteRunner) -> fleetgate.KubectlApi | None:

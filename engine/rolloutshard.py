@@ -18,13 +18,13 @@ import sys
 from pathlib import Path
 
 from engine import fleetgate
+from engine.incluster import TERMINATED, copy_key
 
 SETTINGS = "settings.json"
 SETTINGS_FORMAT = 1  # day2/rolloutjob.py writes it
 # day2/rolloutjob.py MOUNTED_KEY and POD_KEY: the Secret's file, and its 0400 copy in memory.
 MOUNTED_KEY = Path("/etc/gpuinfra/rollout-key/id_ed25519")
 POD_KEY = Path("/run/gpuinfra/id_ed25519")
-TERMINATED = 128 + signal.SIGTERM
 
 
 class ShardInputError(Exception):
@@ -87,16 +87,6 @@ def main(cluster_file: Path, api: fleetgate.LedgerApi | None = None, environ=os.
         return 1
     print(json.dumps({"run": settings["run"], "shard": index, "pod": pod, "hosts": report}))
     return 0
-
-
-def copy_key(source: Path, target: Path) -> None:
-    """The key where the inventory names it, 0400 from its first byte (ssh and the inventory's
-    check refuse one its group may read, as the Secret's mount is)."""
-    data = source.read_bytes()
-    target.unlink(missing_ok=True)
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
-    with os.fdopen(fd, "wb") as out:
-        out.write(data)
 
 
 def run_shard(

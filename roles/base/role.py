@@ -8,6 +8,7 @@ from inventory.model import Cluster, LoadedCluster
 from inventory.topology import FirewallRule, collapse_sources
 from roles.base.config import BaseConfig
 from toolkit.spec import Phase, Role, lazy
+from toolkit.ssh import ssh_settings
 
 
 def bastion_address(cluster: Cluster) -> list[str]:
@@ -32,7 +33,8 @@ def ports(loaded: LoadedCluster) -> dict[str, list[FirewallRule]]:
     clients = collapse_sources(
         [str(cluster.networks.node), *map(str, cluster.networks.admin), *bastion_address(cluster)]
     )
-    return {"all": [FirewallRule("SSH from admin networks", cluster.ssh.port, "tcp", clients)]}
+    port = ssh_settings(loaded).port
+    return {"all": [FirewallRule("SSH from admin networks", port, "tcp", clients)]}
 
 
 ROLE = Role(

@@ -15,6 +15,7 @@ from pyinfra.operations import files
 from roles.drift_job.config import DriftJobConfig
 from roles.drift_job.files import (
     FORCED_COMMAND,
+    KEY,
     KEYS_FILE,
     SSHD_DROPIN,
     managed_files,
@@ -24,7 +25,7 @@ from roles.drift_job.role import fleet_config
 from toolkit import driftprobe
 from toolkit.effective import nothing_overrides
 from toolkit.facts import Account
-from toolkit.operations import put_file, reload_sshd
+from toolkit.operations import reload_sshd
 from toolkit.spec import HostContext
 
 # The login shell runs the forced command (`sh -c`); "*" in shadow: no password ever matches,
@@ -43,9 +44,7 @@ def apply(ctx: HostContext) -> None:
         return  # no operation and no fact: the hosts' drift probes stay as they were
     drift_account(name=f"Add the {cfg.user} user", user=cfg.user)
     managed = managed_files(ctx)
-    written = {f.path: put_file(f) for f in managed}
-    dropin = written[SSHD_DROPIN]
-    reload_sshd(name="Reload sshd", _if=dropin.did_change)
+    dropin = KEY.put_files(managed)[SSHD_DROPIN]
     source = one_source(ctx)
     # Right after the reload, in this apply: what sshd now does for the drift user.
     effective_now(

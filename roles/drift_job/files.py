@@ -4,14 +4,13 @@ drop-in, sudoers rule and wrapper; and the older manifest rendered into OUT/_clu
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 from inventory.model import LoadedCluster
 from roles.drift_job.config import DriftJobConfig
 from roles.drift_job.role import fleet_config
-from toolkit import driftprobe, nodes, sshkeys
+from toolkit import driftprobe, sshkeys
+from toolkit.jobs import JobKey
 from toolkit.spec import HostContext, ManagedFile
-from toolkit.statefiles import kept_secret
 from toolkit.templates import render_template
 
 KEYS_FILE = "/etc/ssh/gpuinfra-drift.keys"
@@ -19,6 +18,7 @@ SSHD_DROPIN = "/etc/ssh/sshd_config.d/60-gpuinfra-drift.conf"
 SUDOERS = "/etc/sudoers.d/gpuinfra-drift"
 # Under .state/: the key the Job's pods log in with (0600, kept like every state secret).
 STATE_KEY = "drift/id_ed25519"
+KEY = JobKey("drift_job", STATE_KEY, "gpuinfra-drift", KEYS_FILE, SSHD_DROPIN)
 FORCED_COMMAND = f"sudo -n {driftprobe.WRAPPER}"
 
 MANIFEST = "drift-job/drift-job.yaml"  # not under kubernetes/: applied by hand, with its inputs
@@ -47,22 +47,6 @@ def cluster_files(loaded: LoadedCluster) -> dict[str, str]:
 
 
 # -- the forced-command user's files on every host (enabled) ----------------------------------
-
-
-def private_key(state_dir: Path, access: str) -> str:
-    """The drift key (OpenSSH format): made by the first enabled apply, kept 0600 in .state/."""
-
-    return kept_secret(state_dir, STATE_KEY, sshkeys.new_ed25519, access)
-
-
-def key_sources(loaded: LoadedCluster, cfg: DriftJobConfig) -> tuple[str, ...]:
-    return sshkeys.key_sources(loaded, cfg.nodes, cfg.sources)
-
-
-def keys_line(loaded: LoadedCluster, cfg: DriftJobConfig) -> str:
-    sources = ",".join(key_sources(loaded, cfg))
-    key = sshkeys.public_key(private_key(loaded.state_dir, loaded.state_access))
-    return f'restrict,from="{sources}" {key} gpuinfra-drift@{loaded.cluster.name}\n'
 
 
 def sshd_dropin(cfg: DriftJobConfig) -> str:
@@ -95,8 +79,7 @@ def managed_files(ctx: HostContext) -> list[ManagedFile]:
     if not cfg.enabled:
         return []
     return [
-        ManagedFile("drift_job", KEYS_FILE, keys_line(ctx.loaded, cfg)),
-        ManagedFile("drift_job", SSHD_DROPIN, sshd_dropin(cfg), check=SSHD_CHECK),
+        *KEY.login_files(ctx.loaded, cfg, sshd_dropin(cfg)),
         ManagedFile("drift_job", SUDOERS, sudoers(cfg), mode="0440", check="visudo -cf {path}"),
         ManagedFile("drift_job", driftprobe.WRAPPER, driftprobe.wrapper_text(), mode="0755"),
     ]
@@ -105,42 +88,3 @@ def managed_files(ctx: HostContext) -> list[ManagedFile]:
 def removed_paths() -> tuple[str, ...]:
     """What `remove` deletes: every file above (the probe folder separately)."""
     return (SSHD_DROPIN, SUDOERS, KEYS_FILE, driftprobe.WRAPPER)
-
-
-CONTROL_PLANE_TAINT = "node-role.kubernetes.io/control-plane"
-
-
-def job_tolerations(loaded: LoadedCluster, cfg: DriftJobConfig) -> list[dict[str, str]]:
-    """Exactly the taints the fleet-ops nodes register with, as the kubernetes role registers
-    them (roles/kubernetes/files.py `registration_taints`, by the groups and toolkit/nodes.py):
-    GPU workers the preflight taint, a team's nodes the team's, control-plane nodes with
-    neither kubeadm's own. Nothing broader (no operator Exists without a key)."""
-    found: dict[tuple[str, str], dict[str, str]] = {}
-    for node in cfg.nodes:
-        groups = loaded.cluster.hosts[node].groups
-        taints = []
-        if "gpu_worker" in groups:
-            taints.append(
-                (
-                    nodes.PREFLIGHT_TAINT_KEY,
-                    nodes.PREFLIGHT_TAINT_VALUE,
-                    nodes.PREFLIGHT_TAINT_EFFECT,
-                )
-            )
-        team = nodes.team_of(loaded.cluster, node)
-        if team is not None:
-            taints.append((nodes.TEAM_TAINT_KEY, team, nodes.TEAM_TAINT_EFFECT))
-        if not taints and "control_plane" in groups:
-            found[(CONTROL_PLANE_TAINT, "")] = {
-                "key": CONTROL_PLANE_TAINT,
-                "operator": "Exists",
-                "effect": "NoSchedule",
-            }
-        for key, value, effect in taints:
-            found[(key, value)] = {
-                "key": key,
-                "operator": "Equal",
-                "value": value,
-                "effect": effect,
-            }
-    return list(found.values())

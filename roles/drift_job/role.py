@@ -8,12 +8,10 @@ from collections.abc import Iterator
 from inventory.model import Cluster, LoadedCluster
 from inventory.topology import FirewallRule, collapse_sources, host_rules_key
 from roles.drift_job.config import DriftJobConfig
-from toolkit import nodes
+from toolkit import jobs, nodes
 from toolkit.spec import HostSettings, Phase, Role, lazy, settings_of
+from toolkit.ssh import ssh_settings
 from toolkit.sshkeys import pod_sources
-
-# The Kubernetes nodes (the kubernetes role's groups): the Job's pods run on these only.
-NODE_GROUPS = ("control_plane", "gpu_worker", "cpu_worker")
 
 
 def fleet_config(loaded: LoadedCluster) -> DriftJobConfig:
@@ -23,7 +21,7 @@ def fleet_config(loaded: LoadedCluster) -> DriftJobConfig:
 
 
 def cluster_config(cluster: Cluster) -> DriftJobConfig:
-    return DriftJobConfig.model_validate(cluster.group_vars.get("all", {}).get("drift_job", {}))
+    return jobs.fleet_settings(cluster, "drift_job", DriftJobConfig)
 
 
 def phase_on(cluster: Cluster) -> bool:
@@ -44,7 +42,7 @@ def ports(loaded: LoadedCluster) -> dict[str, list[FirewallRule]]:
         host_rules_key(node): [
             FirewallRule(
                 "SSH from this node's drift Job pods",
-                cluster.ssh.port,
+                ssh_settings(loaded).port,
                 "tcp",
                 collapse_sources(
                     pod_sources(cluster, node, settings_of(loaded, node, "kubernetes"))
@@ -59,17 +57,8 @@ def checks(loaded: LoadedCluster, settings: HostSettings) -> Iterator[tuple[str,
     """The Job is one object for the fleet: its settings only in group_vars.all; its nodes are
     Kubernetes nodes; under "routes" the pods' traffic must be masqueraded."""
     cluster = loaded.cluster
-    for group, values in cluster.group_vars.items():
-        if group != "all" and "drift_job" in values:
-            yield (f"group_vars.{group}.drift_job", "set drift_job in group_vars.all only")
-    for name, host in cluster.hosts.items():
-        if "drift_job" in host.vars:
-            yield (f"hosts.{name}.vars.drift_job", "set drift_job in group_vars.all only")
-    try:
-        cfg = fleet_config(loaded)
-    except ValueError:
-        return  # the settings' own validation names the key
-    if not cfg.enabled:
+    cfg = yield from jobs.enabled_settings(cluster, "drift_job", DriftJobConfig)
+    if cfg is None:
         return
     if cfg.remove:
         yield ("group_vars.all.drift_job.remove", "remove: true needs enabled: false")
@@ -81,12 +70,9 @@ def checks(loaded: LoadedCluster, settings: HostSettings) -> Iterator[tuple[str,
             "its nodes' addresses in sources)",
         )
     for node in cfg.nodes:
-        host = cluster.hosts.get(node)
-        if host is None or not any(group in NODE_GROUPS for group in host.groups):
-            yield (
-                "group_vars.all.drift_job.nodes",
-                f"{node} is not a Kubernetes node of this inventory ({', '.join(NODE_GROUPS)})",
-            )
+        problem = jobs.not_a_node(cluster, "drift_job", node)
+        if problem is not None:
+            yield problem
             continue
         team = nodes.team_of(cluster, node)
         if team is not None and cfg.namespace not in nodes.team_namespaces(cluster, team):

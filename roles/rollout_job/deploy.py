@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from pyinfra.api import deploy
 
-from roles.rollout_job.files import SSHD_DROPIN, managed_files
+from roles.rollout_job.files import KEY, managed_files
 from roles.rollout_job.role import fleet_config
-from toolkit.operations import put_file, reload_sshd
 from toolkit.spec import HostContext
 
 
@@ -15,5 +14,4 @@ from toolkit.spec import HostContext
 def apply(ctx: HostContext) -> None:
     if not fleet_config(ctx.loaded).enabled:
         return
-    written = {f.path: put_file(f) for f in managed_files(ctx)}
-    reload_sshd(name="Reload sshd", _if=written[SSHD_DROPIN].did_change)
+    KEY.put_files(managed_files(ctx))

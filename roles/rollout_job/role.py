@@ -7,13 +7,13 @@ from collections.abc import Iterator
 
 from inventory.model import Cluster, LoadedCluster
 from roles.rollout_job.config import RolloutJobConfig
+from toolkit import jobs
 from toolkit.spec import HostSettings, Phase, Role, lazy
 
 # The groups a rollout may reach: the batch-policy Kubernetes nodes. The rest (etcd, control
 # plane, load balancers, DNS) roll one at a time or together, which a Job's shards cannot
 # coordinate: `apply --job` refuses them (day2/rolloutjob.py).
 WORKER_GROUPS = ("gpu_worker", "cpu_worker")
-NODE_GROUPS = ("control_plane", "gpu_worker", "cpu_worker")
 
 
 def fleet_config(loaded: LoadedCluster) -> RolloutJobConfig:
@@ -21,34 +21,22 @@ def fleet_config(loaded: LoadedCluster) -> RolloutJobConfig:
 
 
 def cluster_config(cluster: Cluster) -> RolloutJobConfig:
-    return RolloutJobConfig.model_validate(cluster.group_vars.get("all", {}).get("rollout_job", {}))
+    return jobs.fleet_settings(cluster, "rollout_job", RolloutJobConfig)
 
 
 def checks(loaded: LoadedCluster, settings: HostSettings) -> Iterator[tuple[str, str]]:
     """One object for the fleet: settings only in group_vars.all; its nodes are Kubernetes
     nodes."""
     cluster = loaded.cluster
-    for group, values in cluster.group_vars.items():
-        if group != "all" and "rollout_job" in values:
-            yield (f"group_vars.{group}.rollout_job", "set rollout_job in group_vars.all only")
-    for name, host in cluster.hosts.items():
-        if "rollout_job" in host.vars:
-            yield (f"hosts.{name}.vars.rollout_job", "set rollout_job in group_vars.all only")
-    try:
-        cfg = fleet_config(loaded)
-    except ValueError:
-        return  # the settings' own validation names the key
-    if not cfg.enabled:
+    cfg = yield from jobs.enabled_settings(cluster, "rollout_job", RolloutJobConfig)
+    if cfg is None:
         return
     if not cfg.nodes:
         yield ("group_vars.all.rollout_job.nodes", "name the Kubernetes nodes the Job runs on")
     for node in cfg.nodes:
-        host = cluster.hosts.get(node)
-        if host is None or not any(group in NODE_GROUPS for group in host.groups):
-            yield (
-                "group_vars.all.rollout_job.nodes",
-                f"{node} is not a Kubernetes node of this inventory ({', '.join(NODE_GROUPS)})",
-            )
+        problem = jobs.not_a_node(cluster, "rollout_job", node)
+        if problem is not None:
+            yield problem
     if cluster.ssh.bastion:
         yield ("group_vars.all.rollout_job.enabled", "the Job's pods cannot use ssh.bastion")
 

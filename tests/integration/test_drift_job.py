@@ -16,7 +16,6 @@ import os
 import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import yaml
@@ -25,8 +24,9 @@ from cli.exitcodes import ExitCode
 from lab import lifecycle
 from roles.drift_job.files import SSHD_DROPIN
 from tests.helpers import GPUINFRA
+from tests.integration.jobs_helpers import job_lab
 from tests.integration.roles_helpers import gpuinfra
-from tests.integration.test_kubernetes import LAB_NAME, Cluster, applied_lab, lab_inventory
+from tests.integration.test_kubernetes import LAB_NAME, Cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.fleetjob]
 
@@ -37,26 +37,9 @@ JOB = "gpuinfra-drift-{cluster}"
 SSHD_GLOBALS = ("passwordauthentication", "permitrootlogin", "x11forwarding", "port")
 
 
-def job_inventory(path: Path) -> None:
-    lab_inventory(path)
-    data = yaml.safe_load(path.read_text())
-    everyone = data["group_vars"]["all"]
-    image = everyone["gpu_health"]["image"]  # the lab's gpuinfra image, built from this checkout
-    everyone["drift_job"] = {
-        "enabled": True,
-        "nodes": [NODE],
-        "image": image,
-        "cpu": "100m",
-        "parallel": 16,
-    }
-    everyone["kubernetes"]["routes_nat_outgoing"] = True
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Iterator[Cluster]:
-    report = tmp_path_factory.mktemp("fleetjob") / "apply.json"
-    yield from applied_lab(JOB_LAB, report, prepare=job_inventory)
+    yield from job_lab(tmp_path_factory, JOB_LAB, "drift_job", NODE, parallel=16)
 
 
 def drift(cluster: Cluster, *extra: str) -> tuple[int, dict]:

@@ -19,21 +19,14 @@ import subprocess
 import time
 from collections.abc import Iterator
 from itertools import pairwise
-from pathlib import Path
 
 import pytest
-import yaml
 
 from cli.exitcodes import ExitCode
 from tests.helpers import GPUINFRA
+from tests.integration.jobs_helpers import job_lab
 from tests.integration.roles_helpers import gpuinfra
-from tests.integration.test_kubernetes import (
-    LAB_NAME,
-    WORKERS,
-    Cluster,
-    applied_lab,
-    lab_inventory,
-)
+from tests.integration.test_kubernetes import LAB_NAME, WORKERS, Cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.fleetjob]
 
@@ -46,28 +39,17 @@ SESSION_SLACK_US = 2_000_000
 APPLY_JOB = ("--job", "--shards", "2", "--limit", "gpu_worker,cpu_worker", "--roles", "kubernetes")
 
 
-def rollout_inventory(path: Path) -> None:
-    lab_inventory(path)
-    data = yaml.safe_load(path.read_text())
-    everyone = data["group_vars"]["all"]
-    image = everyone["gpu_health"]["image"]  # the lab's gpuinfra image, built from this checkout
-    everyone["rollout_job"] = {
-        "enabled": True,
-        "nodes": [NODE],
-        "image": image,
-        "cpu": "100m",
-        "shards": 2,
-        "budget": 1,
-        "deadline_seconds": 1800,
-    }
-    everyone["kubernetes"]["routes_nat_outgoing"] = True
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Iterator[Cluster]:
-    report = tmp_path_factory.mktemp("rollout") / "apply.json"
-    yield from applied_lab(ROLLOUT_LAB, report, prepare=rollout_inventory)
+    yield from job_lab(
+        tmp_path_factory,
+        ROLLOUT_LAB,
+        "rollout_job",
+        NODE,
+        shards=2,
+        budget=1,
+        deadline_seconds=1800,
+    )
 
 
 def remove_workers(cluster: Cluster) -> None:

@@ -19,6 +19,7 @@ from roles.drift_job.role import ports
 from tests.helpers import files_of
 from tests.unit.conftest import SAMPLE
 from toolkit import driftprobe
+from toolkit import operations as toolkit_operations
 
 ENABLED = {"enabled": True, "nodes": ["cpu-1"]}
 
@@ -133,10 +134,13 @@ def test_the_effective_check_runs_after_the_reload_in_the_same_apply(
             return True
 
     monkeypatch.setattr(
-        drift_deploy, "put_file", lambda f: calls.append(("put", {})) or Meta(f.path)
+        toolkit_operations, "put_file", lambda f: calls.append(("put", {})) or Meta(f.path)
     )
-    for name in ("drift_account", "reload_sshd", "effective_now"):
+    for name in ("drift_account", "effective_now"):
         monkeypatch.setattr(drift_deploy, name, lambda _n=name, **kw: calls.append((_n, kw)))
+    monkeypatch.setattr(
+        toolkit_operations, "reload_sshd", lambda **kw: calls.append(("reload_sshd", kw))
+    )
     monkeypatch.setattr(drift_deploy, "nothing_overrides", lambda *a: calls.append(("facts", {})))
     with ctx_host.use(Facts({})):
         drift_deploy.apply.__wrapped__(ctx)
@@ -216,8 +220,10 @@ def test_without_the_job_no_host_gets_a_file_a_rule_or_an_operation(monkeypatch)
         def noop(self, message):
             asked.append(message)
 
-    for name in ("drift_account", "put_file", "reload_sshd", "effective_now", "removed"):
+    for name in ("drift_account", "reload_sshd", "effective_now", "removed"):
         monkeypatch.setattr(drift_deploy, name, lambda *a, _n=name, **k: asked.append(_n))
+    for name in ("put_file", "reload_sshd"):
+        monkeypatch.setattr(toolkit_operations, name, lambda *a, _n=name, **k: asked.append(_n))
     for name in loaded.cluster.hosts:
         ctx = host_context(loaded, name)
         assert managed_files(ctx) == []

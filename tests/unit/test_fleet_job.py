@@ -24,20 +24,20 @@ from cli.output import exit_code
 from day2 import fleetjob
 from day2.fleetjob import (
     FleetJobBusy,
-    FleetJobError,
-    FleetJobRefused,
     JobRun,
     fleet_drift,
     known_hosts_for,
 )
+from day2.jobs import JobError, JobRefused
 from engine import fingerprint
 from engine import fleetshard as shard_io
 from engine.context import load
 from engine.drift import drift as local_drift
 from engine.reports import HostReport, HostStatus, Mode, RunOptions, RunReport
-from roles.drift_job.files import job_tolerations, private_key
+from roles.drift_job.files import KEY
 from roles.drift_job.role import fleet_config
 from toolkit import driftprobe
+from toolkit.jobs import job_tolerations
 from toolkit.remote import RemoteResult
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,7 +56,7 @@ def job_cluster(small_cluster, write_cluster, tmp_path: Path, **job) -> Any:
         "all": {"drift_job": {"enabled": True, "nodes": ["cpu-1"], **job}}
     }
     loaded = load(write_cluster(small_cluster))
-    private_key(loaded.state_dir, "create")  # the apply made it: part of the state's digest
+    KEY.private_key(loaded.state_dir, "create")  # the apply made it: part of the state's digest
     return loaded
 
 
@@ -272,7 +272,7 @@ def test_a_report_whose_sha256_is_not_its_pods_is_refused(loaded):
 @pytest.mark.parametrize("word", ["get job gpuinfra-drift-small -o", "get pods", "apply -f -"])
 def test_a_failed_kubectl_names_its_step(loaded, word):
     kubectl = Kubectl(fail=word)
-    with pytest.raises(FleetJobError) as raised:
+    with pytest.raises(JobError) as raised:
         fleet_drift(job_run(loaded, kubectl, Exact()))
     assert str(raised.value).startswith("step ")
     assert "kubectl on cp-1 failed" in str(raised.value)
@@ -280,7 +280,7 @@ def test_a_failed_kubectl_names_its_step(loaded, word):
 
 
 def test_a_failed_kubectl_logs_names_the_shard(loaded):
-    with pytest.raises(FleetJobError) as raised:
+    with pytest.raises(JobError) as raised:
         fleet_drift(job_run(loaded, Kubectl(fail=" logs "), Exact()))
     assert "step collect: collect: kubectl logs of shard 0/2 (pod gpuinfra-drift-small-0" in str(
         raised.value
@@ -369,7 +369,7 @@ def test_each_shard_gets_only_its_own_hosts_keys(loaded):
 
 def test_a_shard_over_the_object_limit_is_refused_naming_it(loaded, monkeypatch):
     monkeypatch.setattr(fleetjob, "OBJECT_LIMIT", 3000)
-    with pytest.raises(FleetJobRefused) as raised:
+    with pytest.raises(JobRefused) as raised:
         fleet_drift(job_run(loaded, Kubectl(), Exact(), count=1))
     text = str(raised.value)
     assert text.startswith("shard 0/1: its ConfigMap would hold ")
@@ -545,7 +545,7 @@ def test_a_teams_node_outside_the_teams_namespaces_is_refused(small_cluster, wri
 def test_a_refused_sheet_touches_nothing_in_the_cluster(loaded, monkeypatch):
     monkeypatch.setattr(fleetjob, "OBJECT_LIMIT", 3000)
     kubectl = Kubectl()
-    with pytest.raises(FleetJobRefused):
+    with pytest.raises(JobRefused):
         fleet_drift(job_run(loaded, kubectl, Exact(), count=1))
     assert kubectl.commands == []
 
@@ -651,7 +651,7 @@ def test_a_job_cluster_runs_the_pods_for_another_inventorys_hosts(fleet_and_ops)
     # The checked inventory's hosts, key and name.
     assert job["metadata"]["name"] == "gpuinfra-drift-small"
     secret = next(d for d in kubectl.manifest if d["kind"] == "Secret")
-    key = private_key(fleet.state_dir, "existing")
+    key = KEY.private_key(fleet.state_dir, "existing")
     assert base64.b64decode(secret["data"]["id_ed25519"]).decode().strip() == key.strip()
 
 
@@ -665,7 +665,7 @@ def test_each_shards_usage_is_a_note_the_benchmark_reads_back(loaded):
 
 def test_without_nodes_the_job_needs_a_job_cluster(fleet_and_ops):
     fleet, _ = fleet_and_ops
-    with pytest.raises(FleetJobRefused) as raised:
+    with pytest.raises(JobRefused) as raised:
         fleet_drift(job_run(fleet, Kubectl(), Exact()))
     assert "--job-cluster" in str(raised.value)
 
@@ -704,9 +704,7 @@ def test_empty_nodes_validate_only_with_sources(small_cluster, write_cluster, tm
     assert "name the Kubernetes nodes the Job runs on" in str(raised.value)
     small_cluster["group_vars"]["all"]["drift_job"]["sources"] = ["192.0.2.1/32"]
     loaded = load(write_cluster(small_cluster))
-    from roles.drift_job.files import key_sources
-
-    assert key_sources(loaded, fleet_config(loaded)) == ("192.0.2.1",)
+    assert KEY.key_sources(loaded, fleet_config(loaded)) == ("192.0.2.1",)
 
 
 def test_a_shard_reports_its_seconds_and_its_cgroups_memory_peak(tmp_path):
@@ -771,7 +769,7 @@ def test_an_ended_or_abandoned_job_is_replaced(loaded, job):
 
 def test_a_failed_look_for_a_running_job_deletes_nothing(loaded):
     kubectl = Kubectl(fail="--ignore-not-found -o json")
-    with pytest.raises(FleetJobError, match="look for a running Job"):
+    with pytest.raises(JobError, match="look for a running Job"):
         fleet_drift(job_run(loaded, kubectl, Exact()))
     assert not any(" delete " in c for c in kubectl.commands), kubectl.commands
 

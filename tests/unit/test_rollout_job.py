@@ -21,12 +21,12 @@ from typer.testing import CliRunner
 from cli.main import app
 from day2 import rolloutjob
 from day2.rolloutjob import Rollout, check_options
-from engine import fleetgate, rolloutlock, runner
+from engine import fleetgate, incluster, rolloutlock, runner
 from engine.context import host_contexts, host_files, load
 from engine.fleetgate import Ledger, LedgerGate, ShardProgress, resume, swap
 from engine.reports import HostReport, HostStatus, Mode, RunOptions
 from inventory.model import StateAccess
-from roles.rollout_job.files import KEYS_FILE, STATE_KEY, private_key
+from roles.rollout_job.files import KEY, KEYS_FILE, STATE_KEY
 from toolkit.pacing import Pacer, Rate, SlotPacer
 from toolkit.remote import RemoteResult
 from toolkit.statefiles import StateMissing
@@ -487,8 +487,8 @@ def test_the_rollout_key_is_0600_in_a_0700_folder_from_creation(
 ):
     loaded = load(rollout_cluster(small_cluster, write_cluster, tmp_path))
     with pytest.raises(StateMissing):
-        private_key(loaded.state_dir, StateAccess.existing)  # never made by a read
-    private_key(loaded.state_dir, StateAccess.create)
+        KEY.private_key(loaded.state_dir, StateAccess.existing)  # never made by a read
+    KEY.private_key(loaded.state_dir, StateAccess.create)
     path = loaded.state_dir / STATE_KEY
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
@@ -498,7 +498,7 @@ def test_only_the_worker_groups_admit_the_key_with_restrict_and_from(
     small_cluster, write_cluster, tmp_path
 ):
     loaded = load(rollout_cluster(small_cluster, write_cluster, tmp_path))
-    private_key(loaded.state_dir, StateAccess.create)
+    KEY.private_key(loaded.state_dir, StateAccess.create)
     files = {ctx.name: {f.path: f for f in host_files(ctx)} for ctx in host_contexts(loaded)}
     holders = sorted(name for name, found in files.items() if KEYS_FILE in found)
     assert holders == ["cpu-1", "gpu-1"]
@@ -595,7 +595,7 @@ def test_the_flow_publishes_a_manifest_without_state_and_keeps_secrets_off_comma
     small_cluster, write_cluster, tmp_path
 ):
     loaded = load(rollout_cluster(small_cluster, write_cluster, tmp_path))
-    key = private_key(loaded.state_dir, StateAccess.create)
+    key = KEY.private_key(loaded.state_dir, StateAccess.create)
     kubectl = Kubectl({"gpu-1": "failed"})
     rollout = Rollout(
         loaded,
@@ -769,7 +769,7 @@ def test_the_engine_names_the_kubernetes_roles_admin_kubeconfig():
     from day2.kubernetes import KUBECTL
     from roles.kubernetes.files import ADMIN_CONF
 
-    assert rolloutlock.ADMIN_CONF == ADMIN_CONF and rolloutlock.KUBECTL == KUBECTL
+    assert incluster.ADMIN_CONF == ADMIN_CONF and incluster.KUBECTL == KUBECTL
 
 
 def test_swap_gives_up_after_too_many_conflicts():

@@ -1,16 +1,22 @@
 """The monitoring role on the default lab: node exporter on every host, Prometheus on mon-1
-scraping them all, its rules loaded, and alerts firing from real conditions (a powered-off host,
-a GPU health textfile written the way `gpuinfra health` writes it)."""
+scraping them all, its rules loaded, alerts firing from real conditions (a powered-off host,
+a GPU health textfile written the way `gpuinfra health` writes it), and Alertmanager delivering
+an alert to a webhook, firing then resolved."""
 
 from __future__ import annotations
 
 import json
 import shlex
+import threading
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+import yaml
 
+from lab.state import read_state
 from tests.integration.conftest import LabCluster
 from tests.integration.test_role_loadbalancer import (
     apply_roles,
@@ -65,6 +71,20 @@ def test_prometheus_is_ready(converged):
 def test_live_config_and_rules_pass_promtool(converged):
     converged.ssh(PROMETHEUS_HOST, "promtool check config /etc/prometheus/prometheus.yml")
     converged.ssh(PROMETHEUS_HOST, "promtool check rules /etc/prometheus/gpuinfra-alerts.yml")
+    converged.ssh(PROMETHEUS_HOST, "amtool check-config /etc/prometheus/alertmanager.yml")
+
+
+def test_alertmanager_is_ready_and_prometheus_sends_to_it(converged):
+    lab = converged
+    lab.ssh(PROMETHEUS_HOST, "curl -fsS http://127.0.0.1:9093/-/ready")
+    eventually(
+        lambda: [
+            am["url"]
+            for am in api(lab, "alertmanagers")["activeAlertmanagers"]
+            if am["url"].startswith("http://127.0.0.1:9093/")
+        ],
+        "Prometheus sends to the Alertmanager on its host",
+    )
 
 
 def test_every_node_exporter_is_up(converged):
@@ -131,3 +151,79 @@ def test_a_powered_off_host_is_down_and_node_down_pends(converged):
         start = gpuinfra("lab", "start", host, "--name", lab.name)
         assert start.returncode == 0, start.stderr
     eventually(lambda: node_targets(lab).get(host) == "up", f"{host} up again", seconds=120)
+
+
+@contextmanager
+def webhook_receiver(address: str) -> Iterator[tuple[str, list[dict]]]:
+    """An HTTP server on the lab's gateway address (lab hosts reach the machine there) that
+    keeps every JSON body POSTed to it: the receiver an operator's pager would be."""
+    received: list[dict] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            length = int(self.headers.get("Content-Length", 0))
+            received.append(json.loads(self.rfile.read(length)))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer((address, 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://{address}:{server.server_address[1]}/alerts", received
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def delivered(received: list[dict], alertname: str, host: str) -> list[str]:
+    """The statuses Alertmanager delivered for one alert of one host, in order."""
+    return [
+        alert["status"]
+        for body in list(received)
+        for alert in body.get("alerts", [])
+        if alert["labels"].get("alertname") == alertname and alert["labels"].get("host") == host
+    ]
+
+
+def test_an_alert_reaches_the_webhook_firing_then_resolved(converged):
+    """mon-1's Alertmanager routes to a webhook (monitoring.alert_webhooks, Alertmanager's
+    grouping shortened for the test): a failed GPU verdict on gpu-1 is delivered firing, and
+    resolved once the verdict is gone. The inventory and mon-1 are put back afterwards."""
+    lab = converged
+    gateway = str(read_state(lab.name).gateway)
+    textfile = "/var/lib/prometheus/node-exporter/gpu_health.prom"
+    metrics = (
+        "# TYPE gpuinfra_gpu_health_verdict gauge\n"
+        'gpuinfra_gpu_health_verdict{backend="integration-test"} 2\n'
+    )
+    original = lab.inventory_path.read_text()
+    with webhook_receiver(gateway) as (url, received):
+        data = yaml.safe_load(original)
+        everyone = data.setdefault("group_vars", {}).setdefault("all", {})
+        everyone.setdefault("monitoring", {}).update(
+            alert_webhooks=[url], alert_group_wait="1s", alert_group_interval="5s"
+        )
+        lab.inventory_path.write_text(yaml.safe_dump(data, sort_keys=False))
+        try:
+            apply_roles(lab, "monitoring")
+            lab.ssh("gpu-1", f"printf %s {shlex.quote(metrics)} > {textfile}")
+            try:
+                eventually(
+                    lambda: "firing" in delivered(received, "GpuHealthFailed", "gpu-1"),
+                    "GpuHealthFailed delivered firing for gpu-1",
+                    seconds=180,
+                )
+            finally:
+                lab.ssh("gpu-1", f"rm -f {textfile}")
+            eventually(
+                lambda: "resolved" in delivered(received, "GpuHealthFailed", "gpu-1"),
+                "GpuHealthFailed delivered resolved for gpu-1",
+                seconds=240,
+            )
+        finally:
+            lab.inventory_path.write_text(original)
+            apply_roles(lab, "monitoring")

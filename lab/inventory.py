@@ -22,6 +22,10 @@ HEADER = """\
 # The key and known_hosts live in the lab's state folder, outside the repository.
 """
 GPU_COMMENT = "# lab host: no GPU inside; the spec only makes it a valid gpu_worker"
+# Debian 13's etcd-server and containerd, what a lab without Kubernetes installs (source:
+# distribution); a lab with Kubernetes runs the versions built here (lab/offline.py).
+DEBIAN_ETCD = "3.5.16"
+DEBIAN_CONTAINERD = "1.7.24"
 
 
 def inventory_data(state: LabState) -> dict[str, Any]:
@@ -73,6 +77,10 @@ def inventory_data(state: LabState) -> dict[str, Any]:
             "kubernetes": _kubernetes_settings(gateway, published),
         }
     }
+    # A lab-only pin: the inventory's defaults (inventory/versions.py) are the versions built
+    # here; a lab without Kubernetes installs Debian 13's packages instead, so it declares
+    # Debian's versions (the roles pin the packages to them).
+    data["versions"] = {"etcd": DEBIAN_ETCD, "containerd": DEBIAN_CONTAINERD}
     if published is not None:
         data["versions"] = {
             "kubernetes": published.kubernetes_version.lstrip("v"),

@@ -12,6 +12,7 @@ from typing import Any
 from inventory.building import RoleChecks, build
 from inventory.errors import InventoryError, InventoryInvalid
 from inventory.model import LoadedCluster
+from inventory.versions import unsupported_kubernetes
 
 # Kubespray and DeepOps group names (both spellings: `-` was renamed to `_` in Kubespray 2.16).
 GROUP_MAP = {
@@ -177,6 +178,11 @@ def import_ansible(
         data["api"] = api
     base_dir = path.parent if path.is_file() else path
     loaded = build(data, source=path, base_dir=base_dir, role_checks=role_checks)
+    unsupported = unsupported_kubernetes(loaded.cluster.versions.kubernetes)
+    if unsupported:
+        # Written as imported (the file says what the cluster runs), but said now, in one
+        # line, rather than first by `inventory validate`.
+        unmapped.append(f"kube_version {loaded.cluster.versions.kubernetes}: {unsupported}")
     return ImportResult(data=data, loaded=loaded, unmapped=sorted(set(unmapped)))
 
 

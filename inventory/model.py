@@ -10,7 +10,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
-from inventory.versions import KubernetesVersion, check_kubernetes_version
+from inventory.versions import (
+    DEFAULT_CONTAINERD,
+    DEFAULT_ETCD,
+    DEFAULT_KUBERNETES,
+    KubernetesVersion,
+    check_kubernetes_version,
+)
 
 # The groups a host can belong to, and what each one means. Documented in docs/inventory.md too.
 # `Group` below spells the same names for type checkers, in the same order (pydantic's error
@@ -58,9 +64,10 @@ class Strict(BaseModel):
 class Versions(Strict):
     """Pinned versions; the NVIDIA stack is checked against each other by the nvidia role."""
 
-    kubernetes: KubernetesVersionText = "1.35.4"
-    etcd: str = "3.5.16"  # Debian 13's etcd-server; upstream 3.5 otherwise
-    containerd: str = "1.7.24"
+    # What the lab builds and runs together; why each, in inventory/versions.py.
+    kubernetes: KubernetesVersionText = DEFAULT_KUBERNETES
+    etcd: str = DEFAULT_ETCD
+    containerd: str = DEFAULT_CONTAINERD
     docker: str = "26.1.5"
     nvidia_driver: str = "550.163.01"
     cuda: str = "12.4"

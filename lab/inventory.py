@@ -22,6 +22,32 @@ HEADER = """\
 # The key and known_hosts live in the lab's state folder, outside the repository.
 """
 GPU_COMMENT = "# lab host: no GPU inside; the spec only makes it a valid gpu_worker"
+# Every setting in which a lab's inventory differs from the sample (hosts, addresses and the
+# SSH key aside), each with why the lab needs it: the sample is what a user copies, so anything
+# else the lab ran would be a difference the user never applied. tests/unit/test_lab_only.py
+# derives the differences and holds them to this list (a key covers the settings under it).
+LAB_ONLY: dict[str, str] = {
+    "os": "lab hosts are systemd-nspawn containers of Debian 13, the machine's own release",
+    "versions.etcd": "Debian 13's etcd-server where the lab runs no Kubernetes (no build)",
+    "versions.containerd": "Debian 13's containerd where the lab runs no Kubernetes (no build)",
+    "group_vars.all.base": "the machine's apt mirror, its address in /etc/hosts (no DNS in "
+    "the hosts) and the lab's apt cache",
+    "group_vars.all.container_runtime": "containerd from this machine's build on the lab's "
+    "file server, the registry mirror, and runc on the machine's cgroup v1 without "
+    "CAP_SYS_RESOURCE",
+    "group_vars.all.kubernetes": "Kubernetes from this machine's build on the lab's file "
+    "server; cni: routes (Calico's BIRD cannot run in a lab host), kube-proxy in nftables "
+    "mode (no IPVS modules), conntrack left to the machine, cgroup v1 (cgroupfs, "
+    "fail_cgroup_v1: false, SystemVerification ignored)",
+    "group_vars.all.gpu_health": "gpuinfra's own image from the lab's registry",
+    "group_vars.all.shared_fs": "Ceph sized for one shared disk and the machine's memory",
+    "group_vars.etcd": "etcd from this machine's build (or Debian's package) and the disk gate "
+    "overridden: loop-file disks cannot pass it",
+}
+# Debian 13's etcd-server and containerd, what a lab without Kubernetes installs (source:
+# distribution); a lab with Kubernetes runs the versions built here (lab/offline.py).
+DEBIAN_ETCD = "3.5.16"
+DEBIAN_CONTAINERD = "1.7.24"
 
 
 def inventory_data(state: LabState) -> dict[str, Any]:
@@ -73,6 +99,10 @@ def inventory_data(state: LabState) -> dict[str, Any]:
             "kubernetes": _kubernetes_settings(gateway, published),
         }
     }
+    # A lab-only pin: the inventory's defaults (inventory/versions.py) are the versions built
+    # here; a lab without Kubernetes installs Debian 13's packages instead, so it declares
+    # Debian's versions (the roles pin the packages to them).
+    data["versions"] = {"etcd": DEBIAN_ETCD, "containerd": DEBIAN_CONTAINERD}
     if published is not None:
         data["versions"] = {
             "kubernetes": published.kubernetes_version.lstrip("v"),

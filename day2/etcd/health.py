@@ -104,10 +104,33 @@ def _disk_problem(entry: MemberStatus, data_dir: str) -> str | None:
     )
 
 
+def _is_log_record(line: str) -> bool:
+    """A line of etcdctl's own JSON log on stderr (merged into the answer), e.g. etcdctl 3.6's
+    warning for ETCDCTL_API, which it no longer reads, or its client's retries."""
+    record = json_or_none(line) if line.startswith("{") else None
+    return isinstance(record, dict) and "level" in record
+
+
+def _etcdctl_json(output: str) -> list | None:
+    """The answer of `etcdctl ... -w json` (one line holding a JSON array) among the lines of
+    its merged stderr: the whole text is no document once etcdctl logs a line before it."""
+    for line in output.splitlines():
+        line = line.strip()
+        if line.startswith("["):
+            answer = json_or_none(line)
+            if isinstance(answer, list) and answer:
+                return answer
+    return None
+
+
 def _etcdctl_error(output: str) -> str:
-    """etcdctl's own "Error: ..." line, else its last line that says anything."""
-    lines = [line.strip() for line in output.splitlines() if line.strip() not in ("", "[]", "{}")]
-    errors = [line for line in lines if line.startswith("Error")]
+    """etcdctl's own error line ("Error: ...", or 3.6's "Failed to get the status of endpoint
+    ... (context deadline exceeded)"), else its last line that says anything."""
+    lines = [line.strip() for line in output.splitlines()]
+    lines = [
+        line for line in lines if line not in ("", "[]", "{}", "null") and not _is_log_record(line)
+    ]
+    errors = [line for line in lines if line.startswith(("Error", "Failed"))]
     return (errors or lines or ["not answering"])[-1]
 
 
@@ -147,7 +170,7 @@ def member_status(loaded: LoadedCluster, host: str) -> MemberStatus:
         entry.error = (remote.stderr.strip().splitlines() or ["ssh failed"])[-1]
         return entry
     sections = _sections(remote.stdout)
-    status = json_or_none(sections.get("status", ""))
+    status = _etcdctl_json(sections.get("status", ""))
     if status:
         body = status[0]["Status"]
         entry.member_id = format(body["header"]["member_id"], "x")
@@ -157,7 +180,7 @@ def member_status(loaded: LoadedCluster, host: str) -> MemberStatus:
         entry.raft_term = body.get("raftTerm")
         entry.raft_index = body.get("raftIndex")
         entry.leader = body.get("leader") == body["header"]["member_id"]
-    health = json_or_none(sections.get("health", ""))
+    health = _etcdctl_json(sections.get("health", ""))
     if health and health[0].get("health"):
         entry.state = "healthy"
     elif status:

@@ -611,7 +611,9 @@ def test_a_kubernetes_minor_without_in_tree_gang_settings_is_refused_at_load(tmp
     text = (SAMPLE / "cluster.yml").read_text().replace("kubernetes: 1.35.4", "kubernetes: 1.31.4")
     path = tmp_path / "cluster.yml"
     path.write_text(text)
-    (error,) = errors_of(path)
+    # The supported range first (the kubernetes role's check), then what gang scheduling lacks.
+    supported, error = errors_of(path)
+    assert "versions.kubernetes: gpuinfra supports Kubernetes 1.35 to 1.36, not 1.31" in supported
     assert "versions.kubernetes: gang scheduling is set up for Kubernetes 1.35, 1.36 only" in error
     assert error.endswith("not 1.31")
 

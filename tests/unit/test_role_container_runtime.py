@@ -110,11 +110,13 @@ def test_docker_source_on_ubuntu_pins_dockers_packages_and_key():
     assert "Enabled: yes" in sources
     pins = files["/etc/apt/preferences.d/gpuinfra-container-runtime"]
     assert "Package: docker-ce\nPin: version 5:26.1.5*\nPin-Priority: 1001" in pins
-    assert "Package: containerd.io\nPin: version 1.7.24*" in pins
+    assert "Package: containerd.io\nPin: version 2.2.9*" in pins  # the sample's versions
 
 
 def test_distribution_source_on_debian_13_uses_debians_packages(small_cluster, write_cluster):
     small_cluster["group_vars"] = {"all": {"container_runtime": {"source": "distribution"}}}
+    # Debian 13's containerd, pinned as the lab pins it (the default is containerd 2).
+    small_cluster["versions"] = {**small_cluster.get("versions", {}), "containerd": "1.7.24"}
     files = files_of(load(write_cluster(small_cluster)), "cpu-1")
     assert "Enabled: no" in files["/etc/apt/sources.list.d/docker.sources"]
     pins = files["/etc/apt/preferences.d/gpuinfra-container-runtime"]

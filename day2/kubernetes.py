@@ -27,7 +27,7 @@ from engine.context import host_contexts
 from engine.reports import Mode, RunOptions, RunReport
 from engine.runner import run
 from inventory.model import LoadedCluster
-from inventory.versions import KubernetesVersion
+from inventory.versions import KubernetesVersion, kubernetes_needs, release_key
 from roles.kubernetes.config import KubernetesConfig
 from roles.kubernetes.files import (
     ADMIN_CONF,
@@ -355,6 +355,8 @@ class UpgradeRun(KubernetesRun):
     control_plane: list[str] = field(default_factory=list)
     workers: list[str] = field(default_factory=list)
     budget_percent: float = 20.0
+    stored: bool = False  # kubeadm-config holds the target's ClusterConfiguration
+    applying: bool = False  # kubeadm upgrade apply started and has not finished
 
 
 def upgrade(
@@ -387,6 +389,8 @@ def upgrade(
         workers=cluster.in_group("gpu_worker") + cluster.in_group("cpu_worker"),
         budget_percent=budget_percent,
     )
+    if only is None:
+        check_runtimes(job, target)
     run_flow(
         KUBERNETES_UPGRADE,
         job,
@@ -405,8 +409,41 @@ def upgrade(
 
 
 # kubeadm keeps no patches in the cluster: named again, the directory's kubelet patch is applied
-# to the kubelet configuration the upgrade writes.
+# to the kubelet configuration the upgrade writes, on every node (a worker's reserved
+# resources, eviction thresholds and max pods would otherwise revert to the cluster's).
 _PATCHES = f"--patches {PATCHES_DIR}"
+# Where the first control-plane node keeps kubeadm-config's ClusterConfiguration as it was
+# before the upgrade rewrote it, to put it back when plan or apply fails.
+SAVED_CONFIGURATION = f"{CONFIG_DIR}/upgrade-saved-cluster-configuration.yaml"
+_NODE_STATE = (
+    "-o jsonpath='{.status.nodeInfo.kubeletVersion} "
+    '{.status.conditions[?(@.type=="Ready")].status}\''
+)
+
+
+def check_runtimes(job: UpgradeRun, target: str) -> None:
+    """Refuse, before anything changes, a target whose kubelet needs a newer container runtime
+    than a node runs (Kubernetes 1.36 and containerd 1.x): read from the nodes themselves."""
+    needs = kubernetes_needs(target)
+    if needs is None:
+        return
+    nodes = json.loads(
+        job.command(job.first, "read the nodes' container runtimes", f"{KUBECTL} get nodes -o json")
+    )
+    behind = []
+    for node in nodes.get("items", []):
+        runtime = node.get("status", {}).get("nodeInfo", {}).get("containerRuntimeVersion", "")
+        name, _, version = runtime.partition("://")
+        have = release_key(version)
+        if name == "containerd" and have is not None and have < release_key(needs.min_containerd):
+            behind.append(f"{node['metadata']['name']} ({runtime})")
+    if behind:
+        raise KubernetesOperationError(
+            f"upgrade to {job.tag} refused before any change: Kubernetes "
+            f"{KubernetesVersion.parse(target).major_minor} needs containerd "
+            f"{needs.min_containerd} or newer, and {', '.join(behind)} run older; upgrade "
+            "their runtime first (versions.containerd, then apply)"
+        )
 
 
 def upgrade_first_control_plane(job: UpgradeRun) -> None:
@@ -414,19 +451,59 @@ def upgrade_first_control_plane(job: UpgradeRun) -> None:
     job.command(first, "install kubeadm", package_commands(loaded, first, tag, ["kubeadm"]))
     job.command(
         first,
+        "save kubeadm-config's ClusterConfiguration",
+        f"{KUBECTL} -n kube-system get configmap kubeadm-config "
+        f"-o jsonpath='{{.data.ClusterConfiguration}}' > {SAVED_CONFIGURATION}",
+    )
+    job.command(
+        first,
         "store the target's ClusterConfiguration in kubeadm-config",
         store_cluster_configuration(loaded, tag),
     )
+    job.stored = True
     checks, phases = upgrade_flags(loaded, first, job.coredns, first=True)
     job.command(first, "plan the upgrade", f"kubeadm upgrade plan {tag}{checks}")
     apply = f"kubeadm upgrade apply {tag} -y {_PATCHES}{checks}{phases}"
+    job.applying = True
     job.command(first, "kubeadm upgrade apply", apply, 1800)
+    job.applying = False
     _upgrade_kubelet(job, first)
     job.command(first, "wait for /healthz", _wait(HEALTHZ))
 
 
+def restore_cluster_configuration() -> str:
+    """The command that puts the saved ClusterConfiguration back into kubeadm-config."""
+    program = (
+        "import json, sys; "
+        "print(json.dumps({'data': {'ClusterConfiguration': open(sys.argv[1]).read()}}))"
+    )
+    patch = f"{SAVED_CONFIGURATION}.json"
+    return (
+        f"python3 -c {shlex.quote(program)} {SAVED_CONFIGURATION} > {patch} && "
+        f"{KUBECTL} -n kube-system patch configmap kubeadm-config --type merge --patch-file {patch}"
+    )
+
+
 def upgrade_left_first(job: UpgradeRun) -> str:
-    return "no other node was touched"
+    """What a failed first step changed: kubeadm-config put back where only plan ran, said
+    exactly where apply had started."""
+    installed = f"kubeadm {job.tag} is installed on {job.first}; no other node was touched"
+    if not job.stored:
+        return installed
+    if job.applying:
+        return (
+            f"kube-system/kubeadm-config holds {job.tag}'s ClusterConfiguration (the previous one "
+            f"is in {SAVED_CONFIGURATION} on {job.first}); kubeadm rolls its static pods back "
+            f"when apply fails, so check which version {job.first}'s API server runs; {installed}"
+        )
+    ok, said = job.attempt(job.first, "put kubeadm-config back", restore_cluster_configuration())
+    if ok:
+        return f"kube-system/kubeadm-config was put back as it was; {installed}"
+    return (
+        f"kube-system/kubeadm-config still holds {job.tag}'s ClusterConfiguration and could not "
+        f"be put back ({said}); the previous one is in {SAVED_CONFIGURATION} on {job.first}; "
+        f"{installed}"
+    )
 
 
 def upgrade_control_plane(job: UpgradeRun) -> None:
@@ -457,7 +534,9 @@ def upgrade_workers(job: UpgradeRun) -> None:
         for host in batch:
             job.command(host, "install kubeadm", package_commands(loaded, host, tag, ["kubeadm"]))
             flags = "".join(upgrade_flags(loaded, host, job.coredns, False))
-            job.command(host, "kubeadm upgrade node", f"kubeadm upgrade node{flags}", 1800)
+            job.command(
+                host, "kubeadm upgrade node", f"kubeadm upgrade node {_PATCHES}{flags}", 1800
+            )
             _upgrade_kubelet(job, host)
         for host in batch:
             job.command(first, f"uncordon {host}", f"{KUBECTL} uncordon {shlex.quote(host)}")
@@ -478,6 +557,25 @@ def _upgrade_kubelet(job: UpgradeRun, host: str) -> None:
         package_commands(job.loaded, host, job.tag, ["kubelet", "kubectl"]),
     )
     job.command(host, "restart kubelet", "systemctl daemon-reload && systemctl restart kubelet")
+    _wait_ready(job, host)
+
+
+def _wait_ready(job: UpgradeRun, host: str, seconds: int = 300) -> None:
+    """The node Ready at the new kubelet version before anything else happens to it or to the
+    next node (uncordon, the next batch); otherwise the upgrade stops, saying what it reports."""
+    query = f"{KUBECTL} get node {shlex.quote(host)} {_NODE_STATE}"
+    wanted = shlex.quote(f"{job.tag} True")
+    ok, _ = job.attempt(
+        job.first,
+        f"wait for {host} Ready at {job.tag}",
+        _wait(f'test "$({query})" = {wanted}', seconds),
+    )
+    if not ok:
+        _, seen = job.attempt(job.first, f"read {host}'s state", query)
+        raise KubernetesOperationError(
+            f"{host}: not Ready at {job.tag} within {seconds} s of its kubelet's restart "
+            f"(it reports: {seen.strip() or 'nothing'})"
+        )
 
 
 def drain_command(node: str, force: bool = False) -> str:

@@ -3,6 +3,8 @@ SSH), one-minor upgrade steps, batch sizes within the budget, refusals, and the 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from typer.testing import CliRunner
 
@@ -193,9 +195,10 @@ def test_cli_refuses_a_skipped_minor_with_one_line(loaded):
     assert "Traceback" not in result.output
 
 
-def test_control_plane_upgrades_pass_the_patches_directory_workers_do_not_need_it(loaded):
-    """kubeadm keeps no patches in the cluster: the control plane's upgrade names the directory
-    again, so kubeadm applies the node's kubelet patch to the kubelet configuration it writes."""
+def test_every_node_upgrade_passes_the_patches_directory(loaded):
+    """kubeadm keeps no patches in the cluster: each node's upgrade names the directory again,
+    so kubeadm applies the node's kubelet patch to the kubelet configuration it writes. Without
+    it a worker's reserved resources, eviction and max pods reverted to the cluster's."""
     runner = Recorder()
     day2.upgrade(loaded, "1.36.0", budget_percent=40, runner=runner)
     upgrades = {
@@ -204,7 +207,7 @@ def test_control_plane_upgrades_pass_the_patches_directory_workers_do_not_need_i
     patches = "--patches /etc/kubernetes/gpuinfra/patches"
     assert upgrades["cp-1"] == f"kubeadm upgrade apply v1.36.0 -y {patches}"
     assert upgrades["cp-2"] == upgrades["cp-3"] == f"kubeadm upgrade node {patches}"
-    assert upgrades["cpu-1"] == "kubeadm upgrade node"
+    assert upgrades["cpu-1"] == upgrades["cpu-4"] == f"kubeadm upgrade node {patches}"
 
 
 def test_upgrade_stores_the_targets_cluster_configuration_before_kubeadm_reads_it(loaded):
@@ -284,3 +287,90 @@ def test_the_inventorys_ignored_preflight_checks_hold_for_the_upgrade_too(
     upgrades = [c for _, c in recorder.calls if c.startswith("kubeadm upgrade")]
     assert len(upgrades) >= 4
     assert all("--ignore-preflight-errors=SystemVerification" in c for c in upgrades), upgrades
+
+
+def test_each_node_is_ready_at_the_new_version_before_it_is_uncordoned(loaded):
+    outcome = day2.upgrade(loaded, "1.36.0", budget_percent=40, runner=Recorder())
+    steps = actions(outcome)
+    for host in ("cp-1", "cp-2", "cp-3", "cpu-1", "cpu-2", "cpu-3", "cpu-4"):
+        restarted = steps.index((host, "restart kubelet"))
+        ready = steps.index(("cp-1", f"wait for {host} Ready at v1.36.0"))
+        assert ready == restarted + 1
+    for host in ("cpu-1", "cpu-2"):
+        assert steps.index(("cp-1", f"wait for {host} Ready at v1.36.0")) < steps.index(
+            ("cp-1", f"uncordon {host}")
+        )
+    # The next batch (of two, at 40% of five workers) is drained only once this one is Ready
+    # and uncordoned.
+    moves = "".join(a[0] for _, a in steps if a.startswith(("drain ", "uncordon ")))
+    assert moves == "dduudduudu"
+
+
+def test_a_node_not_ready_after_its_kubelet_restart_stops_the_upgrade_saying_what_it_reports(
+    loaded,
+):
+    runner = Recorder(fail_on="= 'v1.36.0 True'", node="v1.35.4 False")
+    with pytest.raises(day2.KubernetesOperationError) as raised:
+        day2.upgrade(loaded, "1.36.0", runner=runner)
+    message = str(raised.value)
+    assert "cp-1: not Ready at v1.36.0" in message
+    assert "(it reports: v1.35.4 False)" in message
+    assert not [c for h, c in runner.calls if h == "cp-2"]
+
+
+def test_a_failed_plan_puts_kubeadm_config_back(loaded):
+    runner = Recorder(fail_on="kubeadm upgrade plan")
+    with pytest.raises(day2.KubernetesOperationError) as raised:
+        day2.upgrade(loaded, "1.36.0", runner=runner)
+    assert "kube-system/kubeadm-config was put back as it was" in str(raised.value)
+    commands = [c for _, c in runner.calls]
+    saved = next(i for i, c in enumerate(commands) if day2.SAVED_CONFIGURATION in c)
+    stored = next(i for i, c in enumerate(commands) if "upgrade-v1.36.0-cluster" in c)
+    restored = next(i for i, c in enumerate(commands) if f"{day2.SAVED_CONFIGURATION}.json" in c)
+    assert saved < stored < restored == len(commands) - 1
+
+
+def test_a_failed_apply_says_exactly_what_changed(loaded):
+    runner = Recorder(fail_on="kubeadm upgrade apply")
+    with pytest.raises(day2.KubernetesOperationError) as raised:
+        day2.upgrade(loaded, "1.36.0", runner=runner)
+    message = str(raised.value)
+    assert "kube-system/kubeadm-config holds v1.36.0's ClusterConfiguration" in message
+    assert day2.SAVED_CONFIGURATION in message
+    assert not any(f"{day2.SAVED_CONFIGURATION}.json" in c for _, c in runner.calls)
+
+
+def test_an_upgrade_needing_a_newer_runtime_than_a_node_runs_is_refused_before_any_change(
+    loaded,
+):
+    """Kubernetes 1.36 needs containerd 2: a node on 1.7 stops the upgrade before kubeadm is
+    installed anywhere; the same nodes on 2.2 go ahead (the control)."""
+
+    def nodes(runtime: str) -> str:
+        items = [
+            {"metadata": {"name": name}, "status": {"nodeInfo": {"containerRuntimeVersion": r}}}
+            for name, r in (("cp-1", "containerd://2.2.9"), ("cpu-1", runtime))
+        ]
+        return json.dumps({"items": items})
+
+    class Runtimes(Recorder):
+        def __init__(self, runtime: str):
+            super().__init__()
+            self.answer = nodes(runtime)
+
+        def __call__(self, loaded, host, command, timeout):
+            if "get nodes -o json" in command:
+                self.calls.append((host, command))
+                return RemoteResult(host, 0, self.answer)
+            return super().__call__(loaded, host, command, timeout)
+
+    old = Runtimes("containerd://1.7.24")
+    with pytest.raises(day2.KubernetesOperationError) as raised:
+        day2.upgrade(loaded, "1.36.0", runner=old)
+    assert "refused before any change" in str(raised.value)
+    assert "containerd 2.0.0 or newer" in str(raised.value)
+    assert "cpu-1 (containerd://1.7.24)" in str(raised.value)
+    assert len(old.calls) == 1
+    new = Runtimes("containerd://2.2.9")
+    day2.upgrade(loaded, "1.36.0", runner=new)
+    assert any("kubeadm upgrade apply" in c for _, c in new.calls)

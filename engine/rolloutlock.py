@@ -16,7 +16,7 @@ from inventory.model import LoadedCluster
 from toolkit.remote import RemoteRunner, run_remote
 from toolkit.spec import settings_of
 
-# The kubernetes role's admin kubeconfig on cp-1 (roles/kubernetes/files.py ADMIN_CONF; the
+# The kubernetes role's admin kubeconfig on cp-1 (roles/kubernetes/kubeadm.py ADMIN_CONF; the
 # engine reaches roles only through the registry; tests/unit/test_rollout_job.py keeps them
 # equal), and kubectl as the day-2 flows run it (day2/kubernetes.py KUBECTL).
 ADMIN_CONF = "/etc/kubernetes/admin.conf"

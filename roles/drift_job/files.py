@@ -112,7 +112,7 @@ CONTROL_PLANE_TAINT = "node-role.kubernetes.io/control-plane"
 
 def job_tolerations(loaded: LoadedCluster, cfg: DriftJobConfig) -> list[dict[str, str]]:
     """Exactly the taints the fleet-ops nodes register with, as the kubernetes role registers
-    them (roles/kubernetes/files.py `registration_taints`, by the groups and toolkit/nodes.py):
+    them (roles/kubernetes/kubeadm.py `registration_taints`, by the groups and toolkit/nodes.py):
     GPU workers the preflight taint, a team's nodes the team's, control-plane nodes with
     neither kubeadm's own. Nothing broader (no operator Exists without a key)."""
     found: dict[tuple[str, str], dict[str, str]] = {}

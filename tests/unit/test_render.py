@@ -13,6 +13,7 @@ from engine import render as render_module
 from engine.context import cluster_files, host_contexts, host_files, load
 from engine.render import render_cluster
 from tests.unit.conftest import SAMPLE
+from tests.unit.test_kubernetes_lab_settings import OTHER_SETTINGS_TEMPLATES
 from toolkit.templates import TEMPLATES, environment
 
 runner = CliRunner()
@@ -36,18 +37,8 @@ RENDERED_BY_A_COMMAND = {
     "rollout_job/rollout-job.yaml.j2": "tests/unit/test_rollout_job.py",
 }
 # Templates only other settings than the sample's reach (release binaries, the routed CNI, the
-# node-local API proxy): each is rendered under StrictUndefined by the test named here.
-RENDERED_BY_OTHER_SETTINGS = dict.fromkeys(
-    (
-        "kubernetes/kubelet.service.j2",
-        "kubernetes/10-kubeadm.conf.j2",
-        "kubernetes/api-proxy.cfg.j2",
-        "kubernetes/kube-api-proxy.service.j2",
-        "kubernetes/gpuinfra-pod-routes.j2",
-        "kubernetes/gpuinfra-pod-routes.service.j2",
-    ),
-    "tests/unit/test_kubernetes_lab_settings.py",
-)
+# node-local API proxy) are rendered under StrictUndefined by the lab settings' test that lists
+# them (OTHER_SETTINGS_TEMPLATES).
 
 
 def test_every_template_is_rendered_from_the_sample(tmp_path):
@@ -57,11 +48,9 @@ def test_every_template_is_rendered_from_the_sample(tmp_path):
     used = {key[1] for key in environment().cache}
     present = {str(p.relative_to(TEMPLATES)) for p in TEMPLATES.rglob("*.j2")}
     assert present, "no templates found"
-    assert present - used == set(RENDERED_BY_A_COMMAND) | set(RENDERED_BY_OTHER_SETTINGS)
+    assert present - used == set(RENDERED_BY_A_COMMAND) | OTHER_SETTINGS_TEMPLATES
     for test in RENDERED_BY_A_COMMAND.values():
         assert "render_template" in (SAMPLE.parents[1] / test).read_text()
-    for template, test in RENDERED_BY_OTHER_SETTINGS.items():
-        assert f'"{template}"' in (SAMPLE.parents[1] / test).read_text()
 
 
 def test_every_rendered_file_ends_with_a_newline():

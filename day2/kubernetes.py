@@ -29,15 +29,10 @@ from engine.runner import run
 from inventory.model import LoadedCluster
 from inventory.versions import KubernetesVersion, kubernetes_needs, release_key
 from roles.kubernetes.config import KubernetesConfig
-from roles.kubernetes.files import (
-    ADMIN_CONF,
-    CONFIG_DIR,
-    PATCHES_DIR,
-    cluster_configuration,
-    dump,
-    first_control_plane,
-)
+from roles.kubernetes.kubeadm import ADMIN_CONF, PATCHES_DIR, cluster_configuration
+from roles.kubernetes.models import dump
 from roles.kubernetes.operations import binary_url, checked_download
+from roles.kubernetes.settings import CONFIG_DIR, first_control_plane
 from toolkit.remote import RemoteRunner, run_remote
 from toolkit.spec import host_config
 

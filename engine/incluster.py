@@ -12,7 +12,7 @@ from pathlib import Path
 from inventory.model import LoadedCluster
 from toolkit.remote import RemoteRunner
 
-# The kubernetes role's admin kubeconfig on cp-1 (roles/kubernetes/files.py ADMIN_CONF; the
+# The kubernetes role's admin kubeconfig on cp-1 (roles/kubernetes/kubeadm.py ADMIN_CONF; the
 # engine reaches roles only through the registry; tests/unit/test_rollout_job.py keeps them
 # equal), and kubectl as the day-2 flows run it (day2/kubernetes.py KUBECTL).
 ADMIN_CONF = "/etc/kubernetes/admin.conf"

@@ -122,7 +122,7 @@ class JobKey:
 
 def job_tolerations(loaded: LoadedCluster, cfg: JobPlacement) -> list[dict[str, str]]:
     """Exactly the taints a Job's nodes register with, as the kubernetes role registers them
-    (roles/kubernetes/files.py `registration_taints`, by the groups and toolkit/nodes.py):
+    (roles/kubernetes/kubeadm.py `registration_taints`, by the groups and toolkit/nodes.py):
     GPU workers the preflight taint, a team's nodes the team's, control-plane nodes with
     neither kubeadm's own. Nothing broader (no operator Exists without a key)."""
     found: dict[tuple[str, str], dict[str, str]] = {}

@@ -14,29 +14,24 @@ from pyinfra.api import deploy
 from pyinfra.operations import apt, files, systemd
 
 from roles.kubernetes import operations as kube_ops
-from roles.kubernetes.files import (
-    API_PROXY_CONFIG,
-    API_PROXY_UNIT,
-    CALICO_CONFIG,
-    CALICO_RESOURCES,
+from roles.kubernetes.apiproxy import API_PROXY_CONFIG, API_PROXY_UNIT, node_local_balancing
+from roles.kubernetes.cni import CALICO_CONFIG, CALICO_RESOURCES, POD_ROUTES_SCRIPT, POD_ROUTES_UNIT
+from roles.kubernetes.files import managed_files
+from roles.kubernetes.kubeadm import INIT_CONFIG, JOIN_CONFIG, SECRET_DIR
+from roles.kubernetes.settings import (
     CONFIG_DIR,
-    INIT_CONFIG,
-    JOIN_CONFIG,
-    KUBELET_DROPIN,
-    KUBELET_UNIT,
-    POD_ROUTES_SCRIPT,
-    POD_ROUTES_UNIT,
-    REPO_KEY,
-    REPO_SOURCES,
-    SECRET_DIR,
-    apply_stages,
     first_control_plane,
     is_first_control_plane,
-    managed_files,
-    node_local_balancing,
-    repository_url,
     settings,
 )
+from roles.kubernetes.source import (
+    KUBELET_DROPIN,
+    KUBELET_UNIT,
+    REPO_KEY,
+    REPO_SOURCES,
+    repository_url,
+)
+from roles.kubernetes.stages import apply_stages
 from toolkit.effective import declared_files, unit_dropins
 from toolkit.operations import put_file, restart_if_running, service_running
 from toolkit.spec import HostContext

@@ -1,5 +1,6 @@
 """Typed models of the kubeadm v1beta4 and kubelet/kube-proxy configuration fields this role
-writes, and of the two Calico resources it renders.
+writes, and of the two Calico resources it renders; `dump` writes them as YAML and
+`validate_documents` reads a rendered file back into them.
 
 Every model forbids unknown fields and uses the upstream field names, so a typo or a field that
 does not exist in the pinned API version is an error here, offline, before `kubeadm config
@@ -14,6 +15,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 KUBEADM_API = "kubeadm.k8s.io/v1beta4"
@@ -319,3 +321,28 @@ MODELS: dict[tuple[str, str], type[Strict]] = {
     (CALICO_API, "BGPConfiguration"): BGPConfiguration,
     ("audit.k8s.io/v1", "Policy"): AuditPolicy,
 }
+
+
+def dump(documents: list[Strict], header: str = "") -> str:
+    """YAML documents in field order, with a comment header; None fields are left out so
+    kubeadm applies its own default."""
+    parts = [
+        yaml.safe_dump(doc.model_dump(exclude_none=True), sort_keys=False, width=1000)
+        for doc in documents
+    ]
+    return header + "---\n".join(parts)
+
+
+def validate_documents(text: str) -> list[Strict]:
+    """Parse a rendered kubeadm/kubelet/Calico file back into the typed models: unknown kinds
+    and fields are errors."""
+    documents = []
+    for data in yaml.load_all(text, Loader=yaml.CSafeLoader):  # libyaml: same data, faster
+        if data is None:
+            continue
+        key = (data.get("apiVersion"), data.get("kind"))
+        model = MODELS.get(key)  # type: ignore[arg-type]
+        if model is None:
+            raise ValueError(f"no model for {key[0]} {key[1]}")
+        documents.append(model.model_validate(data))
+    return documents

@@ -36,14 +36,8 @@ from roles.kubernetes.facts import (
     KubeBinaries,
     LiveObjectsDiffer,
 )
-from roles.kubernetes.files import (
-    ADMIN_CONF,
-    FIELD_MANAGER,
-    INIT_CONFIG,
-    KUBELET_CONF,
-    SECRET_DIR,
-    ApplyStage,
-)
+from roles.kubernetes.kubeadm import ADMIN_CONF, INIT_CONFIG, KUBELET_CONF, SECRET_DIR
+from roles.kubernetes.stages import FIELD_MANAGER, ApplyStage
 from toolkit import record
 from toolkit.aptkeys import KeyFingerprints, fetch_key_commands
 from toolkit.facts import HeldPackages

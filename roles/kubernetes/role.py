@@ -65,7 +65,7 @@ ROLE = Role(
         ),
     ),
     ports=ports,
-    cluster_files=lazy("roles.kubernetes.files:cluster_files"),
+    cluster_files=lazy("roles.kubernetes.cni:cluster_files"),
     checks=cluster_checks,
     summary="kubeadm HA control plane on the external etcd, Calico BGP, rate-limited joins",
 )

@@ -19,18 +19,15 @@ from engine.context import cluster_files, host_context, load
 from roles.fleet_policy import files as fleet_files
 from roles.kubernetes import operations as kube_ops
 from roles.kubernetes.facts import ApiAnswers, LiveObjectsDiffer
-from roles.kubernetes.files import (
+from roles.kubernetes.files import managed_files
+from roles.kubernetes.kubeadm import (
     ADMIN_CONF,
-    CLUSTER_OBJECTS_DIR,
     INIT_CONFIG,
     JOIN_CONFIG,
     KUBELET_PATCH,
     PATCHES_DIR,
-    ApplyStage,
-    apply_stages,
-    cluster_objects,
-    managed_files,
 )
+from roles.kubernetes.stages import CLUSTER_OBJECTS_DIR, ApplyStage, apply_stages, cluster_objects
 from tests.helpers import files_of as shared_files_of
 from tests.unit.fake_host import KeyedHost, keyed_host
 

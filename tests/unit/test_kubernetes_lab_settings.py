@@ -11,16 +11,14 @@ import yaml
 from typer.testing import CliRunner
 
 from cli.main import app
-from engine.context import host_contexts, load
+from engine.context import host_contexts, host_files, load
 from inventory.topology import pod_block
 from roles.kubernetes import operations as kube_ops
+from roles.kubernetes.cni import CNI_CONFIG, POD_ROUTES_SCRIPT
 from roles.kubernetes.config import KubernetesConfig
-from roles.kubernetes.files import (
-    CNI_CONFIG,
-    INIT_CONFIG,
-    POD_ROUTES_SCRIPT,
-)
+from roles.kubernetes.kubeadm import INIT_CONFIG
 from tests.helpers import files_of as shared_files_of
+from toolkit.templates import environment
 
 runner = CliRunner()
 LAB_LIKE = {
@@ -184,3 +182,36 @@ def test_routes_without_nat_outgoing_load_no_nft_table(small_cluster, write_clus
     script = files_of(lab_like(small_cluster, write_cluster), "cpu-1")[POD_ROUTES_SCRIPT]
     assert "nft" not in script and "masquerade" not in script
     assert script.endswith("proto static\nEOF\n")
+
+
+# The kubernetes role's templates the sample's settings never reach (it installs packages, runs
+# Calico and has load balancers); tests/unit/test_render.py counts on this test rendering them.
+OTHER_SETTINGS_TEMPLATES = {
+    "kubernetes/kubelet.service.j2",
+    "kubernetes/10-kubeadm.conf.j2",
+    "kubernetes/api-proxy.cfg.j2",
+    "kubernetes/kube-api-proxy.service.j2",
+    "kubernetes/gpuinfra-pod-routes.j2",
+    "kubernetes/gpuinfra-pod-routes.service.j2",
+}
+
+
+def test_the_lab_settings_render_the_templates_the_sample_does_not(small_cluster, write_cluster):
+    """Release binaries, the routed CNI (with NAT) and no load balancer: every template that only
+    these settings use is rendered under StrictUndefined."""
+    del small_cluster["hosts"]["lb-1"]
+    pinned = {name: "a" * 64 for name in (*kube_ops.PACKAGES, "crictl", "cni-plugins")}
+    loaded = lab_like(
+        small_cluster,
+        write_cluster,
+        source="binaries",
+        binary_sha256=pinned,
+        routes_nat_outgoing=True,
+    )
+    environment.cache_clear()
+    for ctx in host_contexts(loaded):
+        host_files(ctx)
+    used = {key[1] for key in environment().cache}
+    assert used >= OTHER_SETTINGS_TEMPLATES
+    script = files_of(loaded, "cp-1")[POD_ROUTES_SCRIPT]
+    assert "masquerade" in script

@@ -22,13 +22,8 @@ from roles.kubernetes import models as m
 from roles.kubernetes import operations as kube_ops
 from roles.kubernetes.config import KubernetesConfig
 from roles.kubernetes.facts import ApiAnswers, FileExists, KubeBinaries
-from roles.kubernetes.files import (
-    INIT_CONFIG,
-    JOIN_CONFIG,
-    KUBELET_CONF,
-    api_server_flags,
-    validate_documents,
-)
+from roles.kubernetes.kubeadm import INIT_CONFIG, JOIN_CONFIG, KUBELET_CONF, api_server_flags
+from roles.kubernetes.models import validate_documents
 from roles.kubernetes.role import ROLE
 from roles.kubernetes.schemas import validate_text
 from tests.helpers import files_of as shared_files_of
@@ -537,7 +532,7 @@ def test_disabled_role_writes_and_runs_nothing(small_cluster, write_cluster):
     small_cluster["group_vars"] = {"all": {"kubernetes": {"enabled": False}}}
     disabled = load(write_cluster(small_cluster))
     assert files_of(disabled, "cp-1") == {} and files_of(disabled, "gpu-1") == {}
-    from roles.kubernetes.files import cluster_files
+    from roles.kubernetes.cni import cluster_files
 
     assert cluster_files(disabled) == {}
     with_ops = kube_ops.disabled._inner

@@ -767,7 +767,7 @@ def test_without_the_job_enabled_a_local_apply_asks_cp1_nothing(small_cluster, w
 
 def test_the_engine_names_the_kubernetes_roles_admin_kubeconfig():
     from day2.kubernetes import KUBECTL
-    from roles.kubernetes.files import ADMIN_CONF
+    from roles.kubernetes.kubeadm import ADMIN_CONF
 
     assert incluster.ADMIN_CONF == ADMIN_CONF and incluster.KUBECTL == KUBECTL
 

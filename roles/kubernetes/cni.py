@@ -1,0 +1,181 @@
+"""The pod network, one of two CNIs (the role's `cni`): Calico with BGP and no encapsulation
+(its IPPool and BGPConfiguration, and the calico-config ConfigMap of the upstream manifest), or
+`routes`, the reference bridge plugin on each node's own pod block and a static route to every
+other node's block."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from inventory.model import LoadedCluster
+from inventory.topology import pod_block
+from roles.kubernetes import models as m
+from roles.kubernetes.config import KubernetesConfig
+from roles.kubernetes.settings import CONFIG_DIR, cluster_settings, kubernetes_nodes
+from toolkit.spec import HostContext, ManagedFile
+from toolkit.templates import render_template
+
+# ---------------------------------------------------------------- cni: calico
+
+MANIFESTS_DIR = f"{CONFIG_DIR}/manifests"
+CALICO_RESOURCES = f"{MANIFESTS_DIR}/calico-resources.yaml"
+CALICO_CONFIG = f"{MANIFESTS_DIR}/calico-config.yaml"
+# Calico's objects under _cluster/: applied by the Calico step, not with the other cluster
+# objects (its IPPool and BGPConfiguration need the CRDs of the upstream manifest).
+CALICO_PREFIX = "kubernetes/calico/"
+CALICO_CONFIG_MANIFEST = f"{CALICO_PREFIX}calico-config.yaml"
+CALICO_RESOURCES_MANIFEST = f"{CALICO_PREFIX}calico-resources.yaml"
+
+
+def calico_resources(loaded: LoadedCluster, cfg: KubernetesConfig) -> list[m.Strict]:
+    cluster = loaded.cluster
+    return [
+        m.IPPool(
+            metadata=m.ObjectMeta(name="default-ipv4-ippool"),
+            spec=m.IPPoolSpec(
+                cidr=str(cluster.networks.pod),
+                blockSize=cfg.calico_block_size,
+                natOutgoing=cfg.calico_nat_outgoing,
+            ),
+        ),
+        m.BGPConfiguration(
+            metadata=m.ObjectMeta(name="default"),
+            spec=m.BGPConfigurationSpec(
+                nodeToNodeMeshEnabled=cfg.calico_node_mesh, asNumber=cfg.calico_as_number
+            ),
+        ),
+    ]
+
+
+def calico_config_map(loaded: LoadedCluster, cfg: KubernetesConfig) -> str:
+    """The calico-config ConfigMap of the upstream manifest, as this role sets it: the BIRD BGP
+    backend (no VXLAN-only mode) and MTU 0 (Calico detects the node's own; no overlay header)."""
+    cni = {
+        "name": "k8s-pod-network",
+        "cniVersion": "0.3.1",
+        "plugins": [
+            {
+                "type": "calico",
+                "log_level": "info",
+                "datastore_type": "kubernetes",
+                "nodename": "__KUBERNETES_NODE_NAME__",
+                "mtu": "__CNI_MTU__",
+                "ipam": {"type": "calico-ipam"},
+                "policy": {"type": "k8s"},
+                "kubernetes": {"kubeconfig": "__KUBECONFIG_FILEPATH__"},
+            },
+            {"type": "portmap", "snat": True, "capabilities": {"portMappings": True}},
+            {"type": "bandwidth", "capabilities": {"bandwidth": True}},
+        ],
+    }
+
+    document = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "calico-config", "namespace": "kube-system"},
+        "data": {
+            "typha_service_name": "none",
+            "calico_backend": "bird",
+            "veth_mtu": "0",
+            "cni_network_config": json.dumps(cni, indent=2),
+        },
+    }
+    header = f"# Managed by gpuinfra: Calico {cfg.calico_version}, BGP, no encapsulation.\n"
+    return header + yaml.safe_dump(document, sort_keys=False, width=1000)
+
+
+def calico_resources_text(loaded: LoadedCluster, cfg: KubernetesConfig) -> str:
+    header = (
+        f"# Managed by gpuinfra: Calico {cfg.calico_version} pool and BGP settings: pod CIDR "
+        "routed natively (ipipMode/vxlanMode Never).\n"
+    )
+    return m.dump(calico_resources(loaded, cfg), header)
+
+
+def cluster_files(loaded: LoadedCluster) -> dict[str, str]:
+    """The Calico objects this role sets, under _cluster/ (also on every control-plane node)."""
+    if not loaded.cluster.in_group("control_plane"):
+        return {}
+    cfg = cluster_settings(loaded)
+    if not cfg.enabled or cfg.cni != "calico":
+        return {}
+    return {
+        CALICO_CONFIG_MANIFEST: calico_config_map(loaded, cfg),
+        CALICO_RESOURCES_MANIFEST: calico_resources_text(loaded, cfg),
+    }
+
+
+def calico_files(ctx: HostContext, cfg: KubernetesConfig) -> list[ManagedFile]:
+    """The same objects on each control-plane node, for the Calico step to apply."""
+    return [
+        ManagedFile("kubernetes", CALICO_RESOURCES, calico_resources_text(ctx.loaded, cfg)),
+        ManagedFile("kubernetes", CALICO_CONFIG, calico_config_map(ctx.loaded, cfg)),
+    ]
+
+
+# ---------------------------------------------------------------- cni: routes
+
+CNI_CONFIG = "/etc/cni/net.d/10-gpuinfra.conflist"
+POD_ROUTES_SCRIPT = "/usr/local/sbin/gpuinfra-pod-routes"
+POD_ROUTES_UNIT = "/etc/systemd/system/gpuinfra-pod-routes.service"
+POD_BRIDGE = "cni0"
+POD_NAT_TABLE = "gpuinfra-pod-nat"
+
+
+def cni_config(ctx: HostContext, cfg: KubernetesConfig) -> str:
+    """The reference bridge plugin with host-local addresses from this node's block. No IP
+    masquerade: pod traffic keeps its address inside the cluster, answered over the routes."""
+    block = pod_block(ctx.cluster, ctx.name, cfg.routes_block_prefix)
+    document = {
+        "cniVersion": "1.0.0",
+        "name": "gpuinfra",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": POD_BRIDGE,
+                "isGateway": True,
+                "ipMasq": False,
+                "hairpinMode": True,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": str(block)}]],
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                },
+            }
+        ],
+    }
+    return json.dumps(document, indent=2) + "\n"
+
+
+def pod_routes_script(ctx: HostContext, cfg: KubernetesConfig) -> str:
+    """Replace the node's static routes into the pod network with one per other node, in one
+    `ip -batch` (no window without routes); the local block stays on the bridge. With
+    routes_nat_outgoing, the pods' traffic leaving the pod network is masqueraded."""
+    cluster = ctx.cluster
+    routes = [
+        (pod_block(cluster, name, cfg.routes_block_prefix), cluster.hosts[name].address)
+        for name in kubernetes_nodes(cluster)
+        if name != ctx.name
+    ]
+    nat_block = (
+        pod_block(cluster, ctx.name, cfg.routes_block_prefix) if cfg.routes_nat_outgoing else None
+    )
+    return render_template(
+        "kubernetes/gpuinfra-pod-routes.j2",
+        node=ctx.name,
+        pod_network=cluster.networks.pod,
+        routes=routes,
+        nat_block=nat_block,
+        nat_table=POD_NAT_TABLE,
+    )
+
+
+def routes_files(ctx: HostContext, cfg: KubernetesConfig) -> list[ManagedFile]:
+    unit = render_template("kubernetes/gpuinfra-pod-routes.service.j2", script=POD_ROUTES_SCRIPT)
+    return [
+        ManagedFile("kubernetes", CNI_CONFIG, cni_config(ctx, cfg)),
+        ManagedFile("kubernetes", POD_ROUTES_SCRIPT, pod_routes_script(ctx, cfg), mode="0755"),
+        ManagedFile("kubernetes", POD_ROUTES_UNIT, unit),
+    ]

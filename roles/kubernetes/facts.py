@@ -60,18 +60,63 @@ class FileExists(FactBase):
 
 class LiveObjectsDiffer(FactBase):
     """`kubectl diff --server-side` of the placed object files against the live objects, as the
-    role's apply would send them: "same" (exit 0), "differs" (1) or "failed" (anything else:
-    no API, or a custom resource whose definition is not there yet). Its output (which would
-    show a Secret's data) is thrown away; only the exit status is read."""
+    role's apply would send them: {"status": "same" (exit 0), "differs" (1) or "failed"
+    (anything else: no API, or a custom resource whose definition is not there yet),
+    "differences": ["PriorityClass gpuinfra-balloon: description: 'edited by hand' live,
+    'Placeholder pods ...' in the files", ...]}. Only the changed lines leave the node, at most
+    DIFF_LINES of them, and none of a Secret's (its object is named, its data never)."""
 
     def command(self, kubeconfig: str, paths: tuple[str, ...], field_manager: str) -> str:
         files = " ".join(f"-f {shlex.quote(path)}" for path in paths)
+        keep = (
+            "/^diff /{secret=($0 ~ /[/.]v1[.]Secret[.]/); print; next} "
+            "!secret && /^[-+]/ && !/^(---|[+][+][+]) / {print}"
+        )
         return (
-            f"kubectl --kubeconfig {shlex.quote(kubeconfig)} --request-timeout=30s diff "
+            f"out=$(kubectl --kubeconfig {shlex.quote(kubeconfig)} --request-timeout=30s diff "
             f"--server-side --field-manager={shlex.quote(field_manager)} --force-conflicts "
-            f"{files} >/dev/null 2>&1; echo $?"
+            f"{files} 2>/dev/null); rc=$?; "
+            f"printf '%s\\n' \"$out\" | awk {shlex.quote(keep)} | head -n {DIFF_LINES}; "
+            'echo "exit=$rc"'
         )
 
-    def process(self, output: list[str]) -> str:
-        status = output[-1].strip() if output else ""
-        return {"0": "same", "1": "differs"}.get(status, "failed")
+    def process(self, output: list[str]) -> dict[str, object]:
+        lines = [line for line in output if line.strip()]
+        status = lines[-1].strip().removeprefix("exit=") if lines else ""
+        return {
+            "status": {"0": "same", "1": "differs"}.get(status, "failed"),
+            "differences": live_differences(lines[:-1]),
+        }
+
+
+# Lines of kubectl diff a node sends back at most (the first objects that differ are enough to
+# say what was edited; the apply puts back all of them).
+DIFF_LINES = 200
+# Lines every server-side diff shows that say nothing about an edit.
+_BOOKKEEPING = ("generation:", "resourceVersion:", "managedFields", "time:", "manager:")
+
+
+def live_differences(lines: list[str]) -> list[str]:
+    """One finding per object that differs: its kind and name, and each changed line, live
+    (-) then as the files have it (+). A Secret is named only."""
+    found: dict[str, list[str]] = {}
+    current = None
+    for line in lines:
+        if line.startswith("diff "):
+            # diff -u -N /tmp/LIVE-1/<group.version.Kind.namespace.name> /tmp/MERGED-1/...
+            name = line.split()[-1].rsplit("/", 1)[-1]
+            parts = name.split(".")
+            kind = parts[-3] if len(parts) >= 3 else name
+            namespace, object_name = parts[-2], parts[-1]
+            current = f"{kind} {namespace + '/' if namespace else ''}{object_name}"
+            found[current] = []
+            continue
+        text = line[1:].strip()
+        secret = current is not None and current.startswith("Secret ")
+        if current is None or secret or not text or any(word in text for word in _BOOKKEEPING):
+            continue
+        found[current].append(f"{'live' if line[0] == '-' else 'files'}: {text}")
+    return [
+        f"{name}: {'; '.join(changes) if changes else 'data differs (not shown)'}"
+        for name, changes in found.items()
+    ]

@@ -312,9 +312,11 @@ def cluster_objects_applied(first: bool, stages: list[ApplyStage], timeout_s: in
             paths=tuple(stage.path for stage in stages),
             field_manager=FIELD_MANAGER,
         )
-        if live == "same":
+        if live["status"] == "same":
             host.noop("the cluster's objects are applied: the live objects match the files")
             return
+        for difference in live["differences"]:
+            report_note(f"live object differs from the files: {difference}")
     yield from apply_commands(stages, timeout_s)
 
 

@@ -577,7 +577,8 @@ def test_verify_passes_on_every_node_and_names_a_dropped_static_pod(cluster):
 
 def test_a_live_object_edited_by_hand_is_drift(cluster):
     """The balloon PriorityClass's description edited through the API: the exact drift names the
-    first control-plane node's cluster objects (exit 3); an apply puts the object back."""
+    first control-plane node's cluster objects, the object and the field with both values
+    (exit 3); an apply puts the object back."""
     cluster.kubectl(
         "patch", "priorityclass", "gpuinfra-balloon", "--type=merge",
         "-p", '{"description": "edited by hand"}',
@@ -592,6 +593,10 @@ def test_a_live_object_edited_by_hand_is_drift(cluster):
     }
     assert list(pending) == ["cp-1"], pending
     assert any("cluster's objects" in name for name in pending["cp-1"]), pending
+    # The report names the object and the field, with its live and its rendered value.
+    (named,) = [n for n in hosts["cp-1"]["notes"] if "PriorityClass gpuinfra-balloon" in n]
+    assert "live: description: edited by hand" in named, named
+    assert "files: description: " in named, named
     fixed = gpuinfra("apply", str(cluster.inventory), "--yes", "--roles", "kubernetes")
     assert fixed.returncode == ExitCode.OK, failed_run(fixed)
     description = cluster.get("priorityclass", "gpuinfra-balloon").get("description", "")

@@ -18,7 +18,7 @@ from pyinfra.facts.files import Sha1File
 from engine.context import cluster_files, host_context, load
 from roles.fleet_policy import files as fleet_files
 from roles.kubernetes import operations as kube_ops
-from roles.kubernetes.facts import ApiAnswers, LiveObjectsDiffer
+from roles.kubernetes.facts import DIFF_LINES, ApiAnswers, LiveObjectsDiffer
 from roles.kubernetes.files import managed_files
 from roles.kubernetes.kubeadm import (
     ADMIN_CONF,
@@ -245,6 +245,7 @@ def sha1(text: str) -> str:
 
 
 def placed_facts(stages: list[ApplyStage], healthy: bool, live: str) -> dict[tuple, Any]:
+    """The facts of placed stages; `live` is LiveObjectsDiffer's status."""
     facts: dict[tuple, Any] = {
         (Sha1File, (("path", stage.path),)): sha1(stage.content) for stage in stages
     }
@@ -255,8 +256,11 @@ def placed_facts(stages: list[ApplyStage], healthy: bool, live: str) -> dict[tup
             LiveObjectsDiffer,
             (("field_manager", "gpuinfra"), ("kubeconfig", ADMIN_CONF), ("paths", paths)),
         )
-    ] = live
+    ] = {"status": live, "differences": DIFFERENCES if live == "differs" else []}
     return facts
+
+
+DIFFERENCES = ["PriorityClass gpuinfra-balloon: live: description: edited by hand"]
 
 
 def run(facts: dict[tuple, Any], first: bool, stages: list[ApplyStage]) -> tuple[list, KeyedHost]:
@@ -299,8 +303,11 @@ def test_apply_is_a_noop_when_files_and_live_objects_match_and_runs_when_live_on
     assert done == [] and host.noops
     assert any(key[0] is LiveObjectsDiffer for key in host.asked)
     for live in ("differs", "failed"):  # edited or deleted by hand; a kind not served yet
-        done, _ = run(placed_facts(stages, healthy=True, live=live), True, stages)
+        done, host = run(placed_facts(stages, healthy=True, live=live), True, stages)
         assert len(done) == 4 and all(c.startswith("kubectl") for c in done)
+        # What differs is named in the report (the drift's host notes), object and field.
+        named = [f"live object differs from the files: {DIFFERENCES[0]}"]
+        assert [n for n in host.noops if "differs" in n] == (named if live == "differs" else [])
     # No API to ask (kubeadm init runs first in this very run): apply after it.
     done, _ = run(placed_facts(stages, healthy=False, live="same"), True, stages)
     assert len(done) == 4
@@ -312,17 +319,45 @@ def test_apply_runs_on_the_first_control_plane_node_only(loaded):
     assert done == [] and host.asked == [] and host.noops
 
 
-def test_live_objects_fact_reads_kubectl_diffs_exit_status_and_discards_its_output():
+def test_live_objects_fact_reads_kubectl_diffs_status_and_names_what_differs():
     fact = LiveObjectsDiffer()
     command = fact.command(ADMIN_CONF, ("/a b.yaml", "/c.yaml"), "gpuinfra")
     assert command.startswith(
-        "kubectl --kubeconfig /etc/kubernetes/admin.conf --request-timeout=30s diff "
+        "out=$(kubectl --kubeconfig /etc/kubernetes/admin.conf --request-timeout=30s diff "
         "--server-side --field-manager=gpuinfra --force-conflicts -f '/a b.yaml' -f /c.yaml"
     )
-    assert ">/dev/null 2>&1; echo $?" in command  # a Secret's data never reaches a report
-    assert [fact.process([out]) for out in ("0", "1", "2", "")] == [
+    # Only changed lines leave the node, a bounded number, and none of a Secret's.
+    assert "[/.]v1[.]Secret[.]" in command and f"head -n {DIFF_LINES}" in command
+    assert [fact.process([f"exit={rc}"])["status"] for rc in ("0", "1", "2", "")] == [
         "same",
         "differs",
         "failed",
         "failed",
     ]
+    assert fact.process([])["status"] == "failed"
+    answer = fact.process(
+        [
+            "diff -u -N /tmp/LIVE-1/scheduling.k8s.io.v1.PriorityClass..gpuinfra-balloon "
+            "/tmp/MERGED-1/scheduling.k8s.io.v1.PriorityClass..gpuinfra-balloon",
+            "-description: edited by hand",
+            "+description: Placeholder pods",
+            "-  generation: 2",
+            "+  generation: 3",
+            "diff -u -N /tmp/LIVE-1/apps.v1.Deployment.team-a.balloon "
+            "/tmp/MERGED-1/apps.v1.Deployment.team-a.balloon",
+            "-  replicas: 5",
+            "+  replicas: 1",
+            "diff -u -N /tmp/LIVE-1/v1.Secret.gpuinfra.key /tmp/MERGED-1/v1.Secret.gpuinfra.key",
+            "-  key: c2VjcmV0",
+            "exit=1",
+        ]
+    )
+    assert answer == {
+        "status": "differs",
+        "differences": [
+            "PriorityClass gpuinfra-balloon: live: description: edited by hand; "
+            "files: description: Placeholder pods",
+            "Deployment team-a/balloon: live: replicas: 5; files: replicas: 1",
+            "Secret gpuinfra/key: data differs (not shown)",
+        ],
+    }

@@ -33,12 +33,12 @@ LAB_ONLY: dict[str, str] = {
     "group_vars.all.base": "the machine's apt mirror, its address in /etc/hosts (no DNS in "
     "the hosts) and the lab's apt cache",
     "group_vars.all.container_runtime": "containerd from this machine's build on the lab's "
-    "file server, the registry mirror, and runc on the machine's cgroup v1 without "
-    "CAP_SYS_RESOURCE",
+    "file server, the registry mirror (plain HTTP on the lab's bridge, allowed on purpose), "
+    "and runc on the machine's cgroup v1 without CAP_SYS_RESOURCE",
     "group_vars.all.kubernetes": "Kubernetes from this machine's build on the lab's file "
     "server; cni: routes (Calico's BIRD cannot run in a lab host), kube-proxy in nftables "
     "mode (no IPVS modules), conntrack left to the machine, cgroup v1 (cgroupfs, "
-    "fail_cgroup_v1: false, SystemVerification ignored)",
+    "fail_cgroup_v1: false taken on purpose with accept_unsafe, SystemVerification ignored)",
     "group_vars.all.gpu_health": "gpuinfra's own image from the lab's registry",
     "group_vars.all.shared_fs": "Ceph sized for one shared disk and the machine's memory",
     "group_vars.etcd": "etcd from this machine's build (or Debian's package) and the disk gate "
@@ -187,6 +187,7 @@ def _runtime_settings(gateway: str, published: offline.Published | None) -> dict
                 offline.UPSTREAM_REGISTRY: [offline.registry_url(gateway)],
                 f"{gateway}:{offline.REGISTRY_PORT}": [offline.registry_url(gateway)],
             },
+            allow_insecure_registries=True,
         )
     return settings
 
@@ -219,6 +220,7 @@ def _kubernetes_settings(gateway: str, published: offline.Published | None) -> d
         # The machine mounts cgroup v1 (LAB.md): lab-only settings, see the role's config.
         "cgroup_driver": "cgroupfs",
         "fail_cgroup_v1": False,
+        "accept_unsafe": ["fail_cgroup_v1"],
         "ignore_preflight_errors": ["SystemVerification"],
     }
 

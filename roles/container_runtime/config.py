@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Literal
 from urllib.parse import urlparse
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 
 class ContainerRuntimeConfig(BaseModel):
@@ -39,6 +39,10 @@ class ContainerRuntimeConfig(BaseModel):
     # lacks CAP_SYS_RESOURCE (rootless, or the lab's machine), which cannot lower it, so runc
     # would fail every pod sandbox (kubelet asks for -998). Off wherever root is root.
     restrict_oom_score_adj: bool = False
+    # A plain-HTTP mirror serves images anyone on the path can swap: refused unless the
+    # inventory takes it on purpose (the lab's registry, on its own bridge). Declared before
+    # the mirrors: their check reads it.
+    allow_insecure_registries: bool = False
     # Registry host -> mirror endpoints tried first (pull-through caches keep thousands of
     # nodes from hammering a public registry at once).
     registry_mirrors: dict[str, list[str]] = Field(default_factory=dict)
@@ -60,10 +64,17 @@ class ContainerRuntimeConfig(BaseModel):
     # and then stops dockerd from starting, so the inventory refuses it instead.
     @field_validator("registry_mirrors")
     @classmethod
-    def _mirrors_are_urls(cls, mirrors: dict[str, list[str]]) -> dict[str, list[str]]:
+    def _mirrors_are_urls(
+        cls, mirrors: dict[str, list[str]], info: ValidationInfo
+    ) -> dict[str, list[str]]:
         for registry, endpoints in mirrors.items():
             for endpoint in endpoints:
                 url = urlparse(endpoint)
                 if url.scheme not in ("http", "https") or not url.netloc:
                     raise ValueError(f"{registry}: {endpoint!r} is not an http(s) URL")
+                if url.scheme == "http" and not info.data.get("allow_insecure_registries"):
+                    raise ValueError(
+                        f"{registry}: {endpoint} over plain HTTP: use https, or take it on "
+                        "purpose with allow_insecure_registries: true"
+                    )
         return mirrors

@@ -6,11 +6,23 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from toolkit.pacing import Rate, RateInvalid
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+# kubeadm's preflight checks that stop it from writing over a node's existing directories and
+# files (an etcd data dir, a manifest, a kubeconfig).
+_DATA_CHECKS = ("DirAvailable", "FileAvailable")
 
 
 class KubernetesConfig(BaseModel):
@@ -111,6 +123,14 @@ class KubernetesConfig(BaseModel):
     scheduler_qps: int = Field(100, ge=1)
     scheduler_burst: int = Field(200, ge=1)
 
+    # What production cannot carry but an inventory may take on purpose (the lab's nested
+    # hosts on the machine's cgroup v1): "fail_cgroup_v1" lets fail_cgroup_v1 be false,
+    # "ignore_preflight_errors" lets it name `all` or a check that keeps kubeadm from writing
+    # over a node's existing files (DirAvailable--*, FileAvailable--*). Refused otherwise.
+    # Declared before the settings it allows: their checks read it.
+    accept_unsafe: list[Literal["fail_cgroup_v1", "ignore_preflight_errors"]] = Field(
+        default_factory=list
+    )
     # kubelet and containerd must use one cgroup driver: systemd wherever systemd runs the host
     # on cgroup v2 (every current Ubuntu LTS). cgroupfs only where systemd cannot delegate the
     # controllers (the lab's nested hosts on the machine's cgroup v1).
@@ -179,6 +199,29 @@ class KubernetesConfig(BaseModel):
                 raise ValueError(f"{version!r} is not a Kubernetes version (1.36.3)")
             cls._digests(pins)
         return value
+
+    @field_validator("fail_cgroup_v1")
+    @classmethod
+    def _cgroup_v1_on_purpose(cls, fail: bool, info: ValidationInfo) -> bool:
+        if not fail and "fail_cgroup_v1" not in info.data.get("accept_unsafe", ()):
+            raise ValueError(
+                "false runs kubelet on cgroup v1, which Kubernetes 1.35 refuses (KEP-5573): "
+                "move the hosts to cgroup v2, or take it on purpose with "
+                "accept_unsafe: [fail_cgroup_v1]"
+            )
+        return fail
+
+    @field_validator("ignore_preflight_errors")
+    @classmethod
+    def _preflight_on_purpose(cls, checks: list[str], info: ValidationInfo) -> list[str]:
+        unsafe = [c for c in checks if c.lower() == "all" or c.startswith(_DATA_CHECKS)]
+        if unsafe and "ignore_preflight_errors" not in info.data.get("accept_unsafe", ()):
+            raise ValueError(
+                f"{', '.join(unsafe)} would let kubeadm run over every check at once or over "
+                "what protects a node's files: name the checks that fail, or take it on "
+                "purpose with accept_unsafe: [ignore_preflight_errors]"
+            )
+        return checks
 
     @model_validator(mode="after")
     def _binaries_need_pins(self) -> KubernetesConfig:

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
+from inventory.grammar import PlainPath, VersionText
 from inventory.versions import KubernetesVersion, check_kubernetes_version
 
 # The groups a host can belong to, and what each one means. Documented in docs/inventory.md too.
@@ -59,13 +60,13 @@ class Versions(Strict):
     """Pinned versions; the NVIDIA stack is checked against each other by the nvidia role."""
 
     kubernetes: KubernetesVersionText = "1.35.4"
-    etcd: str = "3.5.16"  # Debian 13's etcd-server; upstream 3.5 otherwise
-    containerd: str = "1.7.24"
-    docker: str = "26.1.5"
-    nvidia_driver: str = "550.163.01"
-    cuda: str = "12.4"
-    cudnn: str = "9.1.0"
-    nccl: str = "2.22.3"
+    etcd: VersionText = "3.5.16"  # Debian 13's etcd-server; upstream 3.5 otherwise
+    containerd: VersionText = "1.7.24"
+    docker: VersionText = "26.1.5"
+    nvidia_driver: VersionText = "550.163.01"
+    cuda: VersionText = "12.4"
+    cudnn: VersionText = "9.1.0"
+    nccl: VersionText = "2.22.3"
 
     @property
     def kubernetes_version(self) -> KubernetesVersion:
@@ -105,7 +106,7 @@ class GPUSpec(Strict):
 
 class EtcdHost(Strict):
     # A dedicated local SSD/NVMe for etcd's data, e.g. /dev/nvme1n1; a plain directory without.
-    disk: str | None = None
+    disk: PlainPath | None = None
     # etcd member name when it must differ from the host name (imported Kubespray inventories).
     member_name: HostName | None = None
 

@@ -63,10 +63,10 @@ class Versions(Strict):
     etcd: VersionText = "3.5.16"  # Debian 13's etcd-server; upstream 3.5 otherwise
     containerd: VersionText = "1.7.24"
     docker: VersionText = "26.1.5"
-    nvidia_driver: VersionText = "550.163.01"
-    cuda: VersionText = "12.4"
-    cudnn: VersionText = "9.1.0"
-    nccl: VersionText = "2.22.3"
+    nvidia_driver: str = "550.163.01"
+    cuda: str = "12.4"
+    cudnn: str = "9.1.0"
+    nccl: str = "2.22.3"
 
     @property
     def kubernetes_version(self) -> KubernetesVersion:

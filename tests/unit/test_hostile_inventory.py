@@ -49,7 +49,9 @@ def _data_volume(key: str, wrap=lambda v: v):
 FIELDS = {
     "versions.etcd": _version("etcd"),
     "versions.containerd": _version("containerd"),
-    "versions.nvidia_driver": _version("nvidia_driver"),
+    "versions.docker": _version("docker"),
+    # The NVIDIA pins are checked as versions and against each other by the nvidia role.
+    "versions.nccl": _version("nccl"),
     "kubernetes.package_revision": _setting("kubernetes", "package_revision"),
     "kubernetes.cni_plugins_version": _setting("kubernetes", "cni_plugins_version"),
     "kubernetes.cri_tools_version": _setting("kubernetes", "cri_tools_version"),

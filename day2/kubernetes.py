@@ -274,7 +274,7 @@ def package_commands(loaded: LoadedCluster, host: str, version: str, names: list
             install = f"install -m 0755 {{file}} /usr/local/bin/{name}"
             commands += checked_download(name, binary_url(cfg, plain, name), pins[name], install)
         return " && ".join(commands)
-    pins = " ".join(f"{name}={plain}-{cfg.package_revision}" for name in names)
+    pins = " ".join(shlex.quote(f"{name}={plain}-{cfg.package_revision}") for name in names)
     return (
         f"apt-mark unhold {' '.join(names)} && DEBIAN_FRONTEND=noninteractive apt-get install "
         f"-y -q --no-install-recommends {pins} && apt-mark hold {' '.join(names)}"
@@ -334,7 +334,7 @@ def upgrade_flags(
     ignored = list(cfg.ignore_preflight_errors)
     if coredns is not None and first:
         ignored += COREDNS_CHECKS
-    checks = f" --ignore-preflight-errors={','.join(ignored)}" if ignored else ""
+    checks = f" --ignore-preflight-errors={shlex.quote(','.join(ignored))}" if ignored else ""
     control_plane = "control_plane" in loaded.cluster.hosts[host].groups
     phases = " --skip-phases addon/coredns" if coredns is not None and control_plane else ""
     return checks, phases

@@ -1,17 +1,19 @@
 """The rollout Job's ledger as the cluster's lock: while a Job's heartbeat is under 120 s old,
 a local apply is refused (LockHeld, exit 8) naming the Job; `--break-lock` stops the Job
-instead (docs/design/fleet-jobs.md section 5). Read on the first control-plane node with
+instead (docs/design/fleet-jobs.md section 5). A ledger that cannot be read refuses too (exit 8):
+the lock fails closed. Read on the first control-plane node with
 admin.conf, only when the inventory enables the rollout Job.
 """
 
 from __future__ import annotations
 
+import shlex
 import time
 from pathlib import Path
 
 from engine import fleetgate
 from engine.applylock import LockHeld
-from engine.incluster import remote_kubectl
+from engine.incluster import ADMIN_CONF, remote_kubectl
 from inventory.model import LoadedCluster
 from toolkit.remote import RemoteRunner, run_remote
 from toolkit.spec import settings_of
@@ -49,16 +51,28 @@ def live_rollout(
     loaded: LoadedCluster, runner: RemoteRunner | None = None, now: float | None = None
 ) -> fleetgate.Ledger | None:
     """The ledger of a rollout Job still running (heartbeat under 120 s); None when there is
-    none, the Job is off, or cp-1 cannot say (a cluster not up yet has no Job)."""
-    api = _api(loaded, runner or run_remote)
+    none: the Job is off, cp-1 has no Kubernetes yet (no admin.conf) or no ledger. LedgerError
+    when cp-1 cannot say (ssh or kubectl failing, a ledger that does not parse): a rollout may
+    be running, so the caller must not read that as none."""
+    run = runner or run_remote
+    api = _api(loaded, run)
     if api is None:
         return None
     try:
         data, _ = api.get(ledger_name(loaded.cluster.name))
-        ledger = fleetgate.Ledger.parse(data)
-    except fleetgate.LedgerError:
-        return None
+    except fleetgate.LedgerError as exc:
+        if "(NotFound)" in str(exc) or not _has_kubernetes(loaded, run):
+            return None
+        raise
+    ledger = fleetgate.Ledger.parse(data)
     return ledger if ledger.live(time.time() if now is None else now) else None
+
+
+def _has_kubernetes(loaded: LoadedCluster, runner: RemoteRunner) -> bool:
+    """False only when cp-1 answers and has no admin.conf (a cluster not up yet has no Job)."""
+    host = loaded.cluster.in_group("control_plane")[0]
+    found = runner(loaded, host, f"test -e {shlex.quote(ADMIN_CONF)}", timeout=60)
+    return found.exit_code != 1
 
 
 def check_rollout(
@@ -70,12 +84,21 @@ def check_rollout(
     runner: RemoteRunner | None = None,
 ) -> str | None:
     """RolloutHoldsLock while a live Job holds the cluster; with `break_lock`, mark its ledger
-    stopped and return what was broken (a note for the operator)."""
-    ledger = live_rollout(loaded, runner)
-    if ledger is None:
-        return None
+    stopped and return what was broken (a note for the operator). A ledger cp-1 cannot read
+    refuses too: the lock fails closed."""
     cfg = fleet_config(loaded)
     name = ledger_name(loaded.cluster.name)
+    try:
+        ledger = live_rollout(loaded, runner)
+    except fleetgate.LedgerError as exc:
+        why = " ".join(str(exc).split())
+        raise RolloutHoldsLock(
+            path,
+            f"cannot read the rollout Job's ledger {cfg.namespace}/{name} on the first "
+            f"control-plane node, so a rollout may hold the cluster: {why}",
+        ) from None
+    if ledger is None:
+        return None
     age = max(0, int(time.time() - ledger.heartbeat))
     holder = (
         f"the rollout Job {cfg.namespace}/{name} (run {ledger.run}, "

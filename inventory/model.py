@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
+from inventory.grammar import PlainPath, VersionText
 from inventory.versions import (
     DEFAULT_CONTAINERD,
     DEFAULT_ETCD,
@@ -66,9 +67,9 @@ class Versions(Strict):
 
     # What the lab builds and runs together; why each, in inventory/versions.py.
     kubernetes: KubernetesVersionText = DEFAULT_KUBERNETES
-    etcd: str = DEFAULT_ETCD
-    containerd: str = DEFAULT_CONTAINERD
-    docker: str = "26.1.5"
+    etcd: VersionText = DEFAULT_ETCD
+    containerd: VersionText = DEFAULT_CONTAINERD
+    docker: VersionText = "26.1.5"
     nvidia_driver: str = "550.163.01"
     cuda: str = "12.4"
     cudnn: str = "9.1.0"
@@ -112,7 +113,7 @@ class GPUSpec(Strict):
 
 class EtcdHost(Strict):
     # A dedicated local SSD/NVMe for etcd's data, e.g. /dev/nvme1n1; a plain directory without.
-    disk: str | None = None
+    disk: PlainPath | None = None
     # etcd member name when it must differ from the host name (imported Kubespray inventories).
     member_name: HostName | None = None
 

@@ -22,6 +22,9 @@ PREFLIGHT_TAINT_KEY = "gpuinfra.io/preflight"
 PREFLIGHT_TAINT_VALUE = "true"
 PREFLIGHT_TAINT_EFFECT = "NoSchedule"
 PREFLIGHT_TAINT = f"{PREFLIGHT_TAINT_KEY}={PREFLIGHT_TAINT_VALUE}:{PREFLIGHT_TAINT_EFFECT}"
+# The only pods that may tolerate it (fleet_policy's admission policy): gpu_health's preflight
+# DaemonSet and periodic check Jobs run under these accounts (templates/gpu_health).
+GPU_HEALTH_CHECK_ACCOUNTS = ("gpu-health-preflight", "gpu-health-periodic")
 
 # The label kubelet sets on GPU workers (`--node-labels`) so the health DaemonSet lands on them
 # only; gpuinfra.io is outside the kubernetes.io prefixes that NodeRestriction reserves.

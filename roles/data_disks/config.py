@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from inventory.grammar import PlainPath
+
 # Kernel names change with probe order (sdb today is sdc after a disk is added or a controller
 # probes late): a data disk is named by what udev derives from the hardware itself.
 STABLE_PREFIXES = ("/dev/disk/by-id/", "/dev/disk/by-path/")
@@ -26,11 +28,11 @@ class Volume(BaseModel):
     # copies only. single: one disk, no md.
     layout: Literal["raid0", "single"] = "raid0"
     # Stable names only (/dev/disk/by-id/... or by-path/...), never /dev/sdX or /dev/nvmeXnY.
-    disks: list[str] = Field(min_length=1)
+    disks: list[PlainPath] = Field(min_length=1)
     # xfs: what large sequential reads and parallel checkpoint writes are tuned for, and it
     # takes the md stripe geometry (sunit/swidth) from the array by itself.
     filesystem: Literal["xfs", "ext4"] = "xfs"
-    mountpoint: str = "/data"
+    mountpoint: PlainPath = "/data"
     # noatime: no metadata write per read of a dataset file; nofail: a lost array never
     # blocks boot (the node comes up, health checks and drift report the missing volume).
     options: list[str] = Field(default_factory=lambda: ["noatime", "nofail"])

@@ -6,6 +6,8 @@ import ipaddress
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from inventory.grammar import JobNamespace
+
 
 class DriftJobConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -35,7 +37,7 @@ class DriftJobConfig(BaseModel):
     hosts_per_shard: int = Field(200, ge=1)
     # None: as many shards as it takes to keep each at hosts_per_shard or fewer.
     shards: int | None = Field(None, ge=1)
-    namespace: str = "gpuinfra"
+    namespace: JobNamespace = "gpuinfra"
     # Holds cluster.yml, whose ssh.key and ssh.known_hosts point under /etc/gpuinfra/ssh.
     inventory_configmap: str = "gpuinfra-inventory"
     # Holds id_ed25519 and known_hosts: host keys stay checked inside the cluster too.

@@ -146,7 +146,8 @@ def etcd_installed(cfg: EtcdConfig, version: str):
     if cfg.source == "distribution":
         install = (
             "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "
-            f"-o Dpkg::Options::=--force-confold etcd-server={version}* etcd-client={version}*"
+            f"-o Dpkg::Options::=--force-confold etcd-server={shlex.quote(version)}* "
+            f"etcd-client={shlex.quote(version)}*"
         )
         if installed:
             # An upgrade: the package would restart etcd on every member at once. Hold that back

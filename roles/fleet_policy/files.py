@@ -167,6 +167,11 @@ def cluster_files(loaded: LoadedCluster) -> dict[str, str]:
             **{**common, "label_key": TEAM_LABEL_KEY},
             namespaces=namespaces,
             exempt=exempt,
+            agent_namespaces=[*SYSTEM_NAMESPACES, cfg.namespace],
+            health_namespace=gpu_health_config(loaded).namespace,
+            health_accounts=list(nodes.GPU_HEALTH_CHECK_ACCOUNTS),
+            preflight_key=nodes.PREFLIGHT_TAINT_KEY,
+            preflight_effect=nodes.PREFLIGHT_TAINT_EFFECT,
         ),
         BALLOONS: render_template(
             "fleet_policy/balloons.yaml.j2", **common, pools=balloon_pools(cluster, cfg)

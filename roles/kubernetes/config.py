@@ -15,6 +15,7 @@ from pydantic import (
     model_validator,
 )
 
+from inventory.grammar import CheckName, DebianRevision, VersionText
 from toolkit.pacing import Rate, RateInvalid
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -42,7 +43,7 @@ class KubernetesConfig(BaseModel):
     # published at https://kubernetes.io/docs/setup/production-environment/tools/kubeadm/
     repo_key_fingerprint: str = "DE15B14486CD377B9E876E1A234654DA9A296436"
     # Debian revision of the packages at the pinned version: pkgs.k8s.io publishes "-1.1".
-    package_revision: str = "1.1"
+    package_revision: DebianRevision = "1.1"
     # Base URL holding <version>/bin/linux/<arch>/{kubeadm,kubelet,kubectl} (source: binaries).
     binaries_url: str = "https://dl.k8s.io/release"
     # SHA-256 for source: binaries, per download: the three binaries and the crictl and CNI
@@ -59,8 +60,8 @@ class KubernetesConfig(BaseModel):
     )
     # The CNI plugins and crictl that go with Kubernetes 1.35 (source: binaries). No crictl
     # (None): kubeadm talks CRI itself; crictl is only the operator's debugging tool.
-    cni_plugins_version: str = "1.9.0"
-    cri_tools_version: str | None = "1.35.0"
+    cni_plugins_version: VersionText = "1.9.0"
+    cri_tools_version: VersionText | None = "1.35.0"
     # Where source: binaries finds them: the projects' release downloads, or a file server of
     # the same layout (Kubespray's offline `files_repo`).
     cni_plugins_url: str = "https://github.com/containernetworking/plugins/releases/download"
@@ -140,7 +141,7 @@ class KubernetesConfig(BaseModel):
     fail_cgroup_v1: bool = True
     # kubeadm preflight checks to turn into warnings, e.g. SystemVerification on the lab's
     # cgroup v1 hosts. Empty in production: each failed check is a real problem there.
-    ignore_preflight_errors: list[str] = Field(default_factory=list)
+    ignore_preflight_errors: list[CheckName] = Field(default_factory=list)
 
     # kubelet: the 110-pod upstream limit; GPU nodes run few large pods, so no reason to raise.
     max_pods: int = Field(110, ge=10, le=250)

@@ -116,11 +116,12 @@ def kubernetes_installed(cfg: KubernetesConfig, version: str, repo: str):
         host.noop(f"kubeadm, kubelet and kubectl {version} installed and held")
         return
     message = shlex.quote(missing_repository_message(version, repo))
+    listed = shlex.quote(f" {pins['kubeadm']} ")
     yield (
-        f"apt-cache madison kubeadm 2>/dev/null | grep -qF ' {pins['kubeadm']} ' || "
+        f"apt-cache madison kubeadm 2>/dev/null | grep -qF {listed} || "
         f"{{ echo {message} >&2; exit 1; }}"
     )
-    specs = " ".join(f"{name}={pin}" for name, pin in pins.items())
+    specs = " ".join(shlex.quote(f"{name}={pin}") for name, pin in pins.items())
     yield (
         "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "
         f"--allow-change-held-packages {specs} cri-tools kubernetes-cni"
@@ -141,7 +142,7 @@ def _binary_commands(cfg: KubernetesConfig, version: str):
         url = f"{cfg.cni_plugins_url.rstrip('/')}/{tag}/cni-plugins-linux-amd64-{tag}.tgz"
         unpack = (
             "mkdir -p /opt/cni/bin && tar -xzf {file} -C /opt/cni/bin && "
-            f"touch /opt/cni/bin/.gpuinfra-{tag}"
+            f"touch {shlex.quote(f'/opt/cni/bin/.gpuinfra-{tag}')}"
         )
         downloads.append(("cni-plugins", url, unpack))
     crictl = cfg.cri_tools_version
@@ -150,7 +151,8 @@ def _binary_commands(cfg: KubernetesConfig, version: str):
     ):
         tag = f"v{crictl}"
         url = f"{cfg.cri_tools_url.rstrip('/')}/{tag}/crictl-{tag}-linux-amd64.tar.gz"
-        unpack = f"tar -xzf {{file}} -C /usr/local/bin crictl && touch /usr/local/bin/.crictl-{tag}"
+        marker = shlex.quote(f"/usr/local/bin/.crictl-{tag}")
+        unpack = f"tar -xzf {{file}} -C /usr/local/bin crictl && touch {marker}"
         downloads.append(("crictl", url, unpack))
     for name, url, install in downloads:
         yield from checked_download(name, url, cfg.binary_sha256[name], install)

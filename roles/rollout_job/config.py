@@ -6,6 +6,8 @@ import ipaddress
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from inventory.grammar import JobNamespace
+
 
 class RolloutJobConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -29,7 +31,7 @@ class RolloutJobConfig(BaseModel):
     budget: int = Field(10, ge=1)
     # Past this share of failed hosts the ledger stops the rollout; None: never stops.
     fail_percent: float | None = Field(None, ge=0, le=100)
-    namespace: str = "gpuinfra"
+    namespace: JobNamespace = "gpuinfra"
     # Joins are paced at kubernetes.join_rate (5/10s): 7,500 joins take 4.2 h for any shard
     # count (docs/design/fleet-jobs.md section 6), so the default allows a few hundred hosts.
     deadline_seconds: int = Field(4 * 3600, ge=300)

@@ -378,6 +378,77 @@ def test_the_team_policy_refuses_another_teams_nodes_and_admits_the_teams_own(cl
     assert admitted.returncode == 0, admitted.stderr
 
 
+# A team member: the `edit` ClusterRole in the team's namespace (no pods/binding), impersonated
+# by the admin's kubeconfig, so the refusals below are the policies', not RBAC's.
+TEAM_USER = "itest-research-member"
+
+
+@pytest.fixture
+def team_member(cluster):
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": "itest-team-member", "namespace": TEAM},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": TEAM_USER}],
+    }
+    cluster.kubectl("delete", "rolebinding", "-n", TEAM, "itest-team-member", "--ignore-not-found")
+    cluster.create(binding)
+    yield f"--as={TEAM_USER}"
+    cluster.kubectl("delete", "rolebinding", "-n", TEAM, "itest-team-member", check=False)
+
+
+def test_a_team_pod_that_presets_its_node_is_refused(cluster, team_member):
+    """spec.nodeName skips the scheduler and every NoSchedule taint (kubelet admits a pod bound
+    to it): a team member's pod naming gpu-1, with no toleration at all, is refused by the real
+    API server; the same pod left to the scheduler is admitted (server-side dry run)."""
+    placed = team_pod(TEAM, TEAM)
+    placed["spec"]["nodeName"] = "gpu-1"
+    text = yaml.safe_dump(placed)
+    refused = cluster.kubectl(
+        team_member, "create", "-f", "-", "--dry-run=server", stdin=text, check=False
+    )
+    assert refused.returncode != 0
+    assert "gpuinfra-team-tolerations" in refused.stderr, refused.stderr
+    assert "may not set spec.nodeName" in refused.stderr, refused.stderr
+    admitted = cluster.kubectl(
+        team_member,
+        "create",
+        "-f",
+        "-",
+        "--dry-run=server",
+        stdin=yaml.safe_dump(team_pod(TEAM, TEAM)),
+        check=False,
+    )
+    assert admitted.returncode == 0, admitted.stderr
+
+
+def preflight_pod(namespace: str, account: str | None = None) -> dict:
+    pod = team_pod(namespace, TEAM)
+    pod["spec"]["tolerations"].append(
+        {"key": "gpuinfra.io/preflight", "value": "true", "effect": "NoSchedule"}
+    )
+    if account:
+        pod["spec"]["serviceAccountName"] = account
+    return pod
+
+
+def test_only_the_gpu_health_checks_may_tolerate_the_preflight_taint(cluster):
+    """A team's pod tolerating the preflight taint (it would run on gpu-1, whose GPUs never
+    passed) is refused, so is one in gpu-health under another account; gpu-health's preflight
+    account is admitted (server-side dry run)."""
+    refused = cluster.create(preflight_pod(TEAM), dry_run=True, check=False)
+    assert refused.returncode != 0
+    assert "gpuinfra-preflight-tolerations" in refused.stderr, refused.stderr
+    other = cluster.create(preflight_pod("gpu-health", "default"), dry_run=True, check=False)
+    assert other.returncode != 0
+    assert "gpuinfra-preflight-tolerations" in other.stderr, other.stderr
+    admitted = cluster.create(
+        preflight_pod("gpu-health", "gpu-health-preflight"), dry_run=True, check=False
+    )
+    assert admitted.returncode == 0, admitted.stderr
+
+
 def test_a_balloon_is_preempted_by_real_work(cluster):
     """The balloon pool holds most of cpu-1; a pod of priority 0 that needs that room evicts
     it (the scheduler's preemption, the balloon's negative PriorityClass)."""

@@ -104,7 +104,7 @@ def test_every_rendered_object_is_valid_for_the_pinned_kubernetes(rendered):
     # The periodic check's Job template, which the sampler creates per node, is checked too.
     config = find(rendered, "kubernetes/gpu-health.yaml", "ConfigMap")
     objects.append(("periodic-job.yaml", yaml.safe_load(config["data"]["periodic-job.yaml"])))
-    assert len(objects) == 34  # drift job (1), gpu-health (21 + the Job), fleet policy (11)
+    assert len(objects) == 36  # drift job (1), gpu-health (21 + the Job), fleet policy (13)
     crds = crd_schemas(obj for _, obj in objects)
     version = load(SAMPLE).cluster.versions.kubernetes
     problems = [
@@ -326,6 +326,112 @@ def test_the_example_job_is_admitted_in_its_teams_namespace(team_policy):
     tolerations = job["spec"]["template"]["spec"]["tolerations"]
     assert decide_team(team_policy, "research-batch", "research", tolerations) == []
     assert decide_team(team_policy, "inference", "inference", tolerations) != []
+
+
+def placed_pod(namespace: str, node: str, annotations: dict | None = None) -> dict:
+    """A pod with spec.nodeName preset: it skips the scheduler and every NoSchedule taint."""
+    placed = pod(namespace, None)
+    placed["spec"]["nodeName"] = node
+    if annotations:
+        placed["metadata"]["annotations"] = annotations
+    return placed
+
+
+def decide_placed(team_policy, placed: dict, user: str, groups=(), operation="CREATE"):
+    namespace = placed["metadata"]["namespace"]
+    request = {"namespace": namespace, "operation": operation,
+               "userInfo": {"username": user, "groups": list(groups)}}  # fmt: skip
+    return admission(team_policy, placed, team_namespace(namespace, "research"), request)
+
+
+def test_a_pod_that_presets_its_node_is_refused(team_policy):
+    failed = decide_placed(team_policy, placed_pod("research", "gpu-1"), "alice",
+                           ["system:authenticated"])  # fmt: skip
+    assert failed == [
+        "pods in namespace research may not set spec.nodeName: it skips the scheduler and "
+        "every taint (preflight, teams)"
+    ]
+    # The control: the same pod left to the scheduler is admitted.
+    assert decide_placed(team_policy, pod("research", None), "alice") == []
+
+
+def test_mirror_pods_admins_and_bound_pods_may_carry_a_node_name(team_policy):
+    mirror = placed_pod("research", "gpu-1", {"kubernetes.io/config.mirror": "abc"})
+    assert decide_placed(team_policy, mirror, "system:node:gpu-1", ["system:nodes"]) == []
+    # The annotation alone is not enough: only a kubelet creates mirror pods.
+    assert decide_placed(team_policy, mirror, "alice") != []
+    # A cluster admin (`kubectl debug node/...`) can delete the policy anyway.
+    admin = ["system:masters", "system:authenticated"]
+    assert decide_placed(team_policy, placed_pod("research", "gpu-1"), "admin", admin) == []
+    # A pod the scheduler bound (pods/binding) carries nodeName in every later update.
+    bound = placed_pod("research", "gpu-1")
+    assert decide_placed(team_policy, bound, "alice", operation="UPDATE") == []
+
+
+@pytest.fixture(scope="module")
+def preflight_policy(rendered) -> dict:
+    return find(
+        rendered, files.TEAMS, "ValidatingAdmissionPolicy", "gpuinfra-preflight-tolerations"
+    )
+
+
+PREFLIGHT_TOLERATION = {"key": "gpuinfra.io/preflight", "operator": "Equal", "value": "true",
+                        "effect": "NoSchedule"}  # fmt: skip
+
+
+def decide_preflight(policy, namespace: str, tolerations, account: str | None = None):
+    placed = pod(namespace, tolerations)
+    if account:
+        placed["spec"]["serviceAccountName"] = account
+    request = {"namespace": namespace, "operation": "CREATE", "userInfo": {"username": "alice"}}
+    return admission(policy, placed, team_namespace(namespace, None), request)
+
+
+@pytest.mark.parametrize(
+    "tolerations",
+    [
+        [PREFLIGHT_TOLERATION],
+        [{"key": "gpuinfra.io/preflight", "operator": "Exists"}],
+        [{"operator": "Exists"}],  # every taint, the preflight one included
+        [team_toleration("research"), {**PREFLIGHT_TOLERATION, "effect": ""}],
+    ],
+)
+def test_only_the_gpu_health_checks_may_tolerate_the_preflight_taint(preflight_policy, tolerations):
+    message = (
+        "only the GPU health checks (namespace gpu-health, service accounts "
+        "gpu-health-preflight, gpu-health-periodic) may tolerate gpuinfra.io/preflight"
+    )
+    assert decide_preflight(preflight_policy, "research", tolerations) == [message]
+    assert decide_preflight(preflight_policy, "gpu-health", tolerations, "default") == [message]
+    assert decide_preflight(preflight_policy, "gpu-health", tolerations, "gpu-health-sampler") != []
+    # The controls: the checks themselves, and the same namespace tolerating only its team.
+    for account in ("gpu-health-preflight", "gpu-health-periodic"):
+        assert decide_preflight(preflight_policy, "gpu-health", tolerations, account) == []
+    assert decide_preflight(preflight_policy, "research", [team_toleration("research")]) == []
+    assert decide_preflight(preflight_policy, "research", None) == []
+
+
+def test_every_rendered_pod_passes_the_preflight_policy(rendered, preflight_policy):
+    """The node agents (CNI, device plugin, DCGM: the checks need them on a node still under
+    preflight), the checks, the sampler and the balloons, as rendered."""
+    checked = 0
+    for path, obj in objects_in(rendered):
+        template = obj.get("spec", {}).get("template") or obj.get("spec", {}).get(
+            "jobTemplate", {}).get("spec", {}).get("template")  # fmt: skip
+        if not template:
+            continue
+        namespace = obj["metadata"]["namespace"]
+        spec = template["spec"]
+        decided = decide_preflight(preflight_policy, namespace, spec.get("tolerations"),
+                                   spec.get("serviceAccountName"))  # fmt: skip
+        assert decided in ([], None), (path, obj["metadata"].get("name"), decided)
+        checked += 1
+    periodic = yaml.safe_load(
+        find(rendered, "kubernetes/gpu-health.yaml", "ConfigMap")["data"]["periodic-job.yaml"]
+    )["spec"]["template"]["spec"]
+    assert decide_preflight(preflight_policy, "gpu-health", periodic["tolerations"],
+                            periodic["serviceAccountName"]) == []  # fmt: skip
+    assert checked >= 5
 
 
 def test_team_namespaces_carry_the_team_label(rendered):

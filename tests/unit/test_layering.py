@@ -28,7 +28,7 @@ PACKAGES = (
 
 # Lowest first; the first pattern a module matches gives its layer.
 LAYERS: list[tuple[str, list[str]]] = [
-    ("model", [r"inventory\.(errors|model|versions)"]),
+    ("model", [r"inventory\.(errors|grammar|model|versions)"]),
     ("inventory", [r"inventory(\..*)?"]),
     ("role toolkit", [r"roles", r"toolkit(\..*)?"]),
     ("roles", [rf"roles\.{name}(\..*)?" for name in ROLE_PACKAGES]),

@@ -1,0 +1,113 @@
+"""Inventory strings that reach root shells or admin-applied YAML are checked by their grammar
+at load: each hostile value (a command separator, a substitution, a newline, a parent folder,
+backticks) is refused with exit 2 and one line naming its key, and a reserved namespace is
+refused for the Jobs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
+
+HOSTILE = ["1.2.3; rm -rf /", "$(reboot)", "1.2.3\nreboot", "../../etc", "`reboot`", "a b"]
+
+
+def _etcd_disk(cluster: dict[str, Any], value: Any) -> None:
+    cluster["hosts"]["etcd-1"]["etcd"] = {"disk": value}
+
+
+def _setting(role: str, key: str, wrap=lambda v: v):
+    def put(cluster: dict[str, Any], value: Any) -> None:
+        cluster.setdefault("group_vars", {}).setdefault("all", {}).setdefault(role, {})[key] = wrap(
+            value
+        )
+
+    return put
+
+
+def _version(key: str):
+    def put(cluster: dict[str, Any], value: Any) -> None:
+        cluster.setdefault("versions", {})[key] = value
+
+    return put
+
+
+def _data_volume(key: str, wrap=lambda v: v):
+    def put(cluster: dict[str, Any], value: Any) -> None:
+        volume = {"name": "data", "disks": ["/dev/disk/by-id/nvme-a", "/dev/disk/by-id/nvme-b"]}
+        volume[key] = wrap(value)
+        workers = cluster.setdefault("group_vars", {}).setdefault("gpu_worker", {})
+        workers["data_disks"] = {"volumes": [volume]}
+
+    return put
+
+
+# key as the error names it -> how to set it
+FIELDS = {
+    "versions.etcd": _version("etcd"),
+    "versions.containerd": _version("containerd"),
+    "versions.docker": _version("docker"),
+    # The NVIDIA pins are checked as versions and against each other by the nvidia role.
+    "versions.nccl": _version("nccl"),
+    "kubernetes.package_revision": _setting("kubernetes", "package_revision"),
+    "kubernetes.cni_plugins_version": _setting("kubernetes", "cni_plugins_version"),
+    "kubernetes.cri_tools_version": _setting("kubernetes", "cri_tools_version"),
+    "kubernetes.ignore_preflight_errors": _setting(
+        "kubernetes", "ignore_preflight_errors", lambda v: ["SystemVerification", v]
+    ),
+    "drift_job.namespace": _setting("drift_job", "namespace"),
+    "rollout_job.namespace": _setting("rollout_job", "namespace"),
+    "etcd.disk": _etcd_disk,
+    "data_disks.volumes.0.disks": _data_volume(
+        "disks", lambda v: ["/dev/disk/by-id/nvme-a", f"/dev/disk/by-id/{v}"]
+    ),
+    "data_disks.volumes.0.mountpoint": _data_volume("mountpoint", lambda v: f"/data/{v}"),
+}
+
+
+def validate(small_cluster, write_cluster):
+    return CliRunner().invoke(app, ["inventory", "validate", str(write_cluster(small_cluster))])
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+@pytest.mark.parametrize("key", FIELDS)
+def test_a_hostile_value_is_refused_naming_its_key(small_cluster, write_cluster, key, value):
+    FIELDS[key](small_cluster, value)
+    result = validate(small_cluster, write_cluster)
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if key in line]
+    assert lines, result.stderr
+
+
+@pytest.mark.parametrize("namespace", ["kube-system", "kube-public", "kube-node-lease", "default"])
+@pytest.mark.parametrize("job", ["drift_job", "rollout_job"])
+def test_a_job_in_a_reserved_namespace_is_refused(small_cluster, write_cluster, job, namespace):
+    _setting(job, "namespace")(small_cluster, namespace)
+    result = validate(small_cluster, write_cluster)
+    assert result.exit_code == 2, result.output
+    assert f"{job}.namespace" in result.stderr and "reserved to Kubernetes" in result.stderr, (
+        result.stderr
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("versions.etcd", "3.6.5"),
+        ("kubernetes.package_revision", "1.1"),
+        ("kubernetes.cni_plugins_version", "1.9.0"),
+        ("kubernetes.cri_tools_version", "1.35.0"),
+        ("kubernetes.ignore_preflight_errors", "FileAvailable--etc-kubernetes-kubelet.conf"),
+        ("drift_job.namespace", "fleet-ops"),
+        ("etcd.disk", "/dev/disk/by-id/nvme-Samsung_SSD_980_PRO_1TB_S5GX.0-part1"),
+        ("data_disks.volumes.0.mountpoint", "checkpoints"),
+    ],
+)
+def test_well_formed_values_pass(small_cluster, write_cluster, key, value):
+    """The controls: the same fields, each with a value of its grammar."""
+    FIELDS[key](small_cluster, value)
+    result = validate(small_cluster, write_cluster)
+    assert result.exit_code == 0, result.output

@@ -66,13 +66,18 @@ def enabled_settings(
 
 
 def not_a_node(cluster: Cluster, role: str, node: str) -> tuple[str, str] | None:
-    """The problem of a Job node that is not a Kubernetes node of the inventory, or None."""
+    """The problem of a Job node that is not a Kubernetes node of the inventory, or a GPU
+    worker (the preflight admission policy lets only the GPU checks tolerate its taint), or
+    None."""
     host = cluster.hosts.get(node)
+    key = f"group_vars.all.{role}.nodes"
     if host is None or not any(group in NODE_GROUPS for group in host.groups):
         return (
-            f"group_vars.all.{role}.nodes",
+            key,
             f"{node} is not a Kubernetes node of this inventory ({', '.join(NODE_GROUPS)})",
         )
+    if "gpu_worker" in host.groups:
+        return key, f"{node} is a GPU worker: only the GPU checks may tolerate its preflight taint"
     return None
 
 

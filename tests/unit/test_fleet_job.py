@@ -34,6 +34,7 @@ from engine import fleetshard as shard_io
 from engine.context import load
 from engine.drift import drift as local_drift
 from engine.reports import HostReport, HostStatus, Mode, RunOptions, RunReport
+from inventory.errors import InventoryInvalid
 from roles.drift_job.files import KEY
 from roles.drift_job.role import fleet_config
 from toolkit import driftprobe
@@ -392,8 +393,6 @@ def test_hashed_known_hosts_lines_are_matched():
     [
         (["cp-1"], [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists",
                      "effect": "NoSchedule"}]),
-        (["gpu-1"], [{"key": "gpuinfra.io/preflight", "operator": "Equal", "value": "true",
-                      "effect": "NoSchedule"}]),
         (["cpu-1"], []),
     ],
 )  # fmt: skip
@@ -403,6 +402,13 @@ def test_the_job_tolerates_exactly_its_nodes_taints(
     """H2: pinned to tainted nodes, the pods must tolerate those taints, and nothing broader."""
     loaded = job_cluster(small_cluster, write_cluster, tmp_path, nodes=nodes)
     assert job_tolerations(loaded, fleet_config(loaded)) == expected
+
+
+def test_a_gpu_worker_is_refused_as_a_job_node(small_cluster, write_cluster, tmp_path):
+    """Only the GPU checks may tolerate the preflight taint (the admission policy would refuse
+    the Job's pods): refused at validate, naming the node."""
+    with pytest.raises(InventoryInvalid, match="gpu-1 is a GPU worker"):
+        job_cluster(small_cluster, write_cluster, tmp_path, nodes=["gpu-1"])
 
 
 def test_a_teams_node_is_tolerated_by_its_team_taint(small_cluster, write_cluster, tmp_path):

@@ -33,6 +33,7 @@ from cli.exitcodes import ExitCode
 from lab import gobuild, lifecycle, offline
 from lab.topology import Topology, default_topology
 from tests.integration.conftest import KEEP_ENV, LAB_NAME, LabCluster, boot_lab
+from tests.integration.etcd_helpers import wait_healthy
 from tests.integration.roles_helpers import eventually, failed_run, gpuinfra
 
 pytestmark = [pytest.mark.integration, pytest.mark.k8s]
@@ -42,6 +43,8 @@ CONTROL_PLANE = ["cp-1", "cp-2", "cp-3"]
 WORKERS = ["cpu-1", "gpu-1"]
 NODES = CONTROL_PLANE + WORKERS
 TEAM = "research"
+# A second team, owning no lab node: its namespace is where another team's pods come from.
+OTHER_TEAM = "inference"
 JOIN_RATE_S = 20
 NAMESPACE = "gpuinfra-itest"
 BALLOON_CPU = "700m"  # of cpu-1's 1 CPU allocatable (2 cores less the role's reservations)
@@ -91,7 +94,7 @@ def lab_inventory(path: Path) -> None:
     """The lab's own inventory, with what these tests exercise: a team, a balloon pool, a join
     rate slow enough to see."""
     data = yaml.safe_load(path.read_text())
-    data["teams"] = {TEAM: {"hosts": ["gpu-1"]}}
+    data["teams"] = {TEAM: {"hosts": ["gpu-1"]}, OTHER_TEAM: {"hosts": []}}
     everyone = data["group_vars"]["all"]
     everyone["kubernetes"]["join_rate"] = f"1/{JOIN_RATE_S}s"
     everyone["fleet_policy"] = {
@@ -370,12 +373,15 @@ def team_pod(namespace: str, team: str) -> dict:
 
 def test_the_team_policy_refuses_another_teams_nodes_and_admits_the_teams_own(cluster):
     """The ValidatingAdmissionPolicy, evaluated by the real API server (server-side dry run:
-    admission runs, nothing is stored)."""
-    refused = cluster.create(team_pod("default", TEAM), dry_run=True, check=False)
-    assert refused.returncode != 0
-    assert "gpuinfra-team-tolerations" in refused.stderr, refused.stderr
-    admitted = cluster.create(team_pod(TEAM, TEAM), dry_run=True, check=False)
-    assert admitted.returncode == 0, admitted.stderr
+    admission runs, nothing is stored): a pod of another team, and one of no team, tolerating
+    research's taint are refused; each team's own pods are admitted."""
+    for namespace in ("default", OTHER_TEAM):
+        refused = cluster.create(team_pod(namespace, TEAM), dry_run=True, check=False)
+        assert refused.returncode != 0, f"{namespace}: admitted"
+        assert "gpuinfra-team-tolerations" in refused.stderr, refused.stderr
+    for team in (TEAM, OTHER_TEAM):
+        admitted = cluster.create(team_pod(team, team), dry_run=True, check=False)
+        assert admitted.returncode == 0, admitted.stderr
 
 
 # A team member: the `edit` ClusterRole in the team's namespace (no pods/binding), impersonated
@@ -524,10 +530,29 @@ def gang(name: str, cpu: str, min_count: int) -> list[dict]:
 
 def test_a_gang_that_cannot_fit_stays_pending_whole_and_one_that_fits_runs(cluster):
     """In-tree gang scheduling (Kubernetes 1.35, Workload API): two pods of 600m cannot both
-    fit on cpu-1 (1 CPU allocatable), so neither is bound, although one alone would fit; two
-    of 300m run together. Runs after the balloon test, with the balloon pending."""
+    fit on cpu-1 (1 CPU allocatable): without their Workload the scheduler binds one (the
+    control), as one gang neither is bound; two of 300m run together. Runs after the balloon
+    test, with the balloon pending."""
     too_big = gang("gang-big", "600m", 2)
     fits = gang("gang-small", "300m", 2)
+    # The control: the same two pods without their Workload; the scheduler binds one alone.
+    alone = [dict(pod, spec={k: v for k, v in pod["spec"].items() if k != "workloadRef"})
+             for pod in too_big[1:]]  # fmt: skip
+    for pod in alone:
+        pod["metadata"] = {**pod["metadata"], "labels": {"gang": "alone"}}
+    cluster.create(*alone)
+    try:
+
+        def bound() -> int:
+            pods = cluster.get("pods", "-n", "default", "-l", "gang=alone")["items"]
+            return sum(bool(p["spec"].get("nodeName")) for p in pods)
+
+        eventually(what="one of the two pods without a gang bound", check=bound, seconds=60)
+        time.sleep(5)
+        assert bound() == 1, "both 600m pods bound on cpu-1"
+    finally:
+        cluster.kubectl("delete", "-n", "default", "pod", "-l", "gang=alone", "--now",
+                        check=False)  # fmt: skip
     cluster.create(*too_big)
     try:
         time.sleep(20)  # several scheduling cycles
@@ -597,13 +622,24 @@ def test_one_api_server_down_keeps_the_cluster_serving(cluster):
     )
 
 
-def test_one_etcd_member_down_keeps_writes_going(cluster):
+def test_a_follower_then_the_leader_down_keeps_writes_going(cluster):
+    """A follower stopped, then the leader: writes through the API go on without an error each
+    time (four of five members keep quorum; the leader's loss costs an election), and `etcd
+    status` (on the etcd 3.6 built here) sees the cluster healthy again after each, with
+    another leader after the second."""
     lab = cluster.lab
-    lab.ssh("etcd-5", "systemctl stop etcd")
-    try:
-        assert write_through_the_api(cluster, 20) == []
-    finally:
-        lab.ssh("etcd-5", "systemctl start etcd")
+    before = wait_healthy(lab)
+    hosts = {member["name"]: member["host"] for member in before["members"]}
+    leader = hosts[before["leader"]]
+    follower = next(host for host in hosts.values() if host != leader)
+    for member in (follower, leader):
+        lab.ssh(member, "systemctl stop etcd")
+        try:
+            assert write_through_the_api(cluster, 20) == [], f"{member} down"
+        finally:
+            lab.ssh(member, "systemctl start etcd")
+        after = wait_healthy(lab)
+    assert hosts[after["leader"]] != leader
 
 
 def test_a_second_apply_changes_nothing_and_drift_is_clean(cluster, tmp_path):

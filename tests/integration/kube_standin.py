@@ -1,6 +1,8 @@
 """A stand-in `kubeadm`/`kubectl`/`kubelet` for lab hosts, installed by the TESTS, never by the
-role: kubeadm, kubelet and the API server cannot be obtained on these machines (no Kubernetes
-package repository, no release downloads, no image registry).
+role. The real Kubernetes is built here from Go modules and runs in test_kubernetes.py; this
+stand-in serves test_role_kubernetes.py, which asserts on the order and timing of every kubeadm
+call (joins one at a time, the join rate, no token in any output) in a lab that boots in
+seconds and that no real kubeadm could answer as quickly.
 
 The stand-in records every call (arguments, start and end time, host) as one JSON line in
 /var/log/kube-standin.log and writes the files kubeadm would write (admin.conf, kubelet.conf,

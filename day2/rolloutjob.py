@@ -74,6 +74,8 @@ class Rollout(jobs.InClusterJob):
     ca_hash: str = ""
     progress: list[dict] = field(default_factory=list)  # each shard's {pods, hosts}
     ledger: fleetgate.Ledger | None = None
+    # pod -> its last log lines, read before the run deletes the Job (and the pods with it)
+    last_lines: dict[str, str] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -285,7 +287,29 @@ def collect(rollout: Rollout) -> None:
             rollout.progress.append(json.loads(found.get(fleetgate.PROGRESS_KEY) or "{}"))
         except ValueError:
             rollout.progress.append({})
+    read_failed_pods(rollout)
     rollout.report = rollout_report(rollout)
+
+
+# Lines of a failed shard's pod kept in the report: its last host's error and what led to it.
+POD_LINES = 20
+
+
+def read_failed_pods(rollout: Rollout) -> None:
+    """The last lines of each pod whose shard ended a host failed, read now: the run deletes
+    the Job and its pods however it ends, and `kubectl logs` afterwards finds nothing."""
+    for progress in rollout.progress:
+        ends = progress.get("hosts", {}).values()
+        pods = progress.get("pods", [])
+        if not pods or not any(end in fleetgate.FAILED_ENDS for end in ends):
+            continue
+        pod = pods[-1]
+        result = rollout.kubectl_result(f"logs {shlex.quote(pod)} --tail={POD_LINES}")
+        rollout.last_lines[pod] = (
+            result.stdout.strip()
+            if result.ok
+            else f"(its log could not be read: {result.stderr.strip()[-200:] or 'gone'})"
+        )
 
 
 def rollout_report(rollout: Rollout) -> RunReport:
@@ -307,7 +331,12 @@ def rollout_report(rollout: Rollout) -> RunReport:
         for name in hosts:
             end = ends.get(name)
             if end in {s.value for s in HostStatus} and end != HostStatus.skipped.value:
-                error = f"failed in {label} (kubectl logs of {pods[-1]})" if pods else ""
+                error = (
+                    f"failed in {label}; the last lines of its pod {pods[-1]}:\n"
+                    f"{rollout.last_lines.get(pods[-1], '(not read)')}"
+                    if pods
+                    else ""
+                )
                 failed = end in fleetgate.FAILED_ENDS
                 report.hosts[name] = HostReport(
                     name, HostStatus(end), error=error if failed else None

@@ -402,6 +402,7 @@ def test_the_controller_names_a_retried_shard_and_its_hosts_ends():
         {"pods": ["p-0-a", "p-0-b"], "hosts": {"cpu-1": "changed", "gpu-1": "ok"}},
         {"pods": ["p-1-a"], "hosts": {"gpu-2": "failed"}},
     ]
+    rollout.last_lines = {"p-1-a": "gpu-2: Apply the kubelet unit failed: exit 1"}
     report = rolloutjob.rollout_report(rollout)
     assert {n: h.status for n, h in report.hosts.items()} == {
         "cpu-1": HostStatus.changed,
@@ -410,6 +411,8 @@ def test_the_controller_names_a_retried_shard_and_its_hosts_ends():
     }
     assert "shard 0/2 was retried: pods p-0-a, p-0-b" in report.notes[0]
     assert "p-1-a" in (report.hosts["gpu-2"].error or "")
+    # What the pod said is in the report: the run deletes the pod, so kubectl logs cannot.
+    assert "gpu-2: Apply the kubelet unit failed: exit 1" in (report.hosts["gpu-2"].error or "")
 
 
 # -- refusals (exit 2) ----------------------------------------------------------------------------
@@ -571,6 +574,8 @@ class Kubectl:
                 0,
                 json.dumps({"status": {"conditions": [{"type": "Complete", "status": "True"}]}}),
             )
+        if " logs " in command:
+            return RemoteResult(host, 0, "gpu-1: Install kubelet failed: exit 100\n")
         if " get configmap " in command:
             name = command.split(" get configmap ")[1].split()[0]
             meta = {"name": name, "resourceVersion": "1"}
@@ -606,6 +611,11 @@ def test_the_flow_publishes_a_manifest_without_state_and_keeps_secrets_off_comma
     report = rolloutjob.fleet_rollout(rollout)
     assert report.hosts["cpu-1"].status is HostStatus.changed
     assert report.hosts["gpu-1"].status is HostStatus.failed
+    # The failed shard's pod's last lines are in the report, read before the Job is deleted.
+    assert "gpu-1: Install kubelet failed: exit 100" in (report.hosts["gpu-1"].error or "")
+    logs = next(i for i, c in enumerate(kubectl.commands) if " logs " in c)
+    deleted = next(i for i, c in enumerate(kubectl.commands) if "delete job,configmap" in c)
+    assert logs < deleted and f"logs {LEDGER}-" in kubectl.commands[logs]
     # The token and the key: on stdin only, never on a command line.
     token = "abcdef.0123456789abcdef"
     assert not any(token in c or "PRIVATE KEY" in c for c in kubectl.commands)
@@ -703,6 +713,8 @@ def test_the_state_mount_check_finds_one():
 
 def ledger_on_cp1(ledger: Ledger, writes: list[bytes]):
     def run(loaded, host, command, *, timeout, stdin=None):
+        if " logs " in command:
+            return RemoteResult(host, 0, "gpu-1: Install kubelet failed: exit 100\n")
         if " get configmap " in command:
             meta = {"name": LEDGER, "resourceVersion": "3"}
             return RemoteResult(host, 0, json.dumps({"metadata": meta, "data": ledger.dump()}))

@@ -31,6 +31,12 @@ GPU_HEALTH_CHECK_ACCOUNTS = ("gpu-health-preflight", "gpu-health-periodic")
 GPU_WORKER_LABEL_KEY = "gpuinfra.io/gpu-worker"
 GPU_WORKER_LABEL_VALUE = "true"
 
+# On GPU workers whose nvidia role installs the container toolkit (containerd's `nvidia`
+# runtime): the DaemonSets that run with runtimeClassName nvidia select it, so a node without
+# the runtime shows nothing stuck in ContainerCreating.
+NVIDIA_RUNTIME_LABEL_KEY = "gpuinfra.io/nvidia-runtime"
+NVIDIA_RUNTIME_LABEL_VALUE = "true"
+
 # Outside the kubernetes.io/k8s.io prefixes, so kubelet may set it on itself at registration
 # (NodeRestriction reserves those); the reference design used `openai.com/team` the same way.
 TEAM_LABEL_KEY = "gpuinfra.io/team"

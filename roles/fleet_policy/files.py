@@ -45,6 +45,8 @@ SYSTEM_NAMESPACES = ("kube-system", "kube-node-lease", "kube-public")
 
 # gpu_health's cluster-wide settings (its namespace is exempt from the team policy).
 gpu_health_config = provided("gpu_health", "cluster_config")
+# Whether a GPU worker gets the nvidia container runtime (the nvidia role's packages).
+nvidia_runtime_installed = provided("nvidia", "runtime_installed")
 
 # etcd's debugging and per-method gRPC series; the alerts use fsync/commit latency and leader.
 ETCD_DROP = ["etcd_debugging_.*", "grpc_server_handled_total", "grpc_server_msg_.*", "go_.*"]
@@ -74,15 +76,19 @@ def balloon_pools(cluster: Cluster, cfg: FleetPolicyConfig) -> list[tuple[str, d
     return pools
 
 
-def node_placement(cluster: Cluster) -> dict[str, Any]:
+def node_placement(loaded: LoadedCluster) -> dict[str, Any]:
     """Labels and taints each worker registers with (kubelet --node-labels and
-    --register-with-taints), for the kubernetes role; the preflight taint on GPU workers."""
+    --register-with-taints), for the kubernetes role; the preflight taint on GPU workers, and
+    the nvidia runtime's label where the nvidia role installs it."""
+    cluster = loaded.cluster
     hosts: dict[str, Any] = {}
     for name in cluster.hosts:
         labels = node_labels(cluster, name)
         taints = node_taints(cluster, name)
         if name in cluster.in_group("gpu_worker"):
             labels = {nodes.GPU_WORKER_LABEL_KEY: nodes.GPU_WORKER_LABEL_VALUE, **labels}
+            if nvidia_runtime_installed(loaded, name):
+                labels[nodes.NVIDIA_RUNTIME_LABEL_KEY] = nodes.NVIDIA_RUNTIME_LABEL_VALUE
             taints = [nodes.PREFLIGHT_TAINT, *taints]
         if labels or taints:
             hosts[name] = {"labels": labels, "taints": taints}
@@ -112,6 +118,8 @@ def template_context(loaded: LoadedCluster) -> dict[str, Any]:
         "cfg": cfg,
         "label_key": nodes.GPU_WORKER_LABEL_KEY,
         "label_value": nodes.GPU_WORKER_LABEL_VALUE,
+        "runtime_label_key": nodes.NVIDIA_RUNTIME_LABEL_KEY,
+        "runtime_label_value": nodes.NVIDIA_RUNTIME_LABEL_VALUE,
         "taint_key": TEAM_TAINT_KEY,
         "taint_effect": TEAM_TAINT_EFFECT,
         "gpu_resource": health.gpu_resource,
@@ -188,7 +196,7 @@ def cluster_files(loaded: LoadedCluster) -> dict[str, str]:
         ),
         NODES: "# Rendered by gpuinfra (roles/fleet_policy): labels and taints per node, applied "
         "by the kubernetes role at join.\n"
-        + yaml.safe_dump(node_placement(cluster), sort_keys=False),
+        + yaml.safe_dump(node_placement(loaded), sort_keys=False),
     }
 
 

@@ -20,7 +20,10 @@ ROLE = Role(
         ),
     ),
     checks=check_pins,
-    provides={"docker_runtime": lazy("roles.nvidia.runtime:docker_runtime")},
+    provides={
+        "docker_runtime": lazy("roles.nvidia.runtime:docker_runtime"),
+        "runtime_installed": lazy("roles.nvidia.runtime:runtime_installed"),
+    },
     summary="NVIDIA driver, CUDA, cuDNN, NCCL, fabric manager, DCGM, container toolkit: pinned, "
     "held, checked against each other",
 )

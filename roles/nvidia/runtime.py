@@ -3,17 +3,26 @@ whose source installs the container toolkit (a runtime whose binary is missing b
 
 from __future__ import annotations
 
+from inventory.model import LoadedCluster
 from roles.nvidia.config import NvidiaConfig
 from roles.nvidia.packages import package_plan
-from toolkit.spec import HostContext
+from toolkit.spec import HostContext, settings_of
 
 RUNTIME_BINARY = "/usr/bin/nvidia-container-runtime"
 
 
 def toolkit_installed(ctx: HostContext) -> bool:
-    if "gpu_worker" not in ctx.host.groups:
+    return runtime_installed(ctx.loaded, ctx.name)
+
+
+def runtime_installed(loaded: LoadedCluster, name: str) -> bool:
+    """Whether the host gets the container toolkit, hence the nvidia runtime: what the node
+    label the GPU DaemonSets select on says (fleet_policy's node placement asks, by name)."""
+    host = loaded.cluster.hosts[name]
+    if "gpu_worker" not in host.groups:
         return False
-    return package_plan(ctx.cluster, ctx.host, ctx.config(NvidiaConfig)).has("toolkit")
+    cfg: NvidiaConfig = settings_of(loaded, name, "nvidia")
+    return package_plan(loaded.cluster, host, cfg).has("toolkit")
 
 
 def containerd_runtime(ctx: HostContext) -> dict[str, str] | None:

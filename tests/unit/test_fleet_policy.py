@@ -641,7 +641,12 @@ def test_a_namespace_in_two_teams_is_refused(tmp_path):
 def test_node_placement_gives_the_kubernetes_role_labels_and_taints(rendered):
     placement = yaml.safe_load((rendered / files.NODES).read_text())["hosts"]
     assert placement["gpu-1"] == {
-        "labels": {"gpuinfra.io/gpu-worker": "true", "gpuinfra.io/team": "research"},
+        "labels": {
+            "gpuinfra.io/gpu-worker": "true",
+            "gpuinfra.io/team": "research",
+            # Ubuntu with NVIDIA's repository: the container toolkit, hence the runtime.
+            "gpuinfra.io/nvidia-runtime": "true",
+        },
         "taints": ["gpuinfra.io/preflight=true:NoSchedule", "gpuinfra.io/team=research:NoSchedule"],
     }
     assert placement["gpu-8"]["taints"] == ["gpuinfra.io/preflight=true:NoSchedule"]
@@ -796,12 +801,15 @@ def test_no_fleet_scrape_fragment_that_nothing_loads(rendered):
     assert not (rendered / "prometheus").exists()
 
 
-def test_gpu_daemonsets_are_pinned_and_land_on_every_gpu_worker(rendered):
+def test_gpu_daemonsets_are_pinned_and_land_on_every_gpu_worker_with_the_runtime(rendered):
     for name in ("nvidia-device-plugin", "dcgm-exporter"):
         spec = find(rendered, files.GPU_METRICS, "DaemonSet", name)["spec"]["template"]["spec"]
         image = spec["containers"][0]["image"]
         assert re.search(r":v?\d+\.\d+\.\d+", image) and not image.endswith(":latest")
-        assert spec["nodeSelector"] == {"gpuinfra.io/gpu-worker": "true"}
+        assert spec["nodeSelector"] == {
+            "gpuinfra.io/gpu-worker": "true",
+            "gpuinfra.io/nvidia-runtime": "true",
+        }
         assert {"operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
         assert spec["runtimeClassName"] == "nvidia"
 
@@ -827,3 +835,17 @@ def test_validate_reports_a_host_in_two_teams_on_one_line_with_exit_2(tmp_path):
     lines = [line for line in result.output.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "teams.b.hosts.0: gpu-1 is already in team a" in lines[0]
     assert "Traceback" not in result.output
+
+
+def test_a_gpu_worker_without_the_container_toolkit_gets_no_runtime_label(tmp_path):
+    """Debian's own packages have no container toolkit (NVIDIA's repository only): its GPU
+    workers register without the runtime label, so the DaemonSets that need the runtime pass
+    them by instead of waiting in ContainerCreating for ever (the lab's gpu-1)."""
+    data = yaml.safe_load((SAMPLE / "cluster.yml").read_text())
+    data["os"] = "debian-13"
+    (tmp_path / "cluster.yml").write_text(yaml.safe_dump(data, sort_keys=False))
+    placement = files.node_placement(load(tmp_path))["hosts"]
+    assert placement["gpu-1"]["labels"] == {
+        "gpuinfra.io/gpu-worker": "true",
+        "gpuinfra.io/team": "research",
+    }

@@ -25,6 +25,7 @@ LAB_LIKE = {
     "cni": "routes",
     "cgroup_driver": "cgroupfs",
     "fail_cgroup_v1": False,
+    "accept_unsafe": ["fail_cgroup_v1"],
     "ignore_preflight_errors": ["SystemVerification"],
     "kube_proxy_mode": "nftables",
     "kube_proxy_conntrack_max_per_core": 0,

@@ -35,6 +35,7 @@ import yaml
 from lab import fleet, gobuild, naming
 
 PROCESSES = ("kube-apiserver", "etcd", "kube-scheduler", "kube-controller-manager", "kwok")
+COMMS = {name[:15]: name for name in PROCESSES}
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 ETCD_METRICS = "http://127.0.0.1:2381/metrics"
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
@@ -132,8 +133,9 @@ def lab_processes() -> dict[str, tuple[int, int]]:
         if not entry.name.isdigit():
             continue
         try:
-            comm = (entry / "comm").read_text().strip()
-            if comm not in PROCESSES:
+            # The kernel keeps 15 characters of a name: kube-controller-manager is cut.
+            comm = COMMS.get((entry / "comm").read_text().strip())
+            if comm is None:
                 continue
             host = "machine"
             if comm != "kwok":

@@ -268,7 +268,9 @@ def start_controller(name: str, loaded: LoadedCluster) -> int:
     pid = controller_pid(name)
     if pid is not None:
         return pid
-    binary = gobuild.module(KWOK_MODULE).binary("kwok")
+    module = gobuild.module(KWOK_MODULE)
+    gobuild.build(module)  # the first fleet builds it (gobuild.ON_FIRST_USE): minutes, once
+    binary = module.binary("kwok")
     folder = fleet_dir(name)
     folder.mkdir(parents=True, exist_ok=True)
     config = folder / "kwok.yaml"
@@ -323,7 +325,7 @@ def simulated_nodes(loaded: LoadedCluster) -> dict[str, dict[str, Any]]:
     }
 
 
-def _ready(node: dict[str, Any]) -> bool:
+def node_ready(node: dict[str, Any]) -> bool:
     conditions = node.get("status", {}).get("conditions", [])
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
@@ -368,7 +370,7 @@ def _wait_ready(name: str, loaded: LoadedCluster, count: int, deadline: float) -
             _kubectl(loaded, "get", "leases", "-n", "kube-node-lease", "-o", "json")
         )
         leased = {item["metadata"]["name"] for item in leases["items"]}
-        ready = [n for n, node in fleet.items() if _ready(node) and n in leased]
+        ready = [n for n, node in fleet.items() if node_ready(node) and n in leased]
         if len(ready) >= count:
             return
         if time.monotonic() > deadline:
@@ -381,7 +383,7 @@ def _wait_ready(name: str, loaded: LoadedCluster, count: int, deadline: float) -
 
 def lab_cluster(name: str) -> LoadedCluster:
     """The lab's inventory as its file says (teams added by hand included)."""
-    from engine.context import load
+    from inventory.loader import load
 
     check_lab_name(name)
     state = read_state(name)

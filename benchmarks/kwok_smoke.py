@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from benchmarks.control_plane import CLOCK_TICKS, lab_processes
 from engine.context import load
 from lab import fleet, gobuild
 
@@ -34,8 +35,10 @@ def start(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
 def kubectl(binary: Path, config: Path, *args: str, stdin: str | None = None) -> str:
     result = subprocess.run(
         [str(binary), f"--kubeconfig={config}", *args],
-        input=stdin, capture_output=True, text=True, check=True,
+        input=stdin, capture_output=True, text=True, check=False,
     )  # fmt: skip
+    if result.returncode != 0:
+        raise RuntimeError(f"kubectl {' '.join(args[:2])}: {result.stderr.strip()[-500:]}")
     return result.stdout
 
 
@@ -45,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     loaded = load(SAMPLE)
     kubernetes = gobuild.kubernetes_module(loaded.cluster.versions.kubernetes)
-    etcd = gobuild.module("etcd-3.6").binary("etcd")
+    etcd = gobuild.module("etcd-3.6").binary("server")  # etcd's server command
     kwok = gobuild.module(fleet.KWOK_MODULE).binary("kwok")
     work = Path(tempfile.mkdtemp(prefix="kwok-smoke-"))
     children = []
@@ -82,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 kubectl(kubectl_binary, config, "get", "namespace", "kube-node-lease")
                 break
-            except subprocess.CalledProcessError:
+            except RuntimeError:
                 time.sleep(1)
         stages = work / "kwok.yaml"
         stages.write_text(yaml.safe_dump_all(fleet.stage_documents(), sort_keys=False))
@@ -112,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
             done = size
+            for key, (rss, ticks) in sorted(lab_processes().items()):
+                print(f"   {key}: {rss / 2**20:.0f} MiB resident, {ticks / CLOCK_TICKS:.0f} s CPU")
         sample = listed["items"][0]
         print(json.dumps({k: sample[k] for k in ("metadata", "spec")}, indent=1)[:3000])
         print(json.dumps(sample["status"]["conditions"][:1], indent=1))

@@ -82,6 +82,10 @@ GPU_RESOURCE = "nvidia.com/gpu"
 # (roles/kubernetes/files.py: node_labels).
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU_COUNT_LABEL = "nvidia.com/gpu.count"
+NODE_INFO_FIELDS = (
+    "machineID", "systemUUID", "bootID", "kernelVersion", "osImage", "containerRuntimeVersion",
+    "kubeletVersion", "kubeProxyVersion", "operatingSystem", "architecture",
+)  # fmt: skip
 # kubectl processes creating nodes at once: hundreds of kubelets registering together.
 CREATE_PARALLEL = 8
 CREATE_CHUNK = 50
@@ -165,7 +169,9 @@ def node_object(name: str, shape: ServerShape, team: str | None) -> dict[str, An
         "status": {
             "capacity": shape.resources(),
             "allocatable": shape.resources(),
+            # Every field is required; kwok's node-initialize stage fills the empty ones.
             "nodeInfo": {
+                **dict.fromkeys(NODE_INFO_FIELDS, ""),
                 "architecture": "amd64",
                 "operatingSystem": "linux",
                 "kubeletVersion": shape.kubelet_version,
@@ -202,7 +208,8 @@ def _pid_file(name: str) -> Path:
 
 def kubeconfig(loaded: LoadedCluster) -> Path:
     """The operator's kubeconfig that the kubernetes role fetched: the API through the balancer."""
-    path = loaded.source.parent / ".state" / "kubernetes" / "admin.conf"
+    # Where the kubernetes role fetches it (its deploy's OPERATOR_KUBECONFIG).
+    path = loaded.state_dir / "kubernetes" / "admin.conf"
     if not path.is_file():
         raise LabInvalid(f"no {path}: apply the lab's inventory first (`gpuinfra apply`)")
     return path

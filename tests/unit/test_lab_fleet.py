@@ -34,7 +34,10 @@ def test_each_node_is_the_samples_gpu_worker_on_an_8_gpu_server(sample):
     assert node["status"]["capacity"] == expected
     assert node["status"]["allocatable"] == expected
     assert node["metadata"]["labels"]["nvidia.com/gpu.product"] == worker.model
-    assert node["status"]["nodeInfo"]["kubeletVersion"] == "v" + sample.cluster.versions.kubernetes
+    info = node["status"]["nodeInfo"]
+    assert info["kubeletVersion"] == "v" + sample.cluster.versions.kubernetes
+    # The API refuses a Node whose nodeInfo lacks one of its ten fields (found on a real one).
+    assert set(info) == set(fleet.NODE_INFO_FIELDS) and len(info) == 10
     # kwok manages this node and no other (the lab's real kubelets keep theirs).
     assert node["metadata"]["annotations"] == {fleet.MANAGED_KEY: fleet.MANAGED_VALUE}
 
@@ -119,3 +122,13 @@ def test_lab_down_stops_the_labs_kwok_and_nothing_else(tmp_path, monkeypatch):
         assert child.wait(timeout=10) is not None
     finally:
         child.kill()
+
+
+def test_a_cluster_not_applied_yet_has_no_kubeconfig_to_reach(small_cluster, write_cluster):
+    loaded = load(write_cluster(small_cluster))
+    with pytest.raises(LabInvalid, match="apply the lab's inventory first"):
+        fleet.kubeconfig(loaded)
+    admin = loaded.state_dir / "kubernetes" / "admin.conf"
+    admin.parent.mkdir(parents=True)
+    admin.write_text("apiVersion: v1\n")
+    assert fleet.kubeconfig(loaded) == admin

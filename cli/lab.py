@@ -291,3 +291,29 @@ def attach_disk(
 
         device = lifecycle.attach_disk(name, host, parse_size(size))
     console.print(f"{host}: /dev/vdb is {device} on this machine", markup=False)
+
+
+@app.command("fleet")
+def fleet_command(
+    nodes: Annotated[
+        int,
+        typer.Option("--nodes", min=0, help="The fleet's size: creates or deletes to reach it."),
+    ],
+    name: NameOpt = DEFAULT_NAME,
+    output: FormatOpt = OutputFormat.table,
+) -> None:
+    """Simulated GPU nodes on the lab's real cluster (kwok on this machine; `lab down` stops it):
+    Ready, leased and tainted as the inventory's GPU workers, dealt round its teams."""
+    with lab_errors():
+        from lab import fleet
+
+        result = fleet.scale(name, nodes)
+    if output is OutputFormat.json:
+        typer.echo(json.dumps(asdict(result), indent=2))
+        return
+    console.print(
+        f"lab {result.name}: {result.nodes} simulated nodes ({result.created} created, "
+        f"{result.deleted} deleted); created in {result.create_seconds:.1f} s, all Ready with a "
+        f"Lease in {result.ready_seconds:.1f} s",
+        markup=False,
+    )

@@ -36,6 +36,12 @@ _VERSION_PACKAGES = ("k8s.io/component-base/version", "k8s.io/client-go/pkg/vers
 CONTAINERD = "github.com/containerd/containerd/v2"
 
 
+# Built by the command that needs them, not by `make install`: kwok (simulated nodes, `gpuinfra
+# lab fleet`) compiles about as many packages as kubectl, minutes that a lab without a fleet
+# never uses.
+ON_FIRST_USE = frozenset({"kwok"})
+
+
 class GoBuildFailed(LabError):
     """go install failed; the message names the module and the log that holds go's output."""
 
@@ -127,10 +133,10 @@ def kubernetes_modules() -> list[GoModule]:
 
 def lab_modules() -> list[GoModule]:
     """What a lab cluster runs: every module but the Kubernetes builds newer than the oldest,
-    which only an upgrade needs (`python -m lab.gobuild --all`). Each Kubernetes build is about
-    12 minutes cold on 2 cores: `make install` builds one."""
+    which only an upgrade needs (`python -m lab.gobuild --all`), and those built on first use.
+    Each Kubernetes build is about 12 minutes cold on 2 cores: `make install` builds one."""
     newer = {m.name for m in kubernetes_modules()[1:]}
-    return [m for m in modules() if m.name not in newer]
+    return [m for m in modules() if m.name not in newer and m.name not in ON_FIRST_USE]
 
 
 def kubernetes_module(version: str) -> GoModule:

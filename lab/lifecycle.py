@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lab import addressing, aptcache, host, naming, network, offline, processes, rootfs
+from lab import addressing, aptcache, fleet, host, naming, network, offline, processes, rootfs
 from lab.errors import LabError, LabInvalid
 from lab.host import HostPaths
 from lab.memory import host_memory
@@ -363,6 +363,9 @@ def down(name: str, *, deadline_s: float = STOP_DEADLINE_S) -> DownResult:
             state = read_state(name)
         except LabError:
             state = None  # unreadable: everything below works by naming scheme alone
+        # The simulated nodes' kwok first: it would only log errors once the API is gone.
+        if fleet.stop_controller(name):
+            removed.append("kwok")
         hosts_dir = state_dir / "hosts"
         host_dirs = sorted(hosts_dir.iterdir()) if hosts_dir.is_dir() else []
         for paths in (HostPaths(folder) for folder in host_dirs):

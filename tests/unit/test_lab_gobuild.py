@@ -80,6 +80,16 @@ def test_make_install_builds_the_labs_kubernetes_and_leaves_the_upgrades_target(
     assert "kubernetes-1.36" in [m.name for m in gobuild.modules()]
 
 
+def test_kwok_is_built_by_the_fleet_command_not_by_make_install():
+    """kwok's controller (go/kwok) is as big a build as kubectl: `gpuinfra lab fleet` builds it
+    the first time it runs, and `python -m lab.gobuild --all` with the rest."""
+    kwok = gobuild.module("kwok")
+    assert kwok.tools() == ["sigs.k8s.io/kwok/cmd/kwok"]
+    assert kwok.requirement("sigs.k8s.io/kwok") == "v0.8.0"
+    assert "kwok" not in [m.name for m in gobuild.lab_modules()]
+    assert "kwok" in [m.name for m in gobuild.modules()]
+
+
 def test_containerd_reports_its_release_version():
     """kubelet reads the runtime's version over CRI; `containerd --version` prints it."""
     containerd = gobuild.module("containerd-2")

@@ -1,0 +1,295 @@
+"""The control plane under a simulated fleet (issue 44): grow a lab's kwok fleet step by step and
+read what the API servers, etcd and the control plane's processes say about it.
+
+`python -m benchmarks.control_plane --lab kwok --sizes 0 100 500 --settle 120 --out FILE`
+needs a lab booted with Kubernetes and applied (`gpuinfra lab up`, `gpuinfra apply`). For each
+size it makes the fleet that size (`gpuinfra lab fleet`'s code), waits `--settle` seconds at it,
+and records over the step (growth and settle together):
+- each API server's `apiserver_request_duration_seconds` p99 per verb and resource, from the
+  histogram's bucket counts grown during the step (as Prometheus' histogram_quantile);
+- etcd's `etcd_mvcc_db_total_size_in_bytes`, and its WAL fsync and backend commit p99 over
+  the step, on every member (read inside each member's network namespace on 127.0.0.1:2381,
+  the plain metrics listener the etcd role opens to the monitoring hosts only);
+- the resident memory (VmRSS, which `process_resident_memory_bytes` reports too) and the CPU
+  each API server, etcd member, scheduler and controller-manager used, read from /proc on this
+  machine, where every lab host's processes run.
+Nothing here is a timed assertion: it writes JSON and prints a summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lab import fleet, gobuild, naming
+
+PROCESSES = ("kube-apiserver", "etcd", "kube-scheduler", "kube-controller-manager", "kwok")
+COMMS = {name[:15]: name for name in PROCESSES}
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+ETCD_METRICS = "http://127.0.0.1:2381/metrics"
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+# Long-running requests (watches, proxied streams) are outside the latency SLO.
+SLO_EXCLUDED_VERBS = {"WATCH", "CONNECT"}
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def parse(text: str, families: tuple[str, ...]) -> Samples:
+    """The samples of the named metric families from Prometheus' text format."""
+    samples: Samples = {}
+    for line in text.splitlines():
+        if not line.startswith(families):
+            continue
+        match = _SAMPLE.match(line)
+        if match:
+            labels = tuple(sorted(_LABEL.findall(match.group(2) or "")))
+            samples[(match.group(1), labels)] = float(match.group(3))
+    return samples
+
+
+def quantile(q: float, buckets: dict[float, float]) -> float | None:
+    """histogram_quantile over cumulative bucket counts {upper bound: count}."""
+    bounds = sorted(buckets)
+    if not bounds or buckets[bounds[-1]] <= 0:
+        return None
+    rank = q * buckets[bounds[-1]]
+    previous_bound, previous_count = 0.0, 0.0
+    for bound in bounds:
+        count = buckets[bound]
+        if count >= rank:
+            if math.isinf(bound):
+                return previous_bound
+            if count == previous_count:
+                return bound
+            return previous_bound + (bound - previous_bound) * (rank - previous_count) / (
+                count - previous_count
+            )
+        previous_bound, previous_count = bound, count
+    return bounds[-1]
+
+
+def histogram_p99(
+    before: Samples, after: Samples, name: str, by: tuple[str, ...]
+) -> dict[tuple[str, ...], tuple[float | None, float]]:
+    """p99 and request count of a histogram's growth between two readings, grouped by labels."""
+    grown: dict[tuple[str, ...], dict[float, float]] = defaultdict(lambda: defaultdict(float))
+    for (metric, labels), value in after.items():
+        if metric != f"{name}_bucket":
+            continue
+        label = dict(labels)
+        key = tuple(label.get(b, "") for b in by)
+        bound = float(label["le"])
+        grown[key][bound] += value - before.get((metric, labels), 0.0)
+    return {
+        key: (quantile(0.99, dict(buckets)), max(buckets.values()))
+        for key, buckets in grown.items()
+        if max(buckets.values()) > 0
+    }
+
+
+# ---------------------------------------------------------------- reading the lab
+
+
+def apiserver_metrics(loaded, address: str) -> str:
+    kubectl = gobuild.kubernetes_module(loaded.cluster.versions.kubernetes).binary("kubectl")
+    port = loaded.cluster.api.port
+    result = subprocess.run(
+        [str(kubectl), f"--kubeconfig={fleet.kubeconfig(loaded)}",
+         f"--server=https://{address}:{port}", "get", "--raw", "/metrics"],
+        capture_output=True, text=True, check=True, timeout=120,
+    )  # fmt: skip
+    return result.stdout
+
+
+def etcd_metrics(lab: str, host: str) -> str:
+    netns = naming.LabNames(lab, 0).netns(host)
+    fetch = (
+        f"import urllib.request; print(urllib.request.urlopen({ETCD_METRICS!r}).read().decode())"
+    )
+    result = subprocess.run(
+        ["ip", "netns", "exec", netns, sys.executable, "-c", fetch],
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    return result.stdout
+
+
+def lab_processes() -> dict[str, tuple[int, int]]:
+    """{"<host>/<program>": (resident bytes, CPU ticks so far)} for the control plane's
+    programs on this machine; a lab host's name is its hostname."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            # The kernel keeps 15 characters of a name: kube-controller-manager is cut.
+            comm = COMMS.get((entry / "comm").read_text().strip())
+            if comm is None:
+                continue
+            host = "machine"
+            if comm != "kwok":
+                host = (entry / "root" / "etc" / "hostname").read_text().strip()
+            status = (entry / "status").read_text()
+            rss = int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) * 1024
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            ticks = int(fields[11]) + int(fields[12])  # utime + stime
+        except (OSError, AttributeError, ValueError, IndexError):
+            continue
+        found[f"{host}/{comm}"] = (rss, ticks)
+    return found
+
+
+def reading(lab: str, loaded) -> dict[str, Any]:
+    cluster = loaded.cluster
+    api = {
+        host: parse(
+            apiserver_metrics(loaded, str(cluster.hosts[host].address)),
+            ("apiserver_request_duration_seconds_bucket", "process_resident_memory_bytes"),
+        )
+        for host in cluster.in_group("control_plane")
+    }
+    etcd = {
+        host: parse(
+            etcd_metrics(lab, host),
+            (
+                "etcd_mvcc_db_total_size_in_bytes",
+                "etcd_mvcc_db_total_size_in_use_in_bytes",
+                "etcd_disk_wal_fsync_duration_seconds_bucket",
+                "etcd_disk_backend_commit_duration_seconds_bucket",
+                "etcd_server_is_leader",
+                "process_resident_memory_bytes",
+            ),
+        )
+        for host in cluster.in_group("etcd")
+    }
+    return {"time": time.monotonic(), "api": api, "etcd": etcd, "processes": lab_processes()}
+
+
+def load_average() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def step_figures(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    seconds = after["time"] - before["time"]
+    latencies: dict[str, Any] = {}
+    for host, samples in after["api"].items():
+        grouped = histogram_p99(
+            before["api"][host], samples, "apiserver_request_duration_seconds",
+            ("verb", "resource", "scope"),
+        )  # fmt: skip
+        for (verb, resource, scope), (p99, count) in grouped.items():
+            if verb in SLO_EXCLUDED_VERBS:
+                continue
+            entry = latencies.setdefault(f"{verb} {resource} {scope}", {"count": 0, "p99": {}})
+            entry["count"] += int(count)
+            entry["p99"][host] = p99
+    etcd: dict[str, Any] = {}
+    for host, samples in after["etcd"].items():
+        figures = {}
+        for name, key in (
+            ("etcd_disk_wal_fsync_duration_seconds", "wal_fsync_p99_s"),
+            ("etcd_disk_backend_commit_duration_seconds", "backend_commit_p99_s"),
+        ):
+            grown = histogram_p99(before["etcd"][host], samples, name, ())
+            figures[key] = grown.get((), (None, 0))[0]
+            figures[key.replace("p99_s", "count")] = int(grown.get((), (None, 0))[1])
+        figures["db_bytes"] = samples.get(("etcd_mvcc_db_total_size_in_bytes", ()))
+        figures["db_in_use_bytes"] = samples.get(("etcd_mvcc_db_total_size_in_use_in_bytes", ()))
+        figures["leader"] = samples.get(("etcd_server_is_leader", ())) == 1.0
+        etcd[host] = figures
+    processes = {}
+    for key, (rss, ticks) in sorted(after["processes"].items()):
+        start = before["processes"].get(key)
+        cpu = (ticks - start[1]) / CLOCK_TICKS / seconds if start else None
+        processes[key] = {"rss_bytes": rss, "cpu_cores": cpu}
+    return {
+        "seconds": round(seconds, 1),
+        "requests": latencies,
+        "etcd": etcd,
+        "processes": processes,
+    }
+
+
+def summary(size: int, step: dict[str, Any]) -> str:
+    lines = [f"== {size} simulated nodes: step of {step['seconds']} s, load {step['load']}"]
+    lines.append(f"   fleet: {step['fleet']}")
+    worst = sorted(
+        step["requests"].items(),
+        key=lambda item: -max((v or 0) for v in item[1]["p99"].values()),
+    )[:12]
+    for name, entry in worst:
+        p99 = max((v or 0) for v in entry["p99"].values())
+        lines.append(f"   {name:55s} n={entry['count']:7d} p99 max {p99 * 1000:8.1f} ms")
+    for host, figures in step["etcd"].items():
+        lines.append(
+            f"   {host}: db {figures['db_bytes'] / 2**20:.1f} MiB, fsync p99 "
+            f"{(figures['wal_fsync_p99_s'] or 0) * 1000:.1f} ms, commit p99 "
+            f"{(figures['backend_commit_p99_s'] or 0) * 1000:.1f} ms"
+            + (" (leader)" if figures["leader"] else "")
+        )
+    for key, figures in step["processes"].items():
+        cpu = figures["cpu_cores"]
+        lines.append(
+            f"   {key:40s} rss {figures['rss_bytes'] / 2**20:7.0f} MiB"
+            + (f"  cpu {cpu:.2f} cores" if cpu is not None else "")
+        )
+    return "\n".join(lines)
+
+
+def boot(lab: str) -> Path:
+    """The smallest lab with the real control plane: the default topology without its storage
+    hosts (as tests/integration/test_kubernetes.py boots it): five etcd members, three API
+    servers behind lb-1, cpu-1 and gpu-1; the sample's two teams, research owning gpu-1 and
+    inference only simulated nodes. Apply it next (`gpuinfra apply`)."""
+    from lab import lifecycle
+    from lab.topology import Topology, default_topology
+
+    hosts = tuple(host for host in default_topology().hosts if "storage" not in host.groups)
+    result = lifecycle.up(lab, Topology(hosts, "kubernetes"), kubernetes=True)
+    data = yaml.safe_load(result.inventory_path.read_text())
+    data["teams"] = {"research": {"hosts": ["gpu-1"]}, "inference": {"hosts": []}}
+    result.inventory_path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return result.inventory_path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.control_plane", description=__doc__)
+    parser.add_argument("--lab", default=naming.DEFAULT_NAME)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[0, 100, 500])
+    parser.add_argument("--settle", type=float, default=120.0, help="seconds at each size")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--boot", action="store_true", help="boot the lab and stop there")
+    args = parser.parse_args(argv)
+    if args.boot:
+        print(f"inventory: {boot(args.lab)}")
+        return 0
+    if args.out is None:
+        parser.error("--out is required")
+    loaded = fleet.lab_cluster(args.lab)
+    results = json.loads(args.out.read_text()) if args.out.exists() else {"steps": []}
+    for size in args.sizes:
+        before = reading(args.lab, loaded)
+        result = fleet.scale(args.lab, size)
+        time.sleep(args.settle)
+        after = reading(args.lab, loaded)
+        step = step_figures(before, after)
+        step.update(size=size, fleet=result.__dict__, load=load_average())
+        results["steps"].append(step)
+        args.out.write_text(json.dumps(results, indent=1, default=str))
+        print(summary(size, step), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

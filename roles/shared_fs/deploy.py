@@ -19,6 +19,7 @@ from roles.shared_fs.files import (
     client_files,
     host_entities,
     is_first_storage_host,
+    mon_addresses,
     mount_spec,
     mount_unit_name,
     osd_id,
@@ -39,6 +40,7 @@ from roles.shared_fs.operations import (
     osd_created,
     quorum,
 )
+from roles.shared_fs.secrets import fsid
 from toolkit.operations import (
     clear_pending,
     enable_at_boot,
@@ -82,7 +84,13 @@ def apply_storage(ctx: HostContext) -> None:
         _if=written[OSD_DROP_IN].did_change,
     )
     # Together (the phase's rolling): the monitors of a new cluster start at once and form quorum.
-    monitor_created(name="Create the monitor", mon_name=ctx.name, keyring=MON_KEYRING)
+    monitor_created(
+        name="Create the monitor",
+        mon_name=ctx.name,
+        keyring=MON_KEYRING,
+        fsid=fsid(ctx.loaded.state_dir, ctx.loaded.state_access),
+        monitors=list(zip(storage_hosts(ctx), mon_addresses(ctx), strict=True)),
+    )
     service_running(name="Run the monitor", unit=f"ceph-mon@{ctx.name}")
     quorum(name="Wait for the monitors' quorum", seconds=180)
     entities = {

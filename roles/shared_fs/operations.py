@@ -34,18 +34,29 @@ def osd_refusal(device: str, found: dict[str, str] | None, expected_uuid: str) -
 
 
 @operation()
-def monitor_created(mon_name: str, keyring: str):
-    """A new monitor's store, made with the cluster's mon. and client.admin keys; its peers
-    come from mon_initial_members and mon_host in ceph.conf."""
+def monitor_created(mon_name: str, keyring: str, fsid: str, monitors: list[tuple[str, str]]):
+    """A new monitor's store, made with the cluster's mon. and client.admin keys and a monmap
+    naming every monitor (Ceph's manual deployment). Without one, each monitor starts from
+    mon_host's addresses as `noname-*` ranks that are removed together once the names are
+    known, and Ceph 18.2's ConnectionTracker asserts on more than one rank removed at once
+    (`FAILED ceph_assert(rank == new_rank)`, ceph/ceph#69497): a monitor crashed mid-bootstrap
+    and the first apply of a new cluster failed, now and then, waiting for quorum."""
     store = f"/var/lib/ceph/mon/ceph-{mon_name}"
     if host.get_fact(File, path=f"{store}/kv_backend"):
         host.noop(f"monitor {mon_name} exists")
         return
+    monmap = f"/tmp/gpuinfra-monmap-{mon_name}"
+    added = " ".join(f"--addv {shlex.quote(name)} {shlex.quote(addrs)}" for name, addrs in monitors)
     yield f"install -d -o ceph -g ceph {shlex.quote(store)}"
     yield (
-        f"runuser -u ceph -- ceph-mon --mkfs -i {shlex.quote(mon_name)} "
-        f"--keyring {shlex.quote(keyring)}"
+        f"monmaptool --create --clobber --fsid {shlex.quote(fsid)} {added} "
+        f"{shlex.quote(monmap)} && chmod 0644 {shlex.quote(monmap)}"
     )
+    yield (
+        f"runuser -u ceph -- ceph-mon --mkfs -i {shlex.quote(mon_name)} "
+        f"--monmap {shlex.quote(monmap)} --keyring {shlex.quote(keyring)}"
+    )
+    yield f"rm -f {shlex.quote(monmap)}"
 
 
 @operation()

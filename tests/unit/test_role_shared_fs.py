@@ -12,6 +12,7 @@ import subprocess
 
 import pytest
 from pydantic import ValidationError
+from pyinfra.facts.files import File
 
 from engine.context import load
 from roles.shared_fs.config import SharedFsConfig
@@ -21,6 +22,7 @@ from roles.shared_fs.operations import (
     directories_kept,
     filesystem_created,
     healthy,
+    monitor_created,
     mounted,
     osd_created,
     osd_refusal,
@@ -381,3 +383,41 @@ def test_facts_parse_what_blkid_and_stat_print():
     dirs = SharedDirectories().process(["/r/d 1000 1000 2775 1073741824", "/r/s 0 0 1777 0"])
     assert dirs["/r/d"]["quota_bytes"] == 2**30 and dirs["/r/s"]["quota_bytes"] is None
     assert dirs["/r/s"]["mode"] == "1777"
+
+
+def test_a_new_monitor_is_made_from_a_monmap_naming_every_monitor():
+    """Every monitor named in the monmap it starts from: from mon_host alone each starts with
+    `noname-*` ranks removed together later, which Ceph 18.2 asserts on (a monitor crashed
+    mid-bootstrap on the lab, ceph/ceph#69497)."""
+    monitors = [
+        ("stor-1", "[v2:10.0.0.81:3300,v1:10.0.0.81:6789]"),
+        ("stor-2", "[v2:10.0.0.82:3300,v1:10.0.0.82:6789]"),
+    ]
+    done, noops = commands(
+        monitor_created,
+        {File: None},
+        mon_name="stor-1",
+        keyring="/etc/ceph/gpuinfra-mon.keyring",
+        fsid="1b4e28ba-2fa1-11d2-883f-0016d3cca427",
+        monitors=monitors,
+    )
+    assert done == [
+        "install -d -o ceph -g ceph /var/lib/ceph/mon/ceph-stor-1",
+        "monmaptool --create --clobber --fsid 1b4e28ba-2fa1-11d2-883f-0016d3cca427 "
+        "--addv stor-1 '[v2:10.0.0.81:3300,v1:10.0.0.81:6789]' "
+        "--addv stor-2 '[v2:10.0.0.82:3300,v1:10.0.0.82:6789]' "
+        "/tmp/gpuinfra-monmap-stor-1 && chmod 0644 /tmp/gpuinfra-monmap-stor-1",
+        "runuser -u ceph -- ceph-mon --mkfs -i stor-1 --monmap /tmp/gpuinfra-monmap-stor-1 "
+        "--keyring /etc/ceph/gpuinfra-mon.keyring",
+        "rm -f /tmp/gpuinfra-monmap-stor-1",
+    ]
+    # A monitor whose store exists is left alone.
+    done, noops = commands(
+        monitor_created,
+        {File: {"size": 8}},
+        mon_name="stor-1",
+        keyring="k",
+        fsid="f",
+        monitors=monitors,
+    )
+    assert done == [] and noops == ["monitor stor-1 exists"]

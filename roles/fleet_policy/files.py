@@ -40,6 +40,10 @@ GPU_METRICS = f"{KUBERNETES_DIR}/gpu-metrics.yaml"
 SCHEDULER_CONFIG = "scheduler/kube-scheduler-config.yaml"
 KUBEADM_CLUSTER_CONFIGURATION = "scheduler/kubeadm-cluster-configuration.yaml"
 NODES = "fleet-policy/nodes.yaml"
+# Cluster admins, who may preset a pod's node (`kubectl debug node/...`) and could delete the
+# policies anyway: system:masters (kubeadm's super-admin.conf) and kubeadm:cluster-admins (its
+# admin.conf since Kubernetes 1.29, the operator's kubeconfig).
+ADMIN_GROUPS = ("system:masters", "kubeadm:cluster-admins")
 # Namespaces whose pods tolerate every taint by design (node agents): the team policy skips them.
 SYSTEM_NAMESPACES = ("kube-system", "kube-node-lease", "kube-public")
 
@@ -175,6 +179,7 @@ def cluster_files(loaded: LoadedCluster) -> dict[str, str]:
             **{**common, "label_key": TEAM_LABEL_KEY},
             namespaces=namespaces,
             exempt=exempt,
+            admin_groups=list(ADMIN_GROUPS),
             agent_namespaces=[*SYSTEM_NAMESPACES, cfg.namespace],
             health_namespace=gpu_health_config(loaded).namespace,
             health_accounts=list(nodes.GPU_HEALTH_CHECK_ACCOUNTS),

@@ -363,6 +363,12 @@ def test_mirror_pods_admins_and_bound_pods_may_carry_a_node_name(team_policy):
     # A cluster admin (`kubectl debug node/...`) can delete the policy anyway.
     admin = ["system:masters", "system:authenticated"]
     assert decide_placed(team_policy, placed_pod("research", "gpu-1"), "admin", admin) == []
+    # kubeadm's admin.conf (the operator's kubeconfig) is not system:masters since 1.29.
+    kubeadm = ["kubeadm:cluster-admins", "system:authenticated"]
+    placed = placed_pod("research", "gpu-1")
+    assert decide_placed(team_policy, placed, "kubernetes-admin", kubeadm) == []
+    # The control: another group of the same user name is refused.
+    assert decide_placed(team_policy, placed, "kubernetes-admin", ["developers"]) != []
     # A pod the scheduler bound (pods/binding) carries nodeName in every later update.
     bound = placed_pod("research", "gpu-1")
     assert decide_placed(team_policy, bound, "alice", operation="UPDATE") == []

@@ -48,8 +48,11 @@ def answer(report: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def converged(lab):
-    """The lab with every role applied: the apply keeps each converged host's record."""
-    result = gpuinfra("apply", str(lab.inventory_path), "--yes", "--format", "json")
+    """The lab with every role applied: the apply keeps each converged host's record. The
+    session's first full apply of fresh hosts (478 s on a quiet machine) went past the default
+    900 s on a loaded one, and the killed apply left dpkg busy for the next module's: it gets
+    the Kubernetes lab's allowance."""
+    result = gpuinfra("apply", str(lab.inventory_path), "--yes", "--format", "json", timeout=1800)
     assert result.returncode == 0, failed_run(result)
     return lab
 

@@ -11,7 +11,7 @@ import shlex
 import pytest
 import yaml
 
-from engine.context import host_context, host_files
+from engine.context import host_files
 from roles.kubernetes.config import KubernetesConfig
 
 # kubeadm's own paths (kubeadm's constants): the kubelet's configuration as kubeadm wrote it
@@ -72,22 +72,6 @@ def test_static_pods_are_only_kubeadms(host, ctx) -> None:
     present = sorted(name for name in listing.splitlines() if name)
     expected = sorted(CONTROL_PLANE_PODS) if "control_plane" in ctx.host.groups else []
     assert present == expected, f"{STATIC_PODS} holds {present}, expected {expected}"
-
-
-def test_api_server_runs_with_the_rendered_flags(host, ctx) -> None:
-    if "control_plane" not in ctx.host.groups:
-        pytest.skip("a worker runs no API server")
-    first = host_context(ctx.loaded, ctx.cluster.in_group("control_plane")[0], ctx.topology)
-    documents = yaml.safe_load_all(rendered(first, "gpuinfra/kubeadm.yaml") or "")
-    cluster = next(d for d in documents if d and d.get("kind") == "ClusterConfiguration")
-    manifest = yaml.safe_load(host.file(f"{STATIC_PODS}/kube-apiserver.yaml").content_string)
-    command = manifest["spec"]["containers"][0]["command"]
-    missing = [
-        f"--{arg['name']}={arg['value']}"
-        for arg in cluster["apiServer"].get("extraArgs", [])
-        if f"--{arg['name']}={arg['value']}" not in command
-    ]
-    assert not missing, f"kube-apiserver runs without {missing}"
 
 
 def test_pod_network_configuration_is_in_place(host, ctx) -> None:

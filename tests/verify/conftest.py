@@ -29,7 +29,7 @@ from engine.context import host_context, load, topology_of
 from engine.registry import PHASES
 from inventory.model import LoadedCluster, StateAccess
 from inventory.topology import Topology
-from toolkit.spec import HostContext
+from toolkit.spec import HostContext, settings_of
 from toolkit.ssh import ssh_settings
 
 SUITES = Path(__file__).resolve().parent
@@ -92,6 +92,14 @@ def targets(loaded: LoadedCluster, groups: tuple[str, ...] | None, limit: set[st
     return names
 
 
+def role_settings(loaded: LoadedCluster, host: str, role: str) -> object:
+    """The host's settings of a role, or None for a folder that names no registered role."""
+    try:
+        return settings_of(loaded, host, role)
+    except (KeyError, ModuleNotFoundError):
+        return None
+
+
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
     roles = _split(config.getoption("--gpuinfra-roles"))
     role = suite_role(collection_path)
@@ -110,6 +118,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         groups = role_groups(role)
     limit = _split(metafunc.config.getoption("--gpuinfra-limit"))
     names = targets(loaded, groups, limit)
+    if role is not None:
+        # A role the inventory turns off on a host (`enabled: false`) has nothing to check
+        # there: no target, so a module left without any is deselected, not skipped.
+        names = [n for n in names if getattr(role_settings(loaded, n, role), "enabled", True)]
     shard = _split(metafunc.config.getoption("--gpuinfra-hosts"))
     if shard:
         names = [name for name in names if name in shard]

@@ -3,20 +3,12 @@ role renders into kubeadm's ClusterConfiguration."""
 
 from __future__ import annotations
 
-import pytest
 import yaml
 
 from engine.context import host_context
-from roles.kubernetes.config import KubernetesConfig
 from tests.verify.kubernetes.test_nodes import STATIC_PODS, rendered
 
 TARGET_GROUPS = ("control_plane",)
-
-
-@pytest.fixture(autouse=True)
-def _kubernetes_on(ctx) -> None:
-    if not ctx.config(KubernetesConfig).enabled:
-        pytest.skip("kubernetes.enabled is false in this inventory: no node to check")
 
 
 def test_api_server_runs_with_the_rendered_flags(host, ctx) -> None:

@@ -8,11 +8,9 @@ from __future__ import annotations
 import json
 import shlex
 
-import pytest
 import yaml
 
 from engine.context import host_files
-from roles.kubernetes.config import KubernetesConfig
 
 # kubeadm's own paths (kubeadm's constants): the kubelet's configuration as kubeadm wrote it
 # (the cluster's KubeletConfiguration with this node's patches merged in), and its static pods.
@@ -23,12 +21,6 @@ CONTROL_PLANE_PODS = ("kube-apiserver.yaml", "kube-controller-manager.yaml", "ku
 CNI_DIR = "/etc/cni/net.d"
 # An operator wants a month to plan a renewal; kubeadm's leaf certificates last a year.
 EXPIRY_MARGIN_S = 30 * 24 * 3600
-
-
-@pytest.fixture(autouse=True)
-def _kubernetes_on(ctx) -> None:
-    if not ctx.config(KubernetesConfig).enabled:
-        pytest.skip("kubernetes.enabled is false in this inventory: no node to check")
 
 
 def rendered(ctx, suffix: str) -> str | None:

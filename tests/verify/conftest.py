@@ -118,9 +118,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         groups = role_groups(role)
     limit = _split(metafunc.config.getoption("--gpuinfra-limit"))
     names = targets(loaded, groups, limit)
-    if role is not None:
-        # A role the inventory turns off on a host (`enabled: false`) has nothing to check
-        # there: no target, so a module left without any is deselected, not skipped.
+    if role is not None and getattr(metafunc.module, "ONLY_WHERE_ENABLED", False):
+        # A role whose `enabled: false` means it installs nothing on a host (kubernetes) has
+        # nothing to check there: no target, so a module left without any is deselected, not
+        # skipped. (The firewall's `enabled: false` keeps its table: still checked.)
         names = [n for n in names if getattr(role_settings(loaded, n, role), "enabled", True)]
     shard = _split(metafunc.config.getoption("--gpuinfra-hosts"))
     if shard:

@@ -9,6 +9,8 @@ from engine.context import host_context
 from tests.verify.kubernetes.test_nodes import STATIC_PODS, rendered
 
 TARGET_GROUPS = ("control_plane",)
+# kubernetes.enabled: false installs nothing: such hosts are no targets (tests/verify/conftest.py).
+ONLY_WHERE_ENABLED = True
 
 
 def test_api_server_runs_with_the_rendered_flags(host, ctx) -> None:

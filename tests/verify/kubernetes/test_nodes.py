@@ -12,6 +12,9 @@ import yaml
 
 from engine.context import host_files
 
+# kubernetes.enabled: false installs nothing: such hosts are no targets (tests/verify/conftest.py).
+ONLY_WHERE_ENABLED = True
+
 # kubeadm's own paths (kubeadm's constants): the kubelet's configuration as kubeadm wrote it
 # (the cluster's KubeletConfiguration with this node's patches merged in), and its static pods.
 KUBELET_CONFIG = "/var/lib/kubelet/config.yaml"

@@ -668,8 +668,11 @@ def test_verify_passes_on_every_node_and_names_a_dropped_static_pod(cluster):
     assert {r["host"] for r in report["results"]} == set(NODES)
     assert report["counts"].get("passed", 0) == len(report["results"])
 
-    rogue = "/etc/kubernetes/manifests/rogue.yaml"
-    cluster.lab.ssh("cpu-1", f"echo '{{}}' > {rogue}")
+    # A worker's kubelet watches the folder, but kubeadm join does not make it: a rogue makes it.
+    folder = "/etc/kubernetes/manifests"
+    rogue = f"{folder}/rogue.yaml"
+    made = cluster.lab.ssh("cpu-1", f"test -d {folder} || echo made").stdout.strip() == "made"
+    cluster.lab.ssh("cpu-1", f"mkdir -p {folder} && echo '{{}}' > {rogue}")
     try:
         result = gpuinfra(*args)
         assert result.returncode == ExitCode.VERIFY_FAILED, result.stdout[-3000:]
@@ -679,7 +682,7 @@ def test_verify_passes_on_every_node_and_names_a_dropped_static_pod(cluster):
         ]
         assert "rogue.yaml" in failed[0]["message"]
     finally:
-        cluster.lab.ssh("cpu-1", f"rm -f {rogue}")
+        cluster.lab.ssh("cpu-1", f"rm -f {rogue}" + (f" && rmdir {folder}" if made else ""))
 
 
 def test_a_live_object_edited_by_hand_is_drift(cluster):

@@ -29,10 +29,11 @@ def cluster_config(cluster: Cluster) -> DriftJobConfig:
 
 
 def service_accounts(loaded: LoadedCluster) -> list[tuple[str, str]]:
-    """(namespace, name) of the Job's account: its pods mount no token today (they reach the
-    hosts over ssh), but the account is the Job's and fleet_policy classifies it all the same,
-    enabled or not, so the flow schema does not change when the Job is turned on."""
-    return [(fleet_config(loaded).namespace, SERVICE_ACCOUNT)]
+    """(namespace, name) of the Job's account while it is enabled (dormant, it leaves no trace
+    in the cluster's objects): its pods mount no token today (they reach the hosts over ssh),
+    but the account is the Job's and fleet_policy classifies it all the same."""
+    cfg = fleet_config(loaded)
+    return [(cfg.namespace, SERVICE_ACCOUNT)] if cfg.enabled else []
 
 
 def phase_on(cluster: Cluster) -> bool:

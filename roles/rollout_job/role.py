@@ -28,9 +28,10 @@ def cluster_config(cluster: Cluster) -> RolloutJobConfig:
 
 
 def service_accounts(loaded: LoadedCluster) -> list[tuple[str, str]]:
-    """(namespace, name) of the Job's account, enabled or not (the flow schema does not change
-    when the Job is turned on)."""
-    return [(fleet_config(loaded).namespace, SERVICE_ACCOUNT)]
+    """(namespace, name) of the Job's account while it is enabled (dormant, it leaves no trace
+    in the cluster's objects)."""
+    cfg = fleet_config(loaded)
+    return [(cfg.namespace, SERVICE_ACCOUNT)] if cfg.enabled else []
 
 
 def checks(loaded: LoadedCluster, settings: HostSettings) -> Iterator[tuple[str, str]]:

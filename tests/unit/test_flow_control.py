@@ -93,6 +93,16 @@ def test_the_sample_renders_a_limited_level_and_a_schema_that_uses_it(sample):
     assert files.FLOW_CONTROL.startswith("kubernetes/")
 
 
+def test_dormant_jobs_add_no_subject(sample):
+    """The sample enables neither Job: only the GPU health accounts are matched."""
+    _, schema = flow_objects(sample)
+    assert subjects_of(schema) == [
+        ("gpu-health", "gpu-health-periodic"),
+        ("gpu-health", "gpu-health-preflight"),
+        ("gpu-health", "gpu-health-sampler"),
+    ]
+
+
 def test_the_schema_ranks_below_every_system_schema_and_above_service_accounts(sample):
     _, schema = flow_objects(sample)
     precedence = schema["spec"]["matchingPrecedence"]

@@ -420,7 +420,7 @@ def scale(name: str, count: int) -> FleetResult:
         _create(loaded, fleet_nodes(loaded, missing))
     created = time.monotonic() - started
     if extra:
-        _kubectl(loaded, "delete", "nodes", "--wait=false", *extra)
+        _kubectl(loaded, "delete", "nodes", "--wait=false", "--ignore-not-found", *extra)
     if count:
         _wait_ready(name, loaded, count, started + READY_TIMEOUT_S)
     return FleetResult(

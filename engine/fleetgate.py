@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -34,8 +35,11 @@ PROGRESS_KEY = "progress.json"
 HISTORY_KEEP = 2000
 # A heartbeat younger than this is a live rollout: a local apply exits 8 (LockHeld).
 HEARTBEAT_LIVE_S = 120
-# A waiting shard writes the heartbeat again when it is this old (every write renews it).
+# A waiting shard writes the heartbeat again when it is this old (every write renews it), and
+# every shard renews it this often while its hosts are applied (`Keepalive`).
 HEARTBEAT_RENEW_S = 30
+# How far ahead of the reader's clock a writer's may be before its heartbeat is not believed.
+CLOCK_SKEW_S = 5
 POLL_S = 2.0
 # Conflicts in a row before a shard gives up: dozens of shards rarely collide more than a few
 # times on one write; a hundred means something rewrites the ledger in a loop.
@@ -113,10 +117,59 @@ class Ledger:
             return False
         return len(self.failed) * 100 / self.total > self.fail_percent
 
-    def live(self, now: float) -> bool:
-        """A rollout that still runs: not stopped, not finished, and written lately."""
+    def active(self) -> bool:
+        """Neither stopped nor finished: its writers may still be at work."""
         finished = len(self.done) + len(self.failed) >= self.total and not self.in_flight
-        return not self.stopped and not finished and now - self.heartbeat < HEARTBEAT_LIVE_S
+        return not self.stopped and not finished
+
+    def live(self, now: float) -> bool:
+        """A rollout that still runs: active, and written lately by the reader's clock (a
+        writer's clock ahead of it beyond CLOCK_SKEW_S is not believed: `fresh`)."""
+        return self.active() and self.fresh(now)
+
+    def fresh(self, now: float) -> bool:
+        return -CLOCK_SKEW_S <= now - self.heartbeat < HEARTBEAT_LIVE_S
+
+
+class Keepalive:
+    """A shard's own heartbeat: renewed every HEARTBEAT_RENEW_S while the shard runs (a thread,
+    a greenlet under gevent), so the lock holds through a step longer than HEARTBEAT_LIVE_S
+    (a join, a reboot) even when the controller that also renews it is gone. A failed write is
+    left to the next one: the gate's own writes stop the shard when the ledger is unreachable."""
+
+    def __init__(
+        self,
+        api: LedgerApi,
+        name: str,
+        clock: Callable[[], float] = time.time,
+        every: float = HEARTBEAT_RENEW_S,
+    ):
+        self.api, self.name, self.clock, self.every = api, name, clock, every
+        self.renewals = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ledger-keepalive", daemon=True)
+
+    def __enter__(self) -> Keepalive:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.every)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                swap(self.api, self.name, self._renew)
+            except LedgerError:
+                continue
+            self.renewals += 1
+
+    def _renew(self, ledger: Ledger):
+        if not ledger.active():
+            return None, False
+        ledger.heartbeat = self.clock()
+        return None, True
 
 
 def swap(api: LedgerApi, name: str, change: Callable[[Ledger], tuple[T, bool]]) -> T:

@@ -1,5 +1,6 @@
-"""The rollout Job's ledger as the cluster's lock: while a Job's heartbeat is under 120 s old,
-a local apply is refused (LockHeld, exit 8) naming the Job; `--break-lock` stops the Job
+"""The rollout Job's ledger as the cluster's lock: while a Job's heartbeat is renewed (under
+120 s old, or seen renewed while watched: `live_rollout`), a local apply is refused (LockHeld,
+exit 8) naming the Job; `--break-lock` stops the Job
 instead (docs/design/fleet-jobs.md section 5). A ledger that cannot be read refuses too (exit 8):
 the lock fails closed. Read on the first control-plane node with
 admin.conf, only when the inventory enables the rollout Job.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import shlex
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from engine import fleetgate
@@ -47,25 +49,56 @@ def _api(loaded: LoadedCluster, runner: RemoteRunner) -> fleetgate.KubectlApi | 
     )
 
 
+# A heartbeat that looks stale by this machine's clock is watched this long for a renewal
+# before the rollout is called dead: one renewal period of its writers, and a margin.
+WATCH_S = fleetgate.HEARTBEAT_RENEW_S + 10
+
+
 def live_rollout(
-    loaded: LoadedCluster, runner: RemoteRunner | None = None, now: float | None = None
+    loaded: LoadedCluster,
+    runner: RemoteRunner | None = None,
+    now: float | None = None,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> fleetgate.Ledger | None:
-    """The ledger of a rollout Job still running (heartbeat under 120 s); None when there is
-    none: the Job is off, cp-1 has no Kubernetes yet (no admin.conf) or no ledger. LedgerError
-    when cp-1 cannot say (ssh or kubectl failing, a ledger that does not parse): a rollout may
-    be running, so the caller must not read that as none."""
+    """The ledger of a rollout Job still running; None when there is none: the Job is off,
+    cp-1 has no Kubernetes yet (no admin.conf), no ledger, or one stopped, finished or dead.
+    LedgerError when cp-1 cannot say (ssh or kubectl failing, a ledger that does not parse): a
+    rollout may be running, so the caller must not read that as none.
+
+    Alive is decided without trusting two clocks to agree: a heartbeat fresh by this machine's
+    clock holds the cluster (the safe reading); one that looks stale, or that is ahead of this
+    clock, is watched for WATCH_S, and only a ledger nobody wrote meanwhile (the same
+    resourceVersion, which the API server assigns) is dead."""
     run = runner or run_remote
     api = _api(loaded, run)
     if api is None:
         return None
+    name = ledger_name(loaded.cluster.name)
+    read = _read(loaded, api, run, name)
+    if read is None:
+        return None
+    ledger, version = read
+    if not ledger.active():
+        return None
+    if ledger.fresh(time.time() if now is None else now):
+        return ledger
+    sleep(WATCH_S)
+    again = _read(loaded, api, run, name)
+    if again is None or again[1] == version or not again[0].active():
+        return None
+    return again[0]
+
+
+def _read(
+    loaded: LoadedCluster, api: fleetgate.KubectlApi, runner: RemoteRunner, name: str
+) -> tuple[fleetgate.Ledger, str] | None:
     try:
-        data, _ = api.get(ledger_name(loaded.cluster.name))
+        data, version = api.get(name)
     except fleetgate.LedgerError as exc:
-        if "(NotFound)" in str(exc) or not _has_kubernetes(loaded, run):
+        if "(NotFound)" in str(exc) or not _has_kubernetes(loaded, runner):
             return None
         raise
-    ledger = fleetgate.Ledger.parse(data)
-    return ledger if ledger.live(time.time() if now is None else now) else None
+    return fleetgate.Ledger.parse(data), version
 
 
 def _has_kubernetes(loaded: LoadedCluster, runner: RemoteRunner) -> bool:
@@ -82,6 +115,7 @@ def check_rollout(
     break_lock: bool = False,
     who: str = "",
     runner: RemoteRunner | None = None,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> str | None:
     """RolloutHoldsLock while a live Job holds the cluster; with `break_lock`, mark its ledger
     stopped and return what was broken (a note for the operator). A ledger cp-1 cannot read
@@ -89,7 +123,7 @@ def check_rollout(
     cfg = fleet_config(loaded)
     name = ledger_name(loaded.cluster.name)
     try:
-        ledger = live_rollout(loaded, runner)
+        ledger = live_rollout(loaded, runner, sleep=sleep)
     except fleetgate.LedgerError as exc:
         why = " ".join(str(exc).split())
         raise RolloutHoldsLock(
@@ -99,10 +133,15 @@ def check_rollout(
         ) from None
     if ledger is None:
         return None
-    age = max(0, int(time.time() - ledger.heartbeat))
+    now = time.time()
+    beat = (
+        f"heartbeat {int(now - ledger.heartbeat)} s ago"
+        if ledger.fresh(now)
+        else f"heartbeat renewed within {WATCH_S} s"
+    )
     holder = (
         f"the rollout Job {cfg.namespace}/{name} (run {ledger.run}, "
-        f"{len(ledger.in_flight)} host(s) in flight, heartbeat {age} s ago)"
+        f"{len(ledger.in_flight)} host(s) in flight, {beat})"
     )
     if not break_lock:
         raise RolloutHoldsLock(

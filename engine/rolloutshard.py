@@ -120,7 +120,8 @@ def run_shard(
         parallel=settings.get("parallel"),
         connect_timeout=settings.get("connect_timeout", 10),
     )
-    report = run(loaded, options, gate=gate)
+    with fleetgate.Keepalive(api, ledger):
+        report = run(loaded, options, gate=gate)
     ends = dict(progress.hosts)
     for name, entry in report.hosts.items():
         ends.setdefault(name, entry.status.value)

@@ -848,15 +848,74 @@ def test_a_local_apply_during_a_live_rollout_exits_8_naming_the_job(
 def test_a_stale_heartbeat_or_an_ended_rollout_holds_nothing(
     small_cluster, write_cluster, tmp_path
 ):
-    """Positive control of the test above: the same ledger, its heartbeat 121 s old."""
+    """Positive control of the test above: the same ledger, its heartbeat 121 s old and not
+    renewed while watched."""
     loaded = load(rollout_cluster(small_cluster, write_cluster, tmp_path))
     now = time.time()
+    slept: list[float] = []
     stale = Ledger(run="r9", budget=1, total=2, in_flight={"gpu-1": "p"}, heartbeat=now - 121)
-    assert rolloutlock.live_rollout(loaded, ledger_on_cp1(stale, []), now=now) is None
+    found = rolloutlock.live_rollout(loaded, ledger_on_cp1(stale, []), now=now, sleep=slept.append)
+    assert found is None and slept == [rolloutlock.WATCH_S]
     fresh = Ledger(run="r9", budget=1, total=2, in_flight={"gpu-1": "p"}, heartbeat=now - 119)
-    assert rolloutlock.live_rollout(loaded, ledger_on_cp1(fresh, []), now=now) is not None
+    held = rolloutlock.live_rollout(loaded, ledger_on_cp1(fresh, []), now=now, sleep=slept.append)
+    assert held is not None and slept == [rolloutlock.WATCH_S]  # fresh: not watched
     ended = Ledger(run="r9", budget=1, total=1, done=["gpu-1"], heartbeat=now - 1)
     assert rolloutlock.live_rollout(loaded, ledger_on_cp1(ended, []), now=now) is None
+
+
+def ledger_renewed_on_cp1(ledger: Ledger, renewed: bool):
+    """cp-1 whose ledger a writer renews between the two reads when `renewed` (a new
+    resourceVersion from the API server, whatever the writer's clock put in the heartbeat)."""
+    reads = []
+
+    def run(loaded, host, command, *, timeout, stdin=None):
+        assert " get configmap " in command, command
+        reads.append(command)
+        version = str(len(reads)) if renewed else "7"
+        meta = {"name": LEDGER, "resourceVersion": version}
+        return RemoteResult(host, 0, json.dumps({"metadata": meta, "data": ledger.dump()}))
+
+    return run
+
+
+@pytest.mark.parametrize("writer_clock", [-3600, +3600], ids=["behind", "ahead"])
+def test_the_lock_does_not_trust_the_writers_clock(
+    small_cluster, write_cluster, tmp_path, writer_clock
+):
+    """A writer's clock an hour behind this machine's (its heartbeat looks stale) or ahead (it
+    looks fresh for an hour): the ledger is watched, and it holds the cluster exactly when it is
+    written meanwhile."""
+    loaded = load(rollout_cluster(small_cluster, write_cluster, tmp_path))
+    now = time.time()
+    beat = now + writer_clock
+    ledger = Ledger(run="r9", budget=1, total=2, in_flight={"gpu-1": "p"}, heartbeat=beat)
+    for renewed in (True, False):
+        slept: list[float] = []
+        found = rolloutlock.live_rollout(
+            loaded, ledger_renewed_on_cp1(ledger, renewed), now=now, sleep=slept.append
+        )
+        assert (found is not None) is renewed, renewed
+        assert slept == [rolloutlock.WATCH_S]
+
+
+def test_a_shards_keepalive_renews_the_heartbeat_while_its_step_runs():
+    """No gate write for a long step (a join, a reboot): the shard's own keepalive renews the
+    heartbeat; a stopped ledger it leaves alone."""
+    api = new_api(total=2)
+    clock = iter(range(1000, 2000))
+    with fleetgate.Keepalive(api, LEDGER, clock=lambda: float(next(clock)), every=0.01) as alive:
+        for _ in range(200):
+            if alive.renewals >= 2:
+                break
+            time.sleep(0.01)
+    assert alive.renewals >= 2 and api.ledger().heartbeat >= 1001.0
+    stopped = new_api(total=2)
+    data = stopped.ledger()
+    data.stopped = "stopped by --break-lock (me)"
+    stopped.objects[LEDGER] = (data.dump(), 5)
+    with fleetgate.Keepalive(stopped, LEDGER, every=0.01):
+        time.sleep(0.1)
+    assert stopped.objects[LEDGER][1] == 5 and stopped.puts == 0
 
 
 def test_break_lock_marks_the_ledger_stopped(small_cluster, write_cluster, tmp_path):

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inventory.sizing import cluster_sizing, explicit_or
+from roles.kubernetes import apiproxy
 from roles.kubernetes import models as m
 from roles.kubernetes.apiproxy import api_endpoint
 from roles.kubernetes.audit import AUDIT_LOG_DIR, AUDIT_POLICY
@@ -93,6 +94,13 @@ def api_server_flags(ctx: HostContext, cfg: KubernetesConfig) -> list[Flag]:
             "profiling",
             "false",
             "CIS benchmark 1.2.18: no pprof endpoints on the API server",
+        ),
+        Flag(
+            "shutdown-delay-duration",
+            f"{apiproxy.detection_seconds(ctx) + apiproxy.SHUTDOWN_MARGIN_S}s",
+            "an API server told to stop fails /readyz at once but serves on this long, past "
+            "the time the slowest balancer in front of it takes to take it out of rotation "
+            "(its checks' interval x fall + timeout, and a margin): a restart drops no request",
         ),
     ]
     if cfg.events_etcd_endpoints:

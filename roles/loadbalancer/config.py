@@ -10,10 +10,12 @@ from pydantic import BaseModel, ConfigDict, Field
 class LoadBalancerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    # "tcp": a connect per check sees a dead or unreachable API server and works before TLS
-    # exists; "readyz": GET /readyz over TLS (anonymous by default in kube-apiserver) also sees
-    # one that accepts connections but cannot serve (etcd lost), once the kubernetes role runs.
-    health_check: Literal["tcp", "readyz"] = "tcp"
+    # "readyz": GET /readyz over TLS (anonymous by default in kube-apiserver): an API server
+    # takes traffic only once it can serve it (its RBAC loaded, etcd reached), and leaves the
+    # rotation as soon as its shutdown begins, while it still serves during its shutdown delay
+    # (roles/kubernetes/kubeadm.py): an upgrade's restarts cost clients no error. "tcp": a
+    # connect per check, which sees only a dead or unreachable API server.
+    health_check: Literal["tcp", "readyz"] = "readyz"
     # Check every 2 s, 3 failures to mark DOWN, 2 successes to mark UP: a dead API server is out
     # of rotation in ~6 s, and one flap does not bounce it (Kubespray's HAProxy uses 3 s/3/2).
     check_interval: str = "2s"

@@ -140,6 +140,35 @@ def test_goaway_chance_only_with_several_api_servers_behind_a_balancer(
     assert "goaway-chance" not in names
 
 
+def test_the_api_servers_shutdown_delay_outlasts_the_slowest_balancers_detection(
+    small_cluster, write_cluster
+):
+    """/readyz fails at once on SIGTERM; the API server serves on for longer than a balancer
+    takes to see it (interval x fall + the check's timeout): lb-1's own settings, or the
+    node-local proxies' 2 s x 3 + 5 s, and a 5 s margin."""
+
+    def delay(loaded) -> str:
+        flags = api_server_flags(host_context(loaded, "cp-1"), KubernetesConfig())
+        return {f.name: f.value for f in flags}["shutdown-delay-duration"]
+
+    assert delay(load(write_cluster(small_cluster))) == "16s"  # lb-1 at the defaults
+    small_cluster["group_vars"] = {
+        "loadbalancer": {"loadbalancer": {"check_interval": "3000ms", "check_fall": 5}}
+    }
+    assert delay(load(write_cluster(small_cluster))) == "25s"  # 15 + 5 + 5
+    del small_cluster["hosts"]["lb-1"]
+    assert delay(load(write_cluster(small_cluster))) == "16s"  # the node-local proxies
+
+
+def test_the_node_local_proxy_checks_readyz(small_cluster, write_cluster):
+    del small_cluster["hosts"]["lb-1"]
+    loaded = load(write_cluster(small_cluster))
+    proxy = files_of(loaded, "cpu-1")["/etc/kubernetes/gpuinfra/api-proxy.cfg"]
+    assert "    http-check send meth GET uri /readyz\n" in proxy
+    assert "    default-server check check-ssl verify none inter 2s fall 3 rise 2\n" in proxy
+    assert "tcp-check" not in proxy
+
+
 def test_events_etcd_only_when_configured(small_cluster, write_cluster):
     plain = load(write_cluster(small_cluster))
     init = documents(files_of(plain, "cp-1")[INIT_CONFIG])

@@ -32,8 +32,8 @@ def test_haproxy_balances_every_control_plane_node_with_checks():
     text = config.content
     assert config.check == "haproxy -c -q -f {path}"
     assert "    bind :6443\n" in text
-    assert "    option tcp-check\n" in text
-    assert "    default-server check inter 2s fall 3 rise 2\n" in text
+    assert "    http-check send meth GET uri /readyz\n" in text  # the default
+    assert "    default-server check check-ssl verify none inter 2s fall 3 rise 2\n" in text
     for name in loaded.cluster.in_group("control_plane"):
         address = loaded.cluster.hosts[name].address
         assert f"    server {name} {address}:6443\n" in text
@@ -59,6 +59,10 @@ def test_readyz_health_check_is_an_https_probe(small_cluster, write_cluster):
     assert "http-check send meth GET uri /readyz" in text
     assert "default-server check check-ssl verify none inter 2s fall 3 rise 2" in text
     assert "tcp-check" not in text
+    # The control: "tcp" still renders the connect check.
+    small_cluster["group_vars"] = {"loadbalancer": {"loadbalancer": {"health_check": "tcp"}}}
+    text = files_of(load(write_cluster(small_cluster)), "lb-1")[HAPROXY_CONFIG].content
+    assert "    option tcp-check\n" in text and "/readyz" not in text
 
 
 def test_one_balancer_has_no_keepalived(small_cluster, write_cluster):

@@ -25,6 +25,9 @@ from toolkit.ssh import ssh_settings
 # Past a Job's activeDeadlineSeconds and this, the controller stops waiting, and a Job of an
 # earlier run that has not ended is taken as abandoned (its controller died).
 DEADLINE_MARGIN_S = 60
+# kubectl failing this long in a row while the controller waits ends the wait; shorter, it is
+# a hiccup (an API server restarting, cp-1's ssh dropping) and the Job runs on meanwhile.
+TRANSIENT_S = 120
 ENDED = {"Complete", "Failed"}
 
 
@@ -127,16 +130,25 @@ class InClusterJob:
         """Until the Job is Complete or Failed, or past its deadline and a margin; `meanwhile`
         between two looks."""
         until = self.clock() + deadline_seconds + DEADLINE_MARGIN_S
+        failing_since: float | None = None
         while True:
-            text = self.kubectl("wait for the Job", f"get job {self.name} -o json")
             try:
-                status = json.loads(text).get("status", {})
-            except ValueError:
-                raise JobError(f"wait: kubectl get job {self.name} printed no JSON") from None
-            if ended(status) or self.clock() > until:
-                self.status = status
-                return
-            meanwhile()
+                text = self.kubectl("wait for the Job", f"get job {self.name} -o json")
+                try:
+                    status = json.loads(text).get("status", {})
+                except ValueError:
+                    raise JobError(f"wait: kubectl get job {self.name} printed no JSON") from None
+                if ended(status) or self.clock() > until:
+                    self.status = status
+                    return
+                meanwhile()
+                failing_since = None
+            except JobError:
+                # An API server restarting, cp-1's ssh dropping: the Job runs on without the
+                # controller; only a failure lasting TRANSIENT_S ends the wait (and the run).
+                failing_since = self.clock() if failing_since is None else failing_since
+                if self.clock() - failing_since > TRANSIENT_S:
+                    raise
             self.sleep(poll_s)
 
     def index_end(self, index: int) -> str:

@@ -66,6 +66,9 @@ OWNED_SECRETS = ("gpuinfra-rollout-ssh", "gpuinfra-rollout-join")
 _JOIN_COMMAND = re.compile(r"--token\s+(\S+).*--discovery-token-ca-cert-hash\s+(sha256:[0-9a-f]+)")
 # The token outlives the Job's deadline by this much: a pod started late can still join.
 TOKEN_MARGIN_S = 600
+# A shard told to stop finishes the step in progress first (engine/rolloutshard.py): a package
+# install or a paced join, within this.
+SHARD_GRACE_S = 600
 
 
 @dataclass
@@ -251,6 +254,7 @@ def job_manifest(rollout: Rollout) -> str:
         settings=json.dumps(pod_settings(rollout)),
         ledger_json=ledger.dump()[fleetgate.LEDGER_KEY],
         tolerations=job_tolerations(loaded, cfg),
+        grace_seconds=SHARD_GRACE_S,
         network_policy=any(settings_of(loaded, n, "kubernetes").cni == "calico" for n in cfg.nodes),
         egress=[str(loaded.cluster.networks.node)],
         ports=[ssh_settings(loaded).port, loaded.cluster.api.port],

@@ -184,6 +184,12 @@ def swap(api: LedgerApi, name: str, change: Callable[[Ledger], tuple[T, bool]]) 
     raise LedgerError(f"{name}: {MAX_CONFLICTS} write conflicts in a row")
 
 
+class ShardTerminated(BaseException):
+    """The pod was told to stop (SIGTERM: the Job deleted, the pod evicted): raised at the
+    next step boundary, after the step in progress released its hosts. A BaseException, so no
+    `except Exception` on the way turns it into a host's failure."""
+
+
 class LedgerGate:
     """A rollout shard's gate on the shared ledger (see the module's docstring)."""
 
@@ -197,8 +203,10 @@ class LedgerGate:
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
         poll: float = POLL_S,
+        terminating: threading.Event | None = None,
     ):
         self.api = api
+        self.terminating = terminating or threading.Event()
         self.name = name
         self.pod = pod
         self.progress = progress
@@ -210,7 +218,9 @@ class LedgerGate:
 
     def acquire(self, pending: Sequence[str], want: int) -> list[str]:
         """Hosts of `pending` granted now (at least one), or [] once the rollout stopped; waits
-        while the budget is spent."""
+        while the budget is spent. ShardTerminated once the pod was told to stop: no step
+        starts after that, and the hosts between steps are adopted by the index's next pod."""
+        self._check_terminating()
         first = [h for h in self.held if h in pending][:want]
         if first:
             self.held = [h for h in self.held if h not in first]
@@ -224,6 +234,11 @@ class LedgerGate:
                     self.progress.mark(dict.fromkeys(granted, IN_FLIGHT))
                 return granted
             self.sleep(self.poll)
+            self._check_terminating()
+
+    def _check_terminating(self) -> None:
+        if self.terminating.is_set():
+            raise ShardTerminated("told to stop: the step in progress ended, no other starts")
 
     def _grant(self, ledger: Ledger, pending: Sequence[str], want: int):
         now = self.clock()

@@ -6,7 +6,8 @@ retried pod resumes. It has the inventory, its run's certified key and a join to
 
 Exit codes: 0 the shard ran to its end (its hosts' ends are in its progress, failures
 included), 1 the ledger could not be read or written (the Job retries the index), 2 bad input
-(another gpuinfra's settings: the Job fails at once), 143 SIGTERM (deleted, evicted).
+(another gpuinfra's settings: the Job fails at once), 143 SIGTERM (deleted, evicted), once
+the step in progress ended.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
 from engine import fleetgate
@@ -58,11 +60,17 @@ def shard_index(settings: dict, environ=os.environ) -> int:
     return index
 
 
+# Set by SIGTERM: the shard's gate lets the step in progress end (a dpkg, a join) and starts
+# no other (fleetgate.ShardTerminated); the pod's grace period (the Job's
+# terminationGracePeriodSeconds) bounds how long that may take.
+TERMINATING = threading.Event()
+
+
 def exit_on_sigterm() -> None:
     """The pod's PID 1: without a handler the kernel spares it the SIGTERM of a deleted pod.
-    Ending at once leaves the hosts in flight in the ledger and the progress: the next pod of
-    the index adopts them."""
-    signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(TERMINATED))
+    The step in progress ends first, then the shard exits 143: the hosts between two steps stay
+    in flight in the ledger and the progress, and the next pod of the index adopts them."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: TERMINATING.set())
 
 
 def main(cluster_file: Path, api: fleetgate.LedgerApi | None = None, environ=os.environ) -> int:
@@ -89,6 +97,9 @@ def main(cluster_file: Path, api: fleetgate.LedgerApi | None = None, environ=os.
     except fleetgate.LedgerError as exc:
         print(f"gpuinfra rollout shard {index}: {exc}", file=sys.stderr)
         return 1
+    except fleetgate.ShardTerminated as exc:
+        print(f"gpuinfra rollout shard {index}: {exc}", file=sys.stderr)
+        return TERMINATED
     print(json.dumps({"run": settings["run"], "shard": index, "pod": pod, "hosts": report}))
     return 0
 
@@ -106,7 +117,7 @@ def run_shard(
     ledger = settings["ledger"]
     hosts = settings["shards"][index]
     progress = fleetgate.ShardProgress(api, f"{ledger}-{index}", pod)
-    gate = fleetgate.LedgerGate(api, ledger, pod, progress=progress)
+    gate = fleetgate.LedgerGate(api, ledger, pod, progress=progress, terminating=TERMINATING)
     todo = fleetgate.resume(progress, gate, hosts)
     if not todo:
         return dict(progress.hosts)

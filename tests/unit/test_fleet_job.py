@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from cli.exitcodes import ExitCode
 from cli.main import app
 from cli.output import exit_code
-from day2 import fleetjob
+from day2 import fleetjob, jobs
 from day2.fleetjob import (
     FleetJobBusy,
     JobRun,
@@ -91,6 +91,7 @@ class Kubectl:
     silent: dict[int, list[dict]] = field(default_factory=dict)  # index -> its failed pods
     bad_sha: set[int] = field(default_factory=set)
     fail: str = ""  # a command word that fails ("get job", "logs")
+    fail_times: int | None = None  # that many times only; None: always
     commands: list[str] = field(default_factory=list)
     manifest: list[dict] = field(default_factory=list)
     pods: list[dict] = field(default_factory=list)
@@ -99,7 +100,9 @@ class Kubectl:
     def __call__(self, loaded, host, command, *, timeout, stdin=None):
         assert host == "cp-1" and command.startswith("kubectl --kubeconfig")
         self.commands.append(command)
-        if self.fail and self.fail in command:
+        if self.fail and self.fail in command and self.fail_times != 0:
+            if self.fail_times is not None:
+                self.fail_times -= 1
             return RemoteResult(host, 1, "", "error: the server doesn't have a resource type")
         if "apply -f -" in command:
             self.manifest = [d for d in yaml.safe_load_all(stdin.decode()) if d]
@@ -178,9 +181,24 @@ class Exact:
         return report
 
 
+@dataclass
+class FakeTime:
+    """A monotonic clock that only sleeping moves."""
+
+    now: float = 1000.0
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
 def job_run(loaded, kubectl, exact, **changes) -> JobRun:
     options = RunOptions(mode=Mode.drift)
-    return JobRun(loaded, options, exact, runner=kubectl, sleep=lambda s: None, **changes)
+    fake = FakeTime()
+    changes = {"sleep": fake.sleep, "clock": fake.clock, **changes}
+    return JobRun(loaded, options, exact, runner=kubectl, **changes)
 
 
 @pytest.fixture(autouse=True)
@@ -278,6 +296,21 @@ def test_a_failed_kubectl_names_its_step(loaded, word):
     assert str(raised.value).startswith("step ")
     assert "kubectl on cp-1 failed" in str(raised.value)
     assert "delete job,configmap,secret" in kubectl.commands[-1]  # deleted all the same
+
+
+def test_the_wait_rides_out_a_kubectl_hiccup_and_gives_up_after_transient_s(loaded):
+    """Three failed looks at the Job (an API server restarting): the run goes on to its end;
+    failing for longer than TRANSIENT_S (the test above, `get job`): the wait ends the run."""
+    kubectl = Kubectl(fail="get job gpuinfra-drift-small -o", fail_times=3)
+    report = fleet_drift(job_run(loaded, kubectl, Exact()))
+    assert exit_code(report) == 0
+    looks = [c for c in kubectl.commands if "get job gpuinfra-drift-small -o" in c]
+    assert len(looks) == 4
+    fake = FakeTime()
+    always = Kubectl(fail="get job gpuinfra-drift-small -o")
+    with pytest.raises(JobError):
+        fleet_drift(job_run(loaded, always, Exact(), clock=fake.clock, sleep=fake.sleep))
+    assert jobs.TRANSIENT_S < fake.now - 1000.0 <= jobs.TRANSIENT_S + 10
 
 
 def test_a_failed_kubectl_logs_names_the_shard(loaded):

@@ -1000,3 +1000,28 @@ def test_outside_a_pod_no_join_secret_is_preset(monkeypatch):
 
     monkeypatch.delenv(operations.JOIN_SECRETS_ENV, raising=False)
     assert operations.preset_join_secrets() is None
+
+
+def test_a_shard_told_to_stop_starts_no_step_after_the_one_in_progress():
+    """SIGTERM sets the event: the step in progress released its hosts (recorded), and the next
+    acquire, or a wait for room, ends the shard with ShardTerminated, never a host failure."""
+    terminating = threading.Event()
+    api = new_api(budget=1, total=3)
+    gate = LedgerGate(api, LEDGER, "pod-a", clock=lambda: 100.0, terminating=terminating)
+    assert gate.acquire(["gpu-1", "gpu-2"], want=1) == ["gpu-1"]
+    terminating.set()  # while gpu-1's step runs
+    gate.release({"gpu-1": "changed"})
+    assert api.ledger().done == ["gpu-1"] and not api.ledger().in_flight
+    with pytest.raises(fleetgate.ShardTerminated):
+        gate.acquire(["gpu-2"], want=1)
+    assert "gpu-2" not in api.ledger().in_flight
+    # Waiting for room (the budget held by another pod): the wait ends too.
+    busy = new_api(budget=1, total=3)
+    other = LedgerGate(busy, LEDGER, "pod-b", clock=lambda: 100.0)
+    assert other.acquire(["gpu-3"], want=1) == ["gpu-3"]
+    stop = threading.Event()
+    waiting = LedgerGate(
+        busy, LEDGER, "pod-a", clock=lambda: 100.0, sleep=lambda s: stop.set(), terminating=stop
+    )
+    with pytest.raises(fleetgate.ShardTerminated):
+        waiting.acquire(["gpu-1"], want=1)

@@ -13,13 +13,14 @@ from typing import Any, Protocol, TypeVar
 from pydantic import BaseModel
 
 from inventory.model import Cluster, LoadedCluster
+from inventory.sizing import KUBERNETES_NODE_GROUPS
 from toolkit import nodes as node_taints
 from toolkit import sshkeys
 from toolkit.spec import ManagedFile
 from toolkit.statefiles import kept_secret
 
 # The Kubernetes nodes (the kubernetes role's groups): a Job's pods run on these only.
-NODE_GROUPS = ("control_plane", "gpu_worker", "cpu_worker")
+NODE_GROUPS = KUBERNETES_NODE_GROUPS
 CONTROL_PLANE_TAINT = "node-role.kubernetes.io/control-plane"
 
 Settings = TypeVar("Settings", bound=BaseModel)

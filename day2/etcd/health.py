@@ -10,6 +10,7 @@ from day2.etcd import common
 from day2.etcd.common import each, etcdctl_env, json_or_none, local_endpoint, members, settings
 from inventory.model import LoadedCluster
 from roles.etcd.clusters import MAIN, EtcdCluster
+from roles.etcd.config import quota_backend_bytes
 from roles.etcd.gate import GateResult, fio_command, judge
 from roles.etcd.pki import CertExpiry, expiry_report
 
@@ -240,7 +241,7 @@ def status(loaded: LoadedCluster, etcd: EtcdCluster = MAIN) -> ClusterStatus:
         quorum=quorum,
         healthy_members=len(healthy),
         leader=leader,
-        quota_bytes=settings(loaded, hosts[0]).quota_backend_bytes,
+        quota_bytes=quota_backend_bytes(settings(loaded, hosts[0]), loaded.cluster),
         members=entries,
         alarms=alarms,
         certificates=expiry_report(loaded) if (loaded.state_dir / "etcd-pki").exists() else [],

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from inventory.model import LoadedCluster
 from roles.etcd.clusters import MAIN, PKI, EtcdCluster, cluster_settings, clusters
-from roles.etcd.config import EtcdConfig
+from roles.etcd.config import EtcdConfig, quota_backend_bytes
 from roles.etcd.pki import KeyPair, ensure_pki, trusted_cas
 from roles.etcd.release import binary_dir
 from toolkit.spec import HostContext, ManagedFile
@@ -85,7 +85,7 @@ def etcd_flags(ctx: HostContext, etcd: EtcdCluster = MAIN) -> list[str]:
         f"--peer-cert-file={etcd.cert('peer')}.crt",
         f"--peer-key-file={etcd.cert('peer')}.key",
         f"--listen-metrics-urls={urls['metrics']},http://127.0.0.1:{etcd.metrics_port}",
-        f"--quota-backend-bytes={cfg.quota_backend_bytes}",
+        f"--quota-backend-bytes={quota_backend_bytes(cfg, ctx.cluster)}",
         f"--auto-compaction-mode={cfg.auto_compaction_mode}",
         f"--auto-compaction-retention={cfg.auto_compaction_retention}",
         f"--heartbeat-interval={cfg.heartbeat_interval_ms}",

@@ -45,21 +45,36 @@ def _confirm(yes: bool, question: str) -> None:
         raise typer.Exit(ExitCode.OK)
 
 
+EventsOpt = Annotated[
+    bool,
+    typer.Option("--events", help="The Events cluster (etcd.events) instead of the main one."),
+]
+
+
+def _which(events: bool):
+    from roles.etcd.clusters import EVENTS, MAIN
+
+    return EVENTS if events else MAIN
+
+
 @app.command()
-def status(cluster: ClusterArg, output: FormatOpt = OutputFormat.table) -> None:
+def status(
+    cluster: ClusterArg, output: FormatOpt = OutputFormat.table, events: EventsOpt = False
+) -> None:
     """Members, leader, health, DB size against the quota, alarms, WAL fsync p99, cert expiry.
     Exit 0 healthy, 5 a member down (quorum kept), 6 quorum lost."""
     from day2.etcd import status as cluster_status
 
     with reporting():
         loaded = _load(cluster)
-    result = _call(lambda: cluster_status(loaded))
+    etcd = _which(events)
+    result = _call(lambda: cluster_status(loaded, etcd))
     if output is OutputFormat.json:
         _json(asdict(result))
     else:
         from rich.table import Table
 
-        table = Table(title=f"etcd {result.cluster}: {result.health}")
+        table = Table(title=f"{etcd.title} {result.cluster}: {result.health}")
         for column in ("member", "address", "state", "leader", "db", "in use", "fsync p99",
                        "detail"):  # fmt: skip
             table.add_column(column)
@@ -151,6 +166,7 @@ def snapshot(
     cluster: ClusterArg,
     out: Annotated[Path | None, typer.Option("--out", help="Where to write it.")] = None,
     output: FormatOpt = OutputFormat.table,
+    events: EventsOpt = False,
 ) -> None:
     """Take a snapshot on a healthy member and copy it to this machine (mode 0600)."""
     import time
@@ -161,8 +177,9 @@ def snapshot(
     with reporting():
         loaded = _load(cluster)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    target = out or loaded.state_dir / ETCD_SNAPSHOTS / f"{loaded.cluster.name}-{stamp}.db"
-    result = _call(lambda: take(loaded, target))
+    name = f"{loaded.cluster.name}-events" if events else loaded.cluster.name
+    target = out or loaded.state_dir / ETCD_SNAPSHOTS / f"{name}-{stamp}.db"
+    result = _call(lambda: take(loaded, target, _which(events)))
     if output is OutputFormat.json:
         _json(asdict(result))
     else:

@@ -11,6 +11,12 @@ from inventory.model import Cluster
 ETCD_CLIENT_PORT = 2379
 ETCD_PEER_PORT = 2380
 ETCD_METRICS_PORT = 2381  # plain-HTTP /metrics listener, so Prometheus needs no client cert
+# The Events cluster (etcd.events, opt-in) beside the main members on the same hosts: Kubespray's
+# ports for its etcd-events (peer 2382, client 2383), the next free ones after the main three,
+# so an operator coming from Kubespray reads them at once; metrics on the one after.
+ETCD_EVENTS_PEER_PORT = 2382
+ETCD_EVENTS_CLIENT_PORT = 2383
+ETCD_EVENTS_METRICS_PORT = 2384
 KUBELET_PORT = 10250
 BGP_PORT = 179  # Calico (kubernetes role) routes pod CIDRs natively over BGP between nodes
 NODE_EXPORTER_PORT = 9100

@@ -14,7 +14,7 @@ from day2.steps import run_flow
 from engine.reports import Mode, RunOptions
 from engine.runner import run
 from inventory.model import LoadedCluster
-from roles.etcd.files import cluster_settings
+from roles.etcd.clusters import cluster_settings
 from roles.etcd.pki import CertExpiry, ensure_pki, expiry_report
 
 
@@ -34,7 +34,13 @@ def rotate_certs(loaded: LoadedCluster) -> RotateResult:
     started = time.monotonic()
     before = expiry_report(loaded)
     cfg = cluster_settings(loaded)
-    ensure_pki(loaded, cert_days=cfg.cert_days, ca_days=cfg.ca_days, rotate=True)
+    ensure_pki(
+        loaded,
+        cert_days=cfg.cert_days,
+        ca_days=cfg.ca_days,
+        rotate=True,
+        events=cfg.events.enabled,
+    )
     report = run(loaded, RunOptions(mode=Mode.apply, roles=("etcd",)))
     return RotateResult(
         before=before,

@@ -15,13 +15,24 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 from inventory.model import LoadedCluster
-from inventory.topology import ETCD_CLIENT_PORT
+from roles.etcd.clusters import MAIN, EtcdCluster
 from roles.etcd.config import EtcdConfig
 from toolkit.remote import RemoteResult, run_remote
 from toolkit.spec import host_config
 
-ENV = "set -a; . /etc/etcd/etcdctl.env; set +a;"
-LOCAL = f"--endpoints=https://127.0.0.1:{ETCD_CLIENT_PORT} --command-timeout=3s --dial-timeout=2s"
+
+def etcdctl_env(etcd: EtcdCluster) -> str:
+    """The shell prefix that loads a cluster's etcdctl settings (the operator certificate)."""
+    return f"set -a; . {etcd.etcdctl_env}; set +a;"
+
+
+def local_endpoint(etcd: EtcdCluster) -> str:
+    """etcdctl's arguments for the member on this host, with short timeouts."""
+    return f"--endpoints={etcd.local_endpoint} --command-timeout=3s --dial-timeout=2s"
+
+
+ENV = etcdctl_env(MAIN)
+LOCAL = local_endpoint(MAIN)
 # Snapshots on a member live under /var/tmp, one file per command (its stamp and a random
 # token in the name): an `etcd snapshot` beside a restore, or two snapshots at once, never
 # write or delete each other's file.
@@ -36,10 +47,12 @@ class EtcdRefused(EtcdOperationError):
     """Refused before anything changed (exit 2): the message names the host and what to do."""
 
 
-def members(loaded: LoadedCluster) -> list[str]:
+def members(loaded: LoadedCluster, etcd: EtcdCluster = MAIN) -> list[str]:
     hosts = loaded.cluster.in_group("etcd")
     if not hosts:
         raise EtcdOperationError(f"{loaded.source}: no host in the etcd group")
+    if etcd is not MAIN and not settings(loaded, hosts[0]).events.enabled:
+        raise EtcdOperationError(f"{loaded.source}: etcd.events is off: no Events cluster")
     return hosts
 
 

@@ -7,9 +7,9 @@ import shlex
 from dataclasses import dataclass, field
 
 from day2.etcd import common
-from day2.etcd.common import ENV, LOCAL, each, json_or_none, members, settings
+from day2.etcd.common import each, etcdctl_env, json_or_none, local_endpoint, members, settings
 from inventory.model import LoadedCluster
-from inventory.topology import ETCD_METRICS_PORT
+from roles.etcd.clusters import MAIN, EtcdCluster
 from roles.etcd.config import quota_backend_bytes
 from roles.etcd.gate import GateResult, fio_command, judge
 from roles.etcd.pki import CertExpiry, expiry_report
@@ -74,16 +74,18 @@ def wal_fsync_p99_ms(metrics: str) -> float | None:
 DISK_FULL_BYTES = 64 * 2**20
 
 
-def status_script(data_dir: str) -> str:
-    """What `status` reads on one member: etcd's own view, its metrics, its data disk's free
-    space, and etcd's last error in the journal (why a member that stopped answering stopped)."""
-    return f"""{ENV}
-echo "== status"; etcdctl {LOCAL} endpoint status -w json 2>&1
-echo "== health"; etcdctl {LOCAL} endpoint health -w json 2>&1
-echo "== metrics"; curl -sf --max-time 3 http://127.0.0.1:{ETCD_METRICS_PORT}/metrics \
+def status_script(data_dir: str, etcd: EtcdCluster = MAIN) -> str:
+    """What `status` reads on one member of a cluster: etcd's own view, its metrics, its data
+    disk's free space, and etcd's last error in the journal (why a member that stopped
+    answering stopped)."""
+    local = local_endpoint(etcd)
+    return f"""{etcdctl_env(etcd)}
+echo "== status"; etcdctl {local} endpoint status -w json 2>&1
+echo "== health"; etcdctl {local} endpoint health -w json 2>&1
+echo "== metrics"; curl -sf --max-time 3 http://127.0.0.1:{etcd.metrics_port}/metrics \
     | grep '^etcd_disk_wal_fsync_duration_seconds_bucket'
 echo "== disk"; df -B1 --output=size,avail {shlex.quote(data_dir)} 2>/dev/null | tail -n 1
-echo "== journal"; journalctl -u etcd -n 200 --no-pager -o cat 2>/dev/null \
+echo "== journal"; journalctl -u {etcd.name} -n 200 --no-pager -o cat 2>/dev/null \
     | grep -iE 'no space left|"level":"(error|fatal|panic)"' | tail -n 1
 echo "== end"
 """
@@ -161,11 +163,11 @@ def _sections(text: str) -> dict[str, str]:
     return {name: "\n".join(lines) for name, lines in sections.items()}
 
 
-def member_status(loaded: LoadedCluster, host: str) -> MemberStatus:
-    cluster = loaded.cluster
-    entry = MemberStatus(host, cluster.etcd_member(host), str(cluster.hosts[host].address), "down")
-    data_dir = settings(loaded, host).data_dir
-    remote = common.run_remote(loaded, host, status_script(data_dir), timeout=30)
+def member_status(loaded: LoadedCluster, host: str, etcd: EtcdCluster = MAIN) -> MemberStatus:
+    address = str(loaded.cluster.hosts[host].address)
+    entry = MemberStatus(host, etcd.member_name(loaded, host), address, "down")
+    data_dir = etcd.data_dir(settings(loaded, host))
+    remote = common.run_remote(loaded, host, status_script(data_dir, etcd), timeout=30)
     if "== end" not in remote.stdout:
         entry.state = "unreachable"
         entry.error = (remote.stderr.strip().splitlines() or ["ssh failed"])[-1]
@@ -206,9 +208,10 @@ def member_status(loaded: LoadedCluster, host: str) -> MemberStatus:
     return entry
 
 
-def status(loaded: LoadedCluster) -> ClusterStatus:
-    hosts = members(loaded)
-    results = each(hosts, lambda h: member_status(loaded, h))
+def status(loaded: LoadedCluster, etcd: EtcdCluster = MAIN) -> ClusterStatus:
+    """The main cluster's status, or the Events cluster's (etcd.events) with `etcd=EVENTS`."""
+    hosts = members(loaded, etcd)
+    results = each(hosts, lambda h: member_status(loaded, h, etcd))
     entries = [results[h] for h in hosts]
     healthy = [m for m in entries if m.state == "healthy"]
     quorum = len(hosts) // 2 + 1
@@ -222,7 +225,10 @@ def status(loaded: LoadedCluster) -> ClusterStatus:
     alarms: list[str] = []
     if healthy:
         answer = common.run_remote(
-            loaded, healthy[0].host, f"{ENV} etcdctl {LOCAL} alarm list", timeout=20
+            loaded,
+            healthy[0].host,
+            f"{etcdctl_env(etcd)} etcdctl {local_endpoint(etcd)} alarm list",
+            timeout=20,
         )
         alarms = [
             _name_alarm(line.strip(), entries)

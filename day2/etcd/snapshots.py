@@ -9,20 +9,22 @@ from pathlib import Path
 
 from day2.etcd import common
 from day2.etcd.common import (
-    ENV,
-    LOCAL,
     SNAPSHOT_DIR_ON_HOST,
     EtcdOperationError,
     command_token,
+    etcdctl_env,
     json_or_none,
+    local_endpoint,
     members,
 )
 from inventory.model import LoadedCluster
-from inventory.topology import ETCD_CLIENT_PORT
+from roles.etcd.clusters import MAIN, EtcdCluster
 
-# A snapshot streams the whole database (up to the 8 GiB quota) inside one etcdctl command:
-# LOCAL's 3 s timed out at 176 MiB in the lab.
-SNAPSHOT_LOCAL = f"--endpoints=https://127.0.0.1:{ETCD_CLIENT_PORT} --command-timeout=15m"
+
+def snapshot_local(etcd: EtcdCluster) -> str:
+    """A snapshot streams the whole database (up to the 8 GiB quota) inside one etcdctl
+    command: LOCAL's 3 s timed out at 176 MiB in the lab."""
+    return f"--endpoints={etcd.local_endpoint} --command-timeout=15m"
 
 
 @dataclass
@@ -35,9 +37,10 @@ class SnapshotResult:
     seconds: float
 
 
-def _healthy_member(loaded: LoadedCluster) -> str:
-    for host in members(loaded):
-        if common.run_remote(loaded, host, f"{ENV} etcdctl {LOCAL} endpoint health", timeout=20).ok:
+def _healthy_member(loaded: LoadedCluster, etcd: EtcdCluster) -> str:
+    health = f"{etcdctl_env(etcd)} etcdctl {local_endpoint(etcd)} endpoint health"
+    for host in members(loaded, etcd):
+        if common.run_remote(loaded, host, health, timeout=20).ok:
             return host
     raise EtcdOperationError("no etcd member answers a health check: nothing to take it from")
 
@@ -48,17 +51,19 @@ def private_file(path: Path) -> int:
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
 
 
-def snapshot(loaded: LoadedCluster, out: Path) -> SnapshotResult:
-    """A snapshot from a healthy member, copied to the controller: written 0600 from its
-    creation into a new file beside `out`, then renamed over it."""
+def snapshot(loaded: LoadedCluster, out: Path, etcd: EtcdCluster = MAIN) -> SnapshotResult:
+    """A snapshot from a healthy member (of the Events cluster with `etcd=EVENTS`), copied to
+    the controller: written 0600 from its creation into a new file beside `out`, then renamed
+    over it."""
     started = time.monotonic()
-    host = _healthy_member(loaded)
+    host = _healthy_member(loaded, etcd)
     token = command_token()
     on_host = f"{SNAPSHOT_DIR_ON_HOST}/gpuinfra-etcd-snapshot-{token}.db"
     taken = common.run_remote(
         loaded,
         host,
-        f"{ENV} umask 077; etcdctl {SNAPSHOT_LOCAL} snapshot save {on_host} >/dev/null && "
+        f"{etcdctl_env(etcd)} umask 077; etcdctl {snapshot_local(etcd)} snapshot save {on_host} "
+        ">/dev/null && "
         f"etcdutl snapshot status {on_host} -w json",
         timeout=1200,
     )

@@ -14,6 +14,19 @@ if TYPE_CHECKING:
 GIB = 2**30
 
 
+class EventsCluster(BaseModel):
+    """The Events cluster: a second etcd on the same hosts that stores only Kubernetes Events."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Off by default: a small cluster gains nothing from five more etcd processes. On, the API
+    # servers keep Events there (kube-apiserver --etcd-servers-overrides): OpenAI's 7,500-node
+    # design does, so the churn of a large fleet's Events never slows the main store's writes,
+    # compactions or defragmentation (https://openai.com/index/scaling-kubernetes-to-7500-nodes/).
+    # One value for every member: the kubernetes role reads it from the first.
+    enabled: bool = False
+
+
 class EtcdConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -58,6 +71,10 @@ class EtcdConfig(BaseModel):
     backup_keep: int = Field(24, ge=1)
     # Seconds a restarted member and the cluster get to become healthy before the roll stops.
     health_timeout_s: int = Field(120, ge=5)
+    # Kubernetes Events in their own cluster on these hosts (ports, names, data: clusters.py).
+    # It shares every setting above: its data directory is `events` below data_dir (the same
+    # local disk, whose fsync the gate measured) and its snapshots go to backup_dir/events.
+    events: EventsCluster = Field(default_factory=EventsCluster)
 
     @model_validator(mode="after")
     def _mirror_needs_url(self) -> EtcdConfig:

@@ -5,29 +5,24 @@ change that needs a restart rolls through the members one at a time (`_serial`),
 restart (`etcd-restart-member`: leadership moved off first, steps logged to the journal) returns
 only when the member and the whole cluster are healthy again, so a bad change stops on the
 first member with the others still serving.
+
+With etcd.events on, the Events cluster's members (clusters.py) follow the same steps after the
+main cluster's, in operations of their own: the main roll has finished on every member before
+the Events roll begins, so at most one member of either cluster is down at any moment.
 """
 
 from __future__ import annotations
 
 from pyinfra import host
 from pyinfra.api import deploy
+from pyinfra.api.operation import OperationMeta
 from pyinfra.operations import apt, files, server, systemd
 
 from roles.etcd import operations as etcd_ops
+from roles.etcd.clusters import MAIN, EtcdCluster, clusters
+from roles.etcd.config import EtcdConfig
 from roles.etcd.facts import Members
-from roles.etcd.files import (
-    BACKUP_TIMER,
-    BACKUP_UNIT,
-    DATA_UNIT,
-    ETCDCTL_ENV,
-    NO_RESTART,
-    RESTART_MEMBER,
-    UNIT,
-    WAIT_HEALTHY,
-    client_files,
-    managed_files,
-    settings,
-)
+from roles.etcd.files import DATA_UNIT, client_files, managed_files, restarting_files, settings
 from toolkit.effective import declared_files, nothing_overrides, unit_dropins
 from toolkit.facts import SupplementaryGroups, UnitState
 from toolkit.operations import put_file, system_account
@@ -65,45 +60,40 @@ def apply(ctx: HostContext) -> None:
         name="Stop unless every new member passed the disk gate", data_dir=cfg.data_dir
     )
 
+    for etcd in clusters(cfg)[1:]:
+        files.directory(
+            name=f"Own the {etcd.title} data directory (0700)",
+            path=etcd.data_dir(cfg),
+            user="etcd",
+            group="etcd",
+            mode="0700",
+        )
+
     written = {f.path: put_file(f) for f in managed_files(ctx)}
-    restart_on = [meta for path, meta in written.items() if path not in NO_RESTART]
-    units = [written[UNIT], written[DATA_UNIT], written[BACKUP_UNIT], written[BACKUP_TIMER]]
+    units = [written[DATA_UNIT]] + [
+        written[path]
+        for etcd in clusters(cfg)
+        for path in (etcd.unit_file, etcd.backup_unit, etcd.backup_timer)
+    ]
     systemd.daemon_reload(
         name="Reload systemd for changed units", _if=lambda: any(u.did_change() for u in units)
     )
-    # Whether etcd ran before this run: a running member is only ever restarted by the serial
-    # operation below, also for a new version (the package's own restart is held back).
-    was_running = (host.get_fact(UnitState, unit="etcd") or {}).get("ActiveState") == "active"
-    installed = etcd_ops.etcd_installed(
-        name="Install etcd", cfg=cfg, version=ctx.cluster.versions.etcd
-    )
-    # Every member starts in this one operation: a new cluster bootstraps all together.
-    started = etcd_ops.unit_running(name="Start etcd", unit="etcd")
-    server.shell(
-        name="Wait for the new cluster to be healthy",
-        commands=[f"{WAIT_HEALTHY} {cfg.health_timeout_s}"],
-        _if=lambda: installed.did_change() or started.did_change(),
-    )
-    server.shell(
-        name="Restart etcd, one member at a time, each waiting for a healthy cluster",
-        commands=[f"{RESTART_MEMBER} {cfg.health_timeout_s}"],
-        _serial=True,
-        _if=lambda: (
-            was_running
-            and (installed.did_change() or any(meta.did_change() for meta in restart_on))
-        ),
-    )
-    etcd_ops.unit_running(name="Schedule snapshots", unit="etcd-backup.timer")
+    installed = None
+    for etcd in clusters(cfg):
+        restart_on = [meta for path, meta in written.items() if path in restarting_files(etcd)]
+        installed = members_running(ctx, cfg, etcd, restart_on, installed)
     declared = declared_files(ctx.settings_of("base"))
-    unit_dropins("Check the drop-ins of etcd", ("etcd", "etcd-backup.timer"), declared)
+    dropins = [unit for etcd in clusters(cfg) for unit in (etcd.name, f"{etcd.name}-backup.timer")]
+    unit_dropins("Check the drop-ins of etcd", tuple(dropins), declared)
     # The member list is the cluster's, the same through every member: the first member asks
     # it (each member's own health is the health checks'), the others spare drift an etcdctl.
     if ctx.name == ctx.cluster.in_group("etcd")[0]:
-        members = host.get_fact(Members, env_file=ETCDCTL_ENV) or []
-        nothing_overrides(
-            "Check that etcd has no member the inventory lacks",
-            foreign_members(members, ctx.topology.etcd_initial_cluster),
-        )
+        for etcd in clusters(cfg):
+            members = host.get_fact(Members, env_file=etcd.etcdctl_env) or []
+            nothing_overrides(
+                f"Check that {etcd.title} has no member the inventory lacks",
+                foreign_members(members, etcd.initial_cluster(ctx.loaded)),
+            )
     groups = host.get_fact(SupplementaryGroups, user="etcd") or []
     nothing_overrides(
         "Check that the etcd user is in no other group",
@@ -111,6 +101,48 @@ def apply(ctx: HostContext) -> None:
         if groups
         else [],
     )
+
+
+def members_running(
+    ctx: HostContext,
+    cfg: EtcdConfig,
+    etcd: EtcdCluster,
+    restart_on: list[OperationMeta],
+    installed: OperationMeta | None,
+) -> OperationMeta:
+    """One cluster's members: etcd installed (once, before the main cluster's start), started
+    together on a new cluster, else restarted one member at a time when a file they read or the
+    version changed. Returns the installation, which restarts the Events members too."""
+    # Whether the member ran before this run: a running member is only ever restarted by the
+    # serial operation below, also for a new version (the package's own restart is held back).
+    was_running = (host.get_fact(UnitState, unit=etcd.name) or {}).get("ActiveState") == "active"
+    if installed is None:
+        installed = etcd_ops.etcd_installed(
+            name="Install etcd", cfg=cfg, version=ctx.cluster.versions.etcd
+        )
+    # Every member starts in this one operation: a new cluster bootstraps all together.
+    started = etcd_ops.unit_running(name=f"Start {etcd.title}", unit=etcd.name)
+    server.shell(
+        name="Wait for the new cluster to be healthy"
+        if etcd is MAIN
+        else f"Wait for the new {etcd.title} cluster to be healthy",
+        commands=[f"{etcd.wait_healthy} {cfg.health_timeout_s}"],
+        _if=lambda: installed.did_change() or started.did_change(),
+    )
+    server.shell(
+        name=f"Restart {etcd.title}, one member at a time, each waiting for a healthy cluster",
+        commands=[f"{etcd.restart_member} {cfg.health_timeout_s}"],
+        _serial=True,
+        _if=lambda: (
+            was_running
+            and (installed.did_change() or any(meta.did_change() for meta in restart_on))
+        ),
+    )
+    etcd_ops.unit_running(
+        name="Schedule snapshots" if etcd is MAIN else f"Schedule {etcd.title} snapshots",
+        unit=f"{etcd.name}-backup.timer",
+    )
+    return installed
 
 
 def foreign_members(members: list[tuple[str, str, bool]], initial_cluster: str) -> list[str]:

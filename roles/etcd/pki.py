@@ -30,6 +30,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from inventory.model import LoadedCluster, StateAccess
+from roles.etcd.clusters import EVENTS, MAIN, EtcdCluster
 from toolkit import clock
 from toolkit.statefiles import (
     PLACEHOLDER,
@@ -93,14 +94,18 @@ def pki_dir(loaded: LoadedCluster) -> Path:
     return loaded.state_dir / PKI_DIR
 
 
-def member_specs(loaded: LoadedCluster, host: str) -> tuple[CertSpec, CertSpec]:
-    """Server and peer certificates of one member: every name and address it is reached by."""
+def member_specs(
+    loaded: LoadedCluster, host: str, etcd: EtcdCluster = MAIN
+) -> tuple[CertSpec, CertSpec]:
+    """Server and peer certificates of one member of the main or the Events cluster: every
+    name and address it is reached by (a port is no part of a name: the two clusters' members
+    on one host have the same names but the member's own)."""
     cluster = loaded.cluster
-    member = cluster.etcd_member(host)
+    member = etcd.member_name(loaded, host)
     address = str(cluster.hosts[host].address)
     names = tuple(dict.fromkeys([host, cluster.fqdn(host), member, "localhost"]))
-    server = CertSpec(f"{host}/server", member, names, (address, "127.0.0.1"))
-    peer = CertSpec(f"{host}/peer", member, names[:-1], (address,))
+    server = CertSpec(etcd.pki_stem(host, "server"), member, names, (address, "127.0.0.1"))
+    peer = CertSpec(etcd.pki_stem(host, "peer"), member, names[:-1], (address,))
     return server, peer
 
 
@@ -110,10 +115,13 @@ def client_spec(name: str) -> CertSpec:
     return CertSpec(f"clients/{name}", name, server=False, organization=organization)
 
 
-def all_specs(loaded: LoadedCluster) -> list[CertSpec]:
+def all_specs(loaded: LoadedCluster, *, events: bool = False) -> list[CertSpec]:
+    """Every certificate the CA signs: the members' (the Events cluster's too when `events`)
+    and the clients'. The clients' serve both clusters (the API server has one etcd client)."""
     specs: list[CertSpec] = []
-    for host in loaded.cluster.in_group("etcd"):
-        specs.extend(member_specs(loaded, host))
+    for etcd in (MAIN, EVENTS) if events else (MAIN,):
+        for host in loaded.cluster.in_group("etcd"):
+            specs.extend(member_specs(loaded, host, etcd))
     specs.extend(client_spec(name) for name in CLIENTS)
     return specs
 
@@ -126,12 +134,13 @@ def ensure_pki(
     rotate: bool = False,
     renew_days: int = EXPIRING_DAYS,
     now: dt.datetime | None = None,
+    events: bool = False,
 ) -> dict[str, KeyPair]:
-    """Every pair by stem, the signing CA as "ca". With `StateAccess.create`, make whatever is
-    missing, stale or within `renew_days` of expiry (all leaves when `rotate`) under the state
-    lock; otherwise write nothing: a missing CA is `StateMissing` (existing) or placeholders
-    (placeholder), and a leaf apply would (re)issue is a placeholder, which plan and drift show
-    as a change."""
+    """Every pair by stem, the signing CA as "ca" (the Events cluster's members' too when
+    `events`). With `StateAccess.create`, make whatever is missing, stale or within
+    `renew_days` of expiry (all leaves when `rotate`) under the state lock; otherwise write
+    nothing: a missing CA is `StateMissing` (existing) or placeholders (placeholder), and a leaf
+    apply would (re)issue is a placeholder, which plan and drift show as a change."""
     root = pki_dir(loaded)
     ca_cert_path = root / "ca.crt"
     renewal = _Renewal(now or clock.now_utc(), dt.timedelta(days=renew_days))
@@ -142,15 +151,17 @@ def ensure_pki(
             if loaded.state_access is StateAccess.existing:
                 raise StateMissing(ca_cert_path)
             return {"ca": _placeholder("ca")} | {
-                s.stem: _placeholder(s.stem) for s in all_specs(loaded)
+                s.stem: _placeholder(s.stem) for s in all_specs(loaded, events=events)
             }
-        return _read_pki(loaded, root, renewal)
+        return _read_pki(all_specs(loaded, events=events), root, renewal)
     with state_lock(loaded.state_dir):
-        return _make_pki(loaded, root, cert_days, ca_days, rotate, renewal)
+        specs = all_specs(loaded, events=events)
+        return _make_pki(loaded, specs, root, cert_days, ca_days, rotate, renewal)
 
 
 def _make_pki(
     loaded: LoadedCluster,
+    specs: list[CertSpec],
     root: Path,
     cert_days: int,
     ca_days: int,
@@ -166,7 +177,7 @@ def _make_pki(
     ca_key = serialization.load_pem_private_key(ca_key_path.read_bytes(), None)
     ca_cert = x509.load_pem_x509_certificate(ca_cert_path.read_bytes())
     pairs = {"ca": KeyPair(ca_cert_path.read_text(), ca_key_path.read_text())}
-    for spec in all_specs(loaded):
+    for spec in specs:
         cert_path = root / f"{spec.stem}.crt"
         if rotate or not _matches(cert_path, spec, ca_cert, renewal):
             key = ec.generate_private_key(ec.SECP256R1())
@@ -176,13 +187,13 @@ def _make_pki(
     return pairs
 
 
-def _read_pki(loaded: LoadedCluster, root: Path, renewal: _Renewal) -> dict[str, KeyPair]:
+def _read_pki(specs: list[CertSpec], root: Path, renewal: _Renewal) -> dict[str, KeyPair]:
     """What the state holds, a placeholder for each leaf apply would (re)issue."""
     ca_cert_path, ca_key_path = root / "ca.crt", root / "ca.key"
     ca_cert = x509.load_pem_x509_certificate(ca_cert_path.read_bytes())
     ca_key = ca_key_path.read_text() if ca_key_path.exists() else _placeholder("ca").key_pem
     pairs = {"ca": KeyPair(ca_cert_path.read_text(), ca_key)}
-    for spec in all_specs(loaded):
+    for spec in specs:
         cert_path = root / f"{spec.stem}.crt"
         if _matches(cert_path, spec, ca_cert, renewal):
             key_pem = cert_path.with_suffix(".key").read_text()

@@ -120,6 +120,8 @@ def metric_rules(loaded: LoadedCluster) -> dict[str, list[dict[str, str]]]:
     return {
         "dcgm": [{"regex": "|".join(cfg.dcgm_keep_metrics), "action": "keep"}],
         "etcd": [{"regex": "|".join(ETCD_DROP), "action": "drop"}],
+        # The Events cluster's members (etcd.events), the same etcd with the same series.
+        "etcd-events": [{"regex": "|".join(ETCD_DROP), "action": "drop"}],
     }
 
 

@@ -116,7 +116,9 @@ class KubernetesConfig(BaseModel):
     # up to ~670 nodes, 3,000/1,000 from 5,000 (inventory/sizing.py says why).
     max_requests_inflight: int | None = Field(None, ge=1)
     max_mutating_requests_inflight: int | None = Field(None, ge=1)
-    # Events in their own etcd (large-cluster option): "https://host:2379" endpoints, or none.
+    # Events in their own etcd (large-cluster option): the etcd role's Events cluster when
+    # etcd.events.enabled (nothing to set here), or these "https://host:2379" endpoints of an
+    # external one, which win over it. The same etcd client certificate reaches both.
     events_etcd_endpoints: list[str] = Field(default_factory=list)
     # Audit log: kept 7 days, 10 files of 100 MB, so the control plane's disk never fills.
     audit_log_maxage: int = Field(7, ge=1)

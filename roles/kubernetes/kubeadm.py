@@ -39,6 +39,8 @@ APISERVER_PKI = "/etc/kubernetes/pki"
 
 # fleet_policy renders the scheduler's files; this role places them on the control plane.
 scheduler_files = provided("fleet_policy", "scheduler_files")
+# The etcd role's Events cluster (etcd.events), when it runs one: its client URLs.
+etcd_events_endpoints = provided("etcd", "events_endpoints")
 
 
 @dataclass(frozen=True)
@@ -103,11 +105,13 @@ def api_server_flags(ctx: HostContext, cfg: KubernetesConfig) -> list[Flag]:
             "(its checks' interval x fall + timeout, and a margin): a restart drops no request",
         ),
     ]
-    if cfg.events_etcd_endpoints:
+    # An explicit list (an external Events etcd) wins over the etcd role's Events cluster.
+    events = cfg.events_etcd_endpoints or etcd_events_endpoints(ctx.loaded)
+    if events:
         flags.append(
             Flag(
                 "etcd-servers-overrides",
-                "/events#" + ";".join(cfg.events_etcd_endpoints),
+                "/events#" + ";".join(events),
                 "Events in their own etcd: the churn of a large cluster's events stays out of "
                 "the main etcd's quota and compaction",
             )

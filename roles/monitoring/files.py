@@ -16,6 +16,8 @@ from toolkit.templates import render_template
 # Series kept or dropped per scrape job, by the role that deploys the exporters (the DCGM
 # keep-list): job name -> Prometheus metric_relabel rules on __name__.
 metric_rules = provided("fleet_policy", "metric_rules")
+# The etcd role's Events cluster members (etcd.events), scraped as a job of their own.
+events_members = provided("etcd", "events_members")
 
 NODE_EXPORTER_DEFAULTS = "/etc/default/prometheus-node-exporter"
 PROMETHEUS_DEFAULTS = "/etc/default/prometheus"
@@ -85,7 +87,7 @@ def prometheus_files(ctx: HostContext) -> list[ManagedFile]:
         cfg=cfg,
         scrape_interval=scrape_interval(ctx.loaded, cfg),
         cluster=ctx.cluster,
-        jobs=scrape_jobs(ctx.cluster, cfg.dcgm_exporter_port),
+        jobs=scrape_jobs(ctx.cluster, cfg.dcgm_exporter_port, events_members(ctx.loaded)),
         job_rules=metric_rules(ctx.loaded),
         rules=ALERT_RULES,
         alertmanager=f"127.0.0.1:{ALERTMANAGER_PORT}",

@@ -5,7 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from inventory.model import Cluster
-from inventory.topology import ETCD_METRICS_PORT, HAPROXY_STATS_PORT, NODE_EXPORTER_PORT
+from inventory.topology import (
+    ETCD_EVENTS_METRICS_PORT,
+    ETCD_METRICS_PORT,
+    HAPROXY_STATS_PORT,
+    NODE_EXPORTER_PORT,
+)
 
 PROMETHEUS_PORT = 9090
 
@@ -33,11 +38,15 @@ def _targets(cluster: Cluster, names: list[str], port: int) -> tuple[Target, ...
     )
 
 
-def scrape_jobs(cluster: Cluster, dcgm_port: int) -> list[ScrapeJob]:
-    """Jobs in a fixed order; a job whose group is empty is left out (no empty target lists)."""
+def scrape_jobs(
+    cluster: Cluster, dcgm_port: int, events_members: list[str] | None = None
+) -> list[ScrapeJob]:
+    """Jobs in a fixed order; a job whose group is empty is left out (no empty target lists).
+    `events_members`: the hosts of the etcd role's Events cluster (none when it is off)."""
     jobs = [
         ScrapeJob("node", _targets(cluster, list(cluster.hosts), NODE_EXPORTER_PORT)),
         ScrapeJob("etcd", _targets(cluster, cluster.in_group("etcd"), ETCD_METRICS_PORT)),
+        ScrapeJob("etcd-events", _targets(cluster, events_members or [], ETCD_EVENTS_METRICS_PORT)),
         ScrapeJob(
             "haproxy", _targets(cluster, cluster.in_group("loadbalancer"), HAPROXY_STATS_PORT)
         ),

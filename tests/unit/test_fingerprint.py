@@ -317,7 +317,7 @@ def test_a_new_etcd_snapshot_moves_no_hosts_key(tmp_path, monkeypatch):
     state = cluster / ".state"
     first_state = fingerprint.state_digest(state)
 
-    def take(loaded, out):
+    def take(loaded, out, etcd=None):
         out.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         out.write_bytes(b"snapshot bytes")
         return day2.etcd.SnapshotResult("etcd-1", str(out), out.stat().st_size, 7, 3, 0.1)

@@ -12,15 +12,16 @@ from pydantic import ValidationError
 
 from engine.context import host_context, load
 from roles.etcd import pki
+from roles.etcd.clusters import MAIN
 from roles.etcd.config import EtcdConfig
 from roles.etcd.files import (
-    NO_RESTART,
     PKI,
     RESTART_MEMBER,
     UNIT,
     client_files,
     etcd_flags,
     managed_files,
+    restarting_files,
 )
 from roles.etcd.gate import judge, parse_p99_ms
 from roles.etcd.operations import refusal
@@ -142,10 +143,12 @@ def test_only_files_etcd_reads_restart_a_member(loaded):
     """The rolling restart follows the unit and the member's certificates; the operator's
     tools (etcdctl settings, scripts, backup units, operator certificate) restart nothing."""
     paths = {f.path for f in managed_files(context(loaded, "etcd-1"))}
-    assert paths >= NO_RESTART
-    restarting = paths - NO_RESTART
+    restarting = restarting_files(MAIN)
+    assert restarting <= paths
     assert {UNIT, f"{PKI}/ca.crt", f"{PKI}/server.key", f"{PKI}/peer.crt"} <= restarting
     assert not any(p.startswith("/usr/local/sbin/") for p in restarting)
+    quiet = paths - restarting
+    assert {f"{PKI}/operator.key", MAIN.etcdctl_env, MAIN.backup_timer, RESTART_MEMBER} <= quiet
 
 
 def test_restart_script_moves_leadership_then_waits_for_health(loaded):

@@ -97,7 +97,8 @@ def test_scrape_jobs_cover_the_inventory():
     cluster = loaded.cluster
     config = prometheus_config(loaded)
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
-    assert list(jobs) == ["node", "etcd", "haproxy", "dcgm", "prometheus"]
+    # The sample runs the etcd role's Events cluster (etcd.events): a job of its own.
+    assert list(jobs) == ["node", "etcd", "etcd-events", "haproxy", "dcgm", "prometheus"]
 
     def targets(job: str) -> dict[str, dict]:
         return {static["targets"][0]: static["labels"] for static in jobs[job]["static_configs"]}
@@ -112,6 +113,9 @@ def test_scrape_jobs_cover_the_inventory():
     assert set(targets("etcd")) == {
         f"{n}.sample.gpu.internal:2381" for n in cluster.in_group("etcd")
     }
+    assert set(targets("etcd-events")) == {
+        f"{n}.sample.gpu.internal:2384" for n in cluster.in_group("etcd")
+    }
     assert set(targets("haproxy")) == {
         f"{n}.sample.gpu.internal:8404" for n in cluster.in_group("loadbalancer")
     }
@@ -122,15 +126,17 @@ def test_scrape_jobs_cover_the_inventory():
 
 
 def test_unused_series_are_dropped_at_scrape_time():
-    """Every job ends with the role's drop rule; the DCGM and etcd jobs first apply the fleet
-    policy's rules for their exporters (tests/unit/test_fleet_policy.py checks what they keep)."""
+    """Every job ends with the role's drop rule; the DCGM and etcd jobs (both etcd clusters')
+    first apply the fleet policy's rules for their exporters (tests/unit/test_fleet_policy.py
+    checks what they keep)."""
     config = prometheus_config(load(SAMPLE))
     for job in config["scrape_configs"]:
         *first, relabel = job["metric_relabel_configs"]
         assert relabel["action"] == "drop"
         assert relabel["source_labels"] == ["__name__"]
         assert "go_.*" in relabel["regex"].split("|")
-        expected = {"dcgm": ["keep"], "etcd": ["drop"]}.get(job["job_name"], [])
+        expected = {"dcgm": ["keep"], "etcd": ["drop"], "etcd-events": ["drop"]}
+        expected = expected.get(job["job_name"], [])
         assert [rule["action"] for rule in first] == expected
 
 

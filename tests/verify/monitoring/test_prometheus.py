@@ -13,6 +13,7 @@ from roles.monitoring.files import (
     PROMETHEUS_CONFIG,
 )
 from roles.monitoring.targets import PROMETHEUS_PORT, scrape_jobs
+from toolkit.spec import provided
 
 TARGET_GROUPS = ("monitoring",)
 
@@ -61,7 +62,9 @@ def test_every_configured_target_is_scraped(host, ctx):
     active = {(t["labels"]["job"], t["labels"]["host"]) for t in body["data"]["activeTargets"]}
     expected = {
         (job.name, target.host)
-        for job in scrape_jobs(ctx.cluster, cfg.dcgm_exporter_port)
+        for job in scrape_jobs(
+            ctx.cluster, cfg.dcgm_exporter_port, provided("etcd", "events_members")(ctx.loaded)
+        )
         for target in job.targets
     }
     assert sorted(expected - active) == []

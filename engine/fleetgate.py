@@ -341,12 +341,16 @@ class ShardProgress:
 def resume(progress: ShardProgress, gate: LedgerGate, hosts: Sequence[str]) -> list[str]:
     """What a shard's pod still has to do, in order: the hosts a predecessor left in flight and
     this pod adopted first, then those never tried. Hosts that ended are skipped (a failed host
-    stays counted, and reported failed)."""
+    stays counted, and reported failed).
+
+    Every host of the shard that has not ended is offered for adoption, not only those the
+    progress marks in flight: a predecessor killed between its grant (the ledger) and its mark
+    (the progress) left a host in flight that only the ledger knows, which no grant would ever
+    hand out again (and whose place in the budget nobody would give back)."""
     progress.load()
-    left = [h for h in hosts if progress.hosts.get(h) == IN_FLIGHT]
+    left = [h for h in hosts if progress.hosts.get(h, IN_FLIGHT) == IN_FLIGHT]
     adopted = gate.adopt(left) if left else []
-    untried = [h for h in hosts if h not in progress.hosts or h in left and h not in adopted]
-    return [*adopted, *untried]
+    return [*adopted, *(h for h in left if h not in adopted)]
 
 
 class KubectlApi:

@@ -391,6 +391,25 @@ def test_a_host_released_before_its_pod_died_is_done_again_not_adopted():
     assert api.ledger().done == ["gpu-1"]  # counted once
 
 
+def test_a_host_granted_but_never_marked_is_adopted_from_the_ledger():
+    """The pod died between its grant (the ledger: gpu-2 in flight) and its mark (the progress
+    never heard of gpu-2): the next pod adopts it, the budget it holds is given back when it
+    ends, and the rollout finishes instead of waiting for ever."""
+    ledger = Ledger(run="r1", budget=1, total=3, done=["gpu-1"], in_flight={"gpu-2": "pod-a"})
+    api = progress_api(ledger, {"pods": ["pod-a"], "hosts": {"gpu-1": "changed"}})
+    progress = ShardProgress(api, f"{LEDGER}-0", "pod-b")
+    waits: list[float] = []
+    gate = LedgerGate(api, LEDGER, "pod-b", progress=progress, sleep=waits.append)
+    todo = resume(progress, gate, ["gpu-1", "gpu-2", "gpu-3"])
+    assert todo == ["gpu-2", "gpu-3"] and gate.held == ["gpu-2"]
+    assert api.ledger().in_flight == {"gpu-2": "pod-b"}
+    assert gate.acquire(todo, want=1) == ["gpu-2"]
+    gate.release({"gpu-2": "changed"})
+    assert gate.acquire(["gpu-3"], want=1) == ["gpu-3"] and waits == []
+    gate.release({"gpu-3": "changed"})
+    assert sorted(api.ledger().done) == ["gpu-1", "gpu-2", "gpu-3"]
+
+
 def test_the_controller_names_a_retried_shard_and_its_hosts_ends():
     rollout = Rollout.__new__(Rollout)
     rollout.loaded = type("L", (), {"cluster": type("C", (), {"name": "small"})()})()

@@ -354,7 +354,7 @@ def _rollout_job(loaded, options, shards: int | None, reboot: bool):
 
 def _run_rollout(rollout, loaded):
     """The Job's flow, holding the apply lock all along (its ledger locks the cluster inside)."""
-    from day2.jobs import JobError, JobRefused
+    from day2.jobs import JobBusy, JobError, JobRefused
     from day2.rolloutjob import fleet_rollout
 
     rollout.loaded = loaded
@@ -363,6 +363,8 @@ def _run_rollout(rollout, loaded):
             return fleet_rollout(rollout)
         except JobRefused as exc:
             raise UserError(str(exc)) from None
+        except JobBusy as exc:
+            raise UserError(str(exc), ExitCode.LOCKED) from None
         except JobError as exc:
             raise UserError(str(exc), ExitCode.ERROR) from None
 

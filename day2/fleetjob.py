@@ -28,7 +28,6 @@ import shlex
 import time
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field, replace
-from datetime import datetime
 
 from day2 import jobs
 from day2.flows import DRIFT_JOB
@@ -53,8 +52,8 @@ POLL_S = 2.0
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 
 
-class FleetJobBusy(RuntimeError):
-    """Another drift --job of the same cluster is running (exit 8, as a held lock)."""
+# Another drift --job of the same cluster is running (exit 8, as a held lock).
+FleetJobBusy = jobs.JobBusy
 
 
 @dataclass
@@ -62,6 +61,7 @@ class JobRun(jobs.InClusterJob):
     """What the command was asked, and what each step found."""
 
     kind = "drift"
+    command = "drift --job"
 
     run_exact: ExactRun
     _: KW_ONLY
@@ -262,38 +262,8 @@ def publish(run: JobRun) -> None:
         manifest = job_manifest(run)
     except StateMissing as exc:
         raise jobs.JobRefused(f"{exc}: apply with drift_job.enabled first") from None
-    _refuse_a_running_job(run)
+    run.refuse_a_running_job(run.wall())
     run.apply_job(manifest)
-
-
-def _refuse_a_running_job(run: JobRun) -> None:
-    """The Job's objects are named after the cluster: a second `drift --job` (another operator,
-    another controller) would replace the first's sheets and delete its Job. A Job of this
-    cluster that has not ended and is within its deadline is someone's run: FleetJobBusy. One
-    that ended, or outlived its deadline (its controller died), is removed as before."""
-    found = run.kubectl("look for a running Job", f"get job {run.name} --ignore-not-found -o json")
-    if not found.strip():
-        return
-    job = json.loads(found)
-    if job.get("kind") != "Job":  # an empty List, as some kubectl print for none
-        return
-    if jobs.ended(job.get("status", {})):
-        return
-    meta = job.get("metadata", {})
-    created = meta.get("creationTimestamp", "")
-    deadline = job.get("spec", {}).get("activeDeadlineSeconds") or 0
-    try:
-        age = run.wall() - datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        age = 0.0  # no readable creation time: taken as running, the safe side
-    if deadline and age > deadline + jobs.DEADLINE_MARGIN_S:
-        return
-    other = meta.get("labels", {}).get(run.run_label, "?")
-    raise FleetJobBusy(
-        f"Job {run.namespace}/{run.name} (drift run {other}, created {created}) is still "
-        f"running: another drift --job of this cluster; wait for it, or if its controller is "
-        f"gone: kubectl -n {run.namespace} delete job {run.name}"
-    )
 
 
 def wait(run: JobRun) -> None:

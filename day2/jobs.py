@@ -11,6 +11,7 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -40,6 +41,10 @@ class JobRefused(ValueError):
     shard too big."""
 
 
+class JobBusy(RuntimeError):
+    """Another run's Job of the same kind and cluster is running (exit 8, as a held lock)."""
+
+
 def ended(status: dict) -> bool:
     """A Job's status says it is Complete or Failed."""
     return bool(
@@ -56,6 +61,7 @@ class InClusterJob:
     # "drift", "rollout": the Job is gpuinfra-KIND-CLUSTER, its objects are labelled
     # app.kubernetes.io/name=gpuinfra-KIND, and gpuinfra.io/KIND-run names the run.
     kind: ClassVar[str]
+    command: ClassVar[str]  # what the operator ran: "drift --job", "apply --job"
 
     loaded: LoadedCluster
     options: RunOptions
@@ -117,6 +123,38 @@ class InClusterJob:
             self.run_label: self.run,
         }
 
+    def refuse_a_running_job(self, now: float) -> None:
+        """The Job's objects are named after the cluster: a second run (another operator,
+        another controller) would replace the first's objects and delete its Job. A Job of this
+        cluster that has not ended and is within its deadline (by the API server's creation
+        stamp and `now`, epoch seconds) is someone's run: JobBusy. One that ended, or outlived
+        its deadline (its controller died), is removed as before."""
+        found = self.kubectl(
+            "look for a running Job", f"get job {self.name} --ignore-not-found -o json"
+        )
+        if not found.strip():
+            return
+        job = json.loads(found)
+        if job.get("kind") != "Job":  # an empty List, as some kubectl print for none
+            return
+        if ended(job.get("status", {})):
+            return
+        meta = job.get("metadata", {})
+        created = meta.get("creationTimestamp", "")
+        deadline = job.get("spec", {}).get("activeDeadlineSeconds") or 0
+        try:
+            age = now - datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            age = 0.0  # no readable creation time: taken as running, the safe side
+        if deadline and age > deadline + DEADLINE_MARGIN_S:
+            return
+        other = meta.get("labels", {}).get(self.run_label, "?")
+        raise JobBusy(
+            f"Job {self.namespace}/{self.name} ({self.kind} run {other}, created {created}) is "
+            f"still running: another {self.command} of this cluster; wait for it, or if its "
+            f"controller is gone: kubectl -n {self.namespace} delete job {self.name}"
+        )
+
     def apply_job(self, manifest: str) -> None:
         """The Job's objects applied (on stdin: they hold the key) over an earlier run's Job."""
         self.published = True  # from here on, the end deletes what this run may have made
@@ -161,9 +199,13 @@ class InClusterJob:
         return ""
 
     def delete_objects(self, kinds: str) -> list[str]:
-        """The run's objects of `kinds` (by the Job's labels); what went wrong, as notes."""
+        """The run's objects of `kinds` (by the Job's labels and this run's: another run's
+        objects of the same names are never this run's to delete); what went wrong, as notes."""
         instance = self.loaded.cluster.name
-        selector = f"app.kubernetes.io/name={self.app},app.kubernetes.io/instance={instance}"
+        selector = (
+            f"app.kubernetes.io/name={self.app},app.kubernetes.io/instance={instance},"
+            f"{self.run_label}={self.run}"
+        )
         try:
             self.kubectl("delete the Job", f"delete {kinds} -l {selector} --ignore-not-found")
         except JobError as exc:

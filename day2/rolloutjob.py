@@ -76,6 +76,7 @@ class Rollout(jobs.InClusterJob):
     """What the command was asked, and what each step found."""
 
     kind = "rollout"
+    command = "apply --job"
 
     _: KW_ONLY
     clock: Callable[[], float] = time.time  # epoch seconds: the ledger's heartbeat is one
@@ -161,8 +162,10 @@ def make_shards(rollout: Rollout) -> None:
 
 def mint_token(rollout: Rollout) -> None:
     """A join token on cp-1 with a TTL past the Job's deadline (kubeadm prints the join command,
-    which the controller reads; the token never goes on a command line here)."""
+    which the controller reads; the token never goes on a command line here). Nothing is made
+    while another run's Job is running (JobBusy): its objects have this run's names."""
     assert rollout.cfg is not None
+    rollout.refuse_a_running_job(rollout.clock())
     ttl = f"{rollout.cfg.deadline_seconds + TOKEN_MARGIN_S}s"
     result = rollout.runner(
         rollout.loaded,

@@ -1044,3 +1044,58 @@ def test_a_shard_told_to_stop_starts_no_step_after_the_one_in_progress():
     )
     with pytest.raises(fleetgate.ShardTerminated):
         waiting.acquire(["gpu-1"], want=1)
+
+
+class RunningRollout(Kubectl):
+    """cp-1 where another run's rollout Job is running (created a minute before `NOW`)."""
+
+    def __call__(self, loaded, host, command, *, timeout, stdin=None):
+        if " get job " in command and "--ignore-not-found" in command:
+            self.commands.append(command)
+            job = {
+                "kind": "Job",
+                "metadata": {
+                    "creationTimestamp": "2027-01-15T07:59:00Z",
+                    "labels": {"gpuinfra.io/rollout-run": "r-other"},
+                },
+                "spec": {"activeDeadlineSeconds": 14400},
+                "status": {"active": 2},
+            }
+            return RemoteResult(host, 0, json.dumps(job))
+        return super().__call__(loaded, host, command, timeout=timeout, stdin=stdin)
+
+
+def test_a_second_rollout_neither_takes_over_nor_deletes_the_first_ones_objects(
+    small_cluster, write_cluster, tmp_path
+):
+    """Another run's Job is running: this run makes nothing (no token, no objects), deletes
+    nothing, and says which run holds the cluster (exit 8 from the command line)."""
+    loaded = load(rollout_cluster(small_cluster, write_cluster, tmp_path))
+    KEY.private_key(loaded.state_dir, StateAccess.create)
+    kubectl = RunningRollout({})
+    rollout = Rollout(
+        loaded,
+        RunOptions(mode=Mode.apply, limit=("gpu_worker", "cpu_worker")),
+        runner=kubectl,
+        sleep=lambda s: None,
+        clock=lambda: 1_800_000_000.0,  # 2027-01-15T08:00:00Z
+    )
+    with pytest.raises(jobs.JobBusy, match="rollout run r-other.*still running.*apply --job"):
+        rolloutjob.fleet_rollout(rollout)
+    made = ("kubeadm token", "apply -f -", " delete ", " patch ")
+    assert not any(word in c for c in kubectl.commands for word in made), kubectl.commands
+
+
+def test_a_run_deletes_only_its_own_objects(small_cluster, write_cluster, tmp_path):
+    loaded = load(rollout_cluster(small_cluster, write_cluster, tmp_path))
+    KEY.private_key(loaded.state_dir, StateAccess.create)
+    kubectl = Kubectl({})
+    rollout = Rollout(
+        loaded,
+        RunOptions(mode=Mode.apply, limit=("gpu_worker", "cpu_worker")),
+        runner=kubectl,
+        sleep=lambda s: None,
+    )
+    rolloutjob.fleet_rollout(rollout)
+    (deleted,) = [c for c in kubectl.commands if "delete job,configmap,secret" in c]
+    assert f"gpuinfra.io/rollout-run={rollout.run}" in deleted

@@ -525,7 +525,7 @@ WORKERS = ("gpu_worker", "cpu_worker")
 CLIENT_STATE = ["shared_fs/client.training.key", "shared_fs/fsid"]
 
 
-def sample_cluster(tmp_path: Path, *, applied: bool = True):
+def sample_cluster(tmp_path: Path, *, applied: bool = True) -> LoadedCluster:
     """inventory/sample (storage hosts included) with the rollout Job on; `applied`: its whole
     .state/ made as an apply makes it (every host's files rendered with StateAccess.create)."""
     data = yaml.safe_load((SAMPLE / "cluster.yml").read_text())

@@ -286,6 +286,11 @@ ROLLOUT_JOB = Flow(
     (
         Step("shards", "the workers selected, split into shards", f"{_ROLLOUT}:make_shards"),
         Step(
+            "state",
+            "the state entries the selected workers' files read, each one those workers hold",
+            f"{_ROLLOUT}:gather_state",
+        ),
+        Step(
             "token",
             "a join token on the first control-plane node, with a TTL past the deadline",
             f"{_ROLLOUT}:mint_token",
@@ -298,7 +303,7 @@ ROLLOUT_JOB = Flow(
         Step(
             "publish",
             "the ledger, the shards' progress, the Job (suspended until it owns the Secrets of "
-            "the key and the token)",
+            "the key, the token and the state entries)",
             f"{_ROLLOUT}:publish",
         ),
         Step(

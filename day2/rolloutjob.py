@@ -29,26 +29,29 @@ import yaml
 from day2 import jobs
 from day2.flows import ROLLOUT_JOB
 from engine import fleetgate
+from engine.context import host_contexts, host_files
 from engine.incluster import ADMIN_CONF, remote_kubectl
 from engine.orchestrate import group_policies
 from engine.registry import PHASES
 from engine.reports import HostReport, HostStatus, RunReport
 from engine.rolloutlock import ledger_name
 from engine.selection import select_hosts, shard_hosts
-from inventory.model import LoadedCluster
+from inventory.model import LoadedCluster, StateAccess
 from roles.rollout_job.config import RolloutJobConfig
 from roles.rollout_job.files import KEY
 from roles.rollout_job.role import fleet_config
 from toolkit.jobs import job_tolerations
 from toolkit.spec import Rolling, settings_of
 from toolkit.ssh import ssh_settings
-from toolkit.statefiles import StateMissing
+from toolkit.statefiles import StateMissing, recording_reads
 from toolkit.templates import render_template
 
-SETTINGS_FORMAT = 1  # bump when settings.json changes: a skewed pod exits 2
+# Bump when settings.json or what the pod is given changes (2: the state Secret): a skewed pod
+# exits 2.
+SETTINGS_FORMAT = 2
 POLL_S = 5.0
-# Roles whose worker files carry a key from .state/ (drift's and the rollout's own): a pod
-# has no .state/, so they are applied by a local apply, never by the Job.
+# Roles whose worker files carry a key derived from .state/ (drift's and the rollout's own),
+# which stays on the controller: they are applied by a local apply, never by the Job.
 STATE_KEYED_ROLES = ("drift_job", "rollout_job")
 # Where the pod finds what the Job mounts (templates/rollout_job/rollout-job.yaml.j2).
 POD_DIR = "/etc/gpuinfra/rollout"
@@ -60,8 +63,13 @@ POD_KEY = "/run/gpuinfra/id_ed25519"
 CERT_SUFFIX = "-cert.pub"
 # A worker whose clock is ahead of the operator's by up to this still admits a new certificate.
 CLOCK_SKEW_S = 300
+# The state entries the selected workers' files read (`gather_state`), as one JSON document
+# {path under .state/: content} (a Secret's keys cannot hold "/"); engine/rolloutshard.py
+# stages them into the pod's own state folder.
+STATE_SECRET = "gpuinfra-rollout-state"
+MOUNTED_STATE = "/etc/gpuinfra/rollout-state/state.json"
 # The Secrets the Job owns: the garbage collector deletes them with it, however the run ends.
-OWNED_SECRETS = ("gpuinfra-rollout-ssh", "gpuinfra-rollout-join")
+OWNED_SECRETS = ("gpuinfra-rollout-ssh", "gpuinfra-rollout-join", STATE_SECRET)
 # kubeadm's join command, as `kubeadm token create --print-join-command` prints it.
 _JOIN_COMMAND = re.compile(r"--token\s+(\S+).*--discovery-token-ca-cert-hash\s+(sha256:[0-9a-f]+)")
 # The token outlives the Job's deadline by this much: a pod started late can still join.
@@ -85,6 +93,8 @@ class Rollout(jobs.InClusterJob):
     token: str = ""  # the join token: in memory, then in the Secret only
     # This run's key and its certificate: in memory, then in the Secret only
     identity: tuple[str, str] = ("", "")
+    # What the pods get of .state/ (path under it -> content): in memory, then in the Secret only
+    state: dict[str, str] = field(default_factory=dict)
     ca_hash: str = ""
     progress: list[dict] = field(default_factory=list)  # each shard's {pods, hosts}
     ledger: fleetgate.Ledger | None = None
@@ -158,6 +168,40 @@ def make_shards(rollout: Rollout) -> None:
         raise jobs.JobRefused("--limit selects no host")
     count = min(rollout.count or rollout.cfg.shards, len(rollout.hosts))
     rollout.shard_of = [shard_hosts(rollout.hosts, i, count) for i in range(count)]
+
+
+def gather_state(rollout: Rollout) -> None:
+    """The state entries the selected roles' files read on the selected hosts, and nothing
+    else: each host's files rendered once here, role by role, recording what they read of
+    .state/. An entry goes to the pods only when that host's own files hold its value (a
+    cephx client key in its keyring, the fsid in ceph.conf), so a pod holds nothing its
+    workers do not; one they do not hold (an authority, a CA's key) is refused, naming it.
+    Recorded are the reads of `kept_secret`; a file that read state any other way would find
+    it missing in the pod (StateMissing, the host failed), never receive it unchecked."""
+    loaded = rollout.loaded.with_state_access(StateAccess.existing)
+    selected = set(rollout.hosts)
+    rollout.state = {}
+    for ctx in host_contexts(loaded):
+        if ctx.name not in selected:
+            continue
+        for role in rollout.roles:
+            with recording_reads() as reads:
+                try:
+                    held = [managed.content for managed in host_files(ctx, (role,))]
+                except StateMissing as exc:
+                    raise jobs.JobRefused(
+                        f"{role}'s files on {ctx.name} read {exc.path}, which is missing: "
+                        "apply the cluster without --job first"
+                    ) from None
+            for relative in sorted(reads):
+                value = (loaded.state_dir / relative).read_text()
+                if not any(value.strip() in content for content in held):
+                    raise jobs.JobRefused(
+                        f"{role}'s files on {ctx.name} read .state/{relative}, which no file of "
+                        f"{ctx.name} holds: it never leaves the controller; apply {role} without "
+                        "--job"
+                    )
+                rollout.state[relative] = value
 
 
 def mint_token(rollout: Rollout) -> None:
@@ -252,6 +296,8 @@ def job_manifest(rollout: Rollout) -> str:
         key_base64=_base64(private.strip() + "\n"),
         cert_base64=_base64(cert.strip() + "\n"),
         join_base64=base64.b64encode(join.encode()).decode(),
+        state_secret=STATE_SECRET,
+        state_base64=_base64(json.dumps(rollout.state, sort_keys=True)),
         inventory=pod_inventory(loaded),
         known_hosts=known,
         settings=json.dumps(pod_settings(rollout)),
@@ -436,8 +482,9 @@ def most_in_flight(ledger: fleetgate.Ledger) -> int:
 
 
 def delete(rollout: Rollout) -> None:
-    """The Job, its Secrets (the key, the token), ConfigMaps and RBAC, and the token itself on
-    cp-1 (by its id, the public half). A failure here is a note, not the run's result."""
+    """The Job, its Secrets (the key, the token, the state entries), ConfigMaps and RBAC, and
+    the token itself on cp-1 (by its id, the public half). A failure here is a note, not the
+    run's result."""
     problems = rollout.delete_objects("job,configmap,secret,role,rolebinding")
     if rollout.token:
         token_id = rollout.token.split(".")[0]

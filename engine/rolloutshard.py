@@ -2,7 +2,8 @@
 /etc/gpuinfra/rollout/cluster.yml --job-shard`): its share of the workers applied with the
 operator's runner, each step granted by the shared ledger (engine/fleetgate.py), its joins paced
 by its own time slots (toolkit/pacing.py SlotPacer), its progress written after each step so a
-retried pod resumes. It has the inventory, its run's certified key and a join token; no `.state/`.
+retried pod resumes. It has the inventory, its run's certified key, a join token and, of
+`.state/`, only the entries its workers' files read (each one those workers hold).
 
 Exit codes: 0 the shard ran to its end (its hosts' ends are in its progress, failures
 included), 1 the ledger could not be read or written (the Job retries the index), 2 bad input
@@ -21,14 +22,20 @@ from pathlib import Path
 
 from engine import fleetgate
 from engine.incluster import TERMINATED, copy_key
+from toolkit.statefiles import private_dir, write_secret_atomically
 
 SETTINGS = "settings.json"
-SETTINGS_FORMAT = 1  # day2/rolloutjob.py writes it
+SETTINGS_FORMAT = 2  # day2/rolloutjob.py writes it (2: the state entries are staged)
 # day2/rolloutjob.py MOUNTED_KEY and POD_KEY: the Secret's file, and its 0400 copy in memory.
 MOUNTED_KEY = Path("/etc/gpuinfra/rollout-key/id_ed25519")
 POD_KEY = Path("/run/gpuinfra/id_ed25519")
 # CERT_SUFFIX there: the run's certificate, beside the key where ssh and paramiko look for it.
 CERT_SUFFIX = "-cert.pub"
+# day2/rolloutjob.py MOUNTED_STATE: the state entries the workers' files read, as one JSON
+# document. They are staged with a copy of the inventory in memory (the ConfigMap's folder is
+# read-only, and an inventory's state is the `.state/` beside it: LoadedCluster.state_dir).
+MOUNTED_STATE = Path("/etc/gpuinfra/rollout-state/state.json")
+STAGED = Path("/run/gpuinfra/rollout")
 
 
 class ShardInputError(Exception):
@@ -46,6 +53,31 @@ def read_settings(folder: Path) -> dict:
             f"{SETTINGS_FORMAT} (the image and the controller differ)"
         )
     return settings
+
+
+def stage_inventory(cluster_file: Path, mounted_state: Path, folder: Path) -> Path:
+    """The inventory copied into `folder`, the state entries beside it in `.state/`, 0600 in
+    0700 folders as the controller keeps them; the copy's path. An entry that would land
+    outside `.state/` is another gpuinfra's input (ShardInputError)."""
+    try:
+        entries = json.loads(mounted_state.read_text())
+        text = cluster_file.read_bytes()
+    except (OSError, ValueError) as exc:
+        raise ShardInputError(f"{mounted_state}: unreadable: {exc}") from None
+    for relative in entries:
+        if Path(relative).is_absolute() or ".." in Path(relative).parts:
+            raise ShardInputError(f"{mounted_state}: {relative!r} is not a path under .state/")
+    staged = folder / cluster_file.name
+    try:
+        state_dir = private_dir(private_dir(folder) / ".state")
+        for relative, content in sorted(entries.items()):
+            path = state_dir / relative
+            private_dir(path.parent)
+            write_secret_atomically(path, content.encode())
+        write_secret_atomically(staged, text)
+    except OSError as exc:  # the pod's memory folder: every index would fail alike
+        raise ShardInputError(f"{folder}: cannot stage the inventory: {exc.strerror}") from None
+    return staged
 
 
 def shard_index(settings: dict, environ=os.environ) -> int:
@@ -73,12 +105,19 @@ def exit_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, lambda signum, frame: TERMINATING.set())
 
 
-def main(cluster_file: Path, api: fleetgate.LedgerApi | None = None, environ=os.environ) -> int:
+def main(
+    cluster_file: Path,
+    api: fleetgate.LedgerApi | None = None,
+    environ=os.environ,
+    mounted_state: Path = MOUNTED_STATE,
+    staged: Path = STAGED,
+) -> int:
     """Run the shard; prints one JSON line of its hosts' ends."""
     folder = cluster_file.parent
     try:
         settings = read_settings(folder)
         index = shard_index(settings, environ)
+        cluster_file = stage_inventory(cluster_file, mounted_state, staged)
     except ShardInputError as exc:
         print(f"gpuinfra rollout shard: {exc}", file=sys.stderr)
         return 2

@@ -8,6 +8,7 @@ written (state, reports, the lab's records) uses `write_atomically`.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import fcntl
 import os
 from collections.abc import Callable, Iterator
@@ -22,6 +23,9 @@ PLACEHOLDER = "PLACEHOLDER-run-gpuinfra-apply"
 # the drift fast path leaves them out of the state it digests.
 ETCD_SNAPSHOTS = "etcd-snapshots"
 _held: set[Path] = set()  # state folders whose lock this process holds
+# The kept secrets read in this context while `recording_reads` is active (their paths relative
+# to the state folder): what a rollout Job's pods need of .state/ to render what was rendered.
+_reads: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar("reads", default=None)
 
 
 class StateMissing(Exception):
@@ -99,6 +103,19 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+@contextlib.contextmanager
+def recording_reads() -> Iterator[set[str]]:
+    """Collect the relative path of every kept secret read (or found missing) inside the block,
+    in this thread only: what rendering a host's files asked of the state, derived from the
+    rendering itself rather than from a list kept beside it."""
+    reads: set[str] = set()
+    token = _reads.set(reads)
+    try:
+        yield reads
+    finally:
+        _reads.reset(token)
+
+
 def kept_secret(
     state_dir: Path, relative: str, generate: Callable[[], str], access: str = "create"
 ) -> str:
@@ -108,6 +125,9 @@ def kept_secret(
     lock, so two processes agree on one), "existing" raises StateMissing, "placeholder" returns
     PLACEHOLDER and writes nothing (the values of inventory.model.StateAccess)."""
     path = state_dir / relative
+    reads = _reads.get()
+    if reads is not None:
+        reads.add(relative)
     try:
         return path.read_text().strip()
     except FileNotFoundError:

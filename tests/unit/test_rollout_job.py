@@ -22,12 +22,14 @@ from typer.testing import CliRunner
 from cli.main import app
 from day2 import jobs, rolloutjob
 from day2.rolloutjob import Rollout, check_options
-from engine import fleetgate, incluster, rolloutlock, runner
+from engine import fleetgate, incluster, rolloutlock, rolloutshard, runner
 from engine.context import host_contexts, host_files, load
 from engine.fleetgate import Ledger, LedgerGate, ShardProgress, resume, swap
 from engine.reports import HostReport, HostStatus, Mode, RunOptions
-from inventory.model import StateAccess
+from inventory.model import LoadedCluster, StateAccess
 from roles.rollout_job.files import KEY, KEYS_FILE, STATE_KEY
+from tests.unit.conftest import SAMPLE
+from toolkit import sshkeys
 from toolkit.pacing import Pacer, Rate, SlotPacer
 from toolkit.remote import RemoteResult
 from toolkit.statefiles import StateMissing
@@ -536,34 +538,203 @@ def test_an_inventory_without_the_job_has_no_rollout_file(small_cluster, write_c
         assert not any("gpuinfra-rollout" in f.path for f in host_files(ctx))
 
 
-def test_a_pods_roles_render_the_workers_over_an_empty_state(
+SAMPLE_LEDGER = "gpuinfra-rollout-sample"
+WORKERS = ("gpu_worker", "cpu_worker")
+# What the sample's workers' files read of .state/: their CephFS client's key and the fsid.
+CLIENT_STATE = ["shared_fs/client.training.key", "shared_fs/fsid"]
+
+
+def sample_cluster(tmp_path: Path, *, applied: bool = True) -> LoadedCluster:
+    """inventory/sample (storage hosts included) with the rollout Job on; `applied`: its whole
+    .state/ made as an apply makes it (every host's files rendered with StateAccess.create)."""
+    data = yaml.safe_load((SAMPLE / "cluster.yml").read_text())
+    known = tmp_path / "known_hosts"
+    known.write_text("10.40.2.1 ssh-ed25519 AAAA\n")
+    data["ssh"]["known_hosts"] = str(known)
+    data["group_vars"]["all"]["rollout_job"] = {"enabled": True, "nodes": ["cp-2"]}
+    path = tmp_path / "inv" / "cluster.yml"
+    path.parent.mkdir()
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    loaded = load(path)
+    if applied:
+        for ctx in host_contexts(loaded):
+            host_files(ctx)
+    else:
+        KEY.private_key(loaded.state_dir, StateAccess.create)
+    return loaded
+
+
+def sample_rollout(loaded) -> tuple[Rollout, Kubectl]:
+    """`apply --job --limit gpu_worker,cpu_worker` with every role, against a stand-in cp-1."""
+    kubectl = Kubectl({}, ledger=SAMPLE_LEDGER)
+    rollout = Rollout(
+        loaded, RunOptions(mode=Mode.apply, limit=WORKERS), runner=kubectl, sleep=lambda s: None
+    )
+    rolloutjob.fleet_rollout(rollout)
+    return rollout, kubectl
+
+
+@pytest.fixture(scope="module")
+def published_sample(tmp_path_factory) -> tuple[LoadedCluster, Rollout, Kubectl]:
+    """The sample applied once and its workers' rollout published (the slow part, shared)."""
+    loaded = sample_cluster(tmp_path_factory.mktemp("sample"))
+    return (loaded, *sample_rollout(loaded))
+
+
+def state_sent(kubectl: Kubectl) -> dict[str, str]:
+    data = kubectl.documents()[("Secret", rolloutjob.STATE_SECRET)]["data"]
+    return json.loads(base64.b64decode(data["state.json"]))
+
+
+def test_the_pods_get_exactly_the_state_entries_the_workers_files_read(published_sample):
+    """Every role on the sample's workers: the CephFS client's key and the fsid, which those
+    workers hold, travel (in a Secret the Job owns, never on a command line); nothing else of
+    .state/ (the etcd CA, the other cephx keys, the rollout authority, TSIG, VRRP) is in
+    anything sent to cp-1."""
+    loaded, rollout, kubectl = published_sample
+    assert "shared_fs" in rollout.roles and "kubernetes" in rollout.roles
+    state = state_sent(kubectl)
+    assert sorted(state) == CLIENT_STATE
+    for relative, value in state.items():
+        assert value == (loaded.state_dir / relative).read_text()
+        assert not any(value.strip() in c for c in kubectl.commands)
+    secrets = [d for d in kubectl.manifest if d["kind"] == "Secret"]
+    sent = "\n".join(
+        [*kubectl.commands, *(s.decode() for s in kubectl.stdin)]
+        + [base64.b64decode(v).decode() for d in secrets for v in d["data"].values()]
+    )
+    kept = [
+        path
+        for path in loaded.state_dir.rglob("*")
+        if path.is_file() and path.relative_to(loaded.state_dir).as_posix() not in state
+    ]
+    assert any(p.name == "ca.key" for p in kept) and any("rollout" in p.parts for p in kept)
+    # Lines every OpenSSH key starts with (the run's own key has them too) say nothing.
+    header = set(sshkeys.new_ed25519().splitlines())
+    for path in kept:
+        lines = [line for line in path.read_text().splitlines() if len(line) >= 16]
+        assert not any(line in sent for line in lines if line not in header), path
+    assert all(value.strip() in sent for value in state.values())  # the check's control
+    job = kubectl.documents()[("Job", SAMPLE_LEDGER)]["spec"]["template"]["spec"]
+    mounts = {m["name"]: m["mountPath"] for m in job["containers"][0]["volumeMounts"]}
+    assert Path(mounts["state"]) == rolloutshard.MOUNTED_STATE.parent
+    assert Path(rolloutjob.MOUNTED_STATE) == rolloutshard.MOUNTED_STATE
+    assert rolloutjob.SETTINGS_FORMAT == rolloutshard.SETTINGS_FORMAT
+
+
+def test_a_pods_roles_render_the_workers_from_what_it_received(tmp_path, published_sample):
+    """The pod stages the inventory and the state Secret as the Job mounts them and renders
+    every selected role's files on every selected worker, as the controller renders them.
+    Positive controls: with nothing of .state/ the CephFS client's files do not render, nor do
+    the roles left to a local apply's (their keys never travel)."""
+    loaded, rollout, kubectl = published_sample
+    docs = kubectl.documents()
+    inventory = yaml.safe_load(
+        docs[("ConfigMap", f"{SAMPLE_LEDGER}-inventory")]["data"]["cluster.yml"]
+    )
+    key = tmp_path / "pod-key"  # the pod's copy of the run's key (POD_KEY), here
+    key.write_text("KEY\n")
+    key.chmod(0o600)
+    inventory["ssh"]["key"] = str(key)
+    mounted = tmp_path / "mounted" / "cluster.yml"
+    mounted.parent.mkdir()
+    mounted.write_text(yaml.safe_dump(inventory, sort_keys=False))
+    received = tmp_path / "mounted" / "state.json"
+    received.write_text(json.dumps(state_sent(kubectl)))
+    staged = rolloutshard.stage_inventory(mounted, received, tmp_path / "run")
+    pod = load(staged).with_state_access(StateAccess.existing)
+    assert pod.state_dir == tmp_path / "run" / ".state"
+    staged_state = [p for p in pod.state_dir.rglob("*") if p.is_file()]
+    assert sorted(p.relative_to(pod.state_dir).as_posix() for p in staged_state) == CLIENT_STATE
+    assert stat.S_IMODE((pod.state_dir / CLIENT_STATE[0]).stat().st_mode) == 0o600
+    assert stat.S_IMODE((pod.state_dir / "shared_fs").stat().st_mode) == 0o700
+    controller = {c.name: c for c in host_contexts(loaded.with_state_access(StateAccess.existing))}
+    workers = [c for c in host_contexts(pod) if c.name in rollout.hosts]
+    assert len(workers) == 10
+    for ctx in workers:
+        files = host_files(ctx, rollout.roles)
+        assert files == host_files(controller[ctx.name], rollout.roles)
+        assert any(f.path.endswith("ceph.client.training.keyring") for f in files)
+        with pytest.raises(StateMissing):
+            host_files(ctx, ("rollout_job",))
+    received.write_text("{}")
+    bare = load(rolloutshard.stage_inventory(mounted, received, tmp_path / "bare"))
+    bare = bare.with_state_access(StateAccess.existing)
+    gpu = next(c for c in host_contexts(bare) if c.name == "gpu-1")
+    with pytest.raises(StateMissing, match="client.training.key"):
+        host_files(gpu, ("shared_fs",))
+
+
+def test_a_state_entry_the_workers_do_not_hold_is_refused_by_the_rule_itself(
     small_cluster, write_cluster, tmp_path
 ):
-    """The pods get no .state/: every file they apply on a worker must render without it;
-    the state-keyed roles (left to a local apply) would not (the positive control)."""
-    small_cluster["group_vars"] = {"all": {"drift_job": {"enabled": True, "nodes": ["cpu-1"]}}}
+    """The drift Job's key is read by its keys file, which holds only its public half: the
+    rule (not a list) refuses it, naming the role, the host and the entry."""
     path = rollout_cluster(small_cluster, write_cluster, tmp_path)
     data = yaml.safe_load(path.read_text())
     data["group_vars"]["all"]["drift_job"] = {"enabled": True, "nodes": ["cpu-1"]}
     data["group_vars"]["all"]["kubernetes"] = {"routes_nat_outgoing": True}
     path.write_text(yaml.safe_dump(data))
-    loaded = load(path).with_state_access(StateAccess.existing)
-    rollout = Rollout(loaded, RunOptions(mode=Mode.apply, limit=("gpu_worker", "cpu_worker")))
+    loaded = load(path)
+    for ctx in host_contexts(loaded):
+        host_files(ctx)
+    rollout = Rollout(loaded, RunOptions(mode=Mode.apply, limit=WORKERS))
     check_options(rollout)
-    workers = [c for c in host_contexts(loaded) if c.name in ("gpu-1", "cpu-1")]
-    for ctx in workers:
-        assert host_files(ctx, rollout.roles)
-        with pytest.raises(StateMissing):
-            host_files(ctx, ("rollout_job",))
-    assert not loaded.state_dir.exists()
+    rolloutjob.make_shards(rollout)
+    rolloutjob.gather_state(rollout)
+    assert rollout.state == {}  # the small cluster has no storage: its workers read nothing
+    rollout.roles = ("drift_job",)  # past check_options, which refuses it by name
+    with pytest.raises(jobs.JobRefused, match=r"on cpu-1 read \.state/drift/id_ed25519, which no"):
+        rolloutjob.gather_state(rollout)
+
+
+def test_a_worker_state_entry_not_made_yet_is_refused_before_anything_is_published(tmp_path):
+    loaded = sample_cluster(tmp_path, applied=False)
+    kubectl = Kubectl({}, ledger=SAMPLE_LEDGER)
+    rollout = Rollout(
+        loaded, RunOptions(mode=Mode.apply, limit=WORKERS), runner=kubectl, sleep=lambda s: None
+    )
+    with pytest.raises(jobs.JobRefused, match="shared_fs's files on gpu-1 read .*is missing"):
+        rolloutjob.fleet_rollout(rollout)
+    assert not kubectl.commands
+    assert not (loaded.state_dir / "shared_fs").exists()  # read, never made
+
+
+def test_a_pod_without_its_state_secret_exits_2_before_asking_the_ledger(tmp_path, capsys):
+    """A controller older than the state Secret (or a mount gone): the Job fails at once."""
+    settings = {"format": rolloutjob.SETTINGS_FORMAT, "count": 1, "shards": [["gpu-1"]]}
+    (tmp_path / "settings.json").write_text(json.dumps(settings))
+    (tmp_path / "cluster.yml").write_text("name: x\n")
+    api = new_api()
+    code = rolloutshard.main(
+        tmp_path / "cluster.yml",
+        api=api,
+        environ={"JOB_COMPLETION_INDEX": "0"},
+        mounted_state=tmp_path / "absent" / "state.json",
+        staged=tmp_path / "run",
+    )
+    assert code == 2 and "absent/state.json: unreadable" in capsys.readouterr().err
+    assert api.gets == 0
+
+
+@pytest.mark.parametrize("relative", ["../cluster.yml", "/etc/passwd", "shared_fs/../../x"])
+def test_a_pod_refuses_a_state_entry_outside_its_state_folder(tmp_path, relative):
+    mounted = tmp_path / "cluster.yml"
+    mounted.write_text("name: x\n")
+    received = tmp_path / "state.json"
+    received.write_text(json.dumps({relative: "x"}))
+    with pytest.raises(rolloutshard.ShardInputError, match="not a path under .state/"):
+        rolloutshard.stage_inventory(mounted, received, tmp_path / "run")
+    assert not (tmp_path / "run" / "cluster.yml").exists()
 
 
 class Kubectl:
     """cp-1's kubectl and kubeadm for the controller's flow: a token, the manifest, a Job that
     completes with each shard's progress written as its pods would."""
 
-    def __init__(self, ends: dict[str, str]):
+    def __init__(self, ends: dict[str, str], ledger: str = LEDGER):
         self.ends = ends
+        self.ledger = ledger
         self.commands: list[str] = []
         self.stdin: list[bytes] = []
         self.manifest: list[dict] = []
@@ -605,17 +776,20 @@ class Kubectl:
         return RemoteResult(host, 0, "")
 
     def _run_shards(self) -> None:
-        settings = json.loads(self.maps[f"{LEDGER}-inventory"]["settings.json"])
-        ledger = Ledger.parse(self.maps[LEDGER])
+        settings = json.loads(self.maps[f"{self.ledger}-inventory"]["settings.json"])
+        ledger = Ledger.parse(self.maps[self.ledger])
         for index, hosts in enumerate(settings["shards"]):
             ends = {h: self.ends.get(h, "changed") for h in hosts}
-            pods = [f"{LEDGER}-{index}-a"]
-            self.maps[f"{LEDGER}-{index}"] = {
+            pods = [f"{self.ledger}-{index}-a"]
+            self.maps[f"{self.ledger}-{index}"] = {
                 fleetgate.PROGRESS_KEY: json.dumps({"pods": pods, "hosts": ends})
             }
             for host, end in ends.items():
                 (ledger.failed if end in fleetgate.FAILED_ENDS else ledger.done).append(host)
-        self.maps[LEDGER] = ledger.dump()
+        self.maps[self.ledger] = ledger.dump()
+
+    def documents(self) -> dict[tuple[str, str], dict]:
+        return {(d["kind"], d["metadata"]["name"]): d for d in self.manifest}
 
 
 def test_the_flow_publishes_a_manifest_without_state_and_keeps_secrets_off_command_lines(
@@ -652,6 +826,7 @@ def test_the_flow_publishes_a_manifest_without_state_and_keeps_secrets_off_comma
     inventory = yaml.safe_load(docs[("ConfigMap", f"{LEDGER}-inventory")]["data"]["cluster.yml"])
     assert inventory["ssh"]["key"] == rolloutjob.POD_KEY
     assert key.strip() not in json.dumps(job)
+    assert state_sent(kubectl) == {}  # no storage: the workers' files read nothing of .state/
     role = docs[("Role", "gpuinfra-rollout")]
     assert role["rules"] == [
         {
@@ -673,12 +848,13 @@ def test_the_flow_publishes_a_manifest_without_state_and_keeps_secrets_off_comma
     assert [c.split(" patch ")[1].split(" --type")[0] for c in patched] == [
         "secret gpuinfra-rollout-ssh",
         "secret gpuinfra-rollout-join",
+        "secret gpuinfra-rollout-state",
         f"job {LEDGER}",
     ]
-    assert all('"uid": "0b1c2d3e-uid"' in c and '"kind": "Job"' in c for c in patched[:2])
-    assert '"suspend": false' in patched[2]
+    assert all('"uid": "0b1c2d3e-uid"' in c and '"kind": "Job"' in c for c in patched[:3])
+    assert '"suspend": false' in patched[3]
     applied = next(i for i, c in enumerate(kubectl.commands) if "apply -f -" in c)
-    started = kubectl.commands.index(patched[2])
+    started = kubectl.commands.index(patched[3])
     assert applied < kubectl.commands.index(patched[0]) < started
 
 

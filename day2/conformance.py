@@ -235,7 +235,7 @@ def run(
     planned = shards(names, processes)
     parallel = [shard for shard in planned if SERIAL not in shard[0]]
     serial = [shard for shard in planned if SERIAL in shard[0]]
-    reports: list[Path] = []
+    reports: list[tuple[list[str], Path]] = []
     for wave, label in ((parallel, "parallel"), (serial, "serial")):
         if not wave:
             continue
@@ -244,7 +244,7 @@ def run(
         for shard in wave:
             index = len(reports) + 1
             report = out / f"junit-{index:02d}.xml"
-            reports.append(report)
+            reports.append((shard, report))
             log = (out / f"e2e-{index:02d}.log").open("w")
             argv = e2e_argv(suite, config, shard, report)
             running.append((subprocess.Popen(argv, stdout=log, stderr=log, env=env), log))
@@ -258,16 +258,18 @@ def run(
     return summary
 
 
-def summarize(subset: str, names: list[str], reports: Iterable[Path]) -> Summary:
-    """Each selected test's outcome from the JUnit reports (ginkgo names a test case `[It]
-    <name>` followed by its labels); a selected test in no report did not run."""
+def summarize(subset: str, names: list[str], reports: Iterable[tuple[list[str], Path]]) -> Summary:
+    """Each selected test's outcome from the JUnit report of the process that ran it (ginkgo
+    names a test case `[It] <name>` and lists every other test as skipped); a test whose
+    process left no report did not run."""
     outcome: dict[str, str] = {}
-    for report in reports:
+    reports = list(reports)
+    for shard, report in reports:
         if not report.is_file():
             continue
         for case in ElementTree.parse(report).getroot().iter("testcase"):
             text = case.get("name", "")
-            name = next((wanted for wanted in names if wanted in text), None)
+            name = next((wanted for wanted in shard if wanted in text), None)
             if name is None:
                 continue
             if case.find("failure") is not None or case.find("error") is not None:
@@ -277,7 +279,7 @@ def summarize(subset: str, names: list[str], reports: Iterable[Path]) -> Summary
             else:
                 outcome[name] = "passed"
     summary = Summary(subset=subset, selected=len(names))
-    summary.junit = [str(report) for report in reports]
+    summary.junit = [str(report) for _, report in reports]
     for name in names:
         state = outcome.get(name, "not run")
         if state == "passed":

@@ -232,3 +232,77 @@ def test_the_command_refuses_an_unknown_subset(tmp_path):
     cluster = loopback_cluster(tmp_path / "loop")
     result = runner.invoke(app, ["kubernetes", "conformance", str(cluster), "--subset", "some"])
     assert result.exit_code == ExitCode.BAD_INPUT
+
+
+# ---------------------------------------------------------------- a run, with a stand-in e2e.test
+
+FAKE_E2E = """#!{python}
+import os, re, sys
+from pathlib import Path
+TESTS = {tests!r}
+FAIL = {fail!r}
+args = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
+if "--list-tests" in sys.argv:
+    print("The following spec names can be used with 'ginkgo run --focus/skip':")
+    for number, name in enumerate(TESTS):
+        print(f"    k8s.io/kubernetes@v1.35.4/test/e2e/x.go:{{number}}: {{name}}")
+    sys.exit(0)
+assert "promoterE2eRegistry" in Path(os.environ["KUBE_TEST_REPO_LIST"]).read_text()
+assert Path(args["--kubeconfig"]).is_file()
+focus = re.compile(args["--ginkgo.focus"])
+cases = []
+for name in TESTS:
+    ran = bool(focus.search(name))
+    status = ("failed" if name in FAIL else "passed") if ran else "skipped"
+    body = {{"failed": "<failure>x</failure>", "skipped": "<skipped/>"}}.get(status, "")
+    cases.append(f'<testcase name="[It] {{name}} [x]" status="{{status}}">{{body}}</testcase>')
+Path(args["--ginkgo.junit-report"]).write_text("<testsuites>" + "".join(cases) + "</testsuites>")
+sys.exit(1 if FAIL & {{n for n in TESTS if focus.search(n)}} else 0)
+"""
+
+
+def _fake_suite(tmp_path: Path, tests: list[str], fail: set[str]) -> conformance.Suite:
+    import sys
+
+    script = tmp_path / "e2e.test"
+    script.write_text(FAKE_E2E.format(python=sys.executable, tests=tests, fail=fail))
+    script.chmod(0o755)
+    return conformance.Suite(e2e_test=script, kubectl=None, registry="10.1.0.1:5000")
+
+
+def test_a_run_writes_junit_per_process_and_a_summary(tmp_path):
+    from engine.context import load
+
+    tests = [f"[sig-a] t{index} (x) [Conformance]" for index in range(5)] + [
+        "[sig-b] s [Serial] [Conformance]",
+        "[sig-c] not conformance",
+    ]
+    suite = _fake_suite(tmp_path, tests, fail={tests[5]})
+    cluster = loopback_cluster(tmp_path / "loop")
+    (cluster / ".state/kubernetes").mkdir(parents=True)
+    (cluster / ".state/kubernetes/admin.conf").write_text("apiVersion: v1\n")
+    summary = conformance.run(load(cluster), suite, "all", processes=2)
+    assert (summary.selected, summary.passed, summary.failed) == (6, 5, 1)
+    assert summary.failures == ["[sig-b] s [Serial] [Conformance]"]
+    out = cluster / ".state/conformance/all"
+    assert sorted(p.name for p in out.glob("junit-*.xml")) == [
+        "junit-01.xml",
+        "junit-02.xml",
+        "junit-03.xml",  # the [Serial] one, after the two parallel processes
+    ]
+    assert "6 tests, 5 passed, 1 failed" in (out / "summary.txt").read_text()
+    listed = yaml.safe_load((out / "repo-list.yaml").read_text())
+    assert listed["promoterE2eRegistry"] == "10.1.0.1:5000/e2e-test-images"
+
+
+def test_the_command_exits_1_on_a_failed_test_and_0_when_all_pass(tmp_path):
+    tests = ["[sig-a] t0 [Conformance]", "[sig-a] t1 [Conformance]"]
+    cluster = loopback_cluster(tmp_path / "loop")
+    (cluster / ".state/kubernetes").mkdir(parents=True)
+    (cluster / ".state/kubernetes/admin.conf").write_text("apiVersion: v1\n")
+    for fail, code in (({tests[1]}, ExitCode.ERROR), (set(), ExitCode.OK)):
+        suite = _fake_suite(tmp_path, tests, fail)
+        argv = ["kubernetes", "conformance", str(cluster), "--subset", "all"]
+        result = runner.invoke(app, [*argv, "--e2e-test", str(suite.e2e_test)])
+        assert result.exit_code == code, result.output
+        assert "2 tests" in result.output

@@ -203,7 +203,6 @@ def e2e_argv(suite: Suite, config: Path, names: list[str], report: Path) -> list
         f"--ginkgo.timeout={PROCESS_TIMEOUT}",
         "--ginkgo.no-color",
         "--ginkgo.silence-skips",
-        f"--report-dir={report.parent}",
         "--provider=skeleton",
     ]
     if suite.kubectl is not None:

@@ -200,3 +200,14 @@ def test_the_boot_unit_makes_cgroups_writable_and_kmsg(tmp_path):
     assert link.is_symlink()
     result = subprocess.run(["sh", "-n", str(paths.merged / host.CONTAINERS_SCRIPT)])
     assert result.returncode == 0  # valid shell
+
+
+def test_one_module_is_built_by_name(monkeypatch):
+    """`python -m lab.gobuild --module NAME` builds that module only: what the conformance
+    command tells the operator to run."""
+    built = []
+    monkeypatch.setattr(gobuild, "build", lambda target: built.append(target.name))
+    assert gobuild.main(["--module", "conformance-1.35"]) == 0
+    assert built == ["conformance-1.35"]
+    assert gobuild.main(["--module", "no-such-module"]) == 2
+    assert built == ["conformance-1.35"]

@@ -133,6 +133,9 @@ def _agnhost(suite: gobuild.GoModule, source: Path, mirror: rootfs.Mirror) -> li
     tools = gobuild.module("cluster-tools")
 
     def fill(root: Path) -> None:
+        # The layer's "./" is the container's /: a temporary folder's 0700 would shut out
+        # every test that runs as another user.
+        root.chmod(0o755)
         shutil.copy2(suite.binary("agnhost"), root / "agnhost")
         (root / "agnhost-2").symlink_to("agnhost")  # entrypoint-tester calls itself by it
         for name in ("localhost.crt", "localhost.key"):  # porter's and netexec's TLS

@@ -49,9 +49,11 @@ AGNHOST_SETUP = (
 # run, `wget`, `nslookup`, `nc`, `top`, exists either way; busybox does not replace a file).
 BUSYBOX_PACKAGES = ("busybox-static",)
 BUSYBOX_SETUP = (("/bin/busybox", "--install", "-s"),)
-# nginx: upstream's image serves its page on port 80 with its logs on the container's output.
+# nginx: upstream's image serves its page on port 80 with its logs on the container's output,
+# and listens on IPv6 only where the pod has it (Debian's site would fail to start without).
 NGINX_PACKAGES = ("nginx",)
 NGINX_SETUP = (
+    ("sed", "-i", r"/listen \[::\]:80/d", "/etc/nginx/sites-available/default"),
     ("ln", "-sf", "/dev/stdout", "/var/log/nginx/access.log"),
     ("ln", "-sf", "/dev/stderr", "/var/log/nginx/error.log"),
 )

@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PYTHON ?= python3
 LAB ?= lab
 
-.PHONY: help install go-build test unit lint format render demo lab-down clean
+.PHONY: help install go-build test unit lint format render demo conformance lab-down clean
 
 help:
 	@echo "make install  Debian packages for the lab + .venv with gpuinfra (editable) and dev tools,"
@@ -15,6 +15,8 @@ help:
 	@echo "make unit     unit tests only (no root, no hosts)"
 	@echo "make lint     ruff check and format check"
 	@echo "make render   render the sample cluster's files into build/render"
+	@echo "make conformance  the whole Kubernetes conformance suite on the demo lab (LAB=name),"
+	@echo "              after building e2e.test and its images here (docs/conformance.md)"
 	@echo "make lab-down take the demo lab down (LAB=name for another)"
 	@echo "make bench    benchmarks on lab hosts into docs/benchmarks (BENCH_SIZES, BENCH_REPEATS)"
 	@echo "make bench-quick  the benchmark harness end to end: 10 hosts, one run per engine"
@@ -70,6 +72,14 @@ demo: install
 		wait --for=condition=Ready nodes --all --timeout=300s
 	$$($(BIN)/python -m lab.gobuild kubectl) --kubeconfig inventory/$(LAB)/.state/kubernetes/admin.conf \
 		get nodes -o wide
+
+# The upstream conformance suite, opt-in: go/conformance-<minor> built once per machine (the
+# heaviest Go build here), its images pushed to the lab registry, then every [Conformance]
+# test against the lab that `make demo` converged. Results in inventory/$(LAB)/.state/conformance.
+CONFORMANCE_SUBSET ?= all
+conformance: install
+	$(BIN)/python -m lab.conformance
+	$(BIN)/gpuinfra kubernetes conformance inventory/$(LAB) --subset $(CONFORMANCE_SUBSET)
 
 lab-down: install
 	$(BIN)/gpuinfra lab down --name $(LAB)

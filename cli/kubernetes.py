@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict
+from enum import StrEnum
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -263,3 +265,94 @@ def node_remove(
             lambda: remove_node(loaded, node, force, skip=steps, only=only, progress=progress),
         )
     _emit_outcome(outcome, output)
+
+
+class Subset(StrEnum):
+    ci = "ci"
+    all = "all"
+
+
+@app.command()
+def conformance(
+    cluster: ClusterArg,
+    subset: Annotated[
+        Subset,
+        typer.Option(
+            "--subset", help="ci: about 50 quick tests (day2/conformance-ci.txt); all: 441."
+        ),
+    ] = Subset.ci,
+    registry: Annotated[
+        str,
+        typer.Option(
+            "--registry",
+            help=(
+                "Registry holding the suite's images under registry.k8s.io's paths "
+                "(e2e-test-images/agnhost, pause, ...); a lab's containerd mirrors the default."
+            ),
+        ),
+    ] = "registry.k8s.io",
+    processes: Annotated[
+        int, typer.Option("--processes", min=1, max=32, help="e2e.test processes at once.")
+    ] = 4,
+    e2e_test: Annotated[
+        Path | None,
+        typer.Option("--e2e-test", help="An e2e.test of the cluster's release (default: go/'s)."),
+    ] = None,
+    output: FormatOpt = OutputFormat.table,
+) -> None:
+    """Run the Kubernetes conformance suite (e2e.test) through the operator's kubeconfig: the
+    parallel tests first, then the [Serial] ones; JUnit and a summary in the state directory.
+    Changes no host (no lock), but creates namespaces in the cluster that the suite deletes."""
+    from day2.conformance import ConformanceError, ConformanceInputError, Suite, kubeconfig
+    from day2.conformance import run as run_suite
+
+    with reporting():
+        loaded = _load(cluster)
+        try:
+            kubeconfig(loaded)
+        except ConformanceInputError as exc:
+            raise UserError(str(exc)) from None
+        suite = Suite(
+            e2e_test=e2e_test or _built_e2e_test(loaded.cluster.versions.kubernetes),
+            kubectl=_built_kubectl(loaded.cluster.versions.kubernetes),
+            registry=registry,
+        )
+    result = day2_call(
+        lambda: run_suite(loaded, suite, subset.value, processes, progress=console.print),
+        ConformanceError,
+        refused=(ConformanceInputError,),
+    )
+    if output is OutputFormat.json:
+        typer.echo(json.dumps({**asdict(result), "ok": result.ok}, indent=2))
+    else:
+        console.print(result.to_text(), end="", markup=False)
+    raise typer.Exit(ExitCode.OK if result.ok else ExitCode.ERROR)
+
+
+def _built_e2e_test(version: str) -> Path:
+    """e2e.test of go/conformance-<minor>, or a UserError saying how to build it."""
+    from lab import gobuild
+    from lab.errors import LabError
+
+    try:
+        suite = gobuild.conformance_module(version)
+    except LabError as exc:
+        raise UserError(f"{exc}; give one with --e2e-test") from None
+    if not suite.built:
+        raise UserError(
+            f"e2e.test for Kubernetes {version} is not built on this machine: run "
+            f"`python -m lab.gobuild --module {suite.name}` (or `make conformance`), "
+            "or give one with --e2e-test"
+        )
+    return suite.binary("e2e.test")
+
+
+def _built_kubectl(version: str) -> Path | None:
+    """The kubectl of the cluster's own build, for the suite's kubectl tests; None: PATH's."""
+    from lab import gobuild
+    from lab.errors import LabError
+
+    try:
+        return gobuild.kubernetes_module(version).binary("kubectl")
+    except LabError:
+        return None

@@ -38,8 +38,14 @@ CONTAINERD = "github.com/containerd/containerd/v2"
 
 # Built by the command that needs them, not by `make install`: kwok (simulated nodes, `gpuinfra
 # lab fleet`) compiles about as many packages as kubectl, minutes that a lab without a fleet
-# never uses.
-ON_FIRST_USE = frozenset({"kwok"})
+# never uses; the conformance suite (`gpuinfra kubernetes conformance`) compiles more than the
+# cluster's own binaries together.
+ON_FIRST_USE = frozenset({"kwok", "conformance-1.35"})
+# go/conformance-<minor>: the Kubernetes conformance suite and its images' programs, pinned as
+# the cluster's build of that minor is (docs/conformance.md).
+CONFORMANCE_PREFIX = "conformance-"
+# `go test -c` programs of a conformance module: the suite is a package's test, not a command.
+CONFORMANCE_TESTS = {"e2e.test": "k8s.io/kubernetes/test/e2e"}
 
 
 class GoBuildFailed(LabError):
@@ -67,6 +73,10 @@ class GoModule:
         names = block.group(1).split() if block else []
         return sorted(names + _TOOL_LINE.findall(text))
 
+    def test_programs(self) -> dict[str, str]:
+        """The programs `go test -c` builds, by name: the suite, for a conformance module."""
+        return dict(CONFORMANCE_TESTS) if self.name.startswith(CONFORMANCE_PREFIX) else {}
+
     def ldflags(self) -> str:
         flags = ["-s", "-w"]
         kubernetes = self.requirement("k8s.io/kubernetes")
@@ -92,6 +102,8 @@ class GoModule:
             if source.is_file():
                 digest.update(source.name.encode() + b"\0" + source.read_bytes() + b"\0")
         digest.update(self.ldflags().encode())
+        if self.test_programs():  # only then: every other module's key stays as it was
+            digest.update(repr(sorted(self.test_programs().items())).encode())
         digest.update(repr(sorted(GO_ENV.items())).encode())
         return digest.hexdigest()[:16]
 
@@ -126,8 +138,13 @@ def modules() -> list[GoModule]:
 
 
 def kubernetes_modules() -> list[GoModule]:
-    """The Kubernetes builds, oldest first (go/kubernetes-<minor>)."""
-    found = [m for m in modules() if m.requirement("k8s.io/kubernetes")]
+    """The Kubernetes builds, oldest first (go/kubernetes-<minor>; a conformance module pins
+    k8s.io/kubernetes too, but builds the suite, not a cluster)."""
+    found = [
+        m
+        for m in modules()
+        if m.requirement("k8s.io/kubernetes") and not m.name.startswith(CONFORMANCE_PREFIX)
+    ]
     return sorted(found, key=lambda m: _version_key(m.requirement("k8s.io/kubernetes") or ""))
 
 
@@ -149,6 +166,16 @@ def kubernetes_module(version: str) -> GoModule:
     raise LabError(f"no Go module in go/ builds Kubernetes {wanted} (go/ has {built})")
 
 
+def conformance_module(version: str) -> GoModule:
+    """The conformance suite's build for one Kubernetes version (v1.35.4 or 1.35.4)."""
+    wanted = KubernetesVersion.parse(version).tag
+    for candidate in modules():
+        pinned = candidate.requirement("k8s.io/kubernetes")
+        if candidate.name.startswith(CONFORMANCE_PREFIX) and pinned == wanted:
+            return candidate
+    raise LabError(f"no Go module in go/ builds the conformance suite of Kubernetes {wanted}")
+
+
 def _version_key(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
 
@@ -168,19 +195,22 @@ def build(target: GoModule, log=sys.stderr) -> Path:
     env = {**os.environ, **GO_ENV, "GOBIN": str(staging / "bin")}
     started = time.monotonic()
     print(f"building go/{target.name} into {output} ...", file=log, flush=True)
-    result = subprocess.run(
-        [go, "install", f"-ldflags={target.ldflags()}", *packages],
-        cwd=target.path,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    (staging / "build.log").write_text(result.stdout + result.stderr)
-    if result.returncode != 0:
-        tail = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise GoBuildFailed(
-            f"go install in go/{target.name} failed ({tail}); log: {staging / 'build.log'}"
-        )
+    commands = [[go, "install", f"-ldflags={target.ldflags()}", *packages]]
+    for program, package in target.test_programs().items():
+        out = str(staging / "bin" / program)
+        commands.append([go, "test", "-c", f"-ldflags={target.ldflags()}", "-o", out, package])
+    with (staging / "build.log").open("w") as build_log:
+        for command in commands:
+            result = subprocess.run(
+                command, cwd=target.path, env=env, capture_output=True, text=True
+            )
+            build_log.write(result.stdout + result.stderr)
+            if result.returncode != 0:
+                tail = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
+                raise GoBuildFailed(
+                    f"go {command[1]} in go/{target.name} failed ({tail}); "
+                    f"log: {staging / 'build.log'}"
+                )
     (staging / COMPLETE).write_text(f"{time.monotonic() - started:.0f} s\n")
     shutil.rmtree(output, ignore_errors=True)
     staging.rename(output)
@@ -191,9 +221,14 @@ def build(target: GoModule, log=sys.stderr) -> Path:
 def main(argv: list[str] | None = None) -> int:
     """`python -m lab.gobuild`: build what a lab cluster runs; `... --all`: every module, the
     newer Kubernetes builds an upgrade goes to included; `... kubectl`: print the path of the
-    lab's Kubernetes build's kubectl (what `make demo` reads the cluster with)."""
+    lab's Kubernetes build's kubectl (what `make demo` reads the cluster with); `... --module
+    conformance-1.35`: one module, such as one built on first use."""
     args = sys.argv[1:] if argv is None else argv
     try:
+        if args[:1] == ["--module"]:
+            (name,) = args[1:]
+            build(module(name))
+            return 0
         if args and args != ["--all"]:
             (program,) = args
             print(kubernetes_modules()[0].binary(program))

@@ -333,12 +333,14 @@ def _push_image(
     name: str,
     tag: str,
     layers: list[Path],
-    entrypoint: str,
+    entrypoint: str | None,
     *,
     label: str,
     env: tuple[str, ...] = (),
+    cmd: tuple[str, ...] = (),
 ) -> None:
-    """name:tag in the registry: the given layers on an empty base, with PATH and entrypoint.
+    """name:tag in the registry: the given layers on an empty base, with PATH, entrypoint (None:
+    none, as a shell image has) and default arguments.
 
     The label records what the image was built from, so a rebuilt binary replaces the image."""
     reference = f"{LISTEN}:{REGISTRY_PORT}/{name}:{tag}"
@@ -349,12 +351,15 @@ def _push_image(
         args += ["--new_layer", str(layer)]
     _crane(*args)
     extra = [arg for variable in env for arg in ("--env", variable)]
+    if entrypoint is not None:
+        extra += ["--entrypoint", entrypoint]
+    if cmd:  # crane splits the list at commas
+        extra += ["--cmd", ",".join(cmd)]
     _crane(
         "mutate", reference,
         "--set-platform", "linux/amd64",
         "--env", PATH_ENV,
         *extra,
-        "--entrypoint", entrypoint,
         "--label", f"gpuinfra.build={label}",
     )  # fmt: skip
 
@@ -367,9 +372,9 @@ def _label_of(reference: str) -> str | None:
     return ((config.get("config") or {}).get("Labels") or {}).get("gpuinfra.build")
 
 
-def _layer_file(name: str, members: dict[str, Path]) -> tuple[Path, str]:
+def _layer_file(name: str, members: dict[str, Path], mode: int = 0o755) -> tuple[Path, str]:
     """A cached layer tarball of the members, and the digest that names what it holds."""
-    content = _tar_files(members)
+    content = _tar_files(members, mode)
     digest = hashlib.sha256(content).hexdigest()[:16]
     layer = BASE_DIR / f"{name}-{digest}.tar"
     if not layer.is_file():
@@ -390,11 +395,14 @@ def _debian_base(
     packages: tuple[str, ...],
     mirror: rootfs.Mirror,
     accounts: tuple[tuple[str, int], ...] = (),
+    setup: tuple[tuple[str, ...], ...] = (),
 ) -> Path:
     """A layer of a minimal Debian 13 root with these packages and accounts (name, uid, a
-    group of the same number, no login), built once per machine and list (the lists are in
-    its name: a package added is a new layer, not the old one)."""
+    group of the same number, no login), then the setup commands run inside it, built once per
+    machine and list (the lists are in its name: a package added is a new layer, not the old
+    one)."""
     what = " ".join(sorted(packages)) + "".join(f" {user}:{uid}" for user, uid in accounts)
+    what += "".join(" !" + " ".join(command) for command in setup)  # none: the key as it was
     listed = hashlib.sha256(what.encode()).hexdigest()[:12]
     layer = BASE_DIR / f"{name}-{rootfs.SUITE}-{listed}.tar"
     if layer.is_file():
@@ -410,6 +418,11 @@ def _debian_base(
                 passwd.write(f"{user}:x:{uid}:{uid}:{user}:/nonexistent:/usr/sbin/nologin\n")
             with open(build / "etc/group", "a") as group:
                 group.write(f"{user}:x:{uid}:\n")
+        for command in setup:
+            ran = subprocess.run(["chroot", str(build), *command], capture_output=True, text=True)
+            if ran.returncode != 0:
+                tail = (ran.stderr.strip().splitlines() or ["no output"])[-1]
+                raise LabError(f"{' '.join(command)} in the {name} image failed: {tail}")
         for bulky in ("usr/share/doc", "usr/share/man", "usr/share/locale", "var/cache/apt"):
             shutil.rmtree(build / bulky, ignore_errors=True)
         staged = layer.with_name(f".{layer.name}.new")

@@ -90,6 +90,47 @@ def test_kwok_is_built_by_the_fleet_command_not_by_make_install():
     assert "kwok" in [m.name for m in gobuild.modules()]
 
 
+def test_the_conformance_suite_is_built_on_first_use_not_by_make_install():
+    """go/conformance-1.35 pins k8s.io/kubernetes as the cluster's build does, but it builds the
+    suite (e2e.test, more packages than the cluster's binaries together) and its images'
+    programs: neither `make install` nor the Kubernetes builds' list may pick it up."""
+    suite = gobuild.conformance_module("v1.35.4")
+    assert suite.name == "conformance-1.35" and suite.name in gobuild.ON_FIRST_USE
+    assert suite.name not in [m.name for m in gobuild.lab_modules()]
+    assert suite.name not in [m.name for m in gobuild.kubernetes_modules()]
+    assert suite.test_programs() == {"e2e.test": "k8s.io/kubernetes/test/e2e"}
+    assert "k8s.io/kubernetes/test/images/agnhost" in suite.tools()
+    # The suite reports the cluster's release, as the cluster's binaries do.
+    assert "-X k8s.io/component-base/version.gitVersion=v1.35.4" in suite.ldflags()
+    with pytest.raises(LabError, match="conformance suite of Kubernetes v1.20.0"):
+        gobuild.conformance_module("1.20.0")
+
+
+def test_every_conformance_module_pins_what_its_cluster_build_pins():
+    """Same k8s.io/kubernetes, same staging replaces: the suite tests the release we run."""
+    for suite in gobuild.modules():
+        if not suite.name.startswith(gobuild.CONFORMANCE_PREFIX):
+            assert not suite.test_programs()
+            continue
+        assert suite.name in gobuild.ON_FIRST_USE
+        version = suite.requirement("k8s.io/kubernetes") or ""
+        cluster = gobuild.kubernetes_module(version)
+        replaces = [line for line in cluster.go_mod.splitlines() if " => " in line]
+        assert replaces and all(line in suite.go_mod.splitlines() for line in replaces)
+
+
+def test_a_test_program_is_part_of_the_cache_key(tmp_path, monkeypatch):
+    """A module that builds the suite is keyed on it; one that does not keeps the key it had."""
+    monkeypatch.setattr(gobuild, "CACHE_DIR", tmp_path / "cache")
+    plain = module_at(tmp_path, KUBERNETES_GO_MOD)
+    suite = module_at(tmp_path, KUBERNETES_GO_MOD, name="conformance-9.9")
+    assert suite.test_programs() and not plain.test_programs()
+    suite_key, plain_key = suite.digest(), plain.digest()
+    monkeypatch.setattr(gobuild, "CONFORMANCE_TESTS", {"other.test": "example.com/other"})
+    assert suite.digest() != suite_key
+    assert plain.digest() == plain_key
+
+
 def test_containerd_reports_its_release_version():
     """kubelet reads the runtime's version over CRI; `containerd --version` prints it."""
     containerd = gobuild.module("containerd-2")
@@ -159,3 +200,14 @@ def test_the_boot_unit_makes_cgroups_writable_and_kmsg(tmp_path):
     assert link.is_symlink()
     result = subprocess.run(["sh", "-n", str(paths.merged / host.CONTAINERS_SCRIPT)])
     assert result.returncode == 0  # valid shell
+
+
+def test_one_module_is_built_by_name(monkeypatch):
+    """`python -m lab.gobuild --module NAME` builds that module only: what the conformance
+    command tells the operator to run."""
+    built = []
+    monkeypatch.setattr(gobuild, "build", lambda target: built.append(target.name))
+    assert gobuild.main(["--module", "conformance-1.35"]) == 0
+    assert built == ["conformance-1.35"]
+    assert gobuild.main(["--module", "no-such-module"]) == 2
+    assert built == ["conformance-1.35"]

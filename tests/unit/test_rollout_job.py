@@ -792,18 +792,19 @@ class Kubectl:
         return {(d["kind"], d["metadata"]["name"]): d for d in self.manifest}
 
 
+def worker_rollout(loaded, kubectl, **changes) -> Rollout:
+    """A rollout of the worker groups through `kubectl`, with no real waits."""
+    options = RunOptions(mode=Mode.apply, limit=("gpu_worker", "cpu_worker"))
+    return Rollout(loaded, options, runner=kubectl, sleep=lambda s: None, **changes)
+
+
 def test_the_flow_publishes_a_manifest_without_state_and_keeps_secrets_off_command_lines(
     small_cluster, write_cluster, tmp_path
 ):
     loaded = load(rollout_cluster(small_cluster, write_cluster, tmp_path))
     key = KEY.private_key(loaded.state_dir, StateAccess.create)
     kubectl = Kubectl({"gpu-1": "failed"})
-    rollout = Rollout(
-        loaded,
-        RunOptions(mode=Mode.apply, limit=("gpu_worker", "cpu_worker")),
-        runner=kubectl,
-        sleep=lambda s: None,
-    )
+    rollout = worker_rollout(loaded, kubectl)
     report = rolloutjob.fleet_rollout(rollout)
     assert report.hosts["cpu-1"].status is HostStatus.changed
     assert report.hosts["gpu-1"].status is HostStatus.failed
@@ -871,13 +872,7 @@ def test_the_secret_holds_a_key_of_this_run_certified_until_the_tokens_end(
     secrets_of = []
     for _ in range(2):
         kubectl = Kubectl({})
-        rollout = Rollout(
-            loaded,
-            RunOptions(mode=Mode.apply, limit=("gpu_worker", "cpu_worker")),
-            runner=kubectl,
-            sleep=lambda s: None,
-            clock=lambda: 1_800_000_000.0,
-        )
+        rollout = worker_rollout(loaded, kubectl, clock=lambda: 1_800_000_000.0)
         rolloutjob.fleet_rollout(rollout)
         docs = {(d["kind"], d["metadata"]["name"]): d for d in kubectl.manifest}
         data = docs[("Secret", "gpuinfra-rollout-ssh")]["data"]
@@ -908,12 +903,7 @@ def test_a_rollout_without_the_authority_is_refused_before_anything_is_published
 ):
     loaded = load(rollout_cluster(small_cluster, write_cluster, tmp_path))
     kubectl = Kubectl({})
-    rollout = Rollout(
-        loaded.with_state_access(StateAccess.existing),
-        RunOptions(mode=Mode.apply, limit=("gpu_worker", "cpu_worker")),
-        runner=kubectl,
-        sleep=lambda s: None,
-    )
+    rollout = worker_rollout(loaded.with_state_access(StateAccess.existing), kubectl)
     with pytest.raises(jobs.JobRefused, match="apply with rollout_job.enabled first"):
         rolloutjob.fleet_rollout(rollout)
     assert not any("apply -f -" in c for c in kubectl.commands)
@@ -931,12 +921,7 @@ def test_the_rollout_pods_get_a_network_policy_under_calico_only(
         loaded = load(path)
         KEY.private_key(loaded.state_dir, StateAccess.create)
         kubectl = Kubectl({})
-        rollout = Rollout(
-            loaded,
-            RunOptions(mode=Mode.apply, limit=("gpu_worker", "cpu_worker")),
-            runner=kubectl,
-            sleep=lambda s: None,
-        )
+        rollout = worker_rollout(loaded, kubectl)
         rolloutjob.fleet_rollout(rollout)
         policies = [d for d in kubectl.manifest if d["kind"] == "NetworkPolicy"]
         assert bool(policies) is expected, cni
@@ -1249,13 +1234,8 @@ def test_a_second_rollout_neither_takes_over_nor_deletes_the_first_ones_objects(
     loaded = load(rollout_cluster(small_cluster, write_cluster, tmp_path))
     KEY.private_key(loaded.state_dir, StateAccess.create)
     kubectl = RunningRollout({})
-    rollout = Rollout(
-        loaded,
-        RunOptions(mode=Mode.apply, limit=("gpu_worker", "cpu_worker")),
-        runner=kubectl,
-        sleep=lambda s: None,
-        clock=lambda: 1_800_000_000.0,  # 2027-01-15T08:00:00Z
-    )
+    # 2027-01-15T08:00:00Z
+    rollout = worker_rollout(loaded, kubectl, clock=lambda: 1_800_000_000.0)
     with pytest.raises(jobs.JobBusy, match="rollout run r-other.*still running.*apply --job"):
         rolloutjob.fleet_rollout(rollout)
     made = ("kubeadm token", "apply -f -", " delete ", " patch ")
@@ -1266,12 +1246,7 @@ def test_a_run_deletes_only_its_own_objects(small_cluster, write_cluster, tmp_pa
     loaded = load(rollout_cluster(small_cluster, write_cluster, tmp_path))
     KEY.private_key(loaded.state_dir, StateAccess.create)
     kubectl = Kubectl({})
-    rollout = Rollout(
-        loaded,
-        RunOptions(mode=Mode.apply, limit=("gpu_worker", "cpu_worker")),
-        runner=kubectl,
-        sleep=lambda s: None,
-    )
+    rollout = worker_rollout(loaded, kubectl)
     rolloutjob.fleet_rollout(rollout)
     (deleted,) = [c for c in kubectl.commands if "delete job,configmap,secret" in c]
     assert f"gpuinfra.io/rollout-run={rollout.run}" in deleted

@@ -233,25 +233,40 @@ def test_node_remove_then_add_again(lab, standin_inventory):
         assert secret not in added.stdout and secret not in added.stderr
 
 
-LISTENER = (
-    "import socket, sys\n"
-    "server = socket.create_server(('', 6443), reuse_port=True)\n"
-    "while True:\n"
-    "    connection, _ = server.accept()\n"
-    "    connection.sendall(socket.gethostname().encode() + b'\\n')\n"
-    "    connection.close()\n"
+# A stand-in kube-apiserver on cp-2: HTTPS (a throwaway self-signed certificate) answering
+# every GET, /readyz included, which the node-local proxy checks, with the host's name.
+TEST_CERT = "/tmp/gpuinfra-test-apiserver"
+MAKE_CERT = (
+    f"openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 "
+    f"-subj /CN=test -keyout {TEST_CERT}.key -out {TEST_CERT}.crt"
 )
+LISTENER = (
+    "import http.server, socket, ssl\n"
+    "class Handler(http.server.BaseHTTPRequestHandler):\n"
+    "    def do_GET(self):\n"
+    "        body = socket.gethostname().encode() + b'\\n'\n"
+    "        self.send_response(200)\n"
+    "        self.send_header('Content-Length', str(len(body)))\n"
+    "        self.end_headers()\n"
+    "        self.wfile.write(body)\n"
+    "server = http.server.ThreadingHTTPServer(('', 6443), Handler)\n"
+    "context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)\n"
+    f"context.load_cert_chain('{TEST_CERT}.crt', '{TEST_CERT}.key')\n"
+    "server.socket = context.wrap_socket(server.socket, server_side=True)\n"
+    "server.serve_forever()\n"
+)
+# Through the proxy on 127.0.0.1:6444 (TCP: the TLS goes through to cp-2), until the proxy's
+# /readyz checks have put cp-2 in rotation.
 ASK_PROXY = (
-    "import socket, time\n"
+    "import ssl, time, urllib.request\n"
+    "context = ssl._create_unverified_context()\n"
     "for attempt in range(60):\n"
     "    try:\n"
-    "        with socket.create_connection(('127.0.0.1', 6444), timeout=2) as s:\n"
-    "            answer = s.recv(100).decode().strip()\n"
-    "        if answer:\n"
-    "            print(answer); break\n"
+    "        url = 'https://127.0.0.1:6444/hostname'\n"
+    "        answer = urllib.request.urlopen(url, timeout=3, context=context).read()\n"
+    "        print(answer.decode().strip()); break\n"
     "    except OSError:\n"
-    "        pass\n"
-    "    time.sleep(1)\n"
+    "        time.sleep(1)\n"
 )
 
 
@@ -259,8 +274,9 @@ def test_node_local_proxy_reaches_the_api_servers_without_a_balancer(
     lab, standin_inventory, tmp_path
 ):
     """Real HAProxy (Debian's) on every node when the inventory has no load balancer: the same
-    lab without lb-1 in its inventory. With a throwaway listener on cp-2:6443 standing in for
-    kube-apiserver (kubeadm ran as the stand-in), cpu-1's 127.0.0.1:6444 reaches cp-2."""
+    lab without lb-1 in its inventory. With a throwaway HTTPS server on cp-2:6443 standing in
+    for kube-apiserver (kubeadm ran as the stand-in) and answering the proxy's /readyz
+    checks, cpu-1's 127.0.0.1:6444 reaches cp-2."""
     data = yaml.safe_load(standin_inventory.read_text())
     del data["hosts"]["lb-1"]
     inventory = standin_inventory.with_name("kube-no-lb.yml")
@@ -271,6 +287,7 @@ def test_node_local_proxy_reaches_the_api_servers_without_a_balancer(
     for node in NODES:
         state = lab.ssh(node, "systemctl is-active kube-api-proxy", check=False).stdout.strip()
         assert state == "active", node
+    lab.ssh("cp-2", MAKE_CERT)
     lab.ssh(
         "cp-2", f"systemd-run --unit=gpuinfra-test-apiserver python3 -c {shlex.quote(LISTENER)}"
     )

@@ -73,3 +73,43 @@ def eventually(
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: not seen within {seconds:.0f} s")
         time.sleep(interval)
+
+
+# A stand-in kube-apiserver: HTTPS with a throwaway self-signed certificate, answering every
+# GET (the balancers' and the node-local proxies' /readyz checks included) with the host's
+# name. Its port is its argument; STANDIN_MAKE_CERT first.
+STANDIN_CERT = "/tmp/gpuinfra-test-apiserver"
+STANDIN_MAKE_CERT = (
+    "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 "
+    f"-subj /CN=test -keyout {STANDIN_CERT}.key -out {STANDIN_CERT}.crt"
+)
+STANDIN_APISERVER = (
+    "import http.server, socket, ssl, sys\n"
+    "class Handler(http.server.BaseHTTPRequestHandler):\n"
+    "    def do_GET(self):\n"
+    "        body = socket.gethostname().encode() + b'\\n'\n"
+    "        self.send_response(200)\n"
+    "        self.send_header('Content-Length', str(len(body)))\n"
+    "        self.end_headers()\n"
+    "        self.wfile.write(body)\n"
+    "server = http.server.ThreadingHTTPServer(('', int(sys.argv[1])), Handler)\n"
+    "context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)\n"
+    f"context.load_cert_chain('{STANDIN_CERT}.crt', '{STANDIN_CERT}.key')\n"
+    "server.socket = context.wrap_socket(server.socket, server_side=True)\n"
+    "server.serve_forever()\n"
+)
+
+
+def ask_https(url: str, attempts: int = 60) -> str:
+    """Python for a host: GET `url` (certificate not checked) until it answers, a second apart,
+    and print the answer; nothing when it never does."""
+    return (
+        "import ssl, time, urllib.request\n"
+        "context = ssl._create_unverified_context()\n"
+        f"for attempt in range({attempts}):\n"
+        "    try:\n"
+        f"        answer = urllib.request.urlopen({url!r}, timeout=3, context=context).read()\n"
+        "        print(answer.decode().strip()); break\n"
+        "    except OSError:\n"
+        "        time.sleep(1)\n"
+    )

@@ -30,7 +30,13 @@ from lab import lifecycle
 from lab.topology import HostSpec, Topology
 from tests.integration import kube_standin
 from tests.integration.conftest import KEEP_ENV, LAB_NAME, boot_lab
-from tests.integration.roles_helpers import gpuinfra, pending
+from tests.integration.roles_helpers import (
+    STANDIN_APISERVER,
+    STANDIN_MAKE_CERT,
+    ask_https,
+    gpuinfra,
+    pending,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -233,43 +239,6 @@ def test_node_remove_then_add_again(lab, standin_inventory):
         assert secret not in added.stdout and secret not in added.stderr
 
 
-# A stand-in kube-apiserver on cp-2: HTTPS (a throwaway self-signed certificate) answering
-# every GET, /readyz included, which the node-local proxy checks, with the host's name.
-TEST_CERT = "/tmp/gpuinfra-test-apiserver"
-MAKE_CERT = (
-    f"openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 "
-    f"-subj /CN=test -keyout {TEST_CERT}.key -out {TEST_CERT}.crt"
-)
-LISTENER = (
-    "import http.server, socket, ssl\n"
-    "class Handler(http.server.BaseHTTPRequestHandler):\n"
-    "    def do_GET(self):\n"
-    "        body = socket.gethostname().encode() + b'\\n'\n"
-    "        self.send_response(200)\n"
-    "        self.send_header('Content-Length', str(len(body)))\n"
-    "        self.end_headers()\n"
-    "        self.wfile.write(body)\n"
-    "server = http.server.ThreadingHTTPServer(('', 6443), Handler)\n"
-    "context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)\n"
-    f"context.load_cert_chain('{TEST_CERT}.crt', '{TEST_CERT}.key')\n"
-    "server.socket = context.wrap_socket(server.socket, server_side=True)\n"
-    "server.serve_forever()\n"
-)
-# Through the proxy on 127.0.0.1:6444 (TCP: the TLS goes through to cp-2), until the proxy's
-# /readyz checks have put cp-2 in rotation.
-ASK_PROXY = (
-    "import ssl, time, urllib.request\n"
-    "context = ssl._create_unverified_context()\n"
-    "for attempt in range(60):\n"
-    "    try:\n"
-    "        url = 'https://127.0.0.1:6444/hostname'\n"
-    "        answer = urllib.request.urlopen(url, timeout=3, context=context).read()\n"
-    "        print(answer.decode().strip()); break\n"
-    "    except OSError:\n"
-    "        time.sleep(1)\n"
-)
-
-
 def test_node_local_proxy_reaches_the_api_servers_without_a_balancer(
     lab, standin_inventory, tmp_path
 ):
@@ -287,12 +256,12 @@ def test_node_local_proxy_reaches_the_api_servers_without_a_balancer(
     for node in NODES:
         state = lab.ssh(node, "systemctl is-active kube-api-proxy", check=False).stdout.strip()
         assert state == "active", node
-    lab.ssh("cp-2", MAKE_CERT)
-    lab.ssh(
-        "cp-2", f"systemd-run --unit=gpuinfra-test-apiserver python3 -c {shlex.quote(LISTENER)}"
-    )
+    lab.ssh("cp-2", STANDIN_MAKE_CERT)
+    listener = f"python3 -c {shlex.quote(STANDIN_APISERVER)} 6443"
+    lab.ssh("cp-2", f"systemd-run --unit=gpuinfra-test-apiserver {listener}")
     try:
-        answer = lab.ssh("cpu-1", f"python3 -c {shlex.quote(ASK_PROXY)}", timeout=120).stdout
+        ask = ask_https("https://127.0.0.1:6444/hostname")
+        answer = lab.ssh("cpu-1", f"python3 -c {shlex.quote(ask)}", timeout=120).stdout
         assert answer.strip() == "cp-2"
     finally:
         lab.ssh("cp-2", "systemctl stop gpuinfra-test-apiserver", check=False)

@@ -3,7 +3,8 @@
 
 Nothing serves the API on the control-plane nodes yet (Kubernetes comes later), so HAProxy
 correctly marks every backend DOWN; to see a backend go UP and a connection reach it, a test
-starts a throwaway TCP listener on cp-1 in place of kube-apiserver (and removes it after).
+starts a throwaway HTTPS server on cp-1 in place of kube-apiserver, answering the /readyz
+checks (and removes it after).
 """
 
 from __future__ import annotations
@@ -20,19 +21,16 @@ from lab import lifecycle
 from lab.topology import HostSpec, Topology
 from tests.helpers import gpuinfra
 from tests.integration.conftest import KEEP_ENV, LAB_NAME, LabCluster, boot_lab
-from tests.integration.roles_helpers import eventually
+from tests.integration.roles_helpers import (
+    STANDIN_APISERVER,
+    STANDIN_MAKE_CERT,
+    ask_https,
+    eventually,
+)
 
 SOCKET = "/run/haproxy/admin.sock"
-# A stand-in for kube-apiserver: answers every connection with the host's name.
+# The stand-in kube-apiserver's unit (roles_helpers.STANDIN_APISERVER).
 LISTENER_UNIT = "gpuinfra-test-apiserver"
-LISTENER = (
-    "import socket, sys\n"
-    "server = socket.create_server(('', int(sys.argv[1])), reuse_port=True)\n"
-    "while True:\n"
-    "    connection, _ = server.accept()\n"
-    "    connection.sendall(socket.gethostname().encode() + b'\\n')\n"
-    "    connection.close()\n"
-)
 # The HA lab: two balancers sharing api.vip in front of two API servers (and the one etcd
 # member an inventory with a control plane needs).
 HA_LAB = f"{LAB_NAME}2"
@@ -116,18 +114,15 @@ def test_every_control_plane_node_is_a_backend_marked_down_without_an_api(conver
 def test_a_listening_backend_goes_up_and_receives_connections(converged):
     lab = converged
     port = lab.loaded.cluster.api.port
-    lab.ssh(
-        "cp-1",
-        f"systemd-run --unit={LISTENER_UNIT} python3 -c {shlex.quote(LISTENER)} {port}",
-    )
+    lab.ssh("cp-1", STANDIN_MAKE_CERT)
+    listener = f"python3 -c {shlex.quote(STANDIN_APISERVER)} {port}"
+    lab.ssh("cp-1", f"systemd-run --unit={LISTENER_UNIT} {listener}")
     try:
         eventually(lambda: server_status(lab, "lb-1").get("cp-1") == "UP", "cp-1 UP")
         assert server_status(lab, "lb-1")["cp-2"] == "DOWN"
         # Through the balancer from another host: only cp-1 is UP, so it must answer.
-        reply = lab.ssh(
-            "mon-1",
-            f"exec 3<>/dev/tcp/{lab.address('lb-1')}/{port}; timeout 5 head -n1 <&3",
-        ).stdout.strip()
+        ask = ask_https(f"https://{lab.address('lb-1')}:{port}/hostname", attempts=5)
+        reply = lab.ssh("mon-1", f"python3 -c {shlex.quote(ask)}").stdout.strip()
         assert reply == "cp-1"
     finally:
         lab.ssh("cp-1", f"systemctl stop {LISTENER_UNIT}", check=False)

@@ -77,12 +77,8 @@ def eventually(
 
 # A stand-in kube-apiserver: HTTPS with a throwaway self-signed certificate, answering every
 # GET (the balancers' and the node-local proxies' /readyz checks included) with the host's
-# name. Its port is its argument; STANDIN_MAKE_CERT first.
+# name. Its port is its argument; `install_standin_cert` first.
 STANDIN_CERT = "/tmp/gpuinfra-test-apiserver"
-STANDIN_MAKE_CERT = (
-    "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 "
-    f"-subj /CN=test -keyout {STANDIN_CERT}.key -out {STANDIN_CERT}.crt"
-)
 STANDIN_APISERVER = (
     "import http.server, socket, ssl, sys\n"
     "class Handler(http.server.BaseHTTPRequestHandler):\n"
@@ -113,3 +109,42 @@ def ask_https(url: str, attempts: int = 60) -> str:
         "    except OSError:\n"
         "        time.sleep(1)\n"
     )
+
+
+def install_standin_cert(lab, host: str) -> None:
+    """A throwaway self-signed certificate and key for the stand-in, made here (lab hosts may
+    have no openssl) and written on `host` over ssh's stdin, 0600."""
+    import datetime
+    import subprocess
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    from toolkit.ssh import ssh_argv
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
+    files = {
+        f"{STANDIN_CERT}.crt": cert.public_bytes(serialization.Encoding.PEM),
+        f"{STANDIN_CERT}.key": key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        ),
+    }
+    for path, data in files.items():
+        write = f"umask 077 && cat > {path}"
+        subprocess.run(ssh_argv(lab.loaded, host) + [write], input=data, check=True)

@@ -32,9 +32,9 @@ from tests.integration import kube_standin
 from tests.integration.conftest import KEEP_ENV, LAB_NAME, boot_lab
 from tests.integration.roles_helpers import (
     STANDIN_APISERVER,
-    STANDIN_MAKE_CERT,
     ask_https,
     gpuinfra,
+    install_standin_cert,
     pending,
 )
 
@@ -256,7 +256,7 @@ def test_node_local_proxy_reaches_the_api_servers_without_a_balancer(
     for node in NODES:
         state = lab.ssh(node, "systemctl is-active kube-api-proxy", check=False).stdout.strip()
         assert state == "active", node
-    lab.ssh("cp-2", STANDIN_MAKE_CERT)
+    install_standin_cert(lab, "cp-2")
     listener = f"python3 -c {shlex.quote(STANDIN_APISERVER)} 6443"
     lab.ssh("cp-2", f"systemd-run --unit=gpuinfra-test-apiserver {listener}")
     try:

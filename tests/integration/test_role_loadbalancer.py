@@ -23,9 +23,9 @@ from tests.helpers import gpuinfra
 from tests.integration.conftest import KEEP_ENV, LAB_NAME, LabCluster, boot_lab
 from tests.integration.roles_helpers import (
     STANDIN_APISERVER,
-    STANDIN_MAKE_CERT,
     ask_https,
     eventually,
+    install_standin_cert,
 )
 
 SOCKET = "/run/haproxy/admin.sock"
@@ -114,7 +114,7 @@ def test_every_control_plane_node_is_a_backend_marked_down_without_an_api(conver
 def test_a_listening_backend_goes_up_and_receives_connections(converged):
     lab = converged
     port = lab.loaded.cluster.api.port
-    lab.ssh("cp-1", STANDIN_MAKE_CERT)
+    install_standin_cert(lab, "cp-1")
     listener = f"python3 -c {shlex.quote(STANDIN_APISERVER)} {port}"
     lab.ssh("cp-1", f"systemd-run --unit={LISTENER_UNIT} {listener}")
     try:

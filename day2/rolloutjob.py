@@ -59,10 +59,8 @@ POD_DIR = "/etc/gpuinfra/rollout"
 # the inventory's check refuse a key its group may read (engine/rolloutshard.py copies it).
 MOUNTED_KEY = "/etc/gpuinfra/rollout-key/id_ed25519"
 POD_KEY = "/run/gpuinfra/id_ed25519"
-# The run's certificate beside its key, where ssh (and pyinfra, paramiko) look for it.
-CERT_SUFFIX = "-cert.pub"
 # A worker whose clock is ahead of the operator's by up to this still admits a new certificate.
-CLOCK_SKEW_S = 300
+CERT_BACKDATE_S = 300
 # The state entries the selected workers' files read (`gather_state`), as one JSON document
 # {path under .state/: content} (a Secret's keys cannot hold "/"); engine/rolloutshard.py
 # stages them into the pod's own state folder.
@@ -232,7 +230,7 @@ def certify_key(rollout: Rollout) -> None:
     whether or not the run's objects were ever deleted."""
     assert rollout.cfg is not None
     now = int(rollout.clock())
-    valid = (now - CLOCK_SKEW_S, now + rollout.cfg.deadline_seconds + TOKEN_MARGIN_S)
+    valid = (now - CERT_BACKDATE_S, now + rollout.cfg.deadline_seconds + TOKEN_MARGIN_S)
     try:
         rollout.identity = KEY.run_identity(rollout.loaded, rollout.cfg, rollout.run, valid)
     except StateMissing as exc:
@@ -351,7 +349,7 @@ def wait(rollout: Rollout) -> None:
         if rollout.clock() - renewed >= fleetgate.HEARTBEAT_RENEW_S:
             renewed = now = rollout.clock()
             try:
-                fleetgate.swap(api, rollout.name, lambda ledger, now=now: _renew(ledger, now))
+                fleetgate.swap(api, rollout.name, lambda ledger: fleetgate.renew(ledger, now))
             except fleetgate.LedgerError as exc:
                 raise jobs.JobError(f"wait: the ledger's heartbeat: {exc}") from None
 
@@ -364,11 +362,6 @@ def ledger_api(rollout: Rollout) -> fleetgate.KubectlApi:
         rollout.namespace,
         remote_kubectl(rollout.loaded, rollout.control_plane, rollout.namespace, rollout.runner),
     )
-
-
-def _renew(ledger: fleetgate.Ledger, now: float):
-    ledger.heartbeat = now
-    return None, True
 
 
 def collect(rollout: Rollout) -> None:

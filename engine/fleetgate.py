@@ -160,16 +160,19 @@ class Keepalive:
     def _run(self) -> None:
         while not self._stop.wait(self.every):
             try:
-                swap(self.api, self.name, self._renew)
+                swap(self.api, self.name, lambda ledger: renew(ledger, self.clock()))
             except LedgerError:
                 continue
             self.renewals += 1
 
-    def _renew(self, ledger: Ledger):
-        if not ledger.active():
-            return None, False
-        ledger.heartbeat = self.clock()
-        return None, True
+
+def renew(ledger: Ledger, now: float) -> tuple[None, bool]:
+    """`swap`'s change that renews the heartbeat of a ledger still active (one stopped or
+    finished is left as it is)."""
+    if not ledger.active():
+        return None, False
+    ledger.heartbeat = now
+    return None, True
 
 
 def swap(api: LedgerApi, name: str, change: Callable[[Ledger], tuple[T, bool]]) -> T:

@@ -29,7 +29,7 @@ SETTINGS_FORMAT = 2  # day2/rolloutjob.py writes it (2: the state entries are st
 # day2/rolloutjob.py MOUNTED_KEY and POD_KEY: the Secret's file, and its 0400 copy in memory.
 MOUNTED_KEY = Path("/etc/gpuinfra/rollout-key/id_ed25519")
 POD_KEY = Path("/run/gpuinfra/id_ed25519")
-# CERT_SUFFIX there: the run's certificate, beside the key where ssh and paramiko look for it.
+# The run's certificate, beside the key where ssh and paramiko look for it.
 CERT_SUFFIX = "-cert.pub"
 # day2/rolloutjob.py MOUNTED_STATE: the state entries the workers' files read, as one JSON
 # document. They are staged with a copy of the inventory in memory (the ConfigMap's folder is

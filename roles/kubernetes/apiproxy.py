@@ -18,6 +18,7 @@ API_PROXY_UNIT = "/etc/systemd/system/kube-api-proxy.service"
 # load balancers do by default (Kubespray's HAProxy: 3 s/3/2).
 CHECK_INTERVAL_S = 2
 CHECK_FALL = 3
+CHECK_TIMEOUT_S = 5
 # An API server whose shutdown began goes on serving this much longer than the slowest
 # balancer in front of it needs to see its /readyz fail (the check's own timeout is 5 s).
 SHUTDOWN_MARGIN_S = 5
@@ -51,7 +52,7 @@ def detection_seconds(ctx: HostContext) -> int:
     """How long the slowest balancer in front of the API servers (each load balancer by its
     own settings, or the node-local proxies) takes to see a /readyz fail: interval x fall,
     plus the check's timeout."""
-    found = [CHECK_INTERVAL_S * CHECK_FALL + 5]
+    found = [CHECK_INTERVAL_S * CHECK_FALL + CHECK_TIMEOUT_S]
     for name in ctx.cluster.in_group("loadbalancer"):
         cfg = settings_of(ctx.loaded, name, "loadbalancer")
         found.append(
@@ -69,6 +70,7 @@ def proxy_files(ctx: HostContext) -> list[ManagedFile]:
         backends=ctx.topology.api_backends,
         check_interval_s=CHECK_INTERVAL_S,
         check_fall=CHECK_FALL,
+        check_timeout_s=CHECK_TIMEOUT_S,
     )
     unit = render_template("kubernetes/kube-api-proxy.service.j2", config=API_PROXY_CONFIG)
     return [

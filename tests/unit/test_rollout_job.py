@@ -890,7 +890,7 @@ def test_the_secret_holds_a_key_of_this_run_certified_until_the_tokens_end(
     assert cert.valid_principals == [b"gpuinfra-rollout"]
     deadline = rollout.cfg.deadline_seconds
     assert (cert.valid_after, cert.valid_before) == (
-        1_800_000_000 - rolloutjob.CLOCK_SKEW_S,
+        1_800_000_000 - rolloutjob.CERT_BACKDATE_S,
         1_800_000_000 + deadline + rolloutjob.TOKEN_MARGIN_S,
     )
     sources = cert.critical_options[b"source-address"].decode().split(",")
@@ -956,8 +956,7 @@ def test_the_pod_copies_the_key_0400_and_names_the_copy(tmp_path):
     assert (
         Path(rolloutjob.MOUNTED_KEY),
         Path(rolloutjob.POD_KEY),
-        rolloutjob.CERT_SUFFIX,
-    ) == (rolloutshard.MOUNTED_KEY, rolloutshard.POD_KEY, rolloutshard.CERT_SUFFIX)
+    ) == (rolloutshard.MOUNTED_KEY, rolloutshard.POD_KEY)
 
 
 def test_a_pod_of_another_gpuinfra_exits_2(tmp_path, capsys):

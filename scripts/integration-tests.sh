@@ -7,7 +7,8 @@
 # different names are made to coexist (lab.state.locked, their own subnets); the two processes
 # share nothing else but the machine's package cache.
 #
-# The side process writes build/integration-own-labs.log, printed whole when both are done.
+# The side process writes build/integration-own-labs.log, printed whole when both are done,
+# then each process's seconds (the last lines CI keeps show which one set the run's length).
 # Exit status: the first non-zero of the two.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +23,12 @@ if [ "${#OWN_LABS[@]}" -eq 0 ]; then
     echo "no module measured with a lab of its own: one process" >"$LOG"
     true &
 else
-    GPUINFRA_INTEGRATION_PROCESS=side "$PYTEST" "${OWN_LABS[@]}" "$@" >"$LOG" 2>&1 &
+    (
+        GPUINFRA_INTEGRATION_PROCESS=side "$PYTEST" "${OWN_LABS[@]}" "$@" >"$LOG" 2>&1
+        rc=$?
+        echo "side process: $SECONDS s" >>"$LOG"
+        exit "$rc"
+    ) &
 fi
 side=$!
 # A stop of make (Ctrl-C, CI's time limit) stops the side process too.
@@ -34,6 +40,7 @@ for module in "${OWN_LABS[@]}"; do
 done
 GPUINFRA_INTEGRATION_PROCESS=main "$PYTEST" tests/integration "${ignored[@]}" "$@"
 main_rc=$?
+main_s=$SECONDS
 
 wait "$side"
 side_rc=$?
@@ -41,6 +48,8 @@ trap - EXIT
 echo
 echo "=== ${OWN_LABS[*]} (side by side; $LOG) ==="
 cat "$LOG"
+echo "main process: $main_s s; both done after $SECONDS s; seconds per module, both processes:"
+"$PYTHON" scripts/integration_split.py --last-run
 echo "integration: shared-lab modules exit $main_rc, own-lab modules exit $side_rc"
 if [ "$main_rc" -ne 0 ]; then
     exit "$main_rc"

@@ -3,6 +3,7 @@ times: the modules with labs of their own go beside the shared-lab modules, long
 to the process that would end sooner, so both end about together.
 
     python3 scripts/integration_split.py    # the side process's modules, one per line
+    python3 scripts/integration_split.py --last-run    # each process's seconds per module
 
 The times are what tests/integration/conftest.py wrote after each run (build/integration-times/,
 newest run first for each module), over the figures committed in
@@ -48,7 +49,23 @@ def side_modules(modules: list[str], times: dict[str, dict]) -> list[str]:
     return sorted(side)
 
 
+def last_run(times_dir: Path = TIMES_DIR) -> list[str]:
+    """The last run's seconds per module, each process's, for the end of make test's log."""
+    lines = []
+    for process in ("main", "side"):
+        path = times_dir / f"{process}.json"
+        if not path.is_file():
+            continue
+        for module, entry in sorted(json.loads(path.read_text())["modules"].items()):
+            lab = "shared lab" if entry["shared_lab"] else "own lab"
+            lines.append(f"  {process} {entry['seconds']:8.1f}  {module} ({lab})")
+    return lines
+
+
 def main() -> int:
+    if sys.argv[1:] == ["--last-run"]:
+        print("\n".join(last_run()))
+        return 0
     modules = sorted(
         str(path.relative_to(REPO)) for path in (REPO / "tests" / "integration").glob("test_*.py")
     )

@@ -49,6 +49,9 @@ def calico_resources(loaded: LoadedCluster, cfg: KubernetesConfig) -> list[m.Str
     ]
 
 
+PORTMAP_PLUGIN = "portmap"
+
+
 def calico_config_map(loaded: LoadedCluster, cfg: KubernetesConfig) -> str:
     """The calico-config ConfigMap of the upstream manifest, as this role sets it: the BIRD BGP
     backend (no VXLAN-only mode) and MTU 0 (Calico detects the node's own; no overlay header)."""
@@ -66,7 +69,7 @@ def calico_config_map(loaded: LoadedCluster, cfg: KubernetesConfig) -> str:
                 "policy": {"type": "k8s"},
                 "kubernetes": {"kubeconfig": "__KUBECONFIG_FILEPATH__"},
             },
-            {"type": "portmap", "snat": True, "capabilities": {"portMappings": True}},
+            {"type": PORTMAP_PLUGIN, "snat": True, "capabilities": {"portMappings": True}},
             {"type": "bandwidth", "capabilities": {"bandwidth": True}},
         ],
     }
@@ -122,11 +125,21 @@ POD_ROUTES_SCRIPT = "/usr/local/sbin/gpuinfra-pod-routes"
 POD_ROUTES_UNIT = "/etc/systemd/system/gpuinfra-pod-routes.service"
 POD_BRIDGE = "cni0"
 POD_NAT_TABLE = "gpuinfra-pod-nat"
+PORTMAP = {
+    "type": PORTMAP_PLUGIN,
+    "backend": "nftables",
+    "snat": True,
+    "capabilities": {"portMappings": True},
+}
 
 
 def cni_config(ctx: HostContext, cfg: KubernetesConfig) -> str:
     """The reference bridge plugin with host-local addresses from this node's block. No IP
-    masquerade: pod traffic keeps its address inside the cluster, answered over the routes."""
+    masquerade: pod traffic keeps its address inside the cluster, answered over the routes.
+    Then portmap, as in Calico's chain: a pod's hostPort (kubelet hands the mappings to the
+    CNI, none of its own) is DNAT on the node's addresses, in an nftables table of its own
+    (the hosts' firewall is nftables; the plugin's iptables backend needs a binary they lack),
+    with SNAT for a connection from the node itself."""
     block = pod_block(ctx.cluster, ctx.name, cfg.routes_block_prefix)
     document = {
         "cniVersion": "1.0.0",
@@ -143,7 +156,8 @@ def cni_config(ctx: HostContext, cfg: KubernetesConfig) -> str:
                     "ranges": [[{"subnet": str(block)}]],
                     "routes": [{"dst": "0.0.0.0/0"}],
                 },
-            }
+            },
+            PORTMAP,
         ],
     }
     return json.dumps(document, indent=2) + "\n"

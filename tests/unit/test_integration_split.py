@@ -56,3 +56,14 @@ def test_the_committed_figures_name_every_module_they_time():
     assert times, "no committed integration times"
     missing = [name for name in times if not (REPO / name).exists()]
     assert missing == []
+
+
+def test_the_last_run_lists_each_process_s_modules_and_skips_a_missing_process(tmp_path):
+    run = {"finished": 1, "modules": {"b.py": module(12.5, True), "a.py": module(3, False)}}
+    (tmp_path / "main.json").write_text(json.dumps(run))
+    lines = split.last_run(tmp_path)
+    assert [line.split() for line in lines] == [
+        ["main", "3.0", "a.py", "(own", "lab)"],
+        ["main", "12.5", "b.py", "(shared", "lab)"],
+    ]
+    assert split.last_run(tmp_path / "absent") == []

@@ -52,7 +52,10 @@ def test_each_node_gets_the_block_of_its_own_address_and_routes_to_the_others(
     loaded = lab_like(small_cluster, write_cluster)
     cfg = next(c for c in host_contexts(loaded) if c.name == "cpu-1").config(KubernetesConfig)
     cni = json.loads(files_of(loaded, "cpu-1")[CNI_CONFIG])
-    (bridge,) = cni["plugins"]
+    bridge, portmap = cni["plugins"]
+    # hostPort: kubelet hands the mappings to the chain's portmap, in nftables as the firewall.
+    assert portmap["type"] == "portmap" and portmap["capabilities"] == {"portMappings": True}
+    assert portmap["backend"] == "nftables"
     # 10.0.0.71 is offset 71 in 10.0.0.0/24: block 71 of the default pod network's /24s.
     pods = loaded.cluster.networks.pod
     expected = list(pods.subnets(new_prefix=24))[71]

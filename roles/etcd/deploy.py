@@ -28,7 +28,7 @@ from roles.etcd.files import (
     managed_files,
     settings,
 )
-from toolkit.effective import declared_files, nothing_overrides, unit_dropins
+from toolkit.effective import nothing_overrides, ours_or_declared, unit_dropins
 from toolkit.facts import SupplementaryGroups, UnitState
 from toolkit.operations import put_file, system_account
 from toolkit.spec import HostContext
@@ -94,8 +94,8 @@ def apply(ctx: HostContext) -> None:
         ),
     )
     etcd_ops.unit_running(name="Schedule snapshots", unit="etcd-backup.timer")
-    declared = declared_files(ctx.settings_of("base"))
-    unit_dropins("Check the drop-ins of etcd", ("etcd", "etcd-backup.timer"), declared)
+    allowed = ours_or_declared(ctx)
+    unit_dropins("Check the drop-ins of etcd", ("etcd", "etcd-backup.timer"), allowed)
     # The member list is the cluster's, the same through every member: the first member asks
     # it (each member's own health is the health checks'), the others spare drift an etcdctl.
     if ctx.name == ctx.cluster.in_group("etcd")[0]:

@@ -32,7 +32,7 @@ from roles.kubernetes.source import (
     repository_url,
 )
 from roles.kubernetes.stages import apply_stages
-from toolkit.effective import declared_files, unit_dropins
+from toolkit.effective import ours_or_declared, unit_dropins
 from toolkit.operations import put_file, restart_if_running, service_running
 from toolkit.spec import HostContext
 
@@ -109,8 +109,8 @@ def _common(ctx: HostContext) -> dict[str, str]:
     )
     files.directory(name="Own the kubeadm file directory", path=CONFIG_DIR, mode="0755")
     service_running(name="Run kubelet", unit="kubelet")
-    declared = declared_files(ctx.settings_of("base"))
-    unit_dropins("Check the drop-ins of kubelet", ("kubelet",), declared)
+    allowed = ours_or_declared(ctx)
+    unit_dropins("Check the drop-ins of kubelet", ("kubelet",), allowed)
     return {path: f.content for path, f in managed.items()}
 
 

@@ -82,11 +82,14 @@ clean:
 BENCH_SIZES ?= 10 50 100 200
 BENCH_REPEATS ?= 3
 BENCH_SUITES ?= bootstrap,drift,scale,cli
+# Simulated nodes of the controlplane suite (BENCH_SUITES=controlplane), grown in this order.
+BENCH_CP_SIZES ?= 0 500 1000 2500
 BENCH_ARGS ?=
 .PHONY: bench bench-quick
 bench: install
 	$(BIN)/pip install --quiet -e '.[dev,bench]'
-	$(BIN)/python -m benchmarks --sizes "$(BENCH_SIZES)" --repeats $(BENCH_REPEATS) --suites $(BENCH_SUITES) $(BENCH_ARGS)
+	$(BIN)/python -m benchmarks --sizes "$(BENCH_SIZES)" --repeats $(BENCH_REPEATS) --suites $(BENCH_SUITES) \
+		--cp-sizes "$(BENCH_CP_SIZES)" $(BENCH_ARGS)
 
 bench-quick: install
 	$(BIN)/pip install --quiet -e '.[dev,bench]'

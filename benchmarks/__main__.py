@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import commandline, jobs, report, scale, suites
+from benchmarks import commandline, control_plane, jobs, report, scale, suites
 from toolkit.limits import raise_open_files_limit
 
 
@@ -27,13 +27,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--suites",
         default="bootstrap,drift",
-        help="comma-separated: bootstrap, drift, scale, cli, jobs",
+        help="comma-separated: bootstrap, drift, scale, cli, jobs, controlplane",
     )
     parser.add_argument(
         "--jobs-sizes",
         default=" ".join(map(str, jobs.SIZES)),
         help="fleet lab sizes of the jobs suite; past the first, each only with "
         f"{jobs.MIN_AVAILABLE_GIB:.0f} GiB available with both labs up",
+    )
+    parser.add_argument(
+        "--cp-sizes",
+        default=" ".join(map(str, control_plane.SIZES)),
+        help="simulated nodes of the controlplane suite, in order; a fleet that cannot get "
+        "Ready ends the growth",
+    )
+    parser.add_argument(
+        "--cp-settle",
+        type=float,
+        default=control_plane.SETTLE_S,
+        help="seconds the controlplane suite waits at each size once its fleet is Ready",
     )
     parser.add_argument(
         "--scale-sizes", default="1000 7500", help="host counts of the scale suite's inventories"
@@ -73,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     results_path = args.out / "results.json"
     results = json.loads(results_path.read_text()) if results_path.exists() else {}
     if not args.report_only:
-        if wanted & {"bootstrap", "drift", "jobs"} and os.geteuid() != 0:
+        if wanted & {"bootstrap", "drift", "jobs", "controlplane"} and os.geteuid() != 0:
             print("benchmarks boot lab hosts and need root", file=sys.stderr)
             return 2
         raise_open_files_limit()  # inherited by all three engines alike
@@ -111,6 +123,16 @@ def main(argv: list[str] | None = None) -> int:
             results["jobs_machine"] = _machine()
             sizes_of_jobs = tuple(int(s) for s in args.jobs_sizes.split())
             results["jobs"] = jobs.jobs(args.repeats, args.work / "jobs", log, sizes_of_jobs)
+            results_path.write_text(json.dumps(results, indent=2))
+        if "controlplane" in wanted:
+            machine = _machine()
+            sizes_of_fleet = tuple(int(s) for s in args.cp_sizes.split())
+            results["controlplane"] = {
+                "machine": machine,
+                **control_plane.suite(
+                    sizes_of_fleet, args.cp_settle, args.work / "controlplane", log
+                ),
+            }
             results_path.write_text(json.dumps(results, indent=2))
         if "drift" in wanted:
             drift = results.setdefault("drift", {})

@@ -2,18 +2,22 @@
 read what the API servers, etcd and the control plane's processes say about it.
 
 `python -m benchmarks.control_plane --lab kwok --sizes 0 100 500 --settle 120 --out FILE`
-needs a lab booted with Kubernetes and applied (`gpuinfra lab up`, `gpuinfra apply`). For each
+needs a lab booted with Kubernetes and applied (`gpuinfra lab up`, `gpuinfra apply`);
+`make bench BENCH_SUITES=controlplane` boots, applies and takes down its own (`suite`). For each
 size it makes the fleet that size (`gpuinfra lab fleet`'s code), waits `--settle` seconds at it,
 and records over the step (growth and settle together):
 - each API server's `apiserver_request_duration_seconds` p99 per verb and resource, from the
   histogram's bucket counts grown during the step (as Prometheus' histogram_quantile);
-- etcd's `etcd_mvcc_db_total_size_in_bytes`, and its WAL fsync and backend commit p99 over
-  the step, on every member (read inside each member's network namespace on 127.0.0.1:2381,
-  the plain metrics listener the etcd role opens to the monitoring hosts only);
+- etcd's `etcd_mvcc_db_total_size_in_bytes` and backend quota, and its WAL fsync and backend
+  commit p99 over the step, on every member (read inside each member's network namespace on
+  127.0.0.1:2381, the plain metrics listener the etcd role opens to the monitoring hosts only);
 - the resident memory (VmRSS, which `process_resident_memory_bytes` reports too) and the CPU
   each API server, etcd member, scheduler and controller-manager used, read from /proc on this
   machine, where every lab host's processes run.
-Nothing here is a timed assertion: it writes JSON and prints a summary.
+A fleet that cannot get Ready at a size (`fleet.scale` gives up after its timeout) ends the
+growth: that size is recorded as where it stopped, with the error, and the steps before it kept.
+Nothing here is a timed assertion: it writes JSON and prints a summary;
+benchmarks/control_plane_report.py judges the steps against the SLOs.
 """
 
 from __future__ import annotations
@@ -27,12 +31,15 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from benchmarks import suites
 from lab import fleet, gobuild, naming
+from lab.errors import LabError
 
 PROCESSES = ("kube-apiserver", "etcd", "kube-scheduler", "kube-controller-manager", "kwok")
 COMMS = {name[:15]: name for name in PROCESSES}
@@ -42,6 +49,9 @@ _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 # Long-running requests (watches, proxied streams) are outside the latency SLO.
 SLO_EXCLUDED_VERBS = {"WATCH", "CONNECT"}
+# The suite's sizes (issue 44 asks 500, 2,500 and 7,500, or as far as the machine holds).
+SIZES = (0, 500, 1000, 2500)
+SETTLE_S = 120.0
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -168,6 +178,7 @@ def reading(lab: str, loaded) -> dict[str, Any]:
                 "etcd_disk_wal_fsync_duration_seconds_bucket",
                 "etcd_disk_backend_commit_duration_seconds_bucket",
                 "etcd_server_is_leader",
+                "etcd_server_quota_backend_bytes",
                 "process_resident_memory_bytes",
             ),
         )
@@ -207,6 +218,7 @@ def step_figures(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any
         figures["db_bytes"] = samples.get(("etcd_mvcc_db_total_size_in_bytes", ()))
         figures["db_in_use_bytes"] = samples.get(("etcd_mvcc_db_total_size_in_use_in_bytes", ()))
         figures["leader"] = samples.get(("etcd_server_is_leader", ())) == 1.0
+        figures["quota_bytes"] = samples.get(("etcd_server_quota_backend_bytes", ()))
         etcd[host] = figures
     processes = {}
     for key, (rss, ticks) in sorted(after["processes"].items()):
@@ -247,7 +259,7 @@ def summary(size: int, step: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def boot(lab: str) -> Path:
+def boot(lab: str, inventory: Path | None = None) -> Path:
     """The smallest lab with the real control plane: the default topology without its storage
     hosts (as tests/integration/test_kubernetes.py boots it): five etcd members, three API
     servers behind lb-1, cpu-1 and gpu-1; the sample's two teams, research owning gpu-1 and
@@ -256,18 +268,91 @@ def boot(lab: str) -> Path:
     from lab.topology import Topology, default_topology
 
     hosts = tuple(host for host in default_topology().hosts if "storage" not in host.groups)
-    result = lifecycle.up(lab, Topology(hosts, "kubernetes"), kubernetes=True)
+    result = lifecycle.up(
+        lab, Topology(hosts, "kubernetes"), inventory_path=inventory, kubernetes=True
+    )
     data = yaml.safe_load(result.inventory_path.read_text())
     data["teams"] = {"research": {"hosts": ["gpu-1"]}, "inference": {"hosts": []}}
     result.inventory_path.write_text(yaml.safe_dump(data, sort_keys=False))
     return result.inventory_path
 
 
+def measure_step(lab: str, loaded, size: int, settle: float) -> dict[str, Any]:
+    """Make the fleet `size` nodes, wait `settle` seconds, and read the step's figures."""
+    before = reading(lab, loaded)
+    result = fleet.scale(lab, size)
+    time.sleep(settle)
+    after = reading(lab, loaded)
+    step = step_figures(before, after)
+    step.update(size=size, fleet=result.__dict__, load=load_average())
+    return step
+
+
+def grow(
+    lab: str,
+    sizes: list[int] | tuple[int, ...],
+    settle: float,
+    results: dict[str, Any],
+    save: Callable[[dict[str, Any]], None],
+    log: Callable[[str], None],
+) -> dict[str, Any]:
+    """Append a step per size to results["steps"], saving after each. A fleet that cannot get
+    Ready ends the growth: the sizes past it would only wait out the same timeout again."""
+    loaded = fleet.lab_cluster(lab)
+    for size in sizes:
+        try:
+            step = measure_step(lab, loaded, size, settle)
+        except LabError as error:
+            results["stopped"] = {"size": size, "error": str(error)}
+            save(results)
+            log(f"control plane: stopped at {size} simulated nodes: {error}")
+            break
+        results["steps"].append(step)
+        save(results)
+        log(summary(size, step))
+    return results
+
+
+def _saver(path: Path) -> Callable[[dict[str, Any]], None]:
+    def save(results: dict[str, Any]) -> None:
+        path.write_text(json.dumps(results, indent=1, default=str))
+
+    return save
+
+
+def _print(line: str) -> None:
+    print(line, flush=True)
+
+
+def suite(
+    sizes: tuple[int, ...], settle: float, work: Path, log: Callable[[str], None]
+) -> dict[str, Any]:
+    """`make bench BENCH_SUITES=controlplane`: boot the lab (`boot`), apply it, grow its fleet
+    through `sizes`, and take it down at the end, also on failure. The steps are saved to
+    WORK/steps.json as they come, so a run stopped halfway keeps them."""
+    work = work.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {
+        "lab": suites.LAB, "sizes": list(sizes), "settle_s": settle, "steps": []
+    }  # fmt: skip
+    log(f"control plane: lab {suites.LAB}, simulated nodes {' '.join(map(str, sizes))}")
+    suites.lab_down(log)  # a lab of that name left by an earlier run
+    try:
+        started = time.monotonic()
+        inventory = boot(suites.LAB, work / "cluster.yml")
+        log(f"  lab up: {time.monotonic() - started:.1f}s")
+        suites.apply(inventory, work / "apply.json", log)
+        grow(suites.LAB, sizes, settle, results, _saver(work / "steps.json"), log)
+    finally:
+        suites.lab_down(log)
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.control_plane", description=__doc__)
     parser.add_argument("--lab", default=naming.DEFAULT_NAME)
     parser.add_argument("--sizes", type=int, nargs="+", default=[0, 100, 500])
-    parser.add_argument("--settle", type=float, default=120.0, help="seconds at each size")
+    parser.add_argument("--settle", type=float, default=SETTLE_S, help="seconds at each size")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--boot", action="store_true", help="boot the lab and stop there")
     args = parser.parse_args(argv)
@@ -276,19 +361,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.out is None:
         parser.error("--out is required")
-    loaded = fleet.lab_cluster(args.lab)
     results = json.loads(args.out.read_text()) if args.out.exists() else {"steps": []}
-    for size in args.sizes:
-        before = reading(args.lab, loaded)
-        result = fleet.scale(args.lab, size)
-        time.sleep(args.settle)
-        after = reading(args.lab, loaded)
-        step = step_figures(before, after)
-        step.update(size=size, fleet=result.__dict__, load=load_average())
-        results["steps"].append(step)
-        args.out.write_text(json.dumps(results, indent=1, default=str))
-        print(summary(size, step), flush=True)
-    return 0
+    grow(args.lab, args.sizes, args.settle, results, _saver(args.out), _print)
+    return 0 if "stopped" not in results else 1
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ import math
 import statistics
 from pathlib import Path
 
-from benchmarks import jobreport
+from benchmarks import control_plane_report, jobreport
 from benchmarks.suites import BASELINE, CONNECT, ENGINES, EXACT, PROBE_FLOOR
 from engine.fingerprint.check import DEFAULT_PARALLEL
 
@@ -363,6 +363,17 @@ def markdown(results: dict) -> str:
         row = jobreport.target_row(jobs)
         if row:
             targets.append(row)
+    control_plane = results.get("controlplane")
+    if control_plane:
+        lines += [
+            "## The control plane under a simulated fleet",
+            "",
+            "Its tables, plots and projection are in [control-plane.md](control-plane.md).",
+            "",
+        ]
+        row = control_plane_report.target_row(control_plane)
+        if row:
+            targets.append(f"{row[0]} {_status(row[1])} |")
     if targets:
         lines += ["## Targets", "", "| target | measured | status |", "| --- | --- | --- |"]
         lines += targets + [""]
@@ -432,13 +443,15 @@ def _cli_section(command_line: dict, machine: dict) -> list[str]:
 
 
 def plots(results: dict, out: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     written: list[Path] = []
     drift = sorted(results.get("drift", {}).values(), key=lambda e: e["hosts"])
+    bootstrap = results.get("bootstrap")
+    if drift or bootstrap:
+        # Only these plots need it here: results without them report without `.[bench]`.
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
     if drift:
         for metric, label, name in (
             ("median_seconds", "wall seconds (median)", "drift-wall.png"),
@@ -464,7 +477,6 @@ def plots(results: dict, out: Path) -> list[Path]:
             fig.savefig(path, dpi=110)
             plt.close(fig)
             written.append(path)
-    bootstrap = results.get("bootstrap")
     if bootstrap:
         fig, ax = plt.subplots(figsize=(6, 4))
         phases = bootstrap["apply_phase_seconds"]
@@ -483,6 +495,7 @@ def plots(results: dict, out: Path) -> list[Path]:
     job_plot = jobreport.plot(results.get("jobs", {}), out)
     if job_plot is not None:
         written.append(job_plot)
+    written += control_plane_report.plots(results.get("controlplane", {}), out)
     return written
 
 
@@ -491,4 +504,6 @@ def write(results: dict, out: Path) -> None:
 
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "results.md").write_text(markdown(results))
+    if "controlplane" in results:
+        control_plane_report.write_doc(results["controlplane"], out / control_plane_report.DOC)
     plots(results, out)

@@ -291,8 +291,14 @@ ROLLOUT_JOB = Flow(
             f"{_ROLLOUT}:mint_token",
         ),
         Step(
+            "key",
+            "a key for this run only, certified by the rollout authority until the token's end",
+            f"{_ROLLOUT}:certify_key",
+        ),
+        Step(
             "publish",
-            "the ledger, the shards' progress, the key's and token's Secrets and the Job",
+            "the ledger, the shards' progress, the Job (suspended until it owns the Secrets of "
+            "the key and the token)",
             f"{_ROLLOUT}:publish",
         ),
         Step(

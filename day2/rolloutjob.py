@@ -41,6 +41,8 @@ from roles.rollout_job.files import KEY
 from roles.rollout_job.role import fleet_config
 from toolkit.jobs import job_tolerations
 from toolkit.spec import Rolling, settings_of
+from toolkit.ssh import ssh_settings
+from toolkit.statefiles import StateMissing
 from toolkit.templates import render_template
 
 SETTINGS_FORMAT = 1  # bump when settings.json changes: a skewed pod exits 2
@@ -54,6 +56,12 @@ POD_DIR = "/etc/gpuinfra/rollout"
 # the inventory's check refuse a key its group may read (engine/rolloutshard.py copies it).
 MOUNTED_KEY = "/etc/gpuinfra/rollout-key/id_ed25519"
 POD_KEY = "/run/gpuinfra/id_ed25519"
+# The run's certificate beside its key, where ssh (and pyinfra, paramiko) look for it.
+CERT_SUFFIX = "-cert.pub"
+# A worker whose clock is ahead of the operator's by up to this still admits a new certificate.
+CLOCK_SKEW_S = 300
+# The Secrets the Job owns: the garbage collector deletes them with it, however the run ends.
+OWNED_SECRETS = ("gpuinfra-rollout-ssh", "gpuinfra-rollout-join")
 # kubeadm's join command, as `kubeadm token create --print-join-command` prints it.
 _JOIN_COMMAND = re.compile(r"--token\s+(\S+).*--discovery-token-ca-cert-hash\s+(sha256:[0-9a-f]+)")
 # The token outlives the Job's deadline by this much: a pod started late can still join.
@@ -71,6 +79,8 @@ class Rollout(jobs.InClusterJob):
     cfg: RolloutJobConfig | None = None
     roles: tuple[str, ...] = ()
     token: str = ""  # the join token: in memory, then in the Secret only
+    # This run's key and its certificate: in memory, then in the Secret only
+    identity: tuple[str, str] = ("", "")
     ca_hash: str = ""
     progress: list[dict] = field(default_factory=list)  # each shard's {pods, hosts}
     ledger: fleetgate.Ledger | None = None
@@ -166,6 +176,19 @@ def mint_token(rollout: Rollout) -> None:
     rollout.token, rollout.ca_hash = match[1], match[2]
 
 
+def certify_key(rollout: Rollout) -> None:
+    """A key for this run only, certified by the rollout authority (.state/, never sent) from
+    a little before now until the token's end: past the Job's deadline the workers refuse it,
+    whether or not the run's objects were ever deleted."""
+    assert rollout.cfg is not None
+    now = int(rollout.clock())
+    valid = (now - CLOCK_SKEW_S, now + rollout.cfg.deadline_seconds + TOKEN_MARGIN_S)
+    try:
+        rollout.identity = KEY.run_identity(rollout.loaded, rollout.cfg, rollout.run, valid)
+    except StateMissing as exc:
+        raise jobs.JobRefused(f"{exc}: apply with rollout_job.enabled first") from None
+
+
 def pod_inventory(loaded: LoadedCluster) -> str:
     """The inventory as the pods read it: the rollout key as root, the known_hosts beside it."""
     data = yaml.safe_load(Path(loaded.source).read_text())
@@ -198,7 +221,7 @@ def job_manifest(rollout: Rollout) -> str:
     """Every object of the Job as one YAML stream (it holds the key and the token: stdin only)."""
     loaded, cfg = rollout.loaded, rollout.cfg
     assert cfg is not None
-    key_base64 = jobs.key_base64(KEY, loaded)
+    private, cert = rollout.identity
     known = jobs.known_hosts_text(loaded)
     ledger = fleetgate.Ledger(
         run=rollout.run,
@@ -220,18 +243,44 @@ def job_manifest(rollout: Rollout) -> str:
         ledger=rollout.name,
         writable=[rollout.name, *(f"{rollout.name}-{i}" for i in range(count))],
         labels=rollout.labels(),
-        key_base64=key_base64,
+        key_base64=_base64(private.strip() + "\n"),
+        cert_base64=_base64(cert.strip() + "\n"),
         join_base64=base64.b64encode(join.encode()).decode(),
         inventory=pod_inventory(loaded),
         known_hosts=known,
         settings=json.dumps(pod_settings(rollout)),
         ledger_json=ledger.dump()[fleetgate.LEDGER_KEY],
         tolerations=job_tolerations(loaded, cfg),
+        network_policy=any(settings_of(loaded, n, "kubernetes").cni == "calico" for n in cfg.nodes),
+        egress=[str(loaded.cluster.networks.node)],
+        ports=[ssh_settings(loaded).port, loaded.cluster.api.port],
     )
 
 
+def _base64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
 def publish(rollout: Rollout) -> None:
+    """The objects, the Job suspended until the Secrets are its own (their owner's uid exists
+    only once it does): no pod holds the key before the collector would delete it."""
     rollout.apply_job(job_manifest(rollout))
+    uid = rollout.kubectl(
+        "read the Job's uid", f"get job {rollout.name} -o jsonpath={{.metadata.uid}}"
+    )
+    owner = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "name": rollout.name,
+        "uid": uid.strip(),
+    }
+    patch = shlex.quote(json.dumps({"metadata": {"ownerReferences": [owner]}}))
+    for secret in OWNED_SECRETS:
+        rollout.kubectl(
+            f"make {secret} the Job's", f"patch secret {secret} --type merge -p {patch}"
+        )
+    resume = shlex.quote(json.dumps({"spec": {"suspend": False}}))
+    rollout.kubectl("start the Job", f"patch job {rollout.name} --type merge -p {resume}")
 
 
 # -- wait, collect, delete -------------------------------------------------------------------

@@ -2,7 +2,7 @@
 /etc/gpuinfra/rollout/cluster.yml --job-shard`): its share of the workers applied with the
 operator's runner, each step granted by the shared ledger (engine/fleetgate.py), its joins paced
 by its own time slots (toolkit/pacing.py SlotPacer), its progress written after each step so a
-retried pod resumes. It has the inventory, the rollout key and a join token; no `.state/`.
+retried pod resumes. It has the inventory, its run's certified key and a join token; no `.state/`.
 
 Exit codes: 0 the shard ran to its end (its hosts' ends are in its progress, failures
 included), 1 the ledger could not be read or written (the Job retries the index), 2 bad input
@@ -25,6 +25,8 @@ SETTINGS_FORMAT = 1  # day2/rolloutjob.py writes it
 # day2/rolloutjob.py MOUNTED_KEY and POD_KEY: the Secret's file, and its 0400 copy in memory.
 MOUNTED_KEY = Path("/etc/gpuinfra/rollout-key/id_ed25519")
 POD_KEY = Path("/run/gpuinfra/id_ed25519")
+# CERT_SUFFIX there: the run's certificate, beside the key where ssh and paramiko look for it.
+CERT_SUFFIX = "-cert.pub"
 
 
 class ShardInputError(Exception):
@@ -77,6 +79,8 @@ def main(cluster_file: Path, api: fleetgate.LedgerApi | None = None, environ=os.
     try:
         if MOUNTED_KEY.exists():
             copy_key(MOUNTED_KEY, POD_KEY)
+            mounted_cert = MOUNTED_KEY.with_name(MOUNTED_KEY.name + CERT_SUFFIX)
+            copy_key(mounted_cert, POD_KEY.with_name(POD_KEY.name + CERT_SUFFIX))
     except OSError as exc:
         print(f"gpuinfra rollout shard: the rollout key: {exc.strerror}", file=sys.stderr)
         return 2

@@ -346,7 +346,10 @@ def _create(loaded: LoadedCluster, objects: list[dict[str, Any]]) -> None:
     failures: list[str] = []
 
     def finish(child: subprocess.Popen[str]) -> None:
-        _, err = child.communicate()
+        # Not communicate(): it flushes the stdin already written and closed below.
+        assert child.stderr is not None
+        err = child.stderr.read()
+        child.wait()
         if child.returncode != 0:
             failures.append((err.strip().splitlines() or ["(no output)"])[-1])
 
@@ -417,7 +420,7 @@ def scale(name: str, count: int) -> FleetResult:
         _create(loaded, fleet_nodes(loaded, missing))
     created = time.monotonic() - started
     if extra:
-        _kubectl(loaded, "delete", "nodes", "--wait=false", *extra)
+        _kubectl(loaded, "delete", "nodes", "--wait=false", "--ignore-not-found", *extra)
     if count:
         _wait_ready(name, loaded, count, started + READY_TIMEOUT_S)
     return FleetResult(

@@ -13,13 +13,14 @@ from typing import Any, Protocol, TypeVar
 from pydantic import BaseModel
 
 from inventory.model import Cluster, LoadedCluster
+from inventory.sizing import KUBERNETES_NODE_GROUPS
 from toolkit import nodes as node_taints
 from toolkit import sshkeys
 from toolkit.spec import ManagedFile
 from toolkit.statefiles import kept_secret
 
 # The Kubernetes nodes (the kubernetes role's groups): a Job's pods run on these only.
-NODE_GROUPS = ("control_plane", "gpu_worker", "cpu_worker")
+NODE_GROUPS = KUBERNETES_NODE_GROUPS
 CONTROL_PLANE_TAINT = "node-role.kubernetes.io/control-plane"
 
 Settings = TypeVar("Settings", bound=BaseModel)
@@ -85,13 +86,18 @@ def not_a_node(cluster: Cluster, role: str, node: str) -> tuple[str, str] | None
 class JobKey:
     """The ssh key a Job's pods log in with: made by the first enabled apply, kept 0600 under
     .state/ (`state_key`), admitted on the hosts only from the Job's nodes, their pods and its
-    `sources`, named `comment@cluster` in its keys file, which an sshd Match drop-in reads."""
+    `sources`, named `comment@cluster` in its keys file, which an sshd Match drop-in reads.
+
+    With a `principal`, the kept key is an authority that never leaves the operator's machine:
+    the hosts admit the certificates it signs for that principal (`run_identity`), each a new
+    key that expires with its run, in place of the kept key itself."""
 
     role: str
     state_key: str
     comment: str
     keys_file: str
     sshd_dropin: str
+    principal: str | None = None
 
     def private_key(self, state_dir: Path, access: str) -> str:
         """The key in OpenSSH's format."""
@@ -103,7 +109,24 @@ class JobKey:
     def keys_line(self, loaded: LoadedCluster, cfg: JobPlacement) -> str:
         sources = ",".join(self.key_sources(loaded, cfg))
         key = sshkeys.public_key(self.private_key(loaded.state_dir, loaded.state_access))
-        return f'restrict,from="{sources}" {key} {self.comment}@{loaded.cluster.name}\n'
+        options = f'restrict,from="{sources}"'
+        if self.principal is not None:
+            options = f'cert-authority,principals="{self.principal}",{options}'
+        return f"{options} {key} {self.comment}@{loaded.cluster.name}\n"
+
+    def run_identity(
+        self, loaded: LoadedCluster, cfg: JobPlacement, run: str, valid: tuple[int, int]
+    ) -> tuple[str, str]:
+        """A new key for one run and its certificate (private key, certificate line), signed
+        by the kept authority for the principal, valid between the epoch seconds of `valid`
+        and from the keys file's sources only. Never written here: the run's Secret holds it."""
+        assert self.principal is not None, f"{self.role}'s key is not an authority"
+        authority = self.private_key(loaded.state_dir, "existing")
+        private = sshkeys.new_ed25519()
+        key_id = f"{self.principal}@{loaded.cluster.name}/{run}"  # in sshd's log of each login
+        sources = self.key_sources(loaded, cfg)
+        cert = sshkeys.certificate(authority, private, self.principal, key_id, valid, sources)
+        return private, cert
 
     def login_files(
         self, loaded: LoadedCluster, cfg: JobPlacement, dropin: str

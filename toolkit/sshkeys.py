@@ -41,6 +41,38 @@ def public_key(private: str) -> str:
     )
 
 
+def certificate(
+    authority: str,
+    private: str,
+    principal: str,
+    key_id: str,
+    valid: tuple[int, int],
+    sources: tuple[str, ...],
+) -> str:
+    """An OpenSSH user certificate (`ssh-ed25519-cert-v01@openssh.com AAAA…`) of `private`'s
+    public half, signed by the `authority` key: for `principal` only, valid from and to the
+    epoch seconds of `valid`, from `sources` only (its critical source-address option, which
+    sshd checks like the keys file's from=). No extension: no pty, no forwarding, no agent."""
+    import secrets
+
+    from cryptography.hazmat.primitives import serialization
+
+    signer = serialization.load_ssh_private_key(authority.encode(), password=None)
+    subject = serialization.load_ssh_private_key(private.encode(), password=None)
+    builder = (
+        serialization.SSHCertificateBuilder()
+        .public_key(subject.public_key())  # type: ignore[arg-type]
+        .serial(secrets.randbits(64))
+        .type(serialization.SSHCertificateType.USER)
+        .key_id(key_id.encode())
+        .valid_principals([principal.encode()])
+        .valid_after(valid[0])
+        .valid_before(valid[1])
+        .add_critical_option(b"source-address", ",".join(sources).encode())
+    )
+    return builder.sign(signer).public_bytes().decode()  # type: ignore[arg-type]
+
+
 # sshd reads its drop-ins by `Include /etc/ssh/sshd_config.d/*.conf`: a staged drop-in (named
 # `.NAME.conf.gpuinfra-new`) is not read until it is moved into place, so it is checked
 # together with the live configuration, as sshd will read them, before it is.

@@ -10,6 +10,7 @@ from day2.etcd import common
 from day2.etcd.common import ENV, LOCAL, each, json_or_none, members, settings
 from inventory.model import LoadedCluster
 from inventory.topology import ETCD_METRICS_PORT
+from roles.etcd.config import quota_backend_bytes
 from roles.etcd.gate import GateResult, fio_command, judge
 from roles.etcd.pki import CertExpiry, expiry_report
 
@@ -234,7 +235,7 @@ def status(loaded: LoadedCluster) -> ClusterStatus:
         quorum=quorum,
         healthy_members=len(healthy),
         leader=leader,
-        quota_bytes=settings(loaded, hosts[0]).quota_backend_bytes,
+        quota_bytes=quota_backend_bytes(settings(loaded, hosts[0]), loaded.cluster),
         members=entries,
         alarms=alarms,
         certificates=expiry_report(loaded) if (loaded.state_dir / "etcd-pki").exists() else [],

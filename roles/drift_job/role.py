@@ -1,5 +1,6 @@
 """The drift job's record: the forced-command user on every host (with `enabled`), one firewall
-rule on the fleet-ops nodes, and the older Indexed Job manifest as a cluster file."""
+rule on the fleet-ops nodes, the older Indexed Job manifest as a cluster file, and the Job's
+service account."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from toolkit.spec import HostSettings, Phase, Role, lazy, settings_of
 from toolkit.ssh import ssh_settings
 from toolkit.sshkeys import pod_sources
 
+# The account `drift --job`'s pods run as (templates/drift_job/fleet-job.yaml.j2).
+SERVICE_ACCOUNT = "gpuinfra-drift"
+
 
 def fleet_config(loaded: LoadedCluster) -> DriftJobConfig:
     """The drift Job's settings, the same on every host: group_vars.all only (`checks` refuses
@@ -22,6 +26,14 @@ def fleet_config(loaded: LoadedCluster) -> DriftJobConfig:
 
 def cluster_config(cluster: Cluster) -> DriftJobConfig:
     return jobs.fleet_settings(cluster, "drift_job", DriftJobConfig)
+
+
+def service_accounts(loaded: LoadedCluster) -> list[tuple[str, str]]:
+    """(namespace, name) of the Job's account while it is enabled (dormant, it leaves no trace
+    in the cluster's objects): its pods mount no token today (they reach the hosts over ssh),
+    but the account is the Job's and fleet_policy classifies it all the same."""
+    cfg = fleet_config(loaded)
+    return [(cfg.namespace, SERVICE_ACCOUNT)] if cfg.enabled else []
 
 
 def phase_on(cluster: Cluster) -> bool:
@@ -106,5 +118,6 @@ ROLE = Role(
     ports=ports,
     cluster_files=lazy("roles.drift_job.files:cluster_files"),
     checks=checks,
+    provides={"service_accounts": service_accounts},
     summary="the fleet drift check as a Kubernetes Job: the probe's forced-command user, the Job",
 )

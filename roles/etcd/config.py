@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from inventory.sizing import cluster_sizing, explicit_or
+
+if TYPE_CHECKING:
+    from inventory.model import Cluster
 
 GIB = 2**30
 
@@ -23,8 +28,10 @@ class EtcdConfig(BaseModel):
     data_dir: str = "/var/lib/etcd"
     # ext4 is what etcd's own benchmarks and most operators run; fsync behaviour is well known.
     filesystem: Literal["ext4", "xfs"] = "ext4"
-    # OpenAI hit the 2 GiB default past 1,000 nodes; 8 GiB is etcd's advised maximum.
-    quota_backend_bytes: int = Field(8 * GIB, ge=GIB, le=8 * GIB)
+    # None: derived from the Kubernetes node count (inventory/sizing.py), 2 MiB a node between
+    # etcd's 2 GiB default and its advised 8 GiB maximum (OpenAI hit 2 GiB past 1,000 nodes).
+    # Set it above the database's size before a smaller derived quota would raise NOSPACE.
+    quota_backend_bytes: int | None = Field(None, ge=GIB, le=8 * GIB)
     # Keep 8 h of history (Kubespray's default); the API server compacts too, this is a floor.
     auto_compaction_mode: Literal["periodic", "revision"] = "periodic"
     auto_compaction_retention: str = "8h"
@@ -62,3 +69,8 @@ class EtcdConfig(BaseModel):
             # Otherwise every apply would renew every certificate and restart every member.
             raise ValueError("cert_days must be greater than cert_renew_days")
         return self
+
+
+def quota_backend_bytes(cfg: EtcdConfig, cluster: Cluster) -> int:
+    """The inventory's quota, or the one the fleet's object volume needs (inventory/sizing.py)."""
+    return explicit_or(cfg.quota_backend_bytes, cluster_sizing(cluster).etcd_quota_backend_bytes)

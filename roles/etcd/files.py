@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from inventory.model import LoadedCluster
 from inventory.topology import ETCD_CLIENT_PORT, ETCD_METRICS_PORT, ETCD_PEER_PORT
-from roles.etcd.config import EtcdConfig
+from roles.etcd.config import EtcdConfig, quota_backend_bytes
 from roles.etcd.pki import KeyPair, ensure_pki, trusted_cas
 from roles.etcd.release import binary_dir
 from toolkit.spec import HostContext, ManagedFile, host_config
@@ -87,7 +87,7 @@ def etcd_flags(ctx: HostContext) -> list[str]:
         f"--peer-cert-file={PKI}/peer.crt",
         f"--peer-key-file={PKI}/peer.key",
         f"--listen-metrics-urls={urls['metrics']},http://127.0.0.1:{ETCD_METRICS_PORT}",
-        f"--quota-backend-bytes={cfg.quota_backend_bytes}",
+        f"--quota-backend-bytes={quota_backend_bytes(cfg, ctx.cluster)}",
         f"--auto-compaction-mode={cfg.auto_compaction_mode}",
         f"--auto-compaction-retention={cfg.auto_compaction_retention}",
         f"--heartbeat-interval={cfg.heartbeat_interval_ms}",

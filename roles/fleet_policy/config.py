@@ -3,9 +3,10 @@ them (one set of Kubernetes objects serves the whole cluster)."""
 
 from __future__ import annotations
 
+import math
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from inventory.model import HostName
 
@@ -13,6 +14,10 @@ from inventory.model import HostName
 Quantity = Annotated[
     str, StringConstraints(pattern=r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 ]
+
+# What the API server allows a queuing configuration's shuffle sharding (its shufflesharding
+# package's MaxHashBits).
+MAX_HAND_ENTROPY_BITS = 60
 
 
 class BalloonPool(BaseModel):
@@ -31,6 +36,51 @@ class BalloonPool(BaseModel):
     team: str | None = None
     # Extra node labels to land on (e.g. a GPU model), on top of the team's.
     node_selector: dict[str, str] = Field(default_factory=dict)
+
+
+class FlowControl(BaseModel):
+    """API Priority and Fairness for gpuinfra's own in-cluster clients (flowcontrol v1): one
+    Limited priority level that a fleet operation's requests queue in, so a thousand GPU nodes'
+    health pods or a rollout's shards never take the seats of kubelets and controllers."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Numerically above every system schema Kubernetes installs (exempt 1, probes 2,
+    # system-leader-election 100, endpoint-controller 150, workload-leader-election 200,
+    # system-node-high 400, system-nodes 500, kube-controller-manager and kube-scheduler 800,
+    # kube-system-service-accounts 900), so node heartbeats and controllers are never ours;
+    # below service-accounts (9000), which would otherwise put our accounts in workload-low;
+    # off 1000, the precedence an operator's schema gets when it sets none, so no tie.
+    matching_precedence: int = Field(1500, gt=900, lt=9000)
+    # global-default's share (20): about 20/265 of the server's seats with the suggested levels
+    # (45 of the 600 a default API server has), ample for a few accounts' small requests and
+    # well below workload-low (100), node-high (40) and workload-high (40).
+    nominal_concurrency_shares: int = Field(20, ge=1)
+    # Fleet operations are occasional: half the seats go to the other levels while we are idle
+    # (global-default's and workload-high's value), the other half stays ready for a rollout.
+    lendable_percent: int = Field(50, ge=0, le=100)
+    # Never more than our own seats, even from idle levels: lent seats return only as our
+    # requests finish, so borrowing could hold what kubelets and controllers need back.
+    borrowing_limit_percent: int = Field(0, ge=0)
+    # A handful of flows (one per account, ByUser): 16 queues keep them apart (leader-election's
+    # count, the smallest of the suggested levels; workload levels' 128 serve many users).
+    queues: int = Field(16, ge=1)
+    # 4 queues dealt per flow (leader-election's hand): with 16 queues two of our accounts
+    # rarely share all four, and its 16 bits are well within the API server's 60 (below).
+    hand_size: int = Field(4, ge=1)
+    # Every suggested level's queue length: past 50 waiting requests a flow gets 429 and
+    # client-go retries after the server's Retry-After, instead of queueing without bound.
+    queue_length_limit: int = Field(50, ge=1)
+
+    @model_validator(mode="after")
+    def _hand_fits(self) -> FlowControl:
+        # The API server's own checks on a queuing configuration (ValidatePriorityLevel...):
+        # a hand no larger than the deck, and shuffle sharding's entropy at most 60 bits.
+        if self.hand_size > self.queues:
+            raise ValueError("hand_size must not exceed queues")
+        if math.ceil(math.log2(self.queues) * self.hand_size) > MAX_HAND_ENTROPY_BITS:
+            raise ValueError(f"queues and hand_size need more than {MAX_HAND_ENTROPY_BITS} bits")
+        return self
 
 
 class FleetPolicyConfig(BaseModel):
@@ -74,5 +124,7 @@ class FleetPolicyConfig(BaseModel):
             "DCGM_FI_PROF_DRAM_ACTIVE",
         ]
     )
+    # The priority level and flow schema of gpuinfra's own API clients (flow-control.yaml).
+    flow_control: FlowControl = Field(default_factory=FlowControl)
     # Where the control plane nodes keep the scheduler's configuration (kubeadm mounts it).
     scheduler_config_path: str = "/etc/kubernetes/gpuinfra/kube-scheduler-config.yaml"

@@ -1,5 +1,6 @@
 """The fleet policy's cluster-wide files under OUT/_cluster/: Kubernetes manifests (team
-isolation, balloons, GPU metrics), the scheduler's configuration and the control plane's
+isolation, balloons, GPU metrics, API Priority and Fairness for gpuinfra's own clients), the
+scheduler's configuration and the control plane's
 kubeadm settings for in-tree gang scheduling, and per-node labels and taints for the kubernetes
 role. The series kept at scrape time go to the monitoring role (`metric_rules`).
 
@@ -36,6 +37,9 @@ NAMESPACE = f"{KUBERNETES_DIR}/namespace.yaml"
 TEAMS = f"{KUBERNETES_DIR}/teams.yaml"
 BALLOONS = f"{KUBERNETES_DIR}/balloons.yaml"
 GPU_METRICS = f"{KUBERNETES_DIR}/gpu-metrics.yaml"
+FLOW_CONTROL = f"{KUBERNETES_DIR}/flow-control.yaml"
+# The priority level and the flow schema that puts gpuinfra's own accounts in it.
+FLEET_PRIORITY_LEVEL = "gpuinfra-fleet-jobs"
 # Files for the control plane hosts, placed by the kubernetes role with kubeadm.
 SCHEDULER_CONFIG = "scheduler/kube-scheduler-config.yaml"
 KUBEADM_CLUSTER_CONFIGURATION = "scheduler/kubeadm-cluster-configuration.yaml"
@@ -51,6 +55,14 @@ SYSTEM_NAMESPACES = ("kube-system", "kube-node-lease", "kube-public")
 gpu_health_config = provided("gpu_health", "cluster_config")
 # Whether a GPU worker gets the nvidia container runtime (the nvidia role's packages).
 nvidia_runtime_installed = provided("nvidia", "runtime_installed")
+# The accounts the roles' in-cluster pods call the API server as: the GPU health checks and
+# sampler, the drift Job, the rollout Job. The device plugin, DCGM exporter and balloons (this
+# role's) run as their namespace's default account with no token: they never call it.
+fleet_accounts = (
+    provided("gpu_health", "service_accounts"),
+    provided("drift_job", "service_accounts"),
+    provided("rollout_job", "service_accounts"),
+)
 
 # etcd's debugging and per-method gRPC series; the alerts use fsync/commit latency and leader.
 ETCD_DROP = ["etcd_debugging_.*", "grpc_server_handled_total", "grpc_server_msg_.*", "go_.*"]
@@ -141,6 +153,12 @@ def template_context(loaded: LoadedCluster) -> dict[str, Any]:
     }
 
 
+def service_accounts(loaded: LoadedCluster) -> list[tuple[str, str]]:
+    """(namespace, name) of every gpuinfra account the flow schema matches, sorted, each once
+    (the two Jobs share a namespace by default)."""
+    return sorted({account for accounts in fleet_accounts for account in accounts(loaded)})
+
+
 def scheduler_client(loaded: LoadedCluster) -> Any:
     """The kubernetes role's settings of the first control-plane node (its defaults without one):
     the scheduler's client limits come from there."""
@@ -190,6 +208,13 @@ def cluster_files(loaded: LoadedCluster) -> dict[str, str]:
             "fleet_policy/balloons.yaml.j2", **common, pools=balloon_pools(cluster, cfg)
         ),
         GPU_METRICS: render_template("fleet_policy/gpu-metrics.yaml.j2", **common),
+        FLOW_CONTROL: render_template(
+            "fleet_policy/flow-control.yaml.j2",
+            **common,
+            flow=cfg.flow_control,
+            level=FLEET_PRIORITY_LEVEL,
+            accounts=service_accounts(loaded),
+        ),
     }
     check_manifests(manifests, cluster.versions.kubernetes)
     scheduler = scheduler_files(loaded, common)

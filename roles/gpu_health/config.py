@@ -78,8 +78,13 @@ class GpuHealthConfig(BaseModel):
     namespace: str = "gpu-health"
     # Four times a day, off the hour, so it does not coincide with hourly batch starts.
     cronjob_schedule: str = "17 */6 * * *"
-    # Pods per CronJob run, each on a different idle node: a random sample, not a fleet sweep.
-    cronjob_parallelism: int = Field(2, ge=1)
+    # Every GPU worker gets a full check about once a month: shorter than a training campaign, so
+    # a GPU that went bad between jobs (row remaps piling up, a link trained down) is found
+    # before the next long run lands on it, for minutes of GPU time per node a month.
+    retest_interval_days: int = Field(30, ge=1, le=365)
+    # Nodes per CronJob run, each a different idle node: unset, derived from the GPU workers and
+    # the schedule's runs per interval (sampling.py); set, that many whatever the fleet's size.
+    cronjob_parallelism: int | None = Field(None, ge=1)
     # Passive checks (ECC, Xid, throttling, links) are cheap: every five minutes on every node.
     passive_interval_s: int = Field(300, ge=30)
     # Debian/Ubuntu prometheus-node-exporter's textfile collector directory.

@@ -8,7 +8,8 @@ from typing import Any
 
 from inventory.model import LoadedCluster
 from roles import gpu_health
-from roles.gpu_health.config import GpuHealthConfig, cluster_config, parse_budget
+from roles.gpu_health.config import GpuHealthConfig, cluster_config
+from roles.gpu_health.sampling import periodic_sample
 from toolkit.spec import host_config
 from toolkit.templates import render_template
 
@@ -52,7 +53,7 @@ def cluster_files(loaded: LoadedCluster) -> dict[str, str]:
         "annotation": gpu_health.HEALTH_ANNOTATION,
         "condition": gpu_health.HEALTH_CONDITION,
         "gpu_workers": len(workers),
-        "budget": parse_budget(cfg.cordon_budget, len(workers)),
+        "sample": periodic_sample(cfg, len(workers)),
         # The CronJob asks for a whole node; the largest one still fits on itself.
         "gpus_per_node": max(gpu.count for name in workers if (gpu := cluster.hosts[name].gpu)),
     }

@@ -72,6 +72,9 @@ class KubernetesConfig(BaseModel):
     image_repository: str = "registry.k8s.io"
     # CoreDNS's image tag; None: the one this kubeadm release names.
     coredns_image_tag: str | None = Field(None, pattern=r"^v\d+\.\d+\.\d+$")
+    # CoreDNS replicas, one node each while nodes allow. None: one per 16 nodes, at least 2
+    # (cluster-proportional-autoscaler's linear rule, inventory/sizing.py).
+    coredns_replicas: int | None = Field(None, ge=1)
 
     # The pod network. "calico": Calico in BGP mode (production). "routes": the reference CNI
     # plugins (bridge, host-local) with one pod block per node taken from the inventory and a
@@ -108,9 +111,11 @@ class KubernetesConfig(BaseModel):
     # Seconds a joined control-plane node gets to answer /healthz and to turn Ready.
     ready_timeout_s: int = Field(300, ge=10)
 
-    # Large-cluster API server settings (each one's reason is in roles/kubernetes/kubeadm.py).
-    max_requests_inflight: int = Field(800, ge=1)
-    max_mutating_requests_inflight: int = Field(400, ge=1)
+    # The API server's read and write slots (summed into its total concurrency under API
+    # Priority and Fairness). None: derived from the inventory's node count, upstream's 400/200
+    # up to ~670 nodes, 3,000/1,000 from 5,000 (inventory/sizing.py says why).
+    max_requests_inflight: int | None = Field(None, ge=1)
+    max_mutating_requests_inflight: int | None = Field(None, ge=1)
     # Events in their own etcd (large-cluster option): "https://host:2379" endpoints, or none.
     events_etcd_endpoints: list[str] = Field(default_factory=list)
     # Audit log: kept 7 days, 10 files of 100 MB, so the control plane's disk never fills.

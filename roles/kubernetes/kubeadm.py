@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from inventory.sizing import cluster_sizing, explicit_or
 from roles.kubernetes import models as m
 from roles.kubernetes.apiproxy import api_endpoint
 from roles.kubernetes.audit import AUDIT_LOG_DIR, AUDIT_POLICY
@@ -48,20 +49,37 @@ class Flag:
     reason: str
 
 
-def api_server_flags(ctx: HostContext, cfg: KubernetesConfig) -> list[Flag]:
-    cluster = ctx.cluster
-    flags = [
+def inflight_flags(ctx: HostContext, cfg: KubernetesConfig) -> list[Flag]:
+    """The API server's slots: the inventory's, or sized for its node count. No watch cache
+    flag: the API server sizes its watch caches itself (inventory/sizing.py)."""
+    fleet = cluster_sizing(ctx.cluster)
+    reads, writes = cfg.max_requests_inflight, cfg.max_mutating_requests_inflight
+
+    def origin(explicit: int | None, rule: str) -> str:
+        if explicit is not None:
+            return "set in the inventory"
+        return f"sized for {fleet.nodes} nodes, {rule} (inventory/sizing.py)"
+
+    return [
         Flag(
             "max-requests-inflight",
-            str(cfg.max_requests_inflight),
-            "API Priority and Fairness shares this many read slots; the 400 default queues "
-            "list calls of thousands of kubelets",
+            str(explicit_or(reads, fleet.max_requests_inflight)),
+            "read slots, summed with the write slots into what API Priority and Fairness "
+            f"shares out; {origin(reads, 'upstream 400 up to 0.6 a node, at most 3,000')}",
         ),
         Flag(
             "max-mutating-requests-inflight",
-            str(cfg.max_mutating_requests_inflight),
-            "writes (node status, leases) of a large fleet; default 200",
+            str(explicit_or(writes, fleet.max_mutating_requests_inflight)),
+            "write slots (node status, leases); "
+            + origin(writes, "a third of the read slots, at least upstream's 200"),
         ),
+    ]
+
+
+def api_server_flags(ctx: HostContext, cfg: KubernetesConfig) -> list[Flag]:
+    cluster = ctx.cluster
+    flags = [
+        *inflight_flags(ctx, cfg),
         Flag(
             "audit-policy-file",
             AUDIT_POLICY,

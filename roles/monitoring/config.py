@@ -14,8 +14,9 @@ class MonitoringConfig(BaseModel):
     retention_time: str = Field("15d", pattern=r"^\d+[smhdwy]$")
     # Cap on disk use as well (e.g. "50GB"): the oldest blocks go first. None: time only.
     retention_size: str | None = Field(None, pattern=r"^\d+(B|KB|MB|GB|TB|PB|EB)$")
-    # 15 s resolves a 1-minute rate with four samples; Prometheus's default 1 m does not.
-    scrape_interval: str = Field("15s", pattern=r"^\d+[smh]$")
+    # None: derived from the fleet's size (inventory/sizing.py): 15 s, which resolves a 1-minute
+    # rate with four samples, until one Prometheus's samples/s budget needs up to 60 s.
+    scrape_interval: str | None = Field(None, pattern=r"^\d+[smh]$")
     evaluation_interval: str = Field("15s", pattern=r"^\d+[smh]$")
     # How long a host's node exporter must be unreachable before NodeDown fires: longer than a
     # reboot's blip, short enough to page before a job notices.

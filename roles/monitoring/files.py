@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from inventory.model import LoadedCluster
+from inventory.sizing import cluster_sizing, explicit_or
 from roles.monitoring.config import MonitoringConfig
 from roles.monitoring.dashboards import DASHBOARDS
 from roles.monitoring.targets import PROMETHEUS_PORT, scrape_jobs
@@ -59,6 +60,12 @@ def gpu_health_stale_seconds(loaded: LoadedCluster) -> int:
     return GPU_HEALTH_STALE_RUNS * max(intervals or [default])
 
 
+def scrape_interval(loaded: LoadedCluster, cfg: MonitoringConfig) -> str:
+    """The inventory's scrape_interval, or the one the fleet's scrape budget allows."""
+    derived = f"{cluster_sizing(loaded.cluster).scrape_interval_s}s"
+    return explicit_or(cfg.scrape_interval, derived)
+
+
 def prometheus_files(ctx: HostContext) -> list[ManagedFile]:
     cfg = ctx.config(MonitoringConfig)
     defaults = render_template(
@@ -76,6 +83,7 @@ def prometheus_files(ctx: HostContext) -> list[ManagedFile]:
     config = render_template(
         "monitoring/prometheus.yml.j2",
         cfg=cfg,
+        scrape_interval=scrape_interval(ctx.loaded, cfg),
         cluster=ctx.cluster,
         jobs=scrape_jobs(ctx.cluster, cfg.dcgm_exporter_port),
         job_rules=metric_rules(ctx.loaded),

@@ -1,5 +1,6 @@
 """The rollout Job's record: with `enabled`, the worker groups admit the rollout key as root
-from the Job's nodes (a keys file and an sshd Match for root); nothing on any other host."""
+from the Job's nodes (a keys file and an sshd Match for root); nothing on any other host. And
+the Job's service account, for fleet_policy's flow schema."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from toolkit.spec import HostSettings, Phase, Role, lazy
 # plane, load balancers, DNS) roll one at a time or together, which a Job's shards cannot
 # coordinate: `apply --job` refuses them (day2/rolloutjob.py).
 WORKER_GROUPS = ("gpu_worker", "cpu_worker")
+# The account `apply --job`'s pods update the ledger as (templates/rollout_job/rollout-job.yaml.j2).
+SERVICE_ACCOUNT = "gpuinfra-rollout"
 
 
 def fleet_config(loaded: LoadedCluster) -> RolloutJobConfig:
@@ -22,6 +25,13 @@ def fleet_config(loaded: LoadedCluster) -> RolloutJobConfig:
 
 def cluster_config(cluster: Cluster) -> RolloutJobConfig:
     return jobs.fleet_settings(cluster, "rollout_job", RolloutJobConfig)
+
+
+def service_accounts(loaded: LoadedCluster) -> list[tuple[str, str]]:
+    """(namespace, name) of the Job's account while it is enabled (dormant, it leaves no trace
+    in the cluster's objects)."""
+    cfg = fleet_config(loaded)
+    return [(cfg.namespace, SERVICE_ACCOUNT)] if cfg.enabled else []
 
 
 def checks(loaded: LoadedCluster, settings: HostSettings) -> Iterator[tuple[str, str]]:
@@ -55,5 +65,6 @@ ROLE = Role(
         ),
     ),
     checks=checks,
+    provides={"service_accounts": service_accounts},
     summary="worker rollouts as a Kubernetes Job: the rollout key on the workers",
 )

@@ -29,7 +29,9 @@ import pytest
 import yaml
 from cryptography import x509
 
+from benchmarks import control_plane
 from cli.exitcodes import ExitCode
+from lab import fleet as fleet_lab
 from lab import gobuild, lifecycle, offline
 from lab.topology import Topology, default_topology
 from tests.integration.conftest import KEEP_ENV, LAB_NAME, LabCluster, boot_lab
@@ -806,3 +808,132 @@ def test_a_worker_removed_is_drained_and_reset_and_joins_again(cluster):
         check=lambda: ready(cluster.get("node", "cpu-1")),
         seconds=300,
     )
+
+
+# ---------------------------------------------------------------- a simulated fleet (issue 44)
+
+FLEET = 200  # simulated GPU nodes (kwok, lab/fleet.py), dealt round the two teams: 100 each
+GANG_NODES = 64  # the issue's gang: 64 nodes of 8 GPUs, one pod per node
+WAITING_GANG = 40  # more than the 36 team nodes the first gang leaves free
+
+
+@dataclass(frozen=True)
+class Fleet:
+    cluster: Cluster
+    before: dict  # the control plane's metrics before the fleet registered
+    result: fleet_lab.FleetResult
+
+
+@pytest.fixture(scope="module")
+def fleet(cluster) -> Iterator[Fleet]:
+    """FLEET simulated GPU nodes on the lab's real API servers and etcd, registered through
+    the balancer as the inventory's GPU workers; gone again (and kwok stopped) afterwards."""
+    loaded = cluster.lab.loaded
+    fleet_lab.scale(cluster.lab.name, 0)  # a kept lab's earlier fleet: registered in the step
+    before = control_plane.reading(cluster.lab.name, loaded)
+    try:
+        yield Fleet(cluster, before, fleet_lab.scale(cluster.lab.name, FLEET))
+    finally:
+        fleet_lab.scale(cluster.lab.name, 0)
+        fleet_lab.stop_controller(cluster.lab.name)
+
+
+def team_nodes(cluster: Cluster, team: str) -> list[dict]:
+    nodes = cluster.get("nodes", "-l", f"gpuinfra.io/team={team}")["items"]
+    return [n for n in nodes if n["metadata"].get("annotations", {}).get(fleet_lab.MANAGED_KEY)]
+
+
+def test_a_simulated_fleet_registers_ready_as_the_inventorys_gpu_workers(fleet):
+    """Every simulated node is Ready with a Lease, carries the GPU worker's 8 GPUs, its team's
+    label and taint and the preflight taint (no burn-in has passed on it)."""
+    cluster = fleet.cluster
+    assert fleet.result.nodes == FLEET and fleet.result.created == FLEET
+    for team in (TEAM, OTHER_TEAM):
+        nodes = team_nodes(cluster, team)
+        assert len(nodes) == FLEET // 2, (team, len(nodes))
+        for node in nodes:
+            assert ready(node), node["metadata"]["name"]
+            assert node["status"]["allocatable"]["nvidia.com/gpu"] == "8"
+            taints = {(t["key"], t.get("value")) for t in node["spec"]["taints"]}
+            assert {("gpuinfra.io/team", team), ("gpuinfra.io/preflight", "true")} <= taints
+
+
+def gpu_gang(name: str, size: int) -> list[dict]:
+    """A team's training job: `size` pods of 8 GPUs in one Workload, each on a node of its own."""
+    workload, *pods = gang(name, "100m", size)
+    workload["metadata"]["namespace"] = TEAM
+    for pod in pods:
+        pod["metadata"]["namespace"] = TEAM
+        spec = pod["spec"]
+        del spec["nodeSelector"]
+        spec["tolerations"] = [{"key": "gpuinfra.io/team", "value": TEAM, "effect": "NoSchedule"}]
+        spec["containers"][0]["resources"] = {
+            "requests": {"cpu": "100m", "nvidia.com/gpu": "8"},
+            "limits": {"nvidia.com/gpu": "8"},
+        }
+    return [workload, *pods]
+
+
+def test_a_64_node_gang_runs_on_the_fleet_and_one_that_cannot_fit_waits_whole(fleet):
+    """Once the gate has passed on the team's simulated nodes (its taint lifted by hand, as
+    the gate lifts it: no burn-in runs on a simulated node), a gang of 64 8-GPU pods runs;
+    a gang of 40 then finds 36 free nodes and stays pending whole, and runs once the first
+    gang's room is made. The other team's pods stay refused from this team's nodes."""
+    cluster = fleet.cluster
+    research = [n["metadata"]["name"] for n in team_nodes(cluster, TEAM)]
+    cluster.kubectl("taint", "nodes", *research, "gpuinfra.io/preflight:NoSchedule-")
+    refused = cluster.create(team_pod(OTHER_TEAM, TEAM), dry_run=True, check=False)
+    assert "gpuinfra-team-tolerations" in refused.stderr, refused.stderr
+
+    def members(name: str) -> list[dict]:
+        return cluster.get("pods", "-n", TEAM, "-l", f"gang={name}")["items"]
+
+    def running(name: str) -> int:
+        return sum(p["status"].get("phase") == "Running" for p in members(name))
+
+    started = time.monotonic()
+    cluster.create(*gpu_gang("gang-64", GANG_NODES))
+    try:
+        eventually(
+            what=f"the {GANG_NODES} members to run",
+            check=lambda: running("gang-64") == GANG_NODES,
+            seconds=300,
+        )
+        print(f"a gang of {GANG_NODES} nodes ran {time.monotonic() - started:.1f} s after its"
+              " creation")  # fmt: skip
+        assert len({p["spec"]["nodeName"] for p in members("gang-64")}) == GANG_NODES
+        cluster.create(*gpu_gang("gang-waits", WAITING_GANG))
+        time.sleep(20)  # several scheduling cycles
+        assert not any(p["spec"].get("nodeName") for p in members("gang-waits")), (
+            "a member of the gang that cannot fit was bound"
+        )
+        cluster.kubectl("delete", "-n", TEAM, "pod", "-l", "gang=gang-64", "--wait=false")
+        eventually(
+            what=f"the {WAITING_GANG} members to run once there is room",
+            check=lambda: running("gang-waits") == WAITING_GANG,
+            seconds=300,
+        )
+    finally:
+        for name in ("gang-64", "gang-waits"):
+            cluster.kubectl("delete", "-n", TEAM, "pod", "-l", f"gang={name}", "--now",
+                            check=False)  # fmt: skip
+            cluster.kubectl("delete", "-n", TEAM, "workload", name, "--now", check=False)
+
+
+def test_the_control_planes_slis_are_recorded_under_the_fleet(fleet):
+    """The figures `make bench`'s control-plane suite reads (benchmarks/control_plane.py) exist
+    under the fleet: node registrations and lease renewals with a p99 latency, and each etcd
+    member's WAL fsync and backend commit p99 and database size."""
+    cluster = fleet.cluster
+    after = control_plane.reading(cluster.lab.name, cluster.lab.loaded)
+    step = control_plane.step_figures(fleet.before, after)
+    for call in ("POST nodes", "PUT leases"):
+        # Keyed "<verb> <resource> <scope>"; a single object's scope is "resource".
+        entry = step["requests"].get(f"{call} resource", {})
+        assert entry.get("count", 0) >= FLEET, (call, sorted(step["requests"]))
+        assert all(p99 is not None for p99 in entry["p99"].values()), (call, entry)
+    assert set(step["etcd"]) == set(cluster.lab.loaded.cluster.in_group("etcd"))
+    for member, figures in step["etcd"].items():
+        assert figures["db_bytes"] and figures["wal_fsync_count"] > 0, (member, figures)
+        assert figures["wal_fsync_p99_s"] is not None, (member, figures)
+    print(control_plane.summary(FLEET, {**step, "fleet": fleet.result.__dict__, "load": ""}))

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from cli.exitcodes import ExitCode
+from inventory.sizing import cluster_sizing
 from lab import lifecycle
 from lab.topology import HostSpec, Topology
 from tests.helpers import GPUINFRA, gpuinfra
@@ -125,7 +126,9 @@ def test_five_members_healthy_over_mutual_tls(lab, converged):
     data = wait_healthy(lab)
     assert data["healthy_members"] == 5 and data["leader"] in MEMBERS
     assert {m["name"] for m in data["members"]} == set(MEMBERS)
-    assert data["quota_bytes"] == 8 * 2**30 and data["alarms"] == []
+    # The quota the inventory derives from its node count (inventory/sizing.py): 2 GiB here.
+    assert data["quota_bytes"] == cluster_sizing(lab.loaded.cluster).etcd_quota_backend_bytes
+    assert data["alarms"] == []
     assert all(m["wal_fsync_p99_ms"] is not None for m in data["members"])
     assert etcdctl(lab, "put mtls/probe yes").stdout.strip() == "OK"
 

@@ -23,10 +23,16 @@ from itertools import pairwise
 import pytest
 
 from cli.exitcodes import ExitCode
+from engine.context import load
+from roles.rollout_job.files import KEY
+from roles.rollout_job.files import STATE_KEY as ROLLOUT_STATE_KEY
+from roles.rollout_job.role import fleet_config
 from tests.helpers import GPUINFRA
 from tests.integration.jobs_helpers import job_lab
 from tests.integration.roles_helpers import gpuinfra
 from tests.integration.test_kubernetes import LAB_NAME, WORKERS, Cluster
+from toolkit import sshkeys
+from toolkit.ssh import ssh_argv
 
 pytestmark = [pytest.mark.integration, pytest.mark.fleetjob]
 
@@ -122,8 +128,9 @@ def wait_in_flight(cluster: Cluster, seconds: int = 300) -> dict:
 
 def rollout_sessions(cluster: Cluster, host: str, since: float) -> list[tuple[int, int, str]]:
     """(opened, closed, host) in microseconds of each SSH session on `host` since `since` that
-    logged in with the rollout key (by its fingerprint), from sshd's journal."""
-    key = cluster.inventory.parent / ".state" / "rollout" / "id_ed25519"
+    logged in with a certificate of the rollout authority (sshd's line ends with the
+    authority's fingerprint), from sshd's journal."""
+    key = cluster.inventory.parent / ".state" / ROLLOUT_STATE_KEY
     fingerprint = subprocess.run(
         ["ssh-keygen", "-l", "-f", str(key)], capture_output=True, text=True, check=True
     ).stdout.split()[1]
@@ -230,3 +237,48 @@ def test_a_local_apply_while_the_job_runs_exits_8_naming_it(cluster, tmp_path):
             job.kill()
     assert job.returncode == ExitCode.OK, stderr
     wait_ready(cluster)
+
+
+def login_from_node(
+    cluster: Cluster, private: str, cert: str | None
+) -> subprocess.CompletedProcess:
+    """`ssh root@<worker> true` from the Job's node with this key (and certificate), as a pod
+    there reaches the workers (from the node's address); the key goes over stdin, never argv."""
+    loaded = cluster.lab.loaded
+    folder = "/root/.rollout-login-test"
+    files = {"id_ed25519": private, "id_ed25519-cert.pub": cert or "", "known_hosts": ""}
+    known = cluster.lab.ssh(NODE, f"ssh-keyscan -t ed25519 {cluster.lab.address(WORKERS[0])}")
+    files["known_hosts"] = known.stdout
+    for name, text in files.items():
+        write = f"mkdir -p -m 700 {folder} && umask 077 && cat > {folder}/{name}"
+        subprocess.run(ssh_argv(loaded, NODE) + [write], input=text, text=True, check=True)
+    if cert is None:
+        cluster.lab.ssh(NODE, f"rm {folder}/id_ed25519-cert.pub")
+    options = (
+        f"-o BatchMode=yes -o IdentitiesOnly=yes -o UserKnownHostsFile={folder}/known_hosts "
+        "-o StrictHostKeyChecking=yes -o ConnectTimeout=10"
+    )
+    command = f"ssh {options} -i {folder}/id_ed25519 root@{cluster.lab.address(WORKERS[0])} true"
+    try:
+        return cluster.lab.ssh(NODE, command, check=False)
+    finally:
+        cluster.lab.ssh(NODE, f"rm -rf {folder}")
+
+
+def test_the_workers_admit_an_authority_certificate_only_while_it_is_valid(cluster):
+    """The rollout's key is per run: a new key certified by the authority kept in .state/. A
+    certificate valid now is admitted from the Job's node (the control); one whose run ended,
+    one for another principal, and the authority's own key are refused."""
+    loaded = load(cluster.inventory)
+    cfg = fleet_config(loaded)
+    now = int(time.time())
+    private, cert = KEY.run_identity(loaded, cfg, "test", (now - 60, now + 600))
+    admitted = login_from_node(cluster, private, cert)
+    assert admitted.returncode == 0, admitted.stderr
+    _, ended = KEY.run_identity(loaded, cfg, "ended", (now - 7200, now - 3600))
+    assert login_from_node(cluster, private, ended).returncode == 255
+    authority = KEY.private_key(loaded.state_dir, "existing")
+    sources = KEY.key_sources(loaded, cfg)
+    other = sshkeys.certificate(authority, private, "root", "other", (now - 60, now + 600), sources)
+    assert login_from_node(cluster, private, other).returncode == 255
+    assert login_from_node(cluster, authority, None).returncode == 255

@@ -82,6 +82,13 @@ def local_host(motd: bytes = b"", fail: int = 0, tamper: bool = False):
     return runner
 
 
+def sample_in(folder: Path):
+    """The sample inventory with its state in `folder` (state_dir is derived from base_dir):
+    records written by a test stay out of the checkout's inventory/sample."""
+    (folder / ".state").mkdir(mode=0o700)
+    return load(SAMPLE / "cluster.yml").model_copy(update={"base_dir": folder})
+
+
 def save(loaded, name="cpu-1", **changes) -> Record:
     kept = record(**changes)
     save_record(loaded.state_dir, name, kept)
@@ -89,7 +96,7 @@ def save(loaded, name="cpu-1", **changes) -> Record:
 
 
 def test_the_digest_is_the_answers_output_digest_whatever_the_login_printed(tmp_path: Path):
-    loaded = load(SAMPLE / "cluster.yml").model_copy(update={"state_dir": tmp_path})
+    loaded = sample_in(tmp_path)
     name = next(iter(loaded.cluster.hosts))
     save(loaded, name)
     runner = local_host(motd=b"Welcome to Ubuntu\nhello\n")
@@ -104,7 +111,7 @@ def test_the_digest_is_the_answers_output_digest_whatever_the_login_printed(tmp_
 
 
 def test_a_failed_install_leaves_no_digest(tmp_path: Path):
-    loaded = load(SAMPLE / "cluster.yml").model_copy(update={"state_dir": tmp_path})
+    loaded = sample_in(tmp_path)
     name = next(iter(loaded.cluster.hosts))
     save(loaded, name, probe_digest="old")
     failed = install_probes(loaded, [name], local_host(fail=255))
@@ -113,7 +120,7 @@ def test_a_failed_install_leaves_no_digest(tmp_path: Path):
 
 
 def test_an_answer_unlike_the_record_leaves_no_digest(tmp_path: Path):
-    loaded = load(SAMPLE / "cluster.yml").model_copy(update={"state_dir": tmp_path})
+    loaded = sample_in(tmp_path)
     name = next(iter(loaded.cluster.hosts))
     save(loaded, name)
     failed = install_probes(loaded, [name], local_host(tamper=True))

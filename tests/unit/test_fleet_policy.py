@@ -82,6 +82,8 @@ def test_render_writes_every_fleet_object(rendered):
         ("DaemonSet", "dcgm-exporter"),
         ("DaemonSet", "gpu-health-preflight"),
         ("CronJob", "gpu-health-periodic"),
+        ("PriorityLevelConfiguration", "gpuinfra-fleet-jobs"),
+        ("FlowSchema", "gpuinfra-fleet-jobs"),
     ]:
         assert wanted in kinds
     for path in [
@@ -104,7 +106,7 @@ def test_every_rendered_object_is_valid_for_the_pinned_kubernetes(rendered):
     # The periodic check's Job template, which the sampler creates per node, is checked too.
     config = find(rendered, "kubernetes/gpu-health.yaml", "ConfigMap")
     objects.append(("periodic-job.yaml", yaml.safe_load(config["data"]["periodic-job.yaml"])))
-    assert len(objects) == 36  # drift job (1), gpu-health (21 + the Job), fleet policy (13)
+    assert len(objects) == 38  # drift job (1), gpu-health (21 + the Job), fleet policy (15)
     crds = crd_schemas(obj for _, obj in objects)
     version = load(SAMPLE).cluster.versions.kubernetes
     problems = [

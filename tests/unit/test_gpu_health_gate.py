@@ -288,6 +288,14 @@ def test_the_draw_is_uniform_over_the_eligible_nodes():
     assert all(300 < count < 500 for count in counts.values()), counts
 
 
+def test_a_large_sample_draws_distinct_nodes():
+    # The sample grows with the fleet (roles/gpu_health/sampling.py): 63 a run of 7,500.
+    nodes = [ready_gpu_node(f"gpu-{i}") for i in range(7500)]
+    api = RecordingJobs(nodes)
+    gate.run_sample(api, 63, JOB_TEMPLATE, "nvidia.com/gpu", random.Random(3))
+    assert len({pinned_to(job) for job in api.jobs}) == 63
+
+
 def test_a_sample_larger_than_the_fleet_takes_every_eligible_node():
     nodes = [ready_gpu_node("gpu-1"), ready_gpu_node("gpu-2", cordoned=True)]
     chosen = gate.choose_nodes(nodes, 5, "nvidia.com/gpu", random.Random(1))

@@ -17,6 +17,7 @@ from inventory.errors import InventoryInvalid
 from roles import gpu_health
 from roles.gpu_health.config import GpuHealthConfig
 from roles.gpu_health.files import MANIFEST, cluster_files
+from roles.gpu_health.sampling import cluster_sample
 from toolkit.templates import render_template
 
 SAMPLE = Path(__file__).resolve().parents[2] / "inventory" / "sample"
@@ -143,7 +144,8 @@ def test_cronjob_draws_nodes_and_each_check_job_takes_a_whole_node():
         "gpuhealth.gate",
         "sample",
     ]
-    assert f"--count={cfg.cronjob_parallelism}" in sampler["containers"][0]["command"]
+    per_run = cluster_sample(load(SAMPLE)).per_run
+    assert f"--count={per_run}" in sampler["containers"][0]["command"]
     assert "limits" not in sampler["containers"][0]["resources"]  # the sampler holds no GPU
     job = yaml.safe_load(docs["ConfigMap"]["data"]["periodic-job.yaml"])
     assert job["kind"] == "Job" and job["spec"]["backoffLimit"] == 0

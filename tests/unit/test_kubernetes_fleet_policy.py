@@ -18,6 +18,7 @@ from pyinfra.facts.files import Sha1File
 from engine.context import cluster_files, host_context, load
 from roles.fleet_policy import files as fleet_files
 from roles.kubernetes import operations as kube_ops
+from roles.kubernetes.coredns import COREDNS_PATCH
 from roles.kubernetes.facts import DIFF_LINES, ApiAnswers, LiveObjectsDiffer
 from roles.kubernetes.files import managed_files
 from roles.kubernetes.kubeadm import (
@@ -100,9 +101,10 @@ def test_every_control_plane_node_gets_the_scheduler_configuration_and_no_image_
     for node in ("cp-1", "cp-2"):
         placed = files_of(loaded, node)
         assert placed[config_path] == rendered[fleet_files.SCHEDULER_CONFIG]
-        # kubeadm applies every file of the patches directory: the kubelet's is the only one,
-        # so the static kube-scheduler pod keeps kubeadm's upstream image.
-        assert [path for path in placed if path.startswith(PATCHES_DIR + "/")] == [KUBELET_PATCH]
+        # kubeadm applies every file of the patches directory: the kubelet's and CoreDNS's are
+        # the only ones, so the static kube-scheduler pod keeps kubeadm's upstream image.
+        patches = [path for path in placed if path.startswith(PATCHES_DIR + "/")]
+        assert patches == [KUBELET_PATCH, COREDNS_PATCH]
     for node in ("gpu-1", "cpu-1"):
         assert config_path not in files_of(loaded, node)
     # kubeadm reads that directory because its init and join files name it.

@@ -103,7 +103,8 @@ def test_unit_flags_require_client_and_peer_certificates(loaded):
     flags = etcd_flags(context(loaded, "etcd-2"))
     assert "--name=infra2" in flags
     assert "--client-cert-auth=true" in flags and "--peer-client-cert-auth=true" in flags
-    assert "--quota-backend-bytes=8589934592" in flags
+    # A small cluster: etcd's 2 GiB default, the derived quota's floor (inventory/sizing.py).
+    assert "--quota-backend-bytes=2147483648" in flags
     assert "--listen-metrics-urls=http://10.0.0.12:2381,http://127.0.0.1:2381" in flags
     assert (
         "--initial-cluster=etcd-1=https://10.0.0.11:2380,infra2=https://10.0.0.12:2380,"

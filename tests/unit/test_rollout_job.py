@@ -5,6 +5,7 @@ No host, no cluster."""
 
 from __future__ import annotations
 
+import base64
 import json
 import random
 import stat
@@ -19,7 +20,7 @@ import yaml
 from typer.testing import CliRunner
 
 from cli.main import app
-from day2 import rolloutjob
+from day2 import jobs, rolloutjob
 from day2.rolloutjob import Rollout, check_options
 from engine import fleetgate, incluster, rolloutlock, runner
 from engine.context import host_contexts, host_files, load
@@ -506,8 +507,8 @@ def test_only_the_worker_groups_admit_the_key_with_restrict_and_from(
     holders = sorted(name for name, found in files.items() if KEYS_FILE in found)
     assert holders == ["cpu-1", "gpu-1"]
     line = files["gpu-1"][KEYS_FILE].content
-    assert line.startswith('restrict,from="') and "10.0.0.71" in line
-    assert "PRIVATE" not in line
+    assert line.startswith('cert-authority,principals="gpuinfra-rollout",restrict,from="')
+    assert "10.0.0.71" in line and "PRIVATE" not in line
 
 
 def test_an_inventory_without_the_job_has_no_rollout_file(small_cluster, write_cluster):
@@ -568,6 +569,8 @@ class Kubectl:
                     self.maps[doc["metadata"]["name"]] = doc["data"]
             self._run_shards()
             return RemoteResult(host, 0, "applied")
+        if " get job " in command and "jsonpath={.metadata.uid}" in command:
+            return RemoteResult(host, 0, "0b1c2d3e-uid")
         if " get job " in command:
             return RemoteResult(
                 host,
@@ -645,6 +648,110 @@ def test_the_flow_publishes_a_manifest_without_state_and_keeps_secrets_off_comma
         )
     )
     assert joined == {"token": token, "ca_cert_hash": "sha256:" + "a" * 64}
+    # The Job starts suspended, owns both Secrets (the collector deletes them with it), then runs.
+    assert job["spec"]["suspend"] is True
+    patched = [c for c in kubectl.commands if " patch " in c]
+    assert [c.split(" patch ")[1].split(" --type")[0] for c in patched] == [
+        "secret gpuinfra-rollout-ssh",
+        "secret gpuinfra-rollout-join",
+        f"job {LEDGER}",
+    ]
+    assert all('"uid": "0b1c2d3e-uid"' in c and '"kind": "Job"' in c for c in patched[:2])
+    assert '"suspend": false' in patched[2]
+    applied = next(i for i, c in enumerate(kubectl.commands) if "apply -f -" in c)
+    started = kubectl.commands.index(patched[2])
+    assert applied < kubectl.commands.index(patched[0]) < started
+
+
+def test_the_secret_holds_a_key_of_this_run_certified_until_the_tokens_end(
+    small_cluster, write_cluster, tmp_path
+):
+    """Not the authority: a new key each run, its certificate signed by the authority for the
+    rollout principal, from the keys file's sources, valid from a little before the run until
+    the deadline and the token's margin."""
+    from cryptography.hazmat.primitives import serialization
+
+    loaded = load(rollout_cluster(small_cluster, write_cluster, tmp_path))
+    authority = KEY.private_key(loaded.state_dir, StateAccess.create)
+    secrets_of = []
+    for _ in range(2):
+        kubectl = Kubectl({})
+        rollout = Rollout(
+            loaded,
+            RunOptions(mode=Mode.apply, limit=("gpu_worker", "cpu_worker")),
+            runner=kubectl,
+            sleep=lambda s: None,
+            clock=lambda: 1_800_000_000.0,
+        )
+        rolloutjob.fleet_rollout(rollout)
+        docs = {(d["kind"], d["metadata"]["name"]): d for d in kubectl.manifest}
+        data = docs[("Secret", "gpuinfra-rollout-ssh")]["data"]
+        secrets_of.append({k: base64.b64decode(v).decode() for k, v in data.items()})
+    first, second = secrets_of
+    assert first["id_ed25519"] != second["id_ed25519"]
+    assert authority.strip() not in (first["id_ed25519"] + first["id_ed25519-cert.pub"])
+    cert = serialization.load_ssh_public_identity(first["id_ed25519-cert.pub"].encode())
+    assert isinstance(cert, serialization.SSHCertificate)
+    cert.verify_cert_signature()
+    signer = serialization.load_ssh_private_key(authority.encode(), password=None).public_key()
+    assert cert.signature_key().public_bytes_raw() == signer.public_bytes_raw()
+    own = serialization.load_ssh_private_key(first["id_ed25519"].encode(), password=None)
+    assert cert.public_key().public_bytes_raw() == own.public_key().public_bytes_raw()
+    assert cert.valid_principals == [b"gpuinfra-rollout"]
+    deadline = rollout.cfg.deadline_seconds
+    assert (cert.valid_after, cert.valid_before) == (
+        1_800_000_000 - rolloutjob.CLOCK_SKEW_S,
+        1_800_000_000 + deadline + rolloutjob.TOKEN_MARGIN_S,
+    )
+    sources = cert.critical_options[b"source-address"].decode().split(",")
+    assert sources == list(KEY.key_sources(loaded, rollout.cfg)) and "10.0.0.71" in sources
+    assert cert.extensions == {}
+
+
+def test_a_rollout_without_the_authority_is_refused_before_anything_is_published(
+    small_cluster, write_cluster, tmp_path
+):
+    loaded = load(rollout_cluster(small_cluster, write_cluster, tmp_path))
+    kubectl = Kubectl({})
+    rollout = Rollout(
+        loaded.with_state_access(StateAccess.existing),
+        RunOptions(mode=Mode.apply, limit=("gpu_worker", "cpu_worker")),
+        runner=kubectl,
+        sleep=lambda s: None,
+    )
+    with pytest.raises(jobs.JobRefused, match="apply with rollout_job.enabled first"):
+        rolloutjob.fleet_rollout(rollout)
+    assert not any("apply -f -" in c for c in kubectl.commands)
+
+
+def test_the_rollout_pods_get_a_network_policy_under_calico_only(
+    small_cluster, write_cluster, tmp_path
+):
+    """ssh and the API port to the node network; no policy under "routes", which enforces none."""
+    path = rollout_cluster(small_cluster, write_cluster, tmp_path)
+    for cni, expected in (("calico", True), ("routes", False)):
+        data = yaml.safe_load(path.read_text())
+        data["group_vars"]["all"].setdefault("kubernetes", {})["cni"] = cni
+        path.write_text(yaml.safe_dump(data))
+        loaded = load(path)
+        KEY.private_key(loaded.state_dir, StateAccess.create)
+        kubectl = Kubectl({})
+        rollout = Rollout(
+            loaded,
+            RunOptions(mode=Mode.apply, limit=("gpu_worker", "cpu_worker")),
+            runner=kubectl,
+            sleep=lambda s: None,
+        )
+        rolloutjob.fleet_rollout(rollout)
+        policies = [d for d in kubectl.manifest if d["kind"] == "NetworkPolicy"]
+        assert bool(policies) is expected, cni
+        if expected:
+            (egress,) = policies[0]["spec"]["egress"]
+            assert egress["to"] == [{"ipBlock": {"cidr": str(loaded.cluster.networks.node)}}]
+            assert [p["port"] for p in egress["ports"]] == [22, loaded.cluster.api.port]
+            assert policies[0]["spec"]["podSelector"]["matchLabels"] == {
+                "app.kubernetes.io/name": "gpuinfra-rollout"
+            }
 
 
 def test_the_manifest_template_renders_under_strict_undefined(
@@ -669,7 +776,8 @@ def test_the_pod_copies_the_key_0400_and_names_the_copy(tmp_path):
     assert (
         Path(rolloutjob.MOUNTED_KEY),
         Path(rolloutjob.POD_KEY),
-    ) == (rolloutshard.MOUNTED_KEY, rolloutshard.POD_KEY)
+        rolloutjob.CERT_SUFFIX,
+    ) == (rolloutshard.MOUNTED_KEY, rolloutshard.POD_KEY, rolloutshard.CERT_SUFFIX)
 
 
 def test_a_pod_of_another_gpuinfra_exits_2(tmp_path, capsys):

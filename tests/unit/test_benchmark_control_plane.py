@@ -1,0 +1,401 @@
+"""The control-plane suite (benchmarks/control_plane.py) and its figures
+(benchmarks/control_plane_report.py), on the steps of a measured run (0, 500 and 1,000 simulated
+nodes on a loaded machine: data/control-plane-steps.json) and on a fake fleet. No lab."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import statistics
+from pathlib import Path
+
+import pytest
+
+from benchmarks import __main__ as bench_main
+from benchmarks import control_plane, report, suites
+from benchmarks import control_plane_report as cp_report
+from lab import fleet
+from lab.errors import LabError
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLE = Path(__file__).parent / "data" / "control-plane-steps.json"
+APISERVERS = ("cp-1/kube-apiserver", "cp-2/kube-apiserver", "cp-3/kube-apiserver")
+CONTROL_PLANE = (
+    *APISERVERS,
+    *(f"cp-{i}/kube-scheduler" for i in (1, 2, 3)),
+    *(f"cp-{i}/kube-controller-manager" for i in (1, 2, 3)),
+    *(f"etcd-{i}/etcd" for i in range(1, 6)),
+)
+
+
+@pytest.fixture
+def measured() -> dict:
+    return {
+        "machine": {"date": "2026-11-28 03:00 UTC", "cpus": 2, "memory_gib": 23.5},
+        "lab": "itest-k8s",
+        "sizes": [0, 500, 1000],
+        "settle_s": 120.0,
+        **json.loads(SAMPLE.read_text()),
+    }
+
+
+def _step(size: int, requests: dict[str, dict[str, float | None]]) -> dict:
+    return {
+        "size": size,
+        "requests": {name: {"count": 1, "p99": p99} for name, p99 in requests.items()},
+        "etcd": {},
+        "processes": {},
+    }
+
+
+def _by_size(analysis: dict) -> dict[int, dict]:
+    return {row["size"]: row["verdicts"] for row in analysis["rows"]}
+
+
+# ---------------------------------------------------------------- the SLO verdicts
+
+
+def test_each_step_is_judged_by_its_worst_call_and_api_server(measured):
+    verdicts = _by_size(cp_report.analyse(measured))
+    assert verdicts[0]["single_object"]["worst"] == {
+        "call": "DELETE pods", "apiserver": "cp-1", "p99_s": pytest.approx(0.1911, abs=1e-4),
+        "count": 358,
+    }  # fmt: skip
+    assert verdicts[0]["single_object"]["held"] is True
+    assert verdicts[0]["cluster_list"]["worst"]["call"] == "LIST nodes"
+    assert verdicts[500]["single_object"]["worst"]["call"] == "POST pods"
+    assert verdicts[500]["single_object"]["worst"]["p99_s"] == pytest.approx(11.5517, abs=1e-4)
+    assert verdicts[500]["single_object"]["held"] is False
+    # LIST pods cluster at 1,000 nodes: 3.7 s on cp-1, within its 30 s.
+    assert verdicts[1000]["cluster_list"]["worst"]["call"] == "LIST pods"
+    assert verdicts[1000]["cluster_list"]["worst"]["apiserver"] == "cp-1"
+    assert verdicts[1000]["cluster_list"]["held"] is True
+    assert verdicts[1000]["single_object"]["held"] is False
+
+
+def test_only_single_object_calls_and_cluster_lists_are_judged():
+    step = _step(100, {
+        "WATCH nodes resource": {"cp-1": 50.0},  # long-running: outside the SLO
+        "GET  ": {"cp-1": 9.0},  # a non-resource URL (/healthz) has no scope
+        "LIST pods namespace": {"cp-1": 40.0},  # neither single-object nor cluster-scope
+        "GET nodes resource": {"cp-1": 0.3, "cp-2": 1.0, "cp-3": None},
+        "WATCH pods cluster": {"cp-2": 60.0},
+        "LIST nodes cluster": {"cp-2": 30.5},
+    })  # fmt: skip
+    single = cp_report.verdict(step, "single_object")
+    assert single["worst"]["p99_s"] == 1.0 and single["worst"]["apiserver"] == "cp-2"
+    assert single["held"] is True  # at most 1 s
+    listing = cp_report.verdict(step, "cluster_list")
+    assert listing["worst"]["call"] == "LIST nodes" and listing["held"] is False
+
+
+def test_a_step_without_a_kind_of_call_neither_holds_nor_breaks_its_slo():
+    step = _step(0, {"GET nodes resource": {"cp-1": 0.1}})
+    assert cp_report.verdict(step, "cluster_list") == {"worst": None, "slo_s": 30.0, "held": None}
+    analysis = cp_report.analyse({"steps": [step]})
+    assert analysis["held_up_to"] == 0 and analysis["first_break"] is None
+
+
+# ---------------------------------------------------------------- the limit
+
+
+def test_the_sample_held_only_without_simulated_nodes(measured):
+    analysis = cp_report.analyse(measured)
+    assert analysis["held_up_to"] == 0
+    assert analysis["first_break"] == {"size": 500, "slos": ["single_object"]}
+    assert analysis["stopped"] is None
+    assert analysis["limit"] == (
+        "both SLOs held only with no simulated node; the limit: at 500 simulated nodes the "
+        "single-object p99 was 11.55 s (POST pods on cp-1), over its 1 s SLO"
+    )
+
+
+def test_a_size_that_holds_again_after_a_break_does_not_count(measured):
+    again = copy.deepcopy(measured)
+    for entry in again["steps"][2]["requests"].values():
+        entry["p99"] = {host: 0.5 for host in entry["p99"]}
+    assert _by_size(cp_report.analyse(again))[1000]["single_object"]["held"] is True
+    assert cp_report.analyse(again)["held_up_to"] == 0
+
+
+def test_when_every_size_holds_no_limit_is_named(measured):
+    fast = copy.deepcopy(measured)
+    for step in fast["steps"]:
+        for entry in step["requests"].values():
+            entry["p99"] = {host: 0.2 for host in entry["p99"]}
+    analysis = cp_report.analyse(fast)
+    assert analysis["held_up_to"] == 1000
+    assert analysis["limit"] == (
+        "both SLOs held up to 1,000 simulated nodes, the largest size measured: no limit was "
+        "reached"
+    )
+
+
+def test_a_fleet_that_did_not_get_ready_is_named_as_the_limit(measured):
+    stopped = {**copy.deepcopy(measured), "stopped": {"size": 2500, "error": "1800 of 2500"}}
+    for step in stopped["steps"]:
+        for entry in step["requests"].values():
+            entry["p99"] = {host: 0.2 for host in entry["p99"]}
+    assert cp_report.analyse(stopped)["limit"] == (
+        "both SLOs held up to 1,000 simulated nodes; the limit: the fleet did not get Ready at "
+        "2,500 simulated nodes (1800 of 2500)"
+    )
+    measured["stopped"] = stopped["stopped"]
+    assert cp_report.analyse(measured)["limit"].endswith(
+        "over its 1 s SLO; then the fleet did not get Ready at 2,500 simulated nodes (1800 of 2500)"
+    )
+
+
+# ---------------------------------------------------------------- cost per node, projection
+
+
+def _raw(measured: dict, size: int) -> dict:
+    return next(s for s in measured["steps"] if s["size"] == size)
+
+
+def test_the_cost_per_node_from_the_first_step(measured):
+    costs = {c["to"]: c for c in cp_report.analyse(measured)["per_node"]}
+    assert sorted(costs) == [500, 1000]
+    base, top = _raw(measured, 0), _raw(measured, 1000)
+    # etcd-4 leads in every step: its database, not the members' mean.
+    leader = top["etcd"]["etcd-4"]["db_bytes"] - base["etcd"]["etcd-4"]["db_bytes"]
+    assert costs[1000]["etcd_db_bytes"] == pytest.approx(leader / 1000)
+    assert costs[1000]["etcd_db_bytes"] == pytest.approx(34586.624)
+    rss = sum(top["processes"][k]["rss_bytes"] - base["processes"][k]["rss_bytes"]
+              for k in APISERVERS)  # fmt: skip
+    assert costs[1000]["apiserver_rss_bytes"] == pytest.approx(rss / 1000)
+    # kwok plays the kubelets: its CPU is not the control plane's.
+    cores = sum(top["processes"][k]["cpu_cores"] - base["processes"][k]["cpu_cores"]
+                for k in CONTROL_PLANE)  # fmt: skip
+    assert costs[1000]["cpu_seconds_per_minute"] == pytest.approx(cores * 60 / 1000)
+    assert costs[500]["cpu_seconds_per_minute"] == pytest.approx(0.09702, abs=1e-5)
+    assert costs[500]["etcd_db_bytes"] == pytest.approx(31227.904)
+
+
+def test_without_a_leader_the_members_mean_database_counts(measured):
+    step = _raw(measured, 500)
+    for member in step["etcd"].values():
+        member["leader"] = False
+    expected = statistics.mean(m["db_bytes"] for m in step["etcd"].values())
+    assert cp_report.etcd_db_bytes(step) == pytest.approx(expected)
+    assert expected != step["etcd"]["etcd-4"]["db_bytes"]
+
+
+def test_the_projection_extends_the_largest_steps_cost_to_7500_nodes(measured):
+    p = cp_report.analyse(measured)["projection"]
+    base, top = _raw(measured, 0), _raw(measured, 1000)
+    assert (p["fleet"], p["api_servers"], p["measured_api_servers"]) == (7500, 5, 3)
+    assert (p["from"], p["per_node_to"]) == (0, 1000)
+    assert p["etcd_db_bytes"] == pytest.approx(43573248 + 34586.624 * 7500)
+    idle = statistics.mean(base["processes"][k]["rss_bytes"] for k in APISERVERS)
+    grown = sum(top["processes"][k]["rss_bytes"] - base["processes"][k]["rss_bytes"]
+                for k in APISERVERS)  # fmt: skip
+    each = idle + grown / 1000 / 3 * 7500
+    assert p["apiserver_rss_bytes_each"] == pytest.approx(each)
+    assert p["apiserver_rss_bytes_total"] == pytest.approx(5 * each)
+    api_cpu = [base["processes"][k]["cpu_cores"] for k in APISERVERS]
+    api_grown = sum(top["processes"][k]["cpu_cores"] for k in APISERVERS) - sum(api_cpu)
+    assert p["apiserver_cpu_cores_each"] == pytest.approx(
+        statistics.mean(api_cpu) + api_grown / 1000 * 7500 / 5
+    )
+    others = sum(base["processes"][k]["cpu_cores"] for k in CONTROL_PLANE) - sum(api_cpu)
+    all_grown = sum(top["processes"][k]["cpu_cores"] - base["processes"][k]["cpu_cores"]
+                    for k in CONTROL_PLANE)  # fmt: skip
+    assert p["cpu_cores"] == pytest.approx(
+        others + 5 * statistics.mean(api_cpu) + all_grown / 1000 * 7500
+    )
+
+
+def test_the_projected_database_is_set_against_the_members_quota(measured):
+    for member in _raw(measured, 0)["etcd"].values():
+        member["quota_bytes"] = 8 * 2**30
+    assert cp_report.analyse(measured)["projection"]["etcd_quota_bytes"] == 8 * 2**30
+    text = "\n".join(cp_report.markdown(measured))
+    assert "| etcd database (leader) | 289 MiB, 4% of the members' 8 GiB quota |" in text
+
+
+def test_a_step_reads_each_members_database_and_quota():
+    metrics = (
+        "etcd_mvcc_db_total_size_in_bytes 4.5e+07\n"
+        "etcd_server_quota_backend_bytes 8.589934592e+09\n"
+        "etcd_server_is_leader 1\n"
+    )
+    families = ("etcd_mvcc_db", "etcd_server")
+    before = {"time": 0.0, "api": {}, "etcd": {"etcd-1": {}}, "processes": {}}
+    after = {**before, "time": 60.0, "etcd": {"etcd-1": control_plane.parse(metrics, families)}}
+    member = control_plane.step_figures(before, after)["etcd"]["etcd-1"]
+    assert (member["db_bytes"], member["quota_bytes"], member["leader"]) == (45e6, 8 * 2**30, True)
+
+
+def test_one_step_gives_no_cost_per_node_and_no_projection(measured):
+    measured["steps"] = measured["steps"][:1]
+    analysis = cp_report.analyse(measured)
+    assert analysis["per_node"] == [] and analysis["projection"] is None
+    text = "\n".join(cp_report.markdown(measured))
+    assert "| 0 | 0.19 (DELETE pods, cp-1) | yes |" in text
+    assert "Projection" not in text
+
+
+# ---------------------------------------------------------------- the report
+
+
+def test_the_section_holds_the_verdicts_costs_and_the_projections_assumptions(measured):
+    text = "\n".join(cp_report.markdown(measured))
+    assert "**Limit**: both SLOs held only with no simulated node; the limit: at 500" in text
+    assert "| 500 | 11.55 (POST pods, cp-1) | **no** | 2.00 (LIST services, cp-1) | yes | 56 |" in (
+        text
+    )
+    assert "| 1,000 | 34,587 | 504.2 | 39.3 | 0.0477 |" in text
+    assert "A linear extrapolation from the measured sizes, not a measurement" in text
+    assert "| etcd database (leader) | 289 MiB |" in text  # the sample predates the quota
+    assert "| the 5 API servers' RSS | 8.4 GiB |" in text
+
+
+def test_the_plots_points(measured):
+    points = cp_report.series(measured)
+    assert [size for size, _ in points["latency"]["single_object"]] == [0, 500, 1000]
+    assert points["latency"]["cluster_list"][2] == (1000, pytest.approx(3.745))
+    assert points["etcd_db_mib"][0] == (0, pytest.approx(43573248 / 2**20))
+    assert sorted(points["apiserver_rss_mib"]) == ["cp-1", "cp-2", "cp-3"]
+    assert points["apiserver_rss_mib"]["cp-2"][1] == (500, pytest.approx(574631936 / 2**20))
+
+
+def test_the_plots_are_drawn(measured, tmp_path):
+    pytest.importorskip("matplotlib", reason="plots need `.[bench]` (make bench installs it)")
+    written = cp_report.plots(measured, tmp_path)
+    assert [p.name for p in written] == [cp_report.LATENCY_PLOT, cp_report.MEMORY_PLOT]
+    for path in written:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_control_plane_document_carries_one_pair_of_markers():
+    text = (REPO / "docs" / "benchmarks" / cp_report.DOC).read_text()
+    assert text.count(cp_report.BEGIN) == 1 and text.count(cp_report.END) == 1
+    assert text.index(cp_report.BEGIN) < text.index(cp_report.END)
+    assert "## Results" in text.split(cp_report.BEGIN)[0]
+
+
+def test_report_only_rewrites_the_section_between_the_markers(measured, tmp_path, monkeypatch):
+    drawn = []
+    monkeypatch.setattr(cp_report, "plots", lambda cp, out: drawn.append(out) or [])
+    document = (REPO / "docs" / "benchmarks" / cp_report.DOC).read_text()
+    (tmp_path / cp_report.DOC).write_text(document)
+    (tmp_path / "results.json").write_text(json.dumps({"controlplane": measured}))
+    assert bench_main.main(["--report-only", "--out", str(tmp_path)]) == 0
+    written = (tmp_path / cp_report.DOC).read_text()
+    head, rest = document.split(cp_report.BEGIN)
+    tail = rest.split(cp_report.END)[1]
+    assert written.startswith(head + cp_report.BEGIN + "\nWritten by `make bench")
+    assert written.endswith(cp_report.END + tail)
+    assert "| 1,000 | 5.60 (POST pods, cp-1) | **no** | 3.75 (LIST pods, cp-1) | yes |" in written
+    assert drawn == [tmp_path]
+    results_md = (tmp_path / "results.md").read_text()
+    assert "[control-plane.md](control-plane.md)" in results_md
+    assert (
+        "| API call latency SLOs (1 s single-object, 30 s cluster LIST) to 7,500 simulated "
+        "nodes | held up to 0 of 1,000 measured | not met |"
+    ) in results_md
+    # A second run finds its own markers and writes the same document.
+    assert bench_main.main(["--report-only", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / cp_report.DOC).read_text() == written
+
+
+def test_a_document_without_markers_gets_a_results_section(measured, tmp_path):
+    path = tmp_path / cp_report.DOC
+    path.write_text("# Elsewhere\n")
+    cp_report.write_doc(measured, path)
+    text = path.read_text()
+    assert text.startswith("# Elsewhere\n\n## Results\n\n" + cp_report.BEGIN + "\n")
+    assert text.endswith(cp_report.END + "\n")
+
+
+# ---------------------------------------------------------------- the suite
+
+
+class FakeLab:
+    """The lab's parts the suite calls, recorded; the fleet cannot get Ready at `fails_at`."""
+
+    def __init__(self, monkeypatch, tmp_path: Path, fails_at: int | None = None):
+        self.calls: list[tuple] = []
+        self.fails_at = fails_at
+        self.clock = 0.0
+        inventory = tmp_path / "cluster.yml"
+
+        def boot(lab, path=None):
+            self.calls.append(("boot", lab))
+            return inventory
+
+        monkeypatch.setattr(control_plane, "boot", boot)
+        monkeypatch.setattr(suites, "apply", lambda inv, rep, log: self.calls.append(("apply",)))
+        monkeypatch.setattr(suites, "lab_down", lambda log: self.calls.append(("down",)))
+        monkeypatch.setattr(fleet, "lab_cluster", lambda lab: "loaded")
+        monkeypatch.setattr(fleet, "scale", self.scale)
+        monkeypatch.setattr(control_plane, "reading", self.reading)
+
+    def scale(self, lab: str, count: int) -> fleet.FleetResult:
+        self.calls.append(("scale", count))
+        if count == self.fails_at:
+            raise LabError(f"12 of {count} simulated nodes Ready with a Lease after 600 s")
+        return fleet.FleetResult(lab, count, count, 0, 1.0, 2.0, 42)
+
+    def reading(self, lab: str, loaded) -> dict:
+        self.clock += 10.0
+        rss = {"cp-1/kube-apiserver": (500 * 2**20, int(self.clock * 100))}
+        return {"time": self.clock, "api": {}, "etcd": {}, "processes": rss}
+
+
+def test_a_fleet_that_cannot_get_ready_ends_the_growth(monkeypatch, tmp_path):
+    lab = FakeLab(monkeypatch, tmp_path, fails_at=2500)
+    results = control_plane.suite((0, 500, 2500, 7500), 0.0, tmp_path / "work", lambda _: None)
+    assert [s["size"] for s in results["steps"]] == [0, 500]
+    assert results["stopped"] == {
+        "size": 2500, "error": "12 of 2500 simulated nodes Ready with a Lease after 600 s"
+    }  # fmt: skip
+    assert [c for c in lab.calls if c[0] == "scale"] == [("scale", 0), ("scale", 500),
+                                                          ("scale", 2500)]  # fmt: skip
+    assert lab.calls[0] == ("down",) and lab.calls[-1] == ("down",)
+    saved = json.loads((tmp_path / "work" / "steps.json").read_text())
+    assert saved["stopped"]["size"] == 2500 and len(saved["steps"]) == 2
+    assert cp_report.analyse(results)["limit"].endswith(
+        "the fleet did not get Ready at 2,500 simulated nodes (12 of 2500 simulated nodes "
+        "Ready with a Lease after 600 s)"
+    )
+
+
+def test_every_size_runs_when_the_fleet_keeps_up(monkeypatch, tmp_path):
+    FakeLab(monkeypatch, tmp_path)
+    results = control_plane.suite((0, 500), 0.0, tmp_path / "work", lambda _: None)
+    assert [s["size"] for s in results["steps"]] == [0, 500]
+    assert "stopped" not in results
+    assert results["steps"][1]["fleet"]["nodes"] == 500
+
+
+def test_the_lab_goes_down_when_its_apply_fails(monkeypatch, tmp_path):
+    lab = FakeLab(monkeypatch, tmp_path)
+
+    def failing_apply(inventory, report_path, log):
+        raise RuntimeError("apply left hosts {'failed'}")
+
+    monkeypatch.setattr(suites, "apply", failing_apply)
+    with pytest.raises(RuntimeError, match="apply left hosts"):
+        control_plane.suite((0, 500), 0.0, tmp_path / "work", lambda _: None)
+    assert lab.calls == [("down",), ("boot", suites.LAB), ("down",)]
+
+
+def test_make_bench_controlplane_stores_the_steps_and_the_machine(monkeypatch, tmp_path):
+    FakeLab(monkeypatch, tmp_path, fails_at=2500)
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(signal, "signal", lambda *args: None)
+    monkeypatch.setattr(report, "plots", lambda results, out: [])
+    out = tmp_path / "out"
+    argv = ["--suites", "controlplane", "--cp-sizes", "0 500 2500", "--cp-settle", "0",
+            "--out", str(out), "--work", str(tmp_path / "work")]  # fmt: skip
+    assert bench_main.main(argv) == 0
+    stored = json.loads((out / "results.json").read_text())["controlplane"]
+    assert {"date", "cpus", "memory_gib", "load_average_at_start"} <= stored["machine"].keys()
+    assert stored["sizes"] == [0, 500, 2500] and stored["settle_s"] == 0.0
+    assert [s["size"] for s in stored["steps"]] == [0, 500]
+    assert stored["stopped"]["size"] == 2500
+    assert "the fleet did not get Ready at 2,500" in (out / cp_report.DOC).read_text()

@@ -409,3 +409,26 @@ def test_the_declared_keys_and_the_fingerprint_ssh_keygen_prints(tmp_path):
     if keygen.returncode == 0:  # ssh-keygen present: the same fingerprint
         assert fingerprint(public.split()[1]) == keygen.stdout.split()[1]
     assert key_blob("no key here") is None
+
+
+def test_a_static_pod_or_a_kubeadm_patch_that_is_not_ours_is_named():
+    from roles.kubernetes import deploy as kube_deploy
+    from roles.kubernetes.kubeadm import KUBELET_PATCH, PATCHES_DIR, kubeadms_static_pods
+
+    dropped = "/etc/kubernetes/manifests/miner.yaml"
+    apiserver = "/etc/kubernetes/manifests/kube-apiserver.yaml"
+    found = [apiserver, dropped]
+    why = "kubelet runs it as a static pod"
+    assert foreign_files(found, kubeadms_static_pods(control_plane=True), why) == [
+        f"{dropped} is not gpuinfra's: {why} (remove it, or declare it in base.site_files)"
+    ]
+    # A worker runs no control-plane pod: kubeadm's file there was put there by someone else.
+    assert len(foreign_files(found, kubeadms_static_pods(control_plane=False), why)) == 2
+    patch = f"{PATCHES_DIR}/kube-apiserver+json.json"
+    assert foreign_files([KUBELET_PATCH, patch], (KUBELET_PATCH,), "kubeadm applies it") == [
+        f"{patch} is not gpuinfra's: kubeadm applies it (remove it, or declare it in "
+        "base.site_files)"
+    ]
+    # The role's drift lists both folders (the checks run as operations of its deploy).
+    source = Path(kube_deploy.__file__).read_text()
+    assert 'f"{STATIC_PODS_DIR}/*"' in source and 'f"{PATCHES_DIR}/*"' in source

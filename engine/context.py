@@ -119,13 +119,15 @@ def host_context(
     topology: Topology | None = None,
     rendered: Callable[[], Mapping[str, str]] | None = None,
 ) -> HostContext:
-    return HostContext(
+    ctx = HostContext(
         loaded,
         topology or topology_of(loaded),
         name,
         _settings(loaded, name),
         rendered or _rendered_once(loaded),
+        functools.cache(lambda: frozenset(f.path for f in host_files(ctx))),
     )
+    return ctx
 
 
 def host_contexts(loaded: LoadedCluster) -> list[HostContext]:

@@ -10,7 +10,9 @@ from collections.abc import Iterable
 
 # The first lines of every file gpuinfra writes into a folder that others write to as well
 # (a unit's drop-ins, apt's sources and preferences) carry this: tests/unit/test_effective.py
-# checks it on every such file of the sample inventory.
+# checks it on every such file of the sample inventory. It tells a reader, not the checks:
+# they judge a file by its path (toolkit/effective.py `ours_or_declared`), as a foreign file
+# may copy it.
 MARKER = "Managed by gpuinfra"
 # The properties the filter renames (`Id=X` becomes `unit X`) and the words it classifies each
 # drop-in with: the probe maps an answer back to the properties with these.

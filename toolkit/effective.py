@@ -21,8 +21,9 @@ from pyinfra.api import FactBase, operation
 from pyinfra.api.operation import OperationMeta
 
 from toolkit import record
-from toolkit.dropins import MARKER, dropins_command, unit_name
+from toolkit.dropins import dropins_command, unit_name
 from toolkit.pyinfra_api import op_hash
+from toolkit.spec import HostContext
 
 # Where systemd reads drop-ins that an administrator or a runtime command made; /usr/lib and
 # /lib hold the packages' own, which the package pins decide.
@@ -57,16 +58,17 @@ class UnitDropIns(FactBase):
         return units
 
 
-def foreign_dropins(found: dict[str, dict[str, bool]], declared: Iterable[str]) -> list[str]:
-    """A finding for each administrator's or runtime drop-in of the units that is neither
-    gpuinfra's nor declared by the site."""
-    allowed = set(declared)
+def foreign_dropins(found: dict[str, dict[str, bool]], allowed: Iterable[str]) -> list[str]:
+    """A finding for each administrator's or runtime drop-in of the units that is not among
+    `allowed` (`ours_or_declared`: the paths gpuinfra renders and the site's). Judged by path:
+    the marker a foreign file may have copied into its first lines proves nothing."""
+    kept = set(allowed)
     return [
         f"{unit}: drop-in {path} is not gpuinfra's and changes the unit "
         "(remove it, or declare it in base.site_files)"
         for unit, paths in sorted(found.items())
-        for path, ours in sorted(paths.items())
-        if not ours and path.startswith(ADMIN_DROPIN_ROOTS) and path not in allowed
+        for path in sorted(paths)
+        if path.startswith(ADMIN_DROPIN_ROOTS) and path not in kept
     ]
 
 
@@ -90,16 +92,22 @@ def nothing_overrides(name: str, findings: Iterable[str]) -> OperationMeta:
     return meta
 
 
-def unit_dropins(name: str, units: Iterable[str], declared: Iterable[str]) -> OperationMeta:
-    """`nothing_overrides` for the drop-ins of a role's units."""
+def unit_dropins(name: str, units: Iterable[str], allowed: Iterable[str]) -> OperationMeta:
+    """`nothing_overrides` for the drop-ins of a role's units (`allowed`: `ours_or_declared`)."""
     asked = tuple(sorted(map(unit_name, units)))
     found = host.get_fact(UnitDropIns, units=asked) or {}
-    return nothing_overrides(name, foreign_dropins(found, declared))
+    return nothing_overrides(name, foreign_dropins(found, allowed))
 
 
 def declared_files(settings: object) -> tuple[str, ...]:
     """The files a site declared on purpose (base.site_files), from a host's base settings."""
     return tuple(posixpath.normpath(path) for path in getattr(settings, "site_files", ()))
+
+
+def ours_or_declared(ctx: HostContext) -> tuple[str, ...]:
+    """The paths no foreign-file check reports on the host: every file a role of gpuinfra
+    renders there (by path, whatever its first lines say) and the site's declared files."""
+    return (*sorted(ctx.rendered_paths()), *declared_files(ctx.settings_of("base")))
 
 
 def on_existing_files(globs: str, command: str) -> str:
@@ -194,16 +202,12 @@ def overridden_later(
     return nothing_overrides(name, later_file_wins(kept, ours_path, ours, label))
 
 
-class UnmarkedFiles(FactBase):
-    """The files matching a glob without gpuinfra's marker in their first lines:
-    `["/etc/containerd/conf.d/site.toml"]`."""
+class FilesMatching(FactBase):
+    """Every regular file a glob names, whatever it holds: `["/etc/containerd/conf.d/a.toml"]`
+    (a file is told from gpuinfra's by its path, not by a marker it may have copied)."""
 
     def command(self, pattern: str) -> str:
-        program = (
-            "FNR <= 3 && index($0, m) { ok[FILENAME] = 1 } "
-            "END { for (i = 1; i < ARGC; i++) if (!(ARGV[i] in ok)) print ARGV[i] }"
-        )
-        return on_existing_files(pattern, f"awk -v m={shlex.quote(MARKER)} {shlex.quote(program)}")
+        return on_existing_files(pattern, "printf '%s\\n'")
 
     @staticmethod
     def default() -> list[str]:
@@ -213,16 +217,18 @@ class UnmarkedFiles(FactBase):
         return [line for line in output if line.strip()]
 
 
-def only_ours(name: str, pattern: str, declared: Iterable[str], why: str) -> OperationMeta:
+def foreign_files(found: Iterable[str], allowed: Iterable[str], why: str) -> list[str]:
+    """A finding saying `why` for each file found that is not among `allowed`."""
+    kept = set(allowed)
+    return [
+        f"{path} is not gpuinfra's: {why} (remove it, or declare it in base.site_files)"
+        for path in found
+        if path not in kept
+    ]
+
+
+def only_ours(name: str, pattern: str, allowed: Iterable[str], why: str) -> OperationMeta:
     """`nothing_overrides` for a folder a service reads every file of (`pattern`, a glob):
-    a file without gpuinfra's marker, not declared by the site, is a finding saying `why`."""
-    allowed = set(declared)
-    found = host.get_fact(UnmarkedFiles, pattern=pattern) or []
-    return nothing_overrides(
-        name,
-        [
-            f"{path} is not gpuinfra's: {why} (remove it, or declare it in base.site_files)"
-            for path in found
-            if path not in allowed
-        ],
-    )
+    a file that is not among `allowed` (`ours_or_declared`) is a finding saying `why`."""
+    found = host.get_fact(FilesMatching, pattern=pattern) or []
+    return nothing_overrides(name, foreign_files(found, allowed, why))

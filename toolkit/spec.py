@@ -54,6 +54,10 @@ class HostContext:
     # Every role's cluster-wide files (relative path under _cluster/ -> content), rendered on
     # the first call and shared by every host of a load: the kubernetes role applies them.
     cluster_files: Callable[[], Mapping[str, str]] = field(default=dict, compare=False)
+    # The paths every role's phases render on this host (engine/context.py), computed on the
+    # first call: the checks that tell gpuinfra's files from others' go by path, since a
+    # marker copied into a foreign file proves nothing, and a role never lists another's files.
+    rendered_paths: Callable[[], frozenset[str]] = field(default=frozenset, compare=False)
 
     @property
     def cluster(self) -> Cluster:

@@ -32,5 +32,9 @@ class BaseConfig(BaseModel):
     # containerd conf.d, chrony sources): absolute paths, never reported as drift. Anything
     # else there is, and stops an apply (toolkit/effective.py).
     site_files: list[str] = Field(default_factory=list)
+    # Public keys (authorized_keys lines: `ssh-ed25519 AAAA… comment`) that may log in as the
+    # ssh user and root beside the controller's own (ssh.key's public half): who can log in is
+    # the first thing an operator checks, so any other key in their authorized_keys is drift.
+    authorized_keys: list[str] = Field(default_factory=list)
     # Password logins invite brute force; keys only (root by key for provisioning).
     ssh_permit_root_login: str = "prohibit-password"

@@ -13,18 +13,22 @@ from roles.base.effective import (
     APT_FILES,
     SSH_UNITS,
     SSHD_DROPINS,
+    AuthorizedKeys,
     SshdSettings,
     apt_findings,
+    declared_keys,
     ssh_off_at_boot,
     sshd_findings,
     sshd_settings,
+    unknown_keys,
 )
 from roles.base.files import managed_files
 from toolkit.effective import (
-    UnmarkedFiles,
+    FilesMatching,
     declared_files,
     nothing_overrides,
     only_ours,
+    ours_or_declared,
     unit_dropins,
 )
 from toolkit.facts import UnitState
@@ -89,20 +93,34 @@ def effective(ctx: HostContext, cfg: BaseConfig, sshd_text: str) -> None:
     found = host.get_fact(SshdSettings, keys=tuple(sorted(ours)))
     sshd = sshd_findings(found, SSHD_FILE, sshd_text, declared)
     nothing_overrides("Check that no sshd setting overrides ours", sshd)
+    allowed = ours_or_declared(ctx)
     apt = apt_findings(
-        host.get_fact(UnmarkedFiles, pattern=APT_FILES), DISTRIBUTION_SOURCES, declared
+        host.get_fact(FilesMatching, pattern=APT_FILES), DISTRIBUTION_SOURCES, allowed
     )
     nothing_overrides("Check that apt reads only gpuinfra's sources and pins", apt)
     only_ours(
         "Check that chrony reads only gpuinfra's sources",
         "/etc/chrony/sources.d/*.sources",
-        declared,
+        allowed,
         "chrony uses its servers beside the inventory's",
     )
+    nothing_overrides("Check that only the declared keys log in", login_keys(ctx, cfg))
     states = {unit: host.get_fact(UnitState, unit=unit) for unit in SSH_UNITS}
     ssh_at_boot(name="Start sshd at boot", states=states)
     units = ("ssh", "chrony", "systemd-journald")
-    unit_dropins("Check the drop-ins of sshd, chrony and journald", units, declared)
+    unit_dropins("Check the drop-ins of sshd, chrony and journald", units, allowed)
+
+
+def login_keys(ctx: HostContext, cfg: BaseConfig) -> list[str]:
+    """The keys of the ssh user and root that the inventory does not declare. With nothing
+    declared (no ssh.key, only an agent's, and no base.authorized_keys) there is nothing to
+    judge against: no finding, rather than every key of every host."""
+    ssh = ctx.cluster.ssh
+    key = ctx.loaded.resolve(ssh.key) if ssh.key is not None else None
+    declared = declared_keys(cfg.authorized_keys, key)
+    users = tuple(dict.fromkeys((ssh.user, "root")))
+    found = host.get_fact(AuthorizedKeys, users=users) or []
+    return unknown_keys(found, declared) if declared else []
 
 
 @operation()

@@ -4,9 +4,14 @@ write, ssh left off at boot. See toolkit/effective.py for how a finding is repor
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
 import posixpath
 import re
 import shlex
+from collections.abc import Iterable
+from pathlib import Path
 
 from pyinfra.api import FactBase
 
@@ -169,18 +174,17 @@ def apt_reads(path: str) -> bool:
     return "." not in name or name.endswith(".pref")
 
 
-# The files apt reads its sources and pins from (toolkit.effective.UnmarkedFiles lists the
-# ones without gpuinfra's marker).
+# The files apt reads its sources and pins from (toolkit.effective.FilesMatching lists them).
 APT_FILES = f"{APT_SOURCES}/* {APT_PREFERENCES}/*"
 
 
-def apt_findings(found: list[str], removed: tuple[str, ...], declared: tuple[str, ...]) -> list:
-    """A finding for each source or pin apt reads that gpuinfra did not write, will not remove
-    and the site did not declare."""
+def apt_findings(found: list[str], removed: tuple[str, ...], allowed: tuple[str, ...]) -> list:
+    """A finding for each source or pin apt reads that gpuinfra does not render (by path),
+    will not remove and the site did not declare (`allowed`: toolkit's `ours_or_declared`)."""
     return [
         f"apt: {path} is not gpuinfra's (remove it, or declare it in base.site_files)"
         for path in found
-        if apt_reads(path) and path not in removed and path not in declared
+        if apt_reads(path) and path not in removed and path not in allowed
     ]
 
 
@@ -191,3 +195,90 @@ def ssh_off_at_boot(states: dict[str, dict | None]) -> bool:
     """Neither sshd's service nor its socket (Ubuntu 24.04 starts sshd by its socket) is
     enabled for every boot: `enabled-runtime` lasts until the next one."""
     return not any((states.get(u) or {}).get("UnitFileState") == "enabled" for u in SSH_UNITS)
+
+
+# The keys files sshd reads by default (AuthorizedKeysFile), under the user's home.
+KEYS_FILES = (".ssh/authorized_keys", ".ssh/authorized_keys2")
+# A key in an authorized_keys line (after its options, which may quote spaces): type, blob.
+_KEY = re.compile(r"(?:^|\s)((?:ssh|ecdsa|sk)-[A-Za-z0-9@.-]+)\s+([A-Za-z0-9+/]+=*)(?:\s+(.*))?$")
+
+
+def key_blob(line: str) -> tuple[str, str, str] | None:
+    """(type, base64 blob, comment) of an authorized_keys or `.pub` line; None if it holds none."""
+    found = _KEY.search(line.strip())
+    if found is None:
+        return None
+    return found.group(1), found.group(2), (found.group(3) or "").strip()
+
+
+def fingerprint(blob: str) -> str:
+    """The key's SHA256 fingerprint as `ssh-keygen -l` prints it."""
+    try:
+        raw = base64.b64decode(blob, validate=True)
+    except (binascii.Error, ValueError):
+        raw = blob.encode()
+    return "SHA256:" + base64.b64encode(hashlib.sha256(raw).digest()).decode().rstrip("=")
+
+
+class AuthorizedKeys(FactBase):
+    """The keys in the default keys files of each user, in order:
+    `[(user, path, key type, base64 blob, comment)]`. A user or file that does not exist adds
+    nothing."""
+
+    @staticmethod
+    def default() -> list:
+        return []
+
+    def command(self, users: tuple[str, ...]) -> str:
+        files = " ".join(f'"$h/{name}"' for name in KEYS_FILES)
+        program = '!/^[[:space:]]*(#|$)/ { print u " " FILENAME " " $0 }'
+        return (
+            f"for u in {' '.join(shlex.quote(user) for user in users)}; do "
+            'h=$(getent passwd "$u" | cut -d: -f6); [ -n "$h" ] || continue; '
+            f'for f in {files}; do [ -f "$f" ] && '
+            f'awk -v u="$u" {shlex.quote(program)} "$f"; done; done; true'
+        )
+
+    def process(self, output: list[str]) -> list[tuple[str, str, str, str, str]]:
+        found = []
+        for line in output:
+            user, _, rest = line.partition(" ")
+            path, _, entry = rest.partition(" ")
+            key = key_blob(entry)
+            if key is not None:
+                found.append((user, path, *key))
+        return found
+
+
+def declared_keys(listed: Iterable[str], controller_key: Path | None) -> set[str]:
+    """The blobs of the keys that may log in: the listed public keys, and the public half of
+    the controller's key (its `.pub` beside it, else read from the key when it is not
+    encrypted)."""
+    blobs = {key[1] for key in map(key_blob, listed) if key is not None}
+    if controller_key is None:
+        return blobs
+    public = Path(f"{controller_key}.pub")
+    try:
+        text = public.read_text() if public.exists() else _public_half(controller_key)
+    except (OSError, ValueError, TypeError):
+        return blobs  # unreadable or encrypted: only what is listed is declared
+    key = key_blob(text)
+    return blobs | ({key[1]} if key is not None else set())
+
+
+def _public_half(private: Path) -> str:
+    from toolkit.sshkeys import public_key
+
+    return public_key(private.read_text())
+
+
+def unknown_keys(found: list[tuple[str, str, str, str, str]], declared: set[str]) -> list[str]:
+    """A finding for each key in a keys file that the inventory does not declare, named by its
+    fingerprint and comment (never the whole key)."""
+    return [
+        f"ssh: {path} lets {user} log in with a key the inventory does not declare: "
+        f"{kind} {fingerprint(blob)}{f' ({comment})' if comment else ''} "
+        "(remove it, or declare it in base.authorized_keys)"
+        for user, path, kind, blob, comment in found
+        if blob not in declared
+    ]

@@ -20,7 +20,7 @@ from roles.container_runtime.files import (
 )
 from roles.container_runtime.operations import containerd_binaries, containerd_tarball_url
 from toolkit.aptkeys import repository_key
-from toolkit.effective import declared_files, only_ours, unit_dropins
+from toolkit.effective import only_ours, ours_or_declared, unit_dropins
 from toolkit.operations import put_file, restart_if_running, service_running
 from toolkit.spec import HostContext
 
@@ -79,12 +79,12 @@ def apply(ctx: HostContext) -> None:
         commands=[wait_for("ctr version")],
         _if=restart_containerd,
     )
-    declared = declared_files(ctx.settings_of("base"))
-    unit_dropins("Check the drop-ins of containerd", ("containerd",), declared)
+    allowed = ours_or_declared(ctx)
+    unit_dropins("Check the drop-ins of containerd", ("containerd",), allowed)
     only_ours(
         "Check that containerd imports only gpuinfra's files",
         runtime_files.CONTAINERD_DROP_INS,
-        declared,
+        allowed,
         "containerd imports it, and an imported file replaces a whole plugin section",
     )
     if binaries:

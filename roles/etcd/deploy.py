@@ -23,7 +23,7 @@ from roles.etcd.clusters import MAIN, EtcdCluster, clusters
 from roles.etcd.config import EtcdConfig
 from roles.etcd.facts import Members
 from roles.etcd.files import DATA_UNIT, client_files, managed_files, restarting_files, settings
-from toolkit.effective import declared_files, nothing_overrides, unit_dropins
+from toolkit.effective import nothing_overrides, ours_or_declared, unit_dropins
 from toolkit.facts import SupplementaryGroups, UnitState
 from toolkit.operations import put_file, system_account
 from toolkit.spec import HostContext
@@ -82,7 +82,7 @@ def apply(ctx: HostContext) -> None:
     for etcd in clusters(cfg):
         restart_on = [meta for path, meta in written.items() if path in restarting_files(etcd)]
         installed = members_running(ctx, cfg, etcd, restart_on, installed)
-    declared = declared_files(ctx.settings_of("base"))
+    declared = ours_or_declared(ctx)
     dropins = [unit for etcd in clusters(cfg) for unit in (etcd.name, f"{etcd.name}-backup.timer")]
     unit_dropins("Check the drop-ins of etcd", tuple(dropins), declared)
     # The member list is the cluster's, the same through every member: the first member asks

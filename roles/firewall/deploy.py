@@ -10,7 +10,7 @@ from roles.firewall.config import FirewallConfig
 from roles.firewall.facts import BaseChains
 from roles.firewall.files import SERVICE_DROPIN, TABLE_FILE, managed_files
 from roles.firewall.operations import table_loaded
-from toolkit.effective import declared_files, nothing_overrides, unit_dropins
+from toolkit.effective import nothing_overrides, ours_or_declared, unit_dropins
 from toolkit.operations import put_file, service_running
 from toolkit.spec import HostContext
 
@@ -30,8 +30,8 @@ def apply(ctx: HostContext) -> None:
     cfg = ctx.config(FirewallConfig)
     chains = host.get_fact(BaseChains)
     nothing_overrides("Check that no other table filters input", other_tables(chains, cfg))
-    declared = declared_files(ctx.settings_of("base"))
-    unit_dropins("Check the drop-ins of nftables", ("nftables",), declared)
+    allowed = ours_or_declared(ctx)
+    unit_dropins("Check the drop-ins of nftables", ("nftables",), allowed)
 
 
 # The hooks a packet for this host passes before or as it reaches gpuinfra's input chain.

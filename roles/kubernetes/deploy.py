@@ -17,7 +17,14 @@ from roles.kubernetes import operations as kube_ops
 from roles.kubernetes.apiproxy import API_PROXY_CONFIG, API_PROXY_UNIT, node_local_balancing
 from roles.kubernetes.cni import CALICO_CONFIG, CALICO_RESOURCES, POD_ROUTES_SCRIPT, POD_ROUTES_UNIT
 from roles.kubernetes.files import managed_files
-from roles.kubernetes.kubeadm import INIT_CONFIG, JOIN_CONFIG, SECRET_DIR
+from roles.kubernetes.kubeadm import (
+    INIT_CONFIG,
+    JOIN_CONFIG,
+    PATCHES_DIR,
+    SECRET_DIR,
+    STATIC_PODS_DIR,
+    kubeadms_static_pods,
+)
 from roles.kubernetes.settings import (
     CONFIG_DIR,
     first_control_plane,
@@ -32,7 +39,7 @@ from roles.kubernetes.source import (
     repository_url,
 )
 from roles.kubernetes.stages import apply_stages
-from toolkit.effective import declared_files, unit_dropins
+from toolkit.effective import only_ours, ours_or_declared, unit_dropins
 from toolkit.operations import put_file, restart_if_running, service_running
 from toolkit.spec import HostContext
 
@@ -40,7 +47,7 @@ OPERATOR_KUBECONFIG = "kubernetes/admin.conf"  # under the cluster's state direc
 POD_ROUTES_SERVICE = "gpuinfra-pod-routes"
 
 
-def _common(ctx: HostContext) -> dict[str, str]:
+def _common(ctx: HostContext, control_plane: bool) -> dict[str, str]:
     """Packages and files every node gets; returns the written files' contents by path."""
     cfg = settings(ctx)
     version = ctx.cluster.versions.kubernetes_version.plain
@@ -109,8 +116,20 @@ def _common(ctx: HostContext) -> dict[str, str]:
     )
     files.directory(name="Own the kubeadm file directory", path=CONFIG_DIR, mode="0755")
     service_running(name="Run kubelet", unit="kubelet")
-    declared = declared_files(ctx.settings_of("base"))
-    unit_dropins("Check the drop-ins of kubelet", ("kubelet",), declared)
+    allowed = ours_or_declared(ctx)
+    unit_dropins("Check the drop-ins of kubelet", ("kubelet",), allowed)
+    only_ours(
+        "Check that kubelet runs only kubeadm's static pods",
+        f"{STATIC_PODS_DIR}/*",
+        (*allowed, *kubeadms_static_pods(control_plane)),
+        "kubelet runs it as a static pod",
+    )
+    only_ours(
+        "Check that kubeadm applies only gpuinfra's patches",
+        f"{PATCHES_DIR}/*",
+        allowed,
+        "kubeadm applies it to the node's components at init, join and upgrade",
+    )
     return {path: f.content for path, f in managed.items()}
 
 
@@ -120,7 +139,7 @@ def apply_control_plane(ctx: HostContext) -> None:
     if not cfg.enabled:
         kube_ops.disabled(name="Skip Kubernetes (disabled)")
         return
-    contents = _common(ctx)
+    contents = _common(ctx, control_plane=True)
     first = is_first_control_plane(ctx)
     kube_ops.control_plane_initialised(
         name="Initialise the first control-plane node",
@@ -176,7 +195,7 @@ def apply_workers(ctx: HostContext) -> None:
             reason="no control_plane host in the inventory: nothing for this worker to join",
         )
         return
-    contents = _common(ctx)
+    contents = _common(ctx, control_plane=False)
     kube_ops.worker_joined(
         name="Join the workers, rate-limited",
         first_name=first_control_plane(ctx.cluster),

@@ -28,6 +28,10 @@ INIT_CONFIG = KUBEADM_CONFIG
 JOIN_CONFIG = KUBEADM_CONFIG
 PATCHES_DIR = f"{CONFIG_DIR}/patches"
 KUBELET_PATCH = f"{PATCHES_DIR}/kubeletconfiguration+merge.yaml"
+# kubelet runs every file here as a pod; with an external etcd kubeadm writes these three on a
+# control-plane node and none on a worker, so any other file is a pod nobody declared.
+STATIC_PODS_DIR = "/etc/kubernetes/manifests"
+CONTROL_PLANE_PODS = ("kube-apiserver.yaml", "kube-controller-manager.yaml", "kube-scheduler.yaml")
 # The join step writes the filled-in copy here (0700) and removes it after the join.
 SECRET_DIR = f"{CONFIG_DIR}/private"
 # Files kubeadm writes: "initialised" and "joined" are read from them (Kubespray's tests too).
@@ -433,3 +437,10 @@ def kubeadm_file(ctx: HostContext, cfg: KubernetesConfig) -> ManagedFile:
     )
     text = m.dump([join_configuration(ctx, cfg)], header)
     return ManagedFile("kubernetes", JOIN_CONFIG, text, mode="0600")
+
+
+def kubeadms_static_pods(control_plane: bool) -> tuple[str, ...]:
+    """The static pod manifests kubeadm writes on a node: the control plane's, or none."""
+    return (
+        tuple(f"{STATIC_PODS_DIR}/{name}" for name in CONTROL_PLANE_PODS) if control_plane else ()
+    )

@@ -16,7 +16,7 @@ from roles.loadbalancer.files import (
     uses_keepalived,
 )
 from roles.loadbalancer.operations import haproxy_serving
-from toolkit.effective import declared_files, nothing_overrides, unit_dropins
+from toolkit.effective import nothing_overrides, ours_or_declared, unit_dropins
 from toolkit.operations import put_file, service_running, wait_for
 from toolkit.spec import HostContext
 
@@ -59,9 +59,9 @@ def apply(ctx: HostContext) -> None:
             for server in held
         ],
     )
-    declared = declared_files(ctx.settings_of("base"))
+    allowed = ours_or_declared(ctx)
     units = ("haproxy", "keepalived")
-    unit_dropins("Check the drop-ins of HAProxy and keepalived", units, declared)
+    unit_dropins("Check the drop-ins of HAProxy and keepalived", units, allowed)
     if not keepalived:
         return
     vrrp_files = [written[KEEPALIVED_CONFIG], written[KEEPALIVED_CHECK]]

@@ -19,7 +19,8 @@ from roles.firewall.config import FirewallConfig
 from roles.firewall.deploy import other_tables
 from roles.firewall.facts import BaseChains
 from tests.helpers import files_of
-from toolkit.effective import MARKER, UnitDropIns, UnmarkedFiles, foreign_dropins
+from toolkit.dropins import MARKER
+from toolkit.effective import FilesMatching, UnitDropIns, foreign_dropins, foreign_files
 
 REPO = Path(__file__).resolve().parents[2]
 OURS = "/etc/ssh/sshd_config.d/50-gpuinfra.conf"
@@ -118,7 +119,7 @@ def test_a_main_file_without_the_include_is_a_finding():
 
 
 def test_apt_sources_and_pins_that_are_not_ours():
-    found = UnmarkedFiles().process([
+    found = FilesMatching().process([
         "/etc/apt/sources.list.d/site.list",
         "/etc/apt/sources.list.d/site.list.save",  # apt does not read it
         "/etc/apt/sources.list.d/debian.sources",  # the base role removes it
@@ -148,7 +149,8 @@ def test_unit_drop_ins_of_others():
         "unit nothing.service", "load not-found",
     ])  # fmt: skip
     assert set(found) == {"etcd.service", "nftables.service"}
-    assert foreign_dropins(found, ()) == [
+    rendered = ("/etc/systemd/system/etcd.service.d/50-gpuinfra.conf",)
+    assert foreign_dropins(found, rendered) == [
         "etcd.service: drop-in /etc/systemd/system/etcd.service.d/override.conf is not "
         "gpuinfra's and changes the unit (remove it, or declare it in base.site_files)",
         "nftables.service: drop-in /run/systemd/system.control/nftables.service.d/"
@@ -156,7 +158,62 @@ def test_unit_drop_ins_of_others():
         "base.site_files)",
     ]
     declared = ("/etc/systemd/system/etcd.service.d/override.conf",)
-    assert len(foreign_dropins(found, declared)) == 1
+    assert len(foreign_dropins(found, (*rendered, *declared))) == 1
+
+
+def test_a_drop_in_that_copies_our_marker_is_judged_by_its_path():
+    """A foreign drop-in with "Managed by gpuinfra" in its first lines is still foreign: only
+    the paths gpuinfra renders are its own."""
+    found = UnitDropIns().process([
+        "unit kubelet.service", "load loaded",
+        "ours /etc/systemd/system/kubelet.service.d/10-kubeadm.conf",
+        "ours /etc/systemd/system/kubelet.service.d/99-copied-marker.conf",
+    ])  # fmt: skip
+    rendered = ("/etc/systemd/system/kubelet.service.d/10-kubeadm.conf",)
+    assert foreign_dropins(found, rendered) == [
+        "kubelet.service: drop-in /etc/systemd/system/kubelet.service.d/99-copied-marker.conf "
+        "is not gpuinfra's and changes the unit (remove it, or declare it in base.site_files)"
+    ]
+
+
+def test_a_file_that_copies_our_marker_where_a_service_reads_every_file(tmp_path):
+    """containerd's conf.d, chrony's sources.d, apt's folders: every file is listed (by this
+    machine's sh), the marker in one proves nothing, and only the rendered paths are ours."""
+    import subprocess
+
+    ours, copied = tmp_path / "90-nvidia.toml", tmp_path / "99-site.toml"
+    ours.write_text(f"# {MARKER}\n")
+    copied.write_text(f"# {MARKER} (copied)\n[plugins]\n")
+    (tmp_path / "notes.txt").write_text("not read by the service\n")
+    command = FilesMatching().command(pattern=f"{tmp_path}/*.toml")
+    output = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+    found = FilesMatching().process(output.stdout.splitlines())
+    assert found == [str(ours), str(copied)]
+    assert foreign_files(found, (str(ours),), "containerd imports it") == [
+        f"{copied} is not gpuinfra's: containerd imports it (remove it, or declare it in "
+        "base.site_files)"
+    ]
+    empty = FilesMatching().command(pattern=f"{tmp_path}/none/*.toml")
+    assert subprocess.run(["sh", "-c", empty], capture_output=True, text=True).stdout == ""
+    apt = ["/etc/apt/sources.list.d/gpuinfra.sources", "/etc/apt/sources.list.d/copied.sources"]
+    assert apt_findings(apt, (), ("/etc/apt/sources.list.d/gpuinfra.sources",)) == [
+        "apt: /etc/apt/sources.list.d/copied.sources is not gpuinfra's (remove it, or declare "
+        "it in base.site_files)"
+    ]
+
+
+def test_every_rendered_path_of_a_host_is_its_own():
+    """What the checks take as gpuinfra's on a host is exactly what its roles render there
+    (every role's, as nvidia's containerd file sits in container_runtime's folder)."""
+    from engine.context import host_context
+    from toolkit.effective import ours_or_declared
+
+    loaded = load(REPO / "inventory" / "sample" / "cluster.yml")
+    one_per_groups = {tuple(host.groups): name for name, host in loaded.cluster.hosts.items()}
+    for name in one_per_groups.values():
+        ctx = host_context(loaded, name)
+        assert ctx.rendered_paths() == set(files_of(loaded, name)), name
+        assert set(ours_or_declared(ctx)) >= ctx.rendered_paths()
 
 
 # `nft list chains` on a host with gpuinfra's table, iptables-nft's and a site's own.
@@ -282,12 +339,96 @@ def test_supplementary_groups_leave_the_primary_out():
     assert SupplementaryGroups().process([]) is None
 
 
-def test_files_without_the_marker_where_a_service_reads_every_file():
-    from toolkit.effective import UnmarkedFiles
-
-    fact = UnmarkedFiles()
+def test_every_file_where_a_service_reads_every_file():
+    fact = FilesMatching()
     assert "/etc/containerd/conf.d/*.toml" in fact.command(pattern="/etc/containerd/conf.d/*.toml")
     assert fact.process(["/etc/containerd/conf.d/site.toml", ""]) == [
         "/etc/containerd/conf.d/site.toml"
     ]
     assert fact.default() == []
+
+
+# What AuthorizedKeys' command prints: user, file, then the file's line (options and all).
+LAB_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHnTbvVZ6nUT4nM1ziCvlf1pMGLTJ5u8jp7zF3OGE5qg"
+OTHER_KEY = "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAAAgQC7"
+
+
+def test_a_login_key_the_inventory_does_not_declare_is_named_by_its_fingerprint(tmp_path):
+    from roles.base.effective import AuthorizedKeys, declared_keys, fingerprint, unknown_keys
+
+    found = AuthorizedKeys().process([
+        f"root /root/.ssh/authorized_keys {LAB_KEY} gpuinfra-lab",
+        "root /root/.ssh/authorized_keys2 "
+        f'restrict,from="10.0.0.1 10.0.0.2" {OTHER_KEY} backdoor@somewhere',
+        f"admin /home/admin/.ssh/authorized_keys {OTHER_KEY}",
+    ])  # fmt: skip
+    assert [entry[:3] for entry in found] == [
+        ("root", "/root/.ssh/authorized_keys", "ssh-ed25519"),
+        ("root", "/root/.ssh/authorized_keys2", "ssh-rsa"),
+        ("admin", "/home/admin/.ssh/authorized_keys", "ssh-rsa"),
+    ]
+    key = tmp_path / "id_ed25519"
+    key.write_text("not read: the .pub beside it is")
+    (tmp_path / "id_ed25519.pub").write_text(f"{LAB_KEY} gpuinfra-lab\n")
+    declared = declared_keys([], key)
+    other = fingerprint(OTHER_KEY.split()[1])
+    findings = unknown_keys(found, declared)
+    assert findings == [
+        "ssh: /root/.ssh/authorized_keys2 lets root log in with a key the inventory does not "
+        f"declare: ssh-rsa {other} (backdoor@somewhere) (remove it, or declare it in "
+        "base.authorized_keys)",
+        "ssh: /home/admin/.ssh/authorized_keys lets admin log in with a key the inventory does "
+        f"not declare: ssh-rsa {other} (remove it, or declare it in base.authorized_keys)",
+    ]
+    assert all(OTHER_KEY.split()[1] not in finding for finding in findings)  # never the key
+    # This machine's sh runs the command: a user with no keys file, and none at all, add nothing.
+    import subprocess
+
+    command = AuthorizedKeys().command(users=("nobody", "no-such-user"))
+    ran = subprocess.run(["sh", "-c", command], capture_output=True, text=True)
+    assert (ran.returncode, ran.stdout) == (0, "")
+    assert unknown_keys(found, declared_keys([f"{OTHER_KEY} ops"], key)) == []
+
+
+def test_the_declared_keys_and_the_fingerprint_ssh_keygen_prints(tmp_path):
+    import subprocess
+
+    from roles.base.effective import declared_keys, fingerprint, key_blob
+    from toolkit.sshkeys import new_ed25519, public_key
+
+    private = tmp_path / "key"
+    private.write_text(new_ed25519())
+    public = public_key(private.read_text())
+    assert declared_keys([], private) == {public.split()[1]}  # no .pub: read from the key
+    assert declared_keys([], None) == set()
+    assert declared_keys(["# a comment", f"{LAB_KEY} lab"], None) == {LAB_KEY.split()[1]}
+    (tmp_path / "key.pub").write_text(public + " me\n")
+    keygen = subprocess.run(
+        ["ssh-keygen", "-l", "-f", str(tmp_path / "key.pub")], capture_output=True, text=True
+    )
+    if keygen.returncode == 0:  # ssh-keygen present: the same fingerprint
+        assert fingerprint(public.split()[1]) == keygen.stdout.split()[1]
+    assert key_blob("no key here") is None
+
+
+def test_a_static_pod_or_a_kubeadm_patch_that_is_not_ours_is_named():
+    from roles.kubernetes import deploy as kube_deploy
+    from roles.kubernetes.kubeadm import KUBELET_PATCH, PATCHES_DIR, kubeadms_static_pods
+
+    dropped = "/etc/kubernetes/manifests/miner.yaml"
+    apiserver = "/etc/kubernetes/manifests/kube-apiserver.yaml"
+    found = [apiserver, dropped]
+    why = "kubelet runs it as a static pod"
+    assert foreign_files(found, kubeadms_static_pods(control_plane=True), why) == [
+        f"{dropped} is not gpuinfra's: {why} (remove it, or declare it in base.site_files)"
+    ]
+    # A worker runs no control-plane pod: kubeadm's file there was put there by someone else.
+    assert len(foreign_files(found, kubeadms_static_pods(control_plane=False), why)) == 2
+    patch = f"{PATCHES_DIR}/kube-apiserver+json.json"
+    assert foreign_files([KUBELET_PATCH, patch], (KUBELET_PATCH,), "kubeadm applies it") == [
+        f"{patch} is not gpuinfra's: kubeadm applies it (remove it, or declare it in "
+        "base.site_files)"
+    ]
+    # The role's drift lists both folders (the checks run as operations of its deploy).
+    source = Path(kube_deploy.__file__).read_text()
+    assert 'f"{STATIC_PODS_DIR}/*"' in source and 'f"{PATCHES_DIR}/*"' in source

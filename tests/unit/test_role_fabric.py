@@ -22,7 +22,7 @@ from tests.helpers import files_of as shared_files_of
 from tests.unit.conftest import SAMPLE
 from tests.unit.fake_host import commands
 from toolkit import record
-from toolkit.effective import MARKER
+from toolkit.dropins import MARKER
 
 RECORDINGS = Path(__file__).parent / "recordings" / "fabric"
 files_of = functools.partial(shared_files_of, role="fabric")

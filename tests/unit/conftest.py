@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from inventory.model import LoadedCluster
+
 REPO = Path(__file__).resolve().parents[2]
-SAMPLE = REPO / "inventory" / "sample"
+INVENTORIES = REPO / "inventory"
+SAMPLE = INVENTORIES / "sample"
 
 SMALL_CLUSTER: dict[str, Any] = {
     "name": "small",
@@ -52,3 +55,31 @@ def write_cluster(tmp_path: Path) -> Callable[[dict[str, Any]], Path]:
         return path
 
     return write
+
+
+def _state_dirs() -> set[Path]:
+    return {path for path in INVENTORIES.glob("*/.state") if path.is_dir()}
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _state_outside_the_checkout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The tests load the committed inventories and render them, which makes their state (the
+    etcd CA, the secrets) as any library caller does: here into a folder of the session, never
+    into the checkout, where a later `gpuinfra apply inventory/sample` would find a CA it never
+    made. A test that still writes there (a gpuinfra subprocess) fails the session."""
+    root = tmp_path_factory.mktemp("inventory-state")
+    original = LoadedCluster.state_dir.fget
+    before = _state_dirs()
+
+    def state_dir(self: LoadedCluster) -> Path:
+        base = self.base_dir.resolve()
+        if base.is_relative_to(INVENTORIES):
+            return root / base.relative_to(INVENTORIES) / ".state"
+        return original(self)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(LoadedCluster, "state_dir", property(state_dir))
+        yield
+    made = sorted(str(path.relative_to(REPO)) for path in _state_dirs() - before)
+    if made:
+        pytest.fail(f"unit tests wrote state into the checkout: {', '.join(made)}")

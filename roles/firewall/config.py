@@ -32,15 +32,25 @@ class FirewallConfig(BaseModel):
     extra_rules: list[ExtraRule] = Field(default_factory=list)
     # Tables of others that may filter input beside gpuinfra's ("family name"): a packet must pass
     # every base chain on its hook, so any other table can drop what ours accepts. iptables'
-    # tables (kube-proxy, Docker and CNI plugins write theirs through iptables-nft) and
-    # kube-proxy's nftables mode are expected; a site adds its own here. Any other table with a
-    # chain on the prerouting, input or ingress hook is drift and stops an apply.
+    # tables (kube-proxy, Docker and CNI plugins write theirs through iptables-nft),
+    # kube-proxy's nftables mode and the CNI portmap plugin's nftables backend (its
+    # `cni_hostport` DNAT for pods' hostPorts, in the kubernetes role's routes chain) are
+    # expected; a site adds its own here. Any other table with a chain on the prerouting, input
+    # or ingress hook is drift and stops an apply.
     foreign_tables: list[str] = Field(
         default_factory=lambda: [
             f"{family} {table}"
             for family in ("ip", "ip6")
-            for table in ("filter", "nat", "mangle", "raw", "security", "kube-proxy")
-        ]
+            for table in (
+                "filter",
+                "nat",
+                "mangle",
+                "raw",
+                "security",
+                "kube-proxy",
+                "cni_hostport",
+            )
+        ]  # fmt: skip
     )
     # Log dropped packets (rate-limited): useful while bringing a cluster up, noisy after.
     log_drops: bool = False

@@ -254,6 +254,17 @@ def test_another_table_on_the_input_hook_is_named():
     assert len(other_tables(chains, FirewallConfig(foreign_tables=[]))) == 2
 
 
+def test_the_portmap_plugins_hostport_table_is_expected_by_default():
+    """The routes CNI chain's portmap (nftables backend) DNATs pods' hostPorts in its own
+    `cni_hostport` tables, on the prerouting hook: expected, as kube-proxy's."""
+    chains = [
+        ("ip cni_hostport", "prerouting", "prerouting", "accept"),
+        ("ip6 cni_hostport", "prerouting", "prerouting", "accept"),
+    ]
+    assert other_tables(chains, FirewallConfig()) == []
+    assert len(other_tables(chains, FirewallConfig(foreign_tables=[]))) == 2  # the control
+
+
 @pytest.mark.parametrize(
     ("service", "socket", "off"),
     [

@@ -246,7 +246,7 @@ REPLACE_HELP = flow_help(
         "The old data is set aside and deleted only once the new member is promoted and the "
         "cluster healthy; nothing is changed when etcd there does not stop. etcd there cannot "
         "be started until the new member is added (a fence drop-in). Refused (exit 2) when its "
-        "data disk is not mounted."
+        "data disk is not mounted. --events: the host's member of the Events cluster."
     ),
 )
 
@@ -267,6 +267,7 @@ def replace_member(
         ),
     ] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
+    events: EventsOpt = False,
     skip: SkipOpt = None,
     only: OnlyOpt = None,
     break_lock: BreakLockOpt = False,
@@ -274,17 +275,22 @@ def replace_member(
 ) -> None:
     from day2.etcd import replace
 
+    etcd = _which(events)
     with reporting():
         loaded = _load(cluster)
         steps = chosen_steps(ETCD_REPLACE, skip, only)
     with changing(loaded, break_lock=break_lock) as loaded:
-        _confirm(yes, f"Remove {member} from etcd and add it back with an empty data directory?")
+        _confirm(
+            yes,
+            f"Remove {member} from {etcd.title} and add it back with an empty data directory?",
+        )
         result = _call(
             lambda: replace(
                 loaded,
                 member,
                 override_gate=override_gate,
                 discard_old_data=discard_old_data,
+                etcd=etcd,
                 skip=steps,
                 only=only,
                 progress=progress,

@@ -79,8 +79,14 @@ def command_token() -> str:
     return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(4)}"
 
 
-# `! cmd` does not stop a `set -e` script: spell the check out.
-STOPPED = 'if systemctl is-active -q etcd; then echo "etcd is still running" >&2; exit 1; fi'
+def stopped(etcd: EtcdCluster = MAIN) -> str:
+    """Fail when the cluster's member on this host still runs. `! cmd` does not stop a
+    `set -e` script: the check is spelled out."""
+    unit = etcd.name
+    return f'if systemctl is-active -q {unit}; then echo "{unit} is still running" >&2; exit 1; fi'
+
+
+STOPPED = stopped(MAIN)
 
 
 def data_disk(loaded: LoadedCluster, host: str) -> str | None:

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 
 from day2.etcd import common
 from day2.etcd.common import (
-    ENV,
-    LOCAL,
     EtcdOperationError,
     EtcdRefused,
+    etcdctl_env,
     json_or_none,
+    local_endpoint,
     members,
     require_data_disks,
     settings,
@@ -27,9 +27,8 @@ from day2.etcd.replace_commands import (
 )
 from day2.steps import run_flow
 from inventory.model import LoadedCluster
-from inventory.topology import ETCD_PEER_PORT
+from roles.etcd.clusters import MAIN, EtcdCluster
 from roles.etcd.config import EtcdConfig
-from roles.etcd.files import WAIT_HEALTHY
 from roles.etcd.gate import GateResult, fio_command, judge
 
 
@@ -43,14 +42,17 @@ class ReplaceResult:
     seconds: float
 
 
-def _member_list(loaded: LoadedCluster, via: str) -> list[dict]:
-    listed = common.run_remote(
-        loaded, via, f"{ENV} etcdctl {LOCAL} member list -w json", timeout=30
-    )
+def _member_list(loaded: LoadedCluster, via: str, etcd: EtcdCluster = MAIN) -> list[dict]:
+    listed = common.run_remote(loaded, via, f"{_etcdctl(etcd)} member list -w json", timeout=30)
     data = json_or_none(listed.stdout) if listed.ok else None
     if not data:
         raise EtcdOperationError(f"{via}: member list failed: {listed.stderr.strip()}")
     return data.get("members", [])
+
+
+def _etcdctl(etcd: EtcdCluster) -> str:
+    """etcdctl on a member's host, for its own member of `etcd`."""
+    return f"{etcdctl_env(etcd)} etcdctl {local_endpoint(etcd)}"
 
 
 @dataclass
@@ -62,6 +64,7 @@ class ReplaceRun:
     override_gate: bool
     discard_old_data: bool
     stamp: str
+    etcd: EtcdCluster = MAIN  # the main cluster or the Events one (etcd.events)
     via: str = ""  # a healthy member that answers for the cluster
     name: str = ""
     peer_url: str = ""
@@ -77,6 +80,14 @@ class ReplaceRun:
         return settings(self.loaded, self.host)
 
     @property
+    def etcdctl(self) -> str:
+        return _etcdctl(self.etcd)
+
+    @property
+    def unit(self) -> str:
+        return self.etcd.name
+
+    @property
     def membership(self) -> str:
         return f"still member {self.old_id} of the cluster" if self.old_id else "not a member"
 
@@ -88,6 +99,7 @@ def replace(
     override_gate: bool = False,
     discard_old_data: bool = False,
     stamp: str | None = None,
+    etcd: EtcdCluster = MAIN,
     skip: Iterable[str] = (),
     only: str | None = None,
     progress: Callable[[str], None] | None = None,
@@ -115,12 +127,16 @@ def replace(
 
     A rebuilt host: run `gpuinfra apply --roles etcd --limit HOST` first; that installs etcd
     without starting it as a new cluster once this has run.
+
+    `etcd=EVENTS` replaces the host's member of the Events cluster (etcd.events) the same
+    way: its own unit, ports, member name and data directory; the main member is untouched. A
+    failed host holds a member of each: replace the main one, then the Events one.
     """
     from day2.flows import ETCD_REPLACE
 
     started = time.monotonic()
     stamp = stamp or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    job = ReplaceRun(loaded, host, override_gate, discard_old_data, stamp)
+    job = ReplaceRun(loaded, host, override_gate, discard_old_data, stamp, etcd)
     run_flow(ETCD_REPLACE, job, error=EtcdOperationError, skip=skip, only=only, progress=progress)
     return ReplaceResult(
         job.name, host, job.old_id, job.new_id, job.gate, time.monotonic() - started
@@ -132,11 +148,11 @@ _AGAIN = "run `gpuinfra etcd replace` again to finish"
 
 def replace_preflight(job: ReplaceRun) -> None:
     loaded, host = job.loaded, job.host
-    hosts = members(loaded)
+    hosts = members(loaded, job.etcd)
     if host not in hosts:
         raise EtcdRefused(f"{host} is not an etcd member (members: {', '.join(hosts)})")
     others = [h for h in hosts if h != host]
-    health = f"{ENV} etcdctl {LOCAL} endpoint health"
+    health = f"{job.etcdctl} endpoint health"
     healthy = [h for h in others if common.run_remote(loaded, h, health, timeout=20).ok]
     if len(healthy) < len(hosts) // 2 + 1:
         raise EtcdRefused(
@@ -145,20 +161,20 @@ def replace_preflight(job: ReplaceRun) -> None:
         )
     require_data_disks(loaded, [host])
     job.via, job.members = healthy[0], len(hosts)
-    job.name = loaded.cluster.etcd_member(host)
-    job.peer_url = f"https://{loaded.cluster.hosts[host].address}:{ETCD_PEER_PORT}"
-    job.data_dir = job.cfg.data_dir
+    job.name = job.etcd.member_name(loaded, host)
+    job.peer_url = job.etcd.peer_url(loaded, host)
+    job.data_dir = job.etcd.data_dir(job.cfg)
     job.kept = f"{job.data_dir}/member.before-replace-{job.stamp}"
-    old = next((m for m in _member_list(loaded, job.via)
+    old = next((m for m in _member_list(loaded, job.via, job.etcd)
                 if m.get("name") == job.name or job.peer_url in m.get("peerURLs", [])),
                None)  # fmt: skip
     job.old_id = format(old["ID"], "x") if old else None
 
 
 def replace_stop(job: ReplaceRun) -> None:
-    stopped = common.run_remote(job.loaded, job.host, stop_member_command(), timeout=120)
+    stopped = common.run_remote(job.loaded, job.host, stop_member_command(job.etcd), timeout=120)
     if not stopped.ok:
-        raise EtcdOperationError(f"{job.host}: could not stop etcd ({stopped.tail()})")
+        raise EtcdOperationError(f"{job.host}: could not stop {job.unit} ({stopped.tail()})")
 
 
 def replace_left_unchanged(job: ReplaceRun) -> str:
@@ -166,7 +182,7 @@ def replace_left_unchanged(job: ReplaceRun) -> str:
 
 
 def replace_set_aside(job: ReplaceRun) -> None:
-    command = set_aside_command(job.data_dir, job.kept, discard=job.discard_old_data)
+    command = set_aside_command(job.data_dir, job.kept, discard=job.discard_old_data, etcd=job.etcd)
     aside = common.run_remote(job.loaded, job.host, command, timeout=120)
     if not aside.ok:
         raise EtcdOperationError(f"{job.host}: could not set the old data aside: {aside.tail()}")
@@ -174,7 +190,7 @@ def replace_set_aside(job: ReplaceRun) -> None:
 
 def replace_left_set_aside(job: ReplaceRun) -> str:
     return (
-        f"etcd there is stopped and fenced, {job.membership}, its data untouched or at "
+        f"{job.unit} there is stopped and fenced, {job.membership}, its data untouched or at "
         f"{job.kept} (a discard may have deleted part of it); {_AGAIN}"
     )
 
@@ -201,7 +217,7 @@ def replace_left_gate(job: ReplaceRun) -> str:
 def replace_remove(job: ReplaceRun) -> None:
     if job.old_id is None:
         return  # removed by an earlier run that stopped after it
-    command = f"{ENV} etcdctl {LOCAL} member remove {job.old_id}"
+    command = f"{job.etcdctl} member remove {job.old_id}"
     removed = common.run_remote(job.loaded, job.via, command, timeout=30)
     if not removed.ok:
         raise EtcdOperationError(f"{job.via}: member remove failed: {removed.tail()}")
@@ -210,32 +226,30 @@ def replace_remove(job: ReplaceRun) -> None:
 def replace_left_as_is(job: ReplaceRun) -> str:
     """The member's state when the replace stops before the old member is removed: its old
     data put back and the fence lifted where there is data, else fenced, as it is."""
-    host = job.host
+    host, unit = job.host, job.unit
     if job.discard_old_data:
         return (
-            f"etcd on {host} is stopped and fenced (it cannot start), {job.membership}, its old "
-            f"data DISCARDED: it must not start under its old identity; run `gpuinfra etcd "
+            f"{unit} on {host} is stopped and fenced (it cannot start), {job.membership}, its "
+            f"old data DISCARDED: it must not start under its old identity; run `gpuinfra etcd "
             f"replace {host} --discard-old-data` again to finish"
         )
     back = common.run_remote(
-        job.loaded, host, put_back_command(job.data_dir, job.kept), timeout=120
+        job.loaded, host, put_back_command(job.data_dir, job.kept, job.etcd), timeout=120
     )
     if back.ok:
         return (
-            f"etcd on {host} is stopped, not fenced, {job.membership}, its old data back in "
-            "place (`systemctl start etcd` there brings it back as it was)"
+            f"{unit} on {host} is stopped, not fenced, {job.membership}, its old data back in "
+            f"place (`systemctl start {unit}` there brings it back as it was)"
         )
     return (
-        f"etcd on {host} is stopped and fenced (it cannot start), {job.membership}, its old "
+        f"{unit} on {host} is stopped and fenced (it cannot start), {job.membership}, its old "
         f"data NOT put back ({back.tail()}), kept at {job.kept}; run `gpuinfra etcd replace` "
         "again"
     )
 
 
 def replace_add(job: ReplaceRun) -> None:
-    command = (
-        f"{ENV} etcdctl {LOCAL} member add {job.name} --learner --peer-urls={job.peer_url} -w json"
-    )
+    command = f"{job.etcdctl} member add {job.name} --learner --peer-urls={job.peer_url} -w json"
     added = common.run_remote(job.loaded, job.via, command, timeout=30)
     learner = (json_or_none(added.stdout) or {}).get("member") if added.ok else None
     if not learner:
@@ -251,17 +265,19 @@ def replace_left_removed(job: ReplaceRun) -> str:
     )
     if job.old_id:
         state = (
-            f"etcd on {job.host} is stopped and fenced, member {job.old_id} removed (the "
+            f"{job.unit} on {job.host} is stopped and fenced, member {job.old_id} removed (the "
             f"cluster has {job.members - 1} members), {old_data}"
         )
     else:
-        state = f"etcd on {job.host} is stopped and fenced, not a member, {old_data}"
+        state = f"{job.unit} on {job.host} is stopped and fenced, not a member, {old_data}"
     return f"{state}; {_AGAIN}"
 
 
 def replace_start(job: ReplaceRun) -> None:
     timeout_s = job.cfg.health_timeout_s
-    joined = common.run_remote(job.loaded, job.host, join_command(), timeout=timeout_s + 120)
+    joined = common.run_remote(
+        job.loaded, job.host, join_command(job.etcd), timeout=timeout_s + 120
+    )
     if not joined.ok:
         raise EtcdOperationError(
             f"{job.host}: the new member (learner {job.new_id}) did not start: {joined.tail()}"
@@ -283,7 +299,7 @@ def replace_promote(job: ReplaceRun) -> None:
     leader's log, so this asks again until it agrees or the time is up."""
     timeout_s = job.cfg.health_timeout_s
     deadline = time.monotonic() + timeout_s
-    command = f"{ENV} etcdctl {LOCAL} member promote {job.new_id}"
+    command = f"{job.etcdctl} member promote {job.new_id}"
     while True:
         promoted = common.run_remote(job.loaded, job.via, command, timeout=30)
         if promoted.ok:
@@ -299,7 +315,7 @@ def replace_promote(job: ReplaceRun) -> None:
 def replace_wait(job: ReplaceRun) -> None:
     timeout_s = job.cfg.health_timeout_s
     healthy = common.run_remote(
-        job.loaded, job.host, f"{WAIT_HEALTHY} {timeout_s}", timeout=timeout_s + 60
+        job.loaded, job.host, f"{job.etcd.wait_healthy} {timeout_s}", timeout=timeout_s + 60
     )
     if not healthy.ok:
         raise EtcdOperationError(

@@ -326,10 +326,23 @@ def test_snapshot_wipe_restore_brings_every_key_back(lab, converged, tmp_path):
     wait_healthy(lab)
 
 
+EVENTS_LOCAL = "set -a; . /etc/etcd/etcdctl-events.env; etcdctl --endpoints=https://127.0.0.1:2383"
+
+
 def test_replace_a_failed_member(lab, converged):
+    """A host whose members lost their data: its main member replaced, then (etcd.events, as
+    the sample runs) its Events member, each caught up with what its cluster held before."""
+    events = settings_of(lab.loaded, "etcd-3", "etcd").events.enabled
     wait_healthy(lab)
     etcdctl(lab, "put replace/before yes")
-    lab.ssh("etcd-3", "systemctl stop etcd && rm -rf /var/lib/etcd/member")
+    wipe = "systemctl stop etcd && rm -rf /var/lib/etcd/member"
+    if events:
+        lab.ssh("etcd-1", f"{EVENTS_LOCAL} put replace/events yes")
+        wipe = (
+            "systemctl stop etcd-events etcd && "
+            "rm -rf /var/lib/etcd/member /var/lib/etcd/events/member"
+        )
+    lab.ssh("etcd-3", wipe)
     result = gpuinfra("etcd", "replace", str(lab.inventory_path), "etcd-3", "--yes", "--format",
                       "json")  # fmt: skip
     assert result.returncode == ExitCode.OK, result.stdout + result.stderr
@@ -344,6 +357,24 @@ def test_replace_a_failed_member(lab, converged):
         "get replace/before --print-value-only --consistency=s",
     )
     assert local.stdout.strip() == "yes"
+    if not events:
+        return
+    # Negative control: the main replace left the Events member down, its data gone.
+    down = gpuinfra("etcd", "status", str(lab.inventory_path), "--events", "--format", "json")
+    assert json.loads(down.stdout)["healthy_members"] == 4, down.stdout
+    result = gpuinfra("etcd", "replace", str(lab.inventory_path), "etcd-3", "--events", "--yes",
+                      "--format", "json")  # fmt: skip
+    assert result.returncode == ExitCode.OK, result.stdout + result.stderr
+    replaced = json.loads(result.stdout)
+    RESULTS["replace_events_seconds"] = round(replaced["seconds"], 1)
+    assert replaced["old_id"] and replaced["new_id"] and replaced["old_id"] != replaced["new_id"]
+    up = gpuinfra("etcd", "status", str(lab.inventory_path), "--events", "--format", "json")
+    assert up.returncode == ExitCode.OK and json.loads(up.stdout)["healthy_members"] == 5, up.stdout
+    local = lab.ssh(
+        "etcd-3", f"{EVENTS_LOCAL} get replace/events --print-value-only --consistency=s"
+    )
+    assert local.stdout.strip() == "yes"
+    assert wait_healthy(lab)["healthy_members"] == 5  # the main cluster untouched by it
 
 
 SERVED_SERIAL = (

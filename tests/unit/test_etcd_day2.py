@@ -262,7 +262,7 @@ def test_replace_fences_etcd_from_before_the_stop_until_the_new_member_is_added(
     day2.replace(loaded, "etcd-2", stamp="S")
     commands = [c for _, c in members.commands]
     stop = members.first("systemctl stop etcd")
-    fence, unfence = replace_commands.FENCE, replace_commands.unfence_command()
+    fence, unfence = replace_commands.fence(), replace_commands.unfence_command()
     assert commands[stop].index(fence) < commands[stop].index("systemctl stop etcd")
     lifted = [i for i, c in enumerate(commands) if c.startswith(unfence)]
     assert lifted == [members.first("systemctl start etcd")]

@@ -3,6 +3,8 @@ the rolling restart of each cluster on its own, and the API servers' flag derive
 
 from __future__ import annotations
 
+import json
+import re
 from types import SimpleNamespace
 from typing import Any
 
@@ -11,6 +13,8 @@ import yaml
 from cryptography import x509
 from pyinfra.context import ctx_host
 
+from day2 import etcd as day2
+from day2.etcd import common
 from engine.context import host_context, load, topology_of
 from inventory.errors import InventoryInvalid
 from inventory.model import StateAccess
@@ -22,6 +26,8 @@ from roles.etcd.files import etcd_flags, managed_files, restarting_files
 from roles.kubernetes.kubeadm import INIT_CONFIG
 from tests.helpers import files_of
 from tests.unit.conftest import SAMPLE
+from tests.unit.test_etcd_hardening import Members as SshMembers
+from tests.unit.test_etcd_hardening import remote
 from toolkit.facts import SupplementaryGroups, UnitState
 
 EVENTS_ON = {"etcd": {"etcd": {"events": {"enabled": True}}}}
@@ -353,3 +359,53 @@ def test_a_snapshot_of_the_events_cluster_is_taken_from_its_own_port(monkeypatch
         in (asked[1])
     )
     assert (tmp_path / "events.db").read_bytes() == b"snapshot"
+
+
+class EventsMembers(SshMembers):
+    """The members over SSH, answering each cluster's member list from its own port."""
+
+    def __call__(self, loaded, host, command, **kwargs):
+        if "member list" in command and "127.0.0.1:2383" in command:
+            self.commands.append((host, command))
+            member = {"ID": 23, "name": "infra2-events", "peerURLs": ["https://10.0.0.12:2382"]}
+            return remote(True, json.dumps({"members": [member]}), "")
+        return super().__call__(loaded, host, command, **kwargs)
+
+
+def test_replace_with_events_replaces_the_events_member_and_leaves_the_main_one(
+    monkeypatch, loaded
+):
+    members = EventsMembers()
+    monkeypatch.setattr(common, "run_remote", members)
+    day2.replace(loaded, "etcd-2", stamp="S", etcd=EVENTS)
+    commands = [c for _, c in members.commands]
+    etcdctl = [c for c in commands if "etcdctl " in c]
+    assert etcdctl and all(
+        "/etc/etcd/etcdctl-events.env" in c and "127.0.0.1:2383" in c for c in etcdctl
+    )
+    main_unit = re.compile(r"systemctl (stop|start) etcd(?!-events)")
+    assert not any(main_unit.search(c) for c in commands), commands
+    assert "/etc/systemd/system/etcd-events.service.d/" in commands[members.first("systemctl stop")]
+    assert members.sent("mv /var/lib/etcd/events/member /var/lib/etcd/events/member.before-")
+    assert members.sent("member remove 17")  # 23, as etcdctl writes member ids: hex
+    added = commands[members.first("member add")]
+    assert "member add infra2-events --learner --peer-urls=https://10.0.0.12:2382" in added
+    joined = commands[members.first("systemctl start etcd-events")]
+    assert "/etc/etcd/initial-cluster-state-events.env" in joined
+    assert members.sent("/usr/local/sbin/etcd-events-wait-healthy")
+    # Control: the main cluster's replace on the same host touches only the main member.
+    main = EventsMembers()
+    monkeypatch.setattr(common, "run_remote", main)
+    day2.replace(loaded, "etcd-2", stamp="S")
+    assert main.sent("systemctl stop etcd &&") and not main.sent("etcd-events")
+    assert not main.sent("127.0.0.1:2383") and main.sent("member add infra2 --learner")
+
+
+def test_replace_with_events_is_refused_where_the_events_cluster_is_off(
+    monkeypatch, small_cluster, write_cluster
+):
+    members = EventsMembers()
+    monkeypatch.setattr(common, "run_remote", members)
+    with pytest.raises(day2.EtcdOperationError, match="etcd.events is off"):
+        day2.replace(load(write_cluster(small_cluster)), "etcd-2", etcd=EVENTS)
+    assert members.commands == []

@@ -33,6 +33,7 @@ from day2.etcd.restore_commands import (
 )
 from engine.context import host_context, load
 from roles.etcd import pki
+from roles.etcd.clusters import EtcdCluster
 from roles.etcd.config import EtcdConfig
 from roles.etcd.files import PKI, client_files, managed_files
 from toolkit.remote import RemoteResult
@@ -203,8 +204,11 @@ def member_dir(tmp_path, monkeypatch) -> tuple[Path, RestorePaths]:
     (bin_dir / "install").write_text('#!/bin/sh\nfor a; do last=$a; done\nmkdir -p "$last"\n')
     (bin_dir / "install").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
-    for module in (restore_commands, replace_commands):  # the swap and the join write it
-        monkeypatch.setattr(module, "INITIAL_STATE_ENV", str(tmp_path / "initial.env"))
+    # The swap and the join write it: restore's constant, replace's from the cluster.
+    monkeypatch.setattr(restore_commands, "INITIAL_STATE_ENV", str(tmp_path / "initial.env"))
+    monkeypatch.setattr(
+        EtcdCluster, "initial_state_env", property(lambda etcd: str(tmp_path / "initial.env"))
+    )
     return data, RestorePaths(str(data), "STAMP")
 
 
@@ -472,13 +476,12 @@ def test_discard_deletes_the_old_data_only_with_etcd_stopped(member_dir, tmp_pat
 def fence(member_dir, tmp_path, monkeypatch) -> Path:
     """The fence drop-in under tmp_path, and a systemctl that logs its calls, says etcd is
     inactive, and fails `stop` when STOP_RC says so."""
-    monkeypatch.setattr(replace_commands, "FENCE_DIR", str(tmp_path / "etcd.service.d"))
-    monkeypatch.setattr(replace_commands, "FENCE", str(tmp_path / "etcd.service.d" / "fence.conf"))
+    monkeypatch.setattr(replace_commands, "SYSTEMD_DIR", str(tmp_path))
     (tmp_path / "bin" / "systemctl").write_text(
         f'#!/bin/sh\necho "$*" >> {tmp_path}/systemctl.log\n'
         'case "$1" in is-active) exit 3;; stop) exit "${STOP_RC:-0}";; *) exit 0;; esac\n'
     )
-    return tmp_path / "etcd.service.d" / "fence.conf"
+    return tmp_path / "etcd.service.d" / replace_commands.FENCE_NAME
 
 
 def test_the_stop_fences_etcd_and_a_failed_stop_lifts_the_fence_again(fence, monkeypatch):

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 from engine.registry import ROLE_CONFIGS, ROLES
 from inventory.building import RoleSettings
 from inventory.loader import load as load_inventory
-from inventory.model import Cluster, LoadedCluster
+from inventory.model import Cluster, LoadedCluster, StateAccess
 from inventory.topology import FirewallRule, Topology, build_topology
 from toolkit.spec import HostContext, ManagedFile, merged_settings
 
@@ -119,13 +119,19 @@ def host_context(
     topology: Topology | None = None,
     rendered: Callable[[], Mapping[str, str]] | None = None,
 ) -> HostContext:
+    topology = topology or topology_of(loaded)
+    rendered = rendered or _rendered_once(loaded)
+
+    def rendered_paths() -> frozenset[str]:
+        # Paths only, rendered with placeholders for missing state: `plan` and `drift` never
+        # create state and may ask before any `apply` made it (a control-plane node renders
+        # the etcd role's client certificate, signed by a CA that does not exist yet).
+        quiet = loaded.with_state_access(StateAccess.placeholder)
+        paths_ctx = HostContext(quiet, topology, name, ctx.settings, rendered)
+        return frozenset(f.path for f in host_files(paths_ctx))
+
     ctx = HostContext(
-        loaded,
-        topology or topology_of(loaded),
-        name,
-        _settings(loaded, name),
-        rendered or _rendered_once(loaded),
-        functools.cache(lambda: frozenset(f.path for f in host_files(ctx))),
+        loaded, topology, name, _settings(loaded, name), rendered, functools.cache(rendered_paths)
     )
     return ctx
 

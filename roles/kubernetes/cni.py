@@ -49,7 +49,9 @@ def calico_resources(loaded: LoadedCluster, cfg: KubernetesConfig) -> list[m.Str
     ]
 
 
-PORTMAP_PLUGIN = "portmap"
+# The portmap plugin of both chains: pods' hostPorts as DNAT on the node's addresses, SNAT
+# for a connection from the node itself (Calico's chain keeps the plugin's iptables backend).
+PORTMAP = {"type": "portmap", "snat": True, "capabilities": {"portMappings": True}}
 
 
 def calico_config_map(loaded: LoadedCluster, cfg: KubernetesConfig) -> str:
@@ -69,7 +71,7 @@ def calico_config_map(loaded: LoadedCluster, cfg: KubernetesConfig) -> str:
                 "policy": {"type": "k8s"},
                 "kubernetes": {"kubeconfig": "__KUBECONFIG_FILEPATH__"},
             },
-            {"type": PORTMAP_PLUGIN, "snat": True, "capabilities": {"portMappings": True}},
+            PORTMAP,
             {"type": "bandwidth", "capabilities": {"bandwidth": True}},
         ],
     }
@@ -125,12 +127,7 @@ POD_ROUTES_SCRIPT = "/usr/local/sbin/gpuinfra-pod-routes"
 POD_ROUTES_UNIT = "/etc/systemd/system/gpuinfra-pod-routes.service"
 POD_BRIDGE = "cni0"
 POD_NAT_TABLE = "gpuinfra-pod-nat"
-PORTMAP = {
-    "type": PORTMAP_PLUGIN,
-    "backend": "nftables",
-    "snat": True,
-    "capabilities": {"portMappings": True},
-}
+ROUTES_PORTMAP = {**PORTMAP, "backend": "nftables"}
 
 
 def cni_config(ctx: HostContext, cfg: KubernetesConfig) -> str:
@@ -157,7 +154,7 @@ def cni_config(ctx: HostContext, cfg: KubernetesConfig) -> str:
                     "routes": [{"dst": "0.0.0.0/0"}],
                 },
             },
-            PORTMAP,
+            ROUTES_PORTMAP,
         ],
     }
     return json.dumps(document, indent=2) + "\n"

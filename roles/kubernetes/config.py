@@ -120,6 +120,9 @@ class KubernetesConfig(BaseModel):
     # etcd.events.enabled (nothing to set here), or these "https://host:2379" endpoints of an
     # external one, which win over it. The same etcd client certificate reaches both.
     events_etcd_endpoints: list[str] = Field(default_factory=list)
+    # Secrets encrypted at rest with a key kept in the cluster's state (encryption.py): etcd,
+    # its snapshots and backups hold them as ciphertext (CIS benchmark 1.2.27/1.2.28).
+    encrypt_secrets: bool = True
     # Audit log: kept 7 days, 10 files of 100 MB, so the control plane's disk never fills.
     audit_log_maxage: int = Field(7, ge=1)
     audit_log_maxbackup: int = Field(10, ge=1)

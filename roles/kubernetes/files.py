@@ -1,17 +1,32 @@
 """The files the kubernetes role manages on each node, in the order the deploy writes them; each
 subject has its module: source.py (packages or binaries), kubeadm.py (kubeadm's documents and the
 component flags), apiproxy.py (the node-local API proxy), cni.py (Calico or the routed CNI),
-audit.py (the audit policy), coredns.py (CoreDNS's replicas and spread) and stages.py (the
-cluster's objects)."""
+audit.py (the audit policy), encryption.py (Secrets at rest), coredns.py (CoreDNS's replicas and
+spread) and stages.py (the cluster's objects)."""
 
 from __future__ import annotations
 
-from roles.kubernetes import apiproxy, audit, cni, coredns, kubeadm, models, source, stages
+from roles.kubernetes import (
+    apiproxy,
+    audit,
+    cni,
+    coredns,
+    encryption,
+    kubeadm,
+    models,
+    source,
+    stages,
+)
 from roles.kubernetes.settings import settings
 from toolkit.spec import HostContext, ManagedFile
 
 # Rendered documents that are read back into the typed models before they leave the controller.
-VALIDATED = (kubeadm.KUBEADM_CONFIG, kubeadm.KUBELET_PATCH, cni.CALICO_RESOURCES)
+VALIDATED = (
+    kubeadm.KUBEADM_CONFIG,
+    kubeadm.KUBELET_PATCH,
+    cni.CALICO_RESOURCES,
+    encryption.ENCRYPTION_CONFIG,
+)
 
 
 def managed_files(ctx: HostContext) -> list[ManagedFile]:
@@ -26,6 +41,8 @@ def managed_files(ctx: HostContext) -> list[ManagedFile]:
         files += cni.routes_files(ctx, cfg)
     if "control_plane" in ctx.host.groups:
         files.append(audit.policy_file())
+        if cfg.encrypt_secrets:
+            files.append(encryption.config_file(ctx.loaded))
         files.append(coredns.coredns_patch_file(ctx, cfg))
         if cfg.cni == "calico":
             files += cni.calico_files(ctx, cfg)

@@ -15,6 +15,7 @@ from roles.kubernetes import models as m
 from roles.kubernetes.apiproxy import api_endpoint
 from roles.kubernetes.audit import AUDIT_LOG_DIR, AUDIT_POLICY
 from roles.kubernetes.config import KubernetesConfig
+from roles.kubernetes.encryption import ENCRYPTION_CONFIG, ENCRYPTION_DIR
 from roles.kubernetes.settings import CONFIG_DIR, is_first_control_plane
 from toolkit import nodes
 from toolkit.nodes import SchedulerFiles
@@ -101,6 +102,7 @@ def api_server_flags(ctx: HostContext, cfg: KubernetesConfig) -> list[Flag]:
             "false",
             "CIS benchmark 1.2.18: no pprof endpoints on the API server",
         ),
+        *encryption_flags(cfg),
         Flag(
             "shutdown-delay-duration",
             f"{apiproxy.detection_seconds(ctx) + apiproxy.SHUTDOWN_MARGIN_S}s",
@@ -133,6 +135,24 @@ def api_server_flags(ctx: HostContext, cfg: KubernetesConfig) -> list[Flag]:
             )
         )
     return flags + api_server_gang_flags(scheduler_files(ctx.loaded))
+
+
+def encryption_flags(cfg: KubernetesConfig) -> list[Flag]:
+    if not cfg.encrypt_secrets:
+        return []
+    return [
+        Flag(
+            "encryption-provider-config",
+            ENCRYPTION_CONFIG,
+            "Secrets encrypted at rest (roles/kubernetes/encryption.py): etcd and its "
+            "snapshots hold them as ciphertext",
+        ),
+        Flag(
+            "encryption-provider-config-automatic-reload",
+            "true",
+            "a rotated key is read from the file without restarting the API server",
+        ),
+    ]
 
 
 def controller_manager_flags(ctx: HostContext, cfg: KubernetesConfig) -> list[Flag]:
@@ -218,7 +238,7 @@ def _args(flags: list[Flag]) -> list[m.Arg]:
 def cluster_configuration(ctx: HostContext, cfg: KubernetesConfig) -> m.ClusterConfiguration:
     cluster = ctx.cluster
     scheduler = scheduler_files(ctx.loaded)
-    audit_volumes = [
+    volumes = [
         m.HostPathMount(
             name="audit-policy",
             hostPath=AUDIT_POLICY,
@@ -233,6 +253,18 @@ def cluster_configuration(ctx: HostContext, cfg: KubernetesConfig) -> m.ClusterC
             pathType="DirectoryOrCreate",
         ),
     ]
+    if cfg.encrypt_secrets:
+        # The folder, not the file: the file is replaced by a rename, which a file mount would
+        # not see (the automatic reload reads the new one).
+        volumes.append(
+            m.HostPathMount(
+                name="encryption-config",
+                hostPath=ENCRYPTION_DIR,
+                mountPath=ENCRYPTION_DIR,
+                readOnly=True,
+                pathType="DirectoryOrCreate",
+            )
+        )
     return m.ClusterConfiguration(
         kubernetesVersion=cluster.versions.kubernetes_version.tag,
         clusterName=cluster.name,
@@ -255,7 +287,7 @@ def cluster_configuration(ctx: HostContext, cfg: KubernetesConfig) -> m.ClusterC
         ),
         apiServer=m.APIServer(
             extraArgs=_args(api_server_flags(ctx, cfg)),
-            extraVolumes=audit_volumes,
+            extraVolumes=volumes,
             certSANs=cert_sans(ctx),
         ),
         controllerManager=m.ControlPlaneComponent(

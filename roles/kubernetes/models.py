@@ -310,6 +310,29 @@ class AuditPolicy(Strict):
     rules: list[AuditRule] = Field(min_length=1)
 
 
+class EncryptedResources(Strict):
+    resources: list[str] = Field(min_length=1)
+    # One provider per entry, keyed by its kind (secretbox, aescbc, kms, identity, ...); the
+    # first one writes, all of them read.
+    providers: list[dict[str, dict]] = Field(min_length=1)
+
+    @field_validator("providers")
+    @classmethod
+    def _one_kind_each(cls, providers: list[dict[str, dict]]) -> list[dict[str, dict]]:
+        for provider in providers:
+            if len(provider) != 1:
+                raise ValueError(f"a provider names one kind, not {sorted(provider)}")
+        return providers
+
+
+class EncryptionConfiguration(Strict):
+    """apiserver.config.k8s.io/v1 EncryptionConfiguration: a file the API server reads."""
+
+    apiVersion: Literal["apiserver.config.k8s.io/v1"] = "apiserver.config.k8s.io/v1"
+    kind: Literal["EncryptionConfiguration"] = "EncryptionConfiguration"
+    resources: list[EncryptedResources] = Field(min_length=1)
+
+
 # kind -> model, for validating a rendered multi-document file by its documents' kinds.
 MODELS: dict[tuple[str, str], type[Strict]] = {
     (KUBEADM_API, "InitConfiguration"): InitConfiguration,
@@ -320,6 +343,7 @@ MODELS: dict[tuple[str, str], type[Strict]] = {
     (CALICO_API, "IPPool"): IPPool,
     (CALICO_API, "BGPConfiguration"): BGPConfiguration,
     ("audit.k8s.io/v1", "Policy"): AuditPolicy,
+    ("apiserver.config.k8s.io/v1", "EncryptionConfiguration"): EncryptionConfiguration,
 }
 
 

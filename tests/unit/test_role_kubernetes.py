@@ -4,6 +4,7 @@ labels, firewall ports, and the operations' decisions against given facts."""
 
 from __future__ import annotations
 
+import base64
 import functools
 import os
 import stat
@@ -16,8 +17,10 @@ from pydantic import ValidationError
 
 from engine.context import host_context, load, topology_of
 from engine.render import render_cluster
+from inventory.model import StateAccess
 from roles import gpu_health
 from roles.fleet_policy.config import FleetPolicyConfig
+from roles.kubernetes import encryption
 from roles.kubernetes import models as m
 from roles.kubernetes import operations as kube_ops
 from roles.kubernetes.config import KubernetesConfig
@@ -158,6 +161,56 @@ def test_the_api_servers_shutdown_delay_outlasts_the_slowest_balancers_detection
     assert delay(load(write_cluster(small_cluster))) == "25s"  # 15 + 5 + 5
     del small_cluster["hosts"]["lb-1"]
     assert delay(load(write_cluster(small_cluster))) == "16s"  # the node-local proxies
+
+
+def test_secrets_are_encrypted_at_rest_with_a_key_kept_private_in_the_state(
+    small_cluster, write_cluster
+):
+    """Every API server reads one EncryptionConfiguration (secretbox first, identity to read
+    what was written before) from a 0600 file never shown in a diff, mounted as a folder so a
+    rotated key is reloaded; the key is made once, 0600, and plan's placeholder rendering makes
+    none. Off: no file, no flag, no mount."""
+    inventory = write_cluster(small_cluster)
+    quiet = load(inventory).with_state_access(StateAccess.placeholder)
+    assert encryption.ENCRYPTION_CONFIG in files_of(quiet, "cp-1")
+    key_file = quiet.state_dir / encryption.KEY_STATE
+    assert not key_file.exists()
+    loaded = load(inventory)
+    configs = {
+        node: files_of(loaded, node, contents=False).get(encryption.ENCRYPTION_CONFIG)
+        for node in ("cp-1", "cp-2", "gpu-1")
+    }
+    assert configs["gpu-1"] is None
+    assert configs["cp-1"].content == configs["cp-2"].content
+    assert (configs["cp-1"].mode, configs["cp-1"].secret) == ("0600", True)
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    key = key_file.read_text().strip()
+    assert len(base64.b64decode(key)) == 32
+    (config,) = validate_documents(configs["cp-1"].content)
+    (resources,) = config.resources
+    assert resources.resources == ["secrets"]
+    assert resources.providers == [
+        {"secretbox": {"keys": [{"name": encryption.key_name(key), "secret": key}]}},
+        {"identity": {}},
+    ]
+    assert key not in encryption.key_name(key)
+    cluster = documents(files_of(loaded, "cp-1")[INIT_CONFIG])["ClusterConfiguration"]
+    flags = args(cluster["apiServer"])
+    assert flags["encryption-provider-config"] == encryption.ENCRYPTION_CONFIG
+    assert flags["encryption-provider-config-automatic-reload"] == "true"
+    mounts = {v["name"]: v for v in cluster["apiServer"]["extraVolumes"]}
+    assert mounts["encryption-config"]["hostPath"] == encryption.ENCRYPTION_DIR
+    assert mounts["encryption-config"]["readOnly"] is True
+    assert (
+        files_of(load(inventory), "cp-1")[encryption.ENCRYPTION_CONFIG] == configs["cp-1"].content
+    )
+
+    small_cluster["group_vars"] = {"all": {"kubernetes": {"encrypt_secrets": False}}}
+    off = load(write_cluster(small_cluster))
+    assert encryption.ENCRYPTION_CONFIG not in files_of(off, "cp-1")
+    cluster = documents(files_of(off, "cp-1")[INIT_CONFIG])["ClusterConfiguration"]
+    assert not any(name.startswith("encryption") for name in args(cluster["apiServer"]))
+    assert "encryption-config" not in {v["name"] for v in cluster["apiServer"]["extraVolumes"]}
 
 
 def test_the_node_local_proxy_checks_readyz(small_cluster, write_cluster):

@@ -1,0 +1,64 @@
+"""Secrets encrypted at rest: the API server's EncryptionConfiguration, with a key the cluster
+keeps in its state (0600, made once by apply), so etcd, its snapshots and its backups hold
+Secrets only as ciphertext. kubeadm.py sets the flags and the mount that use it.
+
+secretbox (XSalsa20 and Poly1305) is the provider upstream recommends for a local key: strong,
+fast, no padding oracle (aescbc) and no nonce limit per key (aesgcm). `identity` is listed last
+so Secrets written before encryption was on still read; rewriting them (`kubectl get secrets -A
+-o json | kubectl replace -f -`) encrypts them too. The API server reloads the file when it
+changes (--encryption-provider-config-automatic-reload), so a later key rotation needs no
+restart."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+
+from inventory.model import LoadedCluster
+from roles.kubernetes import models as m
+from toolkit.spec import ManagedFile
+from toolkit.statefiles import kept_secret
+
+ENCRYPTION_DIR = "/etc/kubernetes/encryption"
+ENCRYPTION_CONFIG = f"{ENCRYPTION_DIR}/config.yaml"
+KEY_STATE = "kubernetes/secrets-encryption.key"  # under the cluster's state directory
+KEY_BYTES = 32  # secretbox takes a 32-byte key
+PROVIDER = "secretbox"
+
+
+def new_key() -> str:
+    return base64.b64encode(os.urandom(KEY_BYTES)).decode()
+
+
+def key(loaded: LoadedCluster) -> str:
+    return kept_secret(loaded.state_dir, KEY_STATE, new_key, loaded.state_access)
+
+
+def key_name(secret: str) -> str:
+    """The key's name in the configuration and in every value it encrypts (etcd holds
+    `k8s:enc:secretbox:v1:<name>:`): derived from the key, so a rotated key is told apart
+    without naming anything secret."""
+    return "key-" + hashlib.sha256(secret.encode()).hexdigest()[:12]
+
+
+def configuration(secret: str) -> m.EncryptionConfiguration:
+    return m.EncryptionConfiguration(
+        resources=[
+            m.EncryptedResources(
+                resources=["secrets"],
+                providers=[
+                    {PROVIDER: {"keys": [{"name": key_name(secret), "secret": secret}]}},
+                    {"identity": {}},
+                ],
+            )
+        ]
+    )
+
+
+def config_file(loaded: LoadedCluster) -> ManagedFile:
+    text = m.dump(
+        [configuration(key(loaded))],
+        "# Managed by gpuinfra: Secrets encrypted at rest (roles/kubernetes/encryption.py).\n",
+    )
+    return ManagedFile("kubernetes", ENCRYPTION_CONFIG, text, mode="0600", secret=True)

@@ -17,6 +17,7 @@ from roles.base.effective import (
     SshdSettings,
     apt_findings,
     declared_keys,
+    match_connections,
     ssh_off_at_boot,
     sshd_findings,
     sshd_settings,
@@ -90,7 +91,8 @@ def effective(ctx: HostContext, cfg: BaseConfig, sshd_text: str) -> None:
     """What sshd and apt will do: nothing gpuinfra did not write overrides its settings."""
     declared = declared_files(cfg)
     ours = sshd_settings(sshd_text)
-    found = host.get_fact(SshdSettings, keys=tuple(sorted(ours)))
+    connections = match_connections(ctx.name, ctx.address, ("root", ctx.cluster.ssh.user))
+    found = host.get_fact(SshdSettings, keys=tuple(sorted(ours)), connections=connections)
     sshd = sshd_findings(found, SSHD_FILE, sshd_text, declared)
     nothing_overrides("Check that no sshd setting overrides ours", sshd)
     allowed = ours_or_declared(ctx)

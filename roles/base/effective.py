@@ -48,10 +48,17 @@ class SshdSettings(FactBase):
 
     @staticmethod
     def default():
-        return {"effective": {}, "lines": [], "files": []}
+        return {"effective": {}, "lines": [], "files": [], "matched": {}}
 
-    def command(self, keys: tuple[str, ...]) -> str:
+    def command(self, keys: tuple[str, ...], connections: tuple[str, ...] = ()) -> str:
+        """`connections`: `sshd -C` specs (user=,host=,addr=) whose Match blocks are judged too:
+        their values under "matched"."""
         words = "|".join(keys)
+        matched = "".join(
+            f"sshd -T -C {shlex.quote(spec)} 2>/dev/null | awk -v p='^({words}) ' -v c="
+            f'{shlex.quote(spec)} \'tolower($0) ~ p {{ print "match " c " " $0 }}\'; '
+            for spec in connections
+        )
         # One awk reads every file (a `file` line for each, empty ones too, in order).
         program = (
             "BEGIN { i = 1 } "
@@ -64,11 +71,13 @@ class SshdSettings(FactBase):
         return (
             f"sshd -T 2>/dev/null | awk -v p='^({words}) ' "
             "'tolower($0) ~ p { print \"effective \" $0 }'; "
+            + matched
             + on_existing_files(f"{SSHD_CONFIG} {SSHD_DROPINS}/*.conf", lines)
         )
 
     def process(self, output: list[str]) -> dict:
         effective: dict[str, list[str]] = {}
+        matched: dict[str, dict[str, list[str]]] = {}
         lines: list[tuple[str, str, str]] = []
         files: list[str] = []
         current = ""
@@ -77,6 +86,10 @@ class SshdSettings(FactBase):
             if kind == "effective":
                 key, _, value = rest.partition(" ")
                 effective.setdefault(key.lower(), []).append(value.strip())
+            elif kind == "match":
+                spec, _, setting = rest.partition(" ")
+                key, _, value = setting.partition(" ")
+                matched.setdefault(spec, {}).setdefault(key.lower(), []).append(value.strip())
             elif kind == "file":
                 current = rest
                 files.append(rest)
@@ -84,7 +97,7 @@ class SshdSettings(FactBase):
                 words = rest.split(None, 1)
                 if words:
                     lines.append((current, words[0].lower(), words[1].strip() if words[1:] else ""))
-        return {"effective": effective, "lines": lines, "files": files}
+        return {"effective": effective, "lines": lines, "files": files, "matched": matched}
 
 
 def _read_order(found: dict, ours: str) -> list[tuple[str, str, str]]:
@@ -154,6 +167,38 @@ def sshd_findings(
         if settled and not others and effective and effective != [_normal(value)]:
             findings.append(
                 f"sshd: sshd -T says {key} {' '.join(effective)}, gpuinfra's is {value}"
+            )
+        if settled and key not in SSHD_CUMULATIVE:
+            findings += _match_findings(found, key, value, effective)
+    return findings
+
+
+# The connections whose Match blocks are judged (sshd -T -C): root and the inventory's SSH user,
+# from an address outside every network (TEST-NET-3, never dialled: sshd only evaluates it)
+# and from the host's own network.
+OUTSIDE_ADDRESS = "203.0.113.1"
+
+
+def match_connections(host: str, address: str, users: Iterable[str]) -> tuple[str, ...]:
+    return tuple(
+        f"user={user},host={host},addr={addr}"
+        for user in dict.fromkeys(users)
+        for addr in (OUTSIDE_ADDRESS, address)
+    )
+
+
+def _match_findings(found: dict, key: str, value: str, effective: list[str]) -> list[str]:
+    """A Match block that gives one of the judged connections another value of our keyword than
+    ours (a value sshd -T already reports for every connection is named once, above)."""
+    findings = []
+    for spec, settings in found.get("matched", {}).items():
+        values = [_normal(v) for v in settings.get(key, [])]
+        if values and values != [_normal(value)] and values != effective:
+            fields = dict(part.partition("=")[::2] for part in spec.split(","))
+            findings.append(
+                f"sshd: a Match block gives {fields.get('user')} from {fields.get('addr')} "
+                f"{key} {' '.join(values)}, gpuinfra's is {value} (remove it, or declare its "
+                "file in base.site_files)"
             )
     return findings
 

@@ -243,6 +243,11 @@ OVERRIDES = [
     ("cpu-1", "printf 'PasswordAuthentication yes\\n' > /etc/ssh/sshd_config.d/01-site.conf",
      "rm -f /etc/ssh/sshd_config.d/01-site.conf",
      "Base | Check that no sshd setting overrides ours", "01-site.conf"),
+    # Read after ours, but inside a Match block that reaches every address: sshd -T -C sees it.
+    ("dns-1", "printf 'Match Address *\\n    PasswordAuthentication yes\\n' > "
+     "/etc/ssh/sshd_config.d/90-match.conf",
+     "rm -f /etc/ssh/sshd_config.d/90-match.conf",
+     "Base | Check that no sshd setting overrides ours", "root from 203.0.113.1"),
     ("cpu-1", "nft add table inet block && nft add chain inet block in "
      "'{ type filter hook input priority -10; policy accept; }' && "
      "nft add rule inet block in tcp dport 9100 drop",

@@ -12,6 +12,7 @@ from roles.base.effective import (
     SshdSettings,
     apt_findings,
     apt_reads,
+    match_connections,
     ssh_off_at_boot,
     sshd_findings,
 )
@@ -81,6 +82,46 @@ def test_a_drop_in_after_ours_or_inside_match_changes_nothing():
         effective=("passwordauthentication no", "port 22", "permitrootlogin without-password"),
     )
     assert sshd_findings(found, OURS, OURS_TEXT) == []
+
+
+def test_a_match_block_that_opens_a_judged_connection_is_named():
+    """`Match Address *` turning passwords on, or `Match User root` allowing root's password:
+    sshd -T -C for root and the SSH user, from outside and from the host's network, sees it;
+    the control is the same files without the block; a file the site declared is its choice."""
+    connections = match_connections("gpu-1", "10.0.0.71", ("root", "ops"))
+    assert connections == (
+        "user=root,host=gpu-1,addr=203.0.113.1",
+        "user=root,host=gpu-1,addr=10.0.0.71",
+        "user=ops,host=gpu-1,addr=203.0.113.1",
+        "user=ops,host=gpu-1,addr=10.0.0.71",
+    )
+    command = SshdSettings().command(("passwordauthentication",), connections)
+    assert command.count("sshd -T -C ") == 4
+    converged = ("passwordauthentication no", "port 22", "permitrootlogin without-password")
+
+    def found(matched: dict[str, str], *files: str) -> dict:
+        """sshd -T -C's lines: the converged values, but `matched`'s line for its connection."""
+        lines = []
+        for spec in connections:
+            for line in converged:
+                if spec in matched and matched[spec].split()[0] == line.split()[0]:
+                    line = matched[spec]
+                lines.append(f"match {spec} {line}")
+        return sshd(*files, *lines, effective=converged)
+
+    assert sshd_findings(found({}), OURS, OURS_TEXT) == []
+    opened = found(
+        {connections[0]: "passwordauthentication yes"},
+        "file /etc/ssh/sshd_config.d/10-match.conf",
+        "line Match Address *",
+        "line PasswordAuthentication yes",
+    )
+    assert sshd_findings(opened, OURS, OURS_TEXT) == [
+        "sshd: a Match block gives root from 203.0.113.1 passwordauthentication yes, "
+        "gpuinfra's is no (remove it, or declare its file in base.site_files)"
+    ]
+    declared = ("/etc/ssh/sshd_config.d/10-match.conf",)
+    assert sshd_findings(opened, OURS, OURS_TEXT, declared) == []
 
 
 def test_before_the_first_apply_only_files_that_would_win_count():

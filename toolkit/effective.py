@@ -202,6 +202,78 @@ def overridden_later(
     return nothing_overrides(name, later_file_wins(kept, ours_path, ours, label))
 
 
+LIMITS_DIR = "/etc/security/limits.d"
+
+
+def limit_lines(text: str) -> dict[tuple[str, str, str], str]:
+    """The `domain type item value` lines of a pam_limits file, by (domain, type, item); `-`
+    (both soft and hard) stands for the two."""
+    pairs = {}
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) == 4 and not words[0].startswith("#"):
+            domain, kind, item, value = words
+            for one in ("soft", "hard") if kind == "-" else (kind,):
+                pairs[(domain, one, item.lower())] = value
+    return pairs
+
+
+class LimitsSettings(FactBase):
+    """The lines of limits.d's files that set one of `items`: `[(path, domain, type, item,
+    value)]`, files in name order (pam_limits reads limits.conf, then these)."""
+
+    def command(self, items: tuple[str, ...]) -> str:
+        words = "|".join(items)
+        awk = (
+            f"awk -v p='^[[:space:]]*[^#[:space:]]+[[:space:]]+[^[:space:]]+[[:space:]]+({words})"
+            "[[:space:]]' '$0 ~ p { print FILENAME \" \" $0 }'"
+        )
+        return on_existing_files(f"{LIMITS_DIR}/*.conf", awk) + "; true"
+
+    @staticmethod
+    def default() -> list:
+        return []
+
+    def process(self, output: list[str]) -> list[tuple[str, str, str, str, str]]:
+        found = []
+        for line in output:
+            path, _, rest = line.partition(" ")
+            for (domain, kind, item), value in limit_lines(rest).items():
+                found.append((path, domain, kind, item, value))
+        return found
+
+
+def limits_overridden(
+    found: list[tuple[str, str, str, str, str]], ours_path: str, ours_text: str, declared
+) -> list[str]:
+    """A finding for each of our limits that a limits.d file read after ours sets to another
+    value for the same domain: pam_limits keeps the last one it reads."""
+    name = posixpath.basename(ours_path)
+    findings = []
+    for (domain, kind, item), value in limit_lines(ours_text).items():
+        later = [
+            (path, other)
+            for path, d, k, i, other in found
+            if (d, k, i) == (domain, kind, item)
+            and posixpath.basename(path) > name
+            and path not in set(declared)
+        ]
+        if later and later[-1][1] != value:
+            path, other = later[-1]
+            findings.append(
+                f"limits: {domain} {kind} {item} {other} set in {path} wins over gpuinfra's "
+                f"{value} at the next login (remove it, or declare it in base.site_files)"
+            )
+    return findings
+
+
+def limits_not_overridden(name: str, ours_path: str, ours_text: str, declared) -> OperationMeta:
+    """`nothing_overrides` for a limits.d file of ours."""
+    items = tuple(sorted({item for _, _, item in limit_lines(ours_text)}))
+    found = host.get_fact(LimitsSettings, items=items) or []
+    return nothing_overrides(name, limits_overridden(found, ours_path, ours_text, declared))
+
+
 class FilesMatching(FactBase):
     """Every regular file a glob names, whatever it holds: `["/etc/containerd/conf.d/a.toml"]`
     (a file is told from gpuinfra's by its path, not by a marker it may have copied)."""

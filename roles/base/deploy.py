@@ -23,13 +23,14 @@ from roles.base.effective import (
     sshd_settings,
     unknown_keys,
 )
-from roles.base.files import managed_files
+from roles.base.files import JOURNALD_CONF_DIRS, JOURNALD_FILE, managed_files
 from toolkit.effective import (
     FilesMatching,
     declared_files,
     nothing_overrides,
     only_ours,
     ours_or_declared,
+    overridden_later,
     unit_dropins,
 )
 from toolkit.facts import UnitState
@@ -79,16 +80,18 @@ def apply(ctx: HostContext) -> None:
     restart_if_running(
         name="Restart journald for new limits",
         unit="systemd-journald",
-        _if=written["/etc/systemd/journald.conf.d/50-gpuinfra.conf"].did_change,
+        _if=written[JOURNALD_FILE].did_change,
     )
     sshd_changed = written[SSHD_FILE].did_change
     server.shell(name="Check sshd configuration", commands=["sshd -t"], _if=sshd_changed)
     reload_sshd(name="Reload sshd", _if=sshd_changed)
-    effective(ctx, cfg, {f.path: f.content for f in managed_files(ctx)}[SSHD_FILE])
+    effective(ctx, cfg, {f.path: f.content for f in managed_files(ctx)})
 
 
-def effective(ctx: HostContext, cfg: BaseConfig, sshd_text: str) -> None:
-    """What sshd and apt will do: nothing gpuinfra did not write overrides its settings."""
+def effective(ctx: HostContext, cfg: BaseConfig, contents: dict[str, str]) -> None:
+    """What sshd, apt and journald will do: nothing gpuinfra did not write overrides its
+    settings."""
+    sshd_text = contents[SSHD_FILE]
     declared = declared_files(cfg)
     ours = sshd_settings(sshd_text)
     connections = match_connections(ctx.name, ctx.address, ("root", ctx.cluster.ssh.user))
@@ -100,6 +103,14 @@ def effective(ctx: HostContext, cfg: BaseConfig, sshd_text: str) -> None:
         host.get_fact(FilesMatching, pattern=APT_FILES), DISTRIBUTION_SOURCES, allowed
     )
     nothing_overrides("Check that apt reads only gpuinfra's sources and pins", apt)
+    overridden_later(
+        "Check that no journald setting overrides ours",
+        JOURNALD_CONF_DIRS,
+        JOURNALD_FILE,
+        contents[JOURNALD_FILE],
+        declared,
+        "journald",
+    )
     only_ours(
         "Check that chrony reads only gpuinfra's sources",
         "/etc/chrony/sources.d/*.sources",

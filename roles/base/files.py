@@ -7,6 +7,13 @@ from toolkit.distributions import DISTRIBUTIONS
 from toolkit.spec import HostContext, ManagedFile
 from toolkit.templates import render_template
 
+JOURNALD_FILE = "/etc/systemd/journald.conf.d/50-gpuinfra.conf"
+# Where journald reads its drop-ins, an earlier folder hiding a file of the same name in a later
+# one (journald.conf(5)).
+JOURNALD_CONF_DIRS = tuple(
+    f"{root}/systemd/journald.conf.d" for root in ("/etc", "/run", "/usr/local/lib", "/usr/lib")
+)
+
 
 def managed_files(ctx: HostContext) -> list[ManagedFile]:
     cfg = ctx.config(BaseConfig)
@@ -32,7 +39,7 @@ def managed_files(ctx: HostContext) -> list[ManagedFile]:
         ),
         file("/etc/apt/apt.conf.d/90gpuinfra", "apt.conf.j2"),
         file("/etc/chrony/sources.d/gpuinfra.sources", "chrony.sources.j2"),
-        file("/etc/systemd/journald.conf.d/50-gpuinfra.conf", "journald.conf.j2"),
+        file(JOURNALD_FILE, "journald.conf.j2"),
         # A drop-in that sshd rejects never goes live: a broken sshd locks the operator out.
         file("/etc/ssh/sshd_config.d/50-gpuinfra.conf", "sshd.conf.j2", check="sshd -t -f {path}"),
     ]

@@ -8,6 +8,7 @@ from pyinfra.operations import apt, files, server, systemd
 
 from roles.fabric import files as fabric_files
 from roles.fabric.files import (
+    LIMITS_FILE,
     PREFERENCES,
     RUNTIME_UNITS,
     fabric_settings,
@@ -16,6 +17,7 @@ from roles.fabric.files import (
     runtime_dropin,
 )
 from roles.fabric.operations import ports_present
+from toolkit.effective import declared_files, limits_not_overridden
 from toolkit.operations import put_file, restart_if_running, wait_for
 from toolkit.spec import HostContext
 
@@ -63,6 +65,13 @@ def apply(ctx: HostContext) -> None:
             commands=[ready_after_restart(unit, ready)],
             _if=changed,
         )
+
+    limits_not_overridden(
+        "Check that no limits.d file overrides the fabric's locked memory",
+        LIMITS_FILE,
+        managed[LIMITS_FILE].content,
+        declared_files(ctx.settings_of("base")),
+    )
 
 
 def ready_after_restart(unit: str, command: str, seconds: int = 60) -> str:

@@ -10,6 +10,7 @@ from roles.kernel import files as kernel_files
 from roles.kernel.files import (
     GOVERNOR_UNIT,
     GRUB_FILE,
+    LIMITS_FILE,
     MODULES_FILE,
     SYSCTL_FILE,
     SYSTEMD_LIMITS_FILE,
@@ -26,7 +27,7 @@ from roles.kernel.operations import (
     sysctls_live,
     sysfs_setting,
 )
-from toolkit.effective import declared_files, overridden_later
+from toolkit.effective import declared_files, limits_not_overridden, overridden_later
 from toolkit.operations import enable_at_boot, put_file, reboot_required
 from toolkit.spec import HostContext
 
@@ -111,6 +112,12 @@ def apply(ctx: HostContext) -> None:
         managed[SYSCTL_FILE].content,
         declared,
         "sysctl",
+    )
+    limits_not_overridden(
+        "Check that no limits.d file overrides ours",
+        LIMITS_FILE,
+        managed[LIMITS_FILE].content,
+        declared,
     )
     overridden_later(
         "Check that no systemd setting overrides our limits",

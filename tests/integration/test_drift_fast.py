@@ -288,6 +288,13 @@ OVERRIDES = [
      "echo 'version = 2' > /etc/containerd/conf.d/site.toml",
      "rm -f /etc/containerd/conf.d/site.toml",
      "Container runtime | Check that containerd imports only gpuinfra's files", "site.toml"),
+    ("lb-1", "printf '* hard memlock 64\\n' > /etc/security/limits.d/99-site.conf",
+     "rm -f /etc/security/limits.d/99-site.conf",
+     "Kernel | Check that no limits.d file overrides ours", "99-site.conf"),
+    ("mon-1", "mkdir -p /etc/systemd/journald.conf.d && printf '[Journal]\\nSystemMaxUse=8G\\n' "
+     "> /etc/systemd/journald.conf.d/99-site.conf",
+     "rm -f /etc/systemd/journald.conf.d/99-site.conf",
+     "Base | Check that no journald setting overrides ours", "99-site.conf"),
     ("etcd-3", "apt-get remove -y -q etcd-client >/dev/null",
      "true",  # the apply below installs it again
      "Etcd | Install etcd", None),

@@ -3,6 +3,7 @@ hosts print them, and the judges find what overrides gpuinfra's settings and not
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -365,6 +366,44 @@ def test_a_sysctl_file_read_after_ours_wins_at_boot():
         "gpuinfra's 4096 at the next boot"
     ]
     assert later_file_wins(found[1:], path, ours, "sysctl") == []
+
+
+def test_a_limits_file_read_after_ours_wins_at_the_next_login(tmp_path):
+    """The fact's command run by sh on files like a host's (the folder moved under tmp_path),
+    then judged: a later file setting one of our limits to another value is named; the same
+    value, an earlier file, another domain, a comment and a declared file are not."""
+    from toolkit.effective import LIMITS_DIR, LimitsSettings, limits_overridden
+
+    ours = "# Managed by gpuinfra\n* soft memlock unlimited\n* hard memlock unlimited\n"
+    folder = tmp_path / LIMITS_DIR.lstrip("/")
+    folder.mkdir(parents=True)
+    (folder / "10-early.conf").write_text("* hard memlock 64\n")  # read before ours
+    (folder / "90-gpuinfra.conf").write_text(ours)
+    (folder / "91-same.conf").write_text("*\tsoft   memlock unlimited\n")
+    (folder / "95-user.conf").write_text("alice - memlock 64\n# * - memlock 1\n")
+    (folder / "99-site.conf").write_text("*  -  memlock  8192\n*  hard  nofile 10\n")
+    command = LimitsSettings().command(("memlock",)).replace(LIMITS_DIR, str(folder))
+    output = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+    found = LimitsSettings().process(output.stdout.splitlines())
+    site = str(folder / "99-site.conf")
+    assert [(Path(p).name, d, k, i, v) for p, d, k, i, v in found] == [
+        ("10-early.conf", "*", "hard", "memlock", "64"),
+        ("90-gpuinfra.conf", "*", "soft", "memlock", "unlimited"),
+        ("90-gpuinfra.conf", "*", "hard", "memlock", "unlimited"),
+        ("91-same.conf", "*", "soft", "memlock", "unlimited"),
+        ("95-user.conf", "alice", "soft", "memlock", "64"),
+        ("95-user.conf", "alice", "hard", "memlock", "64"),
+        ("99-site.conf", "*", "soft", "memlock", "8192"),
+        ("99-site.conf", "*", "hard", "memlock", "8192"),
+    ]
+    ours_path = str(folder / "90-gpuinfra.conf")
+    assert limits_overridden(found, ours_path, ours, ()) == [
+        f"limits: * {kind} memlock 8192 set in {site} wins over gpuinfra's unlimited at the "
+        "next login (remove it, or declare it in base.site_files)"
+        for kind in ("soft", "hard")
+    ]
+    assert limits_overridden(found, ours_path, ours, (site,)) == []
+    assert limits_overridden([e for e in found if e[0] != site], ours_path, ours, ()) == []
 
 
 def test_servers_held_out_of_rotation_are_read_from_the_stats_csv():

@@ -13,8 +13,11 @@ from roles.base.effective import (
     APT_FILES,
     SSH_UNITS,
     SSHD_DROPINS,
+    AptConfig,
     AuthorizedKeys,
     SshdSettings,
+    apt_conf_findings,
+    apt_conf_settings,
     apt_findings,
     declared_keys,
     match_connections,
@@ -23,7 +26,7 @@ from roles.base.effective import (
     sshd_settings,
     unknown_keys,
 )
-from roles.base.files import JOURNALD_CONF_DIRS, JOURNALD_FILE, managed_files
+from roles.base.files import APT_CONF_FILE, JOURNALD_CONF_DIRS, JOURNALD_FILE, managed_files
 from toolkit.effective import (
     FilesMatching,
     declared_files,
@@ -103,6 +106,12 @@ def effective(ctx: HostContext, cfg: BaseConfig, contents: dict[str, str]) -> No
         host.get_fact(FilesMatching, pattern=APT_FILES), DISTRIBUTION_SOURCES, allowed
     )
     nothing_overrides("Check that apt reads only gpuinfra's sources and pins", apt)
+    apt_conf = contents[APT_CONF_FILE]
+    found = host.get_fact(AptConfig, keys=tuple(sorted(apt_conf_settings(apt_conf))))
+    nothing_overrides(
+        "Check that no apt setting overrides ours",
+        apt_conf_findings(found, APT_CONF_FILE, apt_conf, declared),
+    )
     overridden_later(
         "Check that no journald setting overrides ours",
         JOURNALD_CONF_DIRS,

@@ -233,6 +233,84 @@ def apt_findings(found: list[str], removed: tuple[str, ...], allowed: tuple[str,
     ]
 
 
+APT_CONF_DIR = "/etc/apt/apt.conf.d"
+_APT_SETTING = re.compile(r'^\s*([A-Za-z0-9:_.-]+)\s+"([^"]*)"\s*;')
+_APT_TRUE = frozenset({"1", "yes", "true", "with", "on", "enable"})
+
+
+def apt_conf_settings(text: str) -> dict[str, str]:
+    """The `Key "value";` lines of an apt.conf file gpuinfra renders (keys in lower case)."""
+    pairs = {}
+    for line in text.splitlines():
+        found = _APT_SETTING.match(line)
+        if found:
+            pairs[found[1].lower()] = found[2]
+    return pairs
+
+
+class AptConfig(FactBase):
+    """What apt makes of `keys` after reading every file (`apt-config dump`), and which files of
+    apt.conf.d set them: `{"effective": {key: value}, "lines": [(path, key, value)]}`."""
+
+    @staticmethod
+    def default() -> dict:
+        return {"effective": {}, "lines": []}
+
+    def command(self, keys: tuple[str, ...]) -> str:
+        words = "|".join(keys)  # letters, digits, `:`, `_`, `.` and `-`: literal enough
+        grep = f"grep -H -i -E {shlex.quote(f'^[[:space:]]*({words})[[:space:]]')}"
+        return (
+            f"apt-config dump --format '%f=%v%n' {' '.join(map(shlex.quote, keys))} "
+            "2>/dev/null | sed 's/^/effective /'; "
+            + on_existing_files(f"{APT_CONF_DIR}/*", grep)
+            + "; true"
+        )
+
+    def process(self, output: list[str]) -> dict:
+        effective: dict[str, str] = {}
+        lines: list[tuple[str, str, str]] = []
+        for line in output:
+            if line.startswith("effective "):
+                key, _, value = line[len("effective ") :].partition("=")
+                effective[key.lower()] = value.strip()
+            else:
+                path, _, setting = line.partition(":")
+                for key, value in apt_conf_settings(setting).items():
+                    lines.append((path, key, value))
+        return {"effective": effective, "lines": lines}
+
+
+def _apt_value(value: str) -> str:
+    lowered = value.strip().lower()
+    if lowered in _APT_TRUE:
+        return "true"
+    if lowered in {"0", "no", "false", "without", "off", "disable"}:
+        return "false"
+    return value.strip()
+
+
+def apt_conf_findings(found: dict, ours_path: str, ours_text: str, declared) -> list[str]:
+    """A finding for each of our apt settings that apt reads otherwise, once ours is in place
+    with its value (before, apt's default is no finding), naming the other files that set it;
+    a key a declared file sets is the site's choice."""
+    ours = apt_conf_settings(ours_text)
+    written = {key: value for path, key, value in found["lines"] if path == ours_path}
+    chosen = {key for path, key, _ in found["lines"] if path in set(declared)}
+    findings = []
+    for key, value in ours.items():
+        effective = found["effective"].get(key)
+        if key in chosen or written.get(key) != value or effective is None:
+            continue
+        if _apt_value(effective) != _apt_value(value):
+            others = sorted({path for path, k, _ in found["lines"] if k == key} - {ours_path})
+            where = f"set in {', '.join(others)}" if others else "set outside apt.conf.d"
+            findings.append(
+                f"apt: {key} is {effective} for apt, gpuinfra's is {value}: {where} "
+                "(remove it, or declare it in base.site_files)"
+            )
+    return findings
+
+
 SSH_UNITS = ("ssh.service", "ssh.socket")
 
 

@@ -7,6 +7,7 @@ from toolkit.distributions import DISTRIBUTIONS
 from toolkit.spec import HostContext, ManagedFile
 from toolkit.templates import render_template
 
+APT_CONF_FILE = "/etc/apt/apt.conf.d/90gpuinfra"
 JOURNALD_FILE = "/etc/systemd/journald.conf.d/50-gpuinfra.conf"
 # Where journald reads its drop-ins, an earlier folder hiding a file of the same name in a later
 # one (journald.conf(5)).
@@ -37,7 +38,7 @@ def managed_files(ctx: HostContext) -> list[ManagedFile]:
             codename=codename,
             mirror=cfg.apt_mirror or default_mirror,
         ),
-        file("/etc/apt/apt.conf.d/90gpuinfra", "apt.conf.j2"),
+        file(APT_CONF_FILE, "apt.conf.j2"),
         file("/etc/chrony/sources.d/gpuinfra.sources", "chrony.sources.j2"),
         file(JOURNALD_FILE, "journald.conf.j2"),
         # A drop-in that sshd rejects never goes live: a broken sshd locks the operator out.

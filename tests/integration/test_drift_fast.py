@@ -295,6 +295,9 @@ OVERRIDES = [
      "> /etc/systemd/journald.conf.d/99-site.conf",
      "rm -f /etc/systemd/journald.conf.d/99-site.conf",
      "Base | Check that no journald setting overrides ours", "99-site.conf"),
+    ("stor-1", "printf 'APT::Install-Recommends \"true\";\\n' > /etc/apt/apt.conf.d/99site",
+     "rm -f /etc/apt/apt.conf.d/99site",
+     "Base | Check that no apt setting overrides ours", "99site"),
     ("etcd-3", "apt-get remove -y -q etcd-client >/dev/null",
      "true",  # the apply below installs it again
      "Etcd | Install etcd", None),

@@ -3,6 +3,7 @@ hosts print them, and the judges find what overrides gpuinfra's settings and not
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -404,6 +405,43 @@ def test_a_limits_file_read_after_ours_wins_at_the_next_login(tmp_path):
     ]
     assert limits_overridden(found, ours_path, ours, (site,)) == []
     assert limits_overridden([e for e in found if e[0] != site], ours_path, ours, ()) == []
+
+
+def test_an_apt_setting_read_after_ours_is_named_once_ours_is_in_place(tmp_path):
+    """The fact's command run by sh on this machine's apt-config (its files moved under
+    tmp_path), then judged: a later file turning recommends back on is named; before ours is
+    written apt's default is no finding; a declared file is the site's choice."""
+    from roles.base.effective import AptConfig, apt_conf_findings
+
+    ours = (
+        '// Managed by gpuinfra.\nAPT::Install-Recommends "false";\nAPT::Get::Assume-Yes "true";\n'
+    )
+    folder = tmp_path / "apt.conf.d"
+    folder.mkdir()
+    (folder / "90gpuinfra").write_text(ours)
+    (folder / "99site").write_text('APT::Install-Recommends "true";\n')
+    keys = ("apt::get::assume-yes", "apt::install-recommends")
+    command = AptConfig().command(keys).replace("/etc/apt/apt.conf.d", str(folder))
+    # apt-config reads the files apt reads: point it at the folder (APT_CONFIG names a file).
+    (tmp_path / "apt.conf").write_text(f'Dir::Etc::parts "{folder}";\n')
+    env = {**os.environ, "APT_CONFIG": str(tmp_path / "apt.conf")}
+    output = subprocess.run(["sh", "-c", command], capture_output=True, text=True, env=env)
+    assert output.stderr == ""
+    found = AptConfig().process(output.stdout.splitlines())
+    assert found["effective"] == {"apt::get::assume-yes": "true", "apt::install-recommends": "true"}
+    site, path = str(folder / "99site"), str(folder / "90gpuinfra")
+    assert apt_conf_findings(found, path, ours, ()) == [
+        f"apt: apt::install-recommends is true for apt, gpuinfra's is false: set in {site} "
+        "(remove it, or declare it in base.site_files)"
+    ]
+    assert apt_conf_findings(found, path, ours, (site,)) == []
+    unwritten = {**found, "lines": [line for line in found["lines"] if line[0] != path]}
+    assert apt_conf_findings(unwritten, path, ours, ()) == []
+    (folder / "99site").unlink()
+    output = subprocess.run(["sh", "-c", command], capture_output=True, text=True, env=env)
+    found = AptConfig().process(output.stdout.splitlines())
+    assert found["effective"]["apt::install-recommends"] == "false"
+    assert apt_conf_findings(found, path, ours, ()) == []
 
 
 def test_servers_held_out_of_rotation_are_read_from_the_stats_csv():

@@ -13,6 +13,7 @@ answers moved to the exact check, which judges them."""
 from __future__ import annotations
 
 import posixpath
+import re
 import shlex
 from collections.abc import Iterable
 
@@ -272,6 +273,56 @@ def limits_not_overridden(name: str, ours_path: str, ours_text: str, declared) -
     items = tuple(sorted({item for _, _, item in limit_lines(ours_text)}))
     found = host.get_fact(LimitsSettings, items=items) or []
     return nothing_overrides(name, limits_overridden(found, ours_path, ours_text, declared))
+
+
+GRUB_DIR = "/etc/default/grub.d"
+_GRUB_ASSIGNMENT = re.compile(r"^\s*(?:export\s+)?(GRUB_[A-Z0-9_]+)=(.*)$")
+
+
+def grub_assignments(text: str) -> dict[str, str]:
+    """The `GRUB_...=` lines of a grub.d file (the last one of each variable)."""
+    pairs = {}
+    for line in text.splitlines():
+        found = _GRUB_ASSIGNMENT.match(line)
+        if found:
+            pairs[found[1]] = found[2].strip()
+    return pairs
+
+
+class GrubAssignments(FactBase):
+    """The lines of grub.d's files that assign one of `names`: `[(path, name, value)]`, files
+    in name order (update-grub sources /etc/default/grub, then these, in order)."""
+
+    def command(self, names: tuple[str, ...]) -> str:
+        pattern = f"^[[:space:]]*(export[[:space:]]+)?({'|'.join(names)})="
+        grep = f"grep -H -E {shlex.quote(pattern)}"
+        return on_existing_files(f"{GRUB_DIR}/*.cfg", grep) + "; true"
+
+    @staticmethod
+    def default() -> list:
+        return []
+
+    def process(self, output: list[str]) -> list[tuple[str, str, str]]:
+        found = []
+        for line in output:
+            path, _, setting = line.partition(":")
+            found += [(path, name, value) for name, value in grub_assignments(setting).items()]
+        return found
+
+
+def grub_overridden(found: list[tuple[str, str, str]], ours_path: str, declared) -> list[str]:
+    """A finding for each grub.d file read after ours that sets one of our variables without
+    keeping what came before it (`$NAME`): update-grub would drop gpuinfra's arguments."""
+    name = posixpath.basename(ours_path)
+    return [
+        f"grub: {var} set in {path} drops gpuinfra's arguments at the next update-grub "
+        f"(keep ${var} in it, remove it, or declare it in base.site_files)"
+        for path, var, value in found
+        if posixpath.basename(path) > name
+        and path not in set(declared)
+        and f"${var}" not in value
+        and f"${{{var}}}" not in value
+    ]
 
 
 class FilesMatching(FactBase):

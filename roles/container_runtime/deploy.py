@@ -80,7 +80,7 @@ def apply(ctx: HostContext) -> None:
         _if=restart_containerd,
     )
     allowed = ours_or_declared(ctx)
-    unit_dropins("Check the drop-ins of containerd", ("containerd",), allowed)
+    unit_dropins("Check the drop-ins of containerd and Docker", ("containerd", "docker"), allowed)
     only_ours(
         "Check that containerd imports only gpuinfra's files",
         runtime_files.CONTAINERD_DROP_INS,

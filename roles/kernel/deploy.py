@@ -3,6 +3,7 @@ pages, resource limits and an optional pinned kernel, with "reboot required" whe
 
 from __future__ import annotations
 
+from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import server, systemd
 
@@ -27,7 +28,15 @@ from roles.kernel.operations import (
     sysctls_live,
     sysfs_setting,
 )
-from toolkit.effective import declared_files, limits_not_overridden, overridden_later
+from toolkit.effective import (
+    GrubAssignments,
+    declared_files,
+    grub_assignments,
+    grub_overridden,
+    limits_not_overridden,
+    nothing_overrides,
+    overridden_later,
+)
 from toolkit.operations import enable_at_boot, put_file, reboot_required
 from toolkit.spec import HostContext
 
@@ -112,6 +121,12 @@ def apply(ctx: HostContext) -> None:
         managed[SYSCTL_FILE].content,
         declared,
         "sysctl",
+    )
+    names = tuple(grub_assignments(managed[GRUB_FILE].content))
+    grub_lines = host.get_fact(GrubAssignments, names=names)
+    nothing_overrides(
+        "Check that no grub.d file drops our kernel arguments",
+        grub_overridden(grub_lines or [], GRUB_FILE, declared),
     )
     limits_not_overridden(
         "Check that no limits.d file overrides ours",

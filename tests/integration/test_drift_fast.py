@@ -298,6 +298,9 @@ OVERRIDES = [
     ("stor-1", "printf 'APT::Install-Recommends \"true\";\\n' > /etc/apt/apt.conf.d/99site",
      "rm -f /etc/apt/apt.conf.d/99site",
      "Base | Check that no apt setting overrides ours", "99site"),
+    ("etcd-4", "printf 'GRUB_CMDLINE_LINUX_DEFAULT=\"quiet\"\\n' > /etc/default/grub.d/99-site.cfg",
+     "rm -f /etc/default/grub.d/99-site.cfg",
+     "Kernel | Check that no grub.d file drops our kernel arguments", "99-site.cfg"),
     ("etcd-3", "apt-get remove -y -q etcd-client >/dev/null",
      "true",  # the apply below installs it again
      "Etcd | Install etcd", None),

@@ -444,6 +444,40 @@ def test_an_apt_setting_read_after_ours_is_named_once_ours_is_in_place(tmp_path)
     assert apt_conf_findings(found, path, ours, ()) == []
 
 
+def test_a_grub_file_read_after_ours_that_drops_our_arguments_is_named(tmp_path):
+    """The fact's command run by sh on grub.d files (the folder moved under tmp_path): a later
+    file that sets the command line afresh is named; one that keeps `$NAME` (either spelling),
+    an earlier one and a declared one are not."""
+    from toolkit.effective import GRUB_DIR, GrubAssignments, grub_assignments, grub_overridden
+
+    ours = '# gpuinfra\nGRUB_CMDLINE_LINUX_DEFAULT="$GRUB_CMDLINE_LINUX_DEFAULT iommu=pt"\n'
+    folder = tmp_path / "grub.d"
+    folder.mkdir()
+    (folder / "10-early.cfg").write_text('GRUB_CMDLINE_LINUX_DEFAULT="quiet"\n')
+    (folder / "90-gpuinfra.cfg").write_text(ours)
+    (folder / "95-keeps.cfg").write_text(
+        'GRUB_CMDLINE_LINUX_DEFAULT="${GRUB_CMDLINE_LINUX_DEFAULT} splash"\nGRUB_TIMEOUT=1\n'
+    )
+    (folder / "99-site.cfg").write_text('export GRUB_CMDLINE_LINUX_DEFAULT="quiet"\n')
+    names = tuple(grub_assignments(ours))
+    command = GrubAssignments().command(names).replace(GRUB_DIR, str(folder))
+    output = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+    found = GrubAssignments().process(output.stdout.splitlines())
+    assert [Path(path).name for path, *_ in found] == [
+        "10-early.cfg",
+        "90-gpuinfra.cfg",
+        "95-keeps.cfg",
+        "99-site.cfg",
+    ]
+    site, ours_path = str(folder / "99-site.cfg"), str(folder / "90-gpuinfra.cfg")
+    assert grub_overridden(found, ours_path, ()) == [
+        f"grub: GRUB_CMDLINE_LINUX_DEFAULT set in {site} drops gpuinfra's arguments at the next "
+        "update-grub (keep $GRUB_CMDLINE_LINUX_DEFAULT in it, remove it, or declare it in "
+        "base.site_files)"
+    ]
+    assert grub_overridden(found, ours_path, (site,)) == []
+
+
 def test_servers_held_out_of_rotation_are_read_from_the_stats_csv():
     from roles.loadbalancer.facts import ServersHeldDown
 

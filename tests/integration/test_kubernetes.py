@@ -36,6 +36,7 @@ from lab import fleet as fleet_lab
 from lab import gobuild, lifecycle, offline
 from lab.topology import Topology, default_topology
 from roles.kubernetes import encryption
+from roles.kubernetes.kubeadm import PATCHES_DIR
 from tests.integration.conftest import KEEP_ENV, LAB_NAME, LabCluster, boot_lab
 from tests.integration.etcd_helpers import etcdctl, wait_healthy
 from tests.integration.roles_helpers import eventually, failed_run, gpuinfra
@@ -722,7 +723,9 @@ def test_a_second_apply_changes_nothing_and_drift_is_clean(cluster, tmp_path):
 def test_verify_passes_on_every_node_and_names_a_dropped_static_pod(cluster):
     """`verify --roles kubernetes` on the bootstrapped nodes: every check passes on every node;
     a manifest dropped into a worker's static pod folder (it would run with the node's rights)
-    fails that node's check alone, by name."""
+    fails that node's check alone, by name. Drift names it too, and a patch dropped into
+    kubeadm's patches folder on a control-plane node (kubeadm would apply it at the next
+    upgrade); the other nodes of the same drift are the control."""
     args = ("verify", str(cluster.inventory), "--roles", "kubernetes", "--format", "json")
     result = gpuinfra(*args)
     assert result.returncode == ExitCode.OK, result.stdout[-3000:] + result.stderr[-2000:]
@@ -743,8 +746,24 @@ def test_verify_passes_on_every_node_and_names_a_dropped_static_pod(cluster):
             ("cpu-1", "test_static_pods_are_only_kubeadms[cpu-1]")
         ]
         assert "rogue.yaml" in failed[0]["message"]
+        patch = f"{PATCHES_DIR}/kube-apiserver0+json.json"
+        cluster.lab.ssh("cp-2", f"echo '[]' > {patch}")
+        drift = gpuinfra("drift", str(cluster.inventory), "--roles", "kubernetes",
+                         "--limit", "cpu-1,cp-2,gpu-1", "--format", "json")  # fmt: skip
+        assert drift.returncode == ExitCode.DRIFT, drift.stdout[-3000:] + drift.stderr[-2000:]
+        findings = {
+            name: {(op["name"].split(" | ")[-1], op["diff"]) for op in host["operations"]
+                   if op["changed"]}
+            for name, host in json.loads(drift.stdout)["hosts"].items()
+        }  # fmt: skip
+        assert findings["gpu-1"] == set()
+        ((check, diff),) = findings["cpu-1"]
+        assert check == "Check that kubelet runs only kubeadm's static pods" and rogue in diff
+        ((check, diff),) = findings["cp-2"]
+        assert check == "Check that kubeadm applies only gpuinfra's patches" and patch in diff
     finally:
         cluster.lab.ssh("cpu-1", f"rm -f {rogue}" + (f" && rmdir {folder}" if made else ""))
+        cluster.lab.ssh("cp-2", f"rm -f {PATCHES_DIR}/kube-apiserver0+json.json")
 
 
 def test_a_live_object_edited_by_hand_is_drift(cluster):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shlex
 import socket
 import ssl
 import subprocess
@@ -35,10 +36,11 @@ from cli.exitcodes import ExitCode
 from lab import fleet as fleet_lab
 from lab import gobuild, lifecycle, offline
 from lab.topology import Topology, default_topology
+from roles.etcd.files import ETCDCTL_ENV
 from roles.kubernetes import encryption
 from roles.kubernetes.kubeadm import PATCHES_DIR
 from tests.integration.conftest import KEEP_ENV, LAB_NAME, LabCluster, boot_lab
-from tests.integration.etcd_helpers import etcdctl, wait_healthy
+from tests.integration.etcd_helpers import wait_healthy
 from tests.integration.roles_helpers import eventually, failed_run, gpuinfra
 
 pytestmark = [pytest.mark.integration, pytest.mark.k8s]
@@ -671,9 +673,14 @@ def test_a_follower_then_the_leader_down_keeps_writes_going(cluster):
 
 
 def stored_in_etcd(cluster: Cluster, key: str) -> bytes:
-    """The bytes etcd holds under a key, read on cp-1 with the API server's client
-    certificate."""
-    value = etcdctl(cluster.lab, f"get {key} --print-value-only | base64 -w0").stdout
+    """The bytes etcd holds under a key, read on etcd-1 with the etcd role's etcdctl settings
+    (the control-plane nodes have no etcdctl); a failed read fails, never reads as empty."""
+    command = (
+        f"set -o pipefail; set -a; . {ETCDCTL_ENV}; set +a; "
+        f'etcdctl --endpoints="$GPUINFRA_ETCD_ENDPOINTS" get {key} --print-value-only | base64 -w0'
+    )
+    value = cluster.lab.ssh("etcd-1", f"bash -c {shlex.quote(command)}").stdout
+    assert value.strip(), f"etcd holds nothing under {key}"
     return base64.b64decode(value.strip())
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -24,9 +25,17 @@ import yaml
 
 from cli.exitcodes import ExitCode
 from lab import gobuild, offline
+from roles.kubernetes.audit import AUDIT_LOG_DIR
 from tests.integration.conftest import LAB_NAME
 from tests.integration.roles_helpers import failed_run, gpuinfra
-from tests.integration.test_kubernetes import NODES, Cluster, applied_lab, ready, stored_in_etcd
+from tests.integration.test_kubernetes import (
+    CONTROL_PLANE,
+    NODES,
+    Cluster,
+    applied_lab,
+    ready,
+    stored_in_etcd,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.upgrade]
 
@@ -34,6 +43,7 @@ UPGRADE_LAB = os.environ.get("GPUINFRA_K8S_UPGRADE_LAB_NAME", f"{LAB_NAME}-k8s-u
 # One prefix per run: a kept lab (GPUINFRA_LAB_KEEP=1) still holds an earlier run's ConfigMaps.
 PROBE = f"upgrade-probe-{int(time.time())}-"
 SECRET = f"upgrade-secret-{int(time.time())}"
+AUDIT_ID = re.compile(r"Audit-Id: ([0-9a-f-]{36})")
 
 
 @dataclass
@@ -44,7 +54,7 @@ class Client:
     cluster: Cluster
     writes: list[str] = field(default_factory=list)  # names whose create succeeded
     operations: int = 0
-    errors: list[tuple[float, str, str]] = field(default_factory=list)
+    errors: list[tuple[float, str, str, str]] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
 
     def run(self) -> None:
@@ -53,7 +63,7 @@ class Client:
             name = f"{PROBE}{index}"
             index += 1
             made = self.cluster.kubectl(
-                "create", "configmap", name, "-n", "default", f"--from-literal=i={index}",
+                "-v=8", "create", "configmap", name, "-n", "default", f"--from-literal=i={index}",
                 check=False, timeout=30,
             )  # fmt: skip
             self._count("write", made)
@@ -61,15 +71,20 @@ class Client:
                 continue
             self.writes.append(name)
             read = self.cluster.kubectl(
-                "get", "configmap", name, "-n", "default", "-o", "name", check=False, timeout=30
-            )
+                "-v=8", "get", "configmap", name, "-n", "default", "-o", "name",
+                check=False, timeout=30,
+            )  # fmt: skip
             self._count("read", read)
             time.sleep(0.5)
 
     def _count(self, what: str, result) -> None:
         self.operations += 1
         if result.returncode != 0:
-            self.errors.append((time.time(), what, result.stderr.strip()[-300:]))
+            # kubectl -v=8 prints each response's headers: the Audit-Id names the request in the
+            # audit log of the API server that answered it (none: no server answered).
+            audit = AUDIT_ID.findall(result.stderr)
+            message = result.stderr.strip().splitlines()[-1:] or [""]
+            self.errors.append((time.time(), what, message[0][-300:], audit[-1] if audit else ""))
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +107,19 @@ def versions(cluster: Cluster) -> dict[str, str]:
     }
 
 
+def answered_by(cluster: Cluster, audit_id: str) -> list[str]:
+    """The control-plane nodes whose audit log holds the request (its metadata: writes only)."""
+    if not audit_id:
+        return []
+    found = []
+    for node in CONTROL_PLANE:
+        logs = f"{AUDIT_LOG_DIR}/audit*.log"
+        hit = cluster.lab.ssh(node, f"grep -l {audit_id} {logs}", check=False)
+        if hit.returncode == 0:
+            found.append(node)
+    return found
+
+
 def test_an_upgrade_by_one_minor_keeps_the_api_serving(cluster):
     old = offline.published()
     (new, *_) = offline.upgrades()
@@ -110,6 +138,8 @@ def test_an_upgrade_by_one_minor_keeps_the_api_serving(cluster):
         client.stop.set()
         thread.join(timeout=120)
     seconds = time.monotonic() - started
+    for error in client.errors:
+        print(f"failed request {error}: answered by {answered_by(cluster, error[3])}")
     print(
         f"upgrade {old.kubernetes_version} -> {new.kubernetes_version}: {seconds:.0f} s; client: "
         f"{client.operations} operations, {len(client.errors)} errors: {client.errors}"

@@ -15,7 +15,7 @@ import base64
 import hashlib
 import os
 
-from inventory.model import LoadedCluster
+from inventory.model import LoadedCluster, StateAccess
 from roles.kubernetes import models as m
 from toolkit.spec import ManagedFile
 from toolkit.statefiles import kept_secret
@@ -32,7 +32,13 @@ def new_key() -> str:
 
 
 def key(loaded: LoadedCluster) -> str:
-    return kept_secret(loaded.state_dir, KEY_STATE, new_key, loaded.state_access)
+    """The kept key. Missing while plan or drift reads the state (before the kubernetes role's
+    first apply, or on a cluster applied by a gpuinfra without it): a placeholder, so the file
+    shows as one the next apply makes, where a missing etcd CA stops them instead."""
+    access = loaded.state_access
+    if access is StateAccess.existing:
+        access = StateAccess.placeholder
+    return kept_secret(loaded.state_dir, KEY_STATE, new_key, access)
 
 
 def key_name(secret: str) -> str:

@@ -36,6 +36,7 @@ from tests.unit.fake_host import commands
 from toolkit import record
 from toolkit.facts import HeldPackages
 from toolkit.pacing import Pacer, Rate
+from toolkit.statefiles import PLACEHOLDER
 
 
 @pytest.fixture
@@ -174,6 +175,10 @@ def test_secrets_are_encrypted_at_rest_with_a_key_kept_private_in_the_state(
     quiet = load(inventory).with_state_access(StateAccess.placeholder)
     assert encryption.ENCRYPTION_CONFIG in files_of(quiet, "cp-1")
     key_file = quiet.state_dir / encryption.KEY_STATE
+    assert not key_file.exists()
+    # plan and drift before the role's first apply: the file is one the next apply makes.
+    reading = load(inventory).with_state_access(StateAccess.existing)
+    assert PLACEHOLDER in encryption.config_file(reading).content
     assert not key_file.exists()
     loaded = load(inventory)
     configs = {

@@ -105,6 +105,21 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabCluster]:
         lifecycle.down(LAB_NAME)
 
 
+@pytest.fixture(scope="session")
+def converged(lab: LabCluster) -> LabCluster:
+    """The shared lab with every role applied, once per run: the modules that test a converged
+    host (engine, drift, verify, each role's own checks) share this apply and re-apply nothing
+    for themselves (ten no-op applies of the whole lab were a sixth of the shared-lab process).
+    A test that changes a host puts it back; the drift tests end with a clean fleet. The run's
+    first apply of fresh hosts (478 s on a quiet machine) went past the default 900 s on a
+    loaded one, and a killed apply leaves dpkg busy for the next module's: it gets 1800 s."""
+    from tests.integration.roles_helpers import failed_run, gpuinfra
+
+    result = gpuinfra("apply", str(lab.inventory_path), "--yes", "--format", "json", timeout=1800)
+    assert result.returncode == 0, failed_run(result)
+    return lab
+
+
 # Each run's time per module, and whether the module used the shared lab above, for
 # scripts/integration_split.py: it puts the modules with labs of their own beside the
 # shared-lab ones so the two processes of `make test` end together. Fixture setup counts

@@ -913,14 +913,17 @@ class Fleet:
 @pytest.fixture(scope="module")
 def fleet(cluster) -> Iterator[Fleet]:
     """FLEET simulated GPU nodes on the lab's real API servers and etcd, registered through
-    the balancer as the inventory's GPU workers; gone again (and kwok stopped) afterwards."""
+    the balancer as the inventory's GPU workers. A kept lab (GPUINFRA_LAB_KEEP=1) has them
+    deleted again afterwards; one going down keeps them, as `lab down` stops kwok with the
+    hosts (deleting 200 nodes one by one took CI 172 s for nothing)."""
     loaded = cluster.lab.loaded
     fleet_lab.scale(cluster.lab.name, 0)  # a kept lab's earlier fleet: registered in the step
     before = control_plane.reading(cluster.lab.name, loaded)
     try:
         yield Fleet(cluster, before, fleet_lab.scale(cluster.lab.name, FLEET))
     finally:
-        fleet_lab.scale(cluster.lab.name, 0)
+        if os.environ.get(KEEP_ENV) == "1":
+            fleet_lab.scale(cluster.lab.name, 0)
         fleet_lab.stop_controller(cluster.lab.name)
 
 

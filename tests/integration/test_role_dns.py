@@ -19,12 +19,6 @@ PRIMARY, SECONDARY = "dns-1", "mon-1"
 KEY = "/etc/bind/gpuinfra-transfer.key"
 
 
-@pytest.fixture(scope="module")
-def converged(lab):
-    apply_roles(lab.inventory_path, ROLES)
-    return lab
-
-
 def dig(lab, host: str, query: str) -> str:
     return lab.ssh(host, f"dig +short +time=3 +tries=2 {query}").stdout.strip()
 

@@ -15,14 +15,6 @@ pytestmark = pytest.mark.integration
 ROLES = "base,firewall,dns"
 
 
-@pytest.fixture(scope="module")
-def converged(lab):
-    """The lab with base, firewall and dns applied (dns too: its ports sit behind the
-    firewall, and the roles must converge together)."""
-    apply_roles(lab.inventory_path, ROLES)
-    return lab
-
-
 def test_plan_after_apply_has_no_changes(converged):
     result = gpuinfra("plan", str(converged.inventory_path), "--roles", ROLES, "--format", "json")
     assert result.returncode == ExitCode.OK, result.stdout[-3000:] + result.stderr[-2000:]

@@ -83,12 +83,6 @@ def server_status(lab: LabCluster, balancer: str) -> dict[str, str]:
     }
 
 
-@pytest.fixture(scope="module")
-def converged(lab: LabCluster) -> LabCluster:
-    apply_roles(lab, "base,loadbalancer,monitoring")
-    return lab
-
-
 def test_plan_after_apply_has_no_changes(converged):
     assert pending_changes(converged, "base,loadbalancer,monitoring") == {}
 

@@ -31,12 +31,6 @@ PROMETHEUS_HOST = "mon-1"
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def converged(lab: LabCluster) -> LabCluster:
-    apply_roles(lab, ROLES)
-    return lab
-
-
 def api(lab: LabCluster, path: str, **params: str) -> dict:
     """GET Prometheus's HTTP API on the monitoring host."""
     query = f"?{urllib.parse.urlencode(params)}" if params else ""

@@ -30,12 +30,6 @@ MOUNT = "/shared"
 ADMIN_ROOT = "/var/lib/gpuinfra/shared_fs_root"
 
 
-@pytest.fixture(scope="module")
-def converged(lab: LabCluster) -> LabCluster:
-    apply_roles(lab.inventory_path, ROLES)
-    return lab
-
-
 def drift(lab: LabCluster, *extra: str) -> tuple[int, dict[str, list[str]]]:
     result = gpuinfra(
         "drift", str(lab.inventory_path), "--roles", "shared_fs", "--format", "json", *extra

@@ -15,13 +15,6 @@ pytestmark = pytest.mark.integration
 ROGUE_DROPIN = "/etc/ssh/sshd_config.d/10-passwords.conf"
 
 
-@pytest.fixture(scope="module")
-def converged(lab):
-    result = gpuinfra("apply", str(lab.inventory_path), "--roles", "base", "--yes")
-    assert result.returncode == ExitCode.OK, result.stdout[-3000:] + result.stderr[-2000:]
-    return lab
-
-
 def test_verify_passes_on_a_converged_cluster(converged, tmp_path):
     junit = tmp_path / "verify.xml"
     result = gpuinfra(

@@ -10,12 +10,16 @@ acquire inside the join itself, so nodes that are already joined never wait.
 
 from __future__ import annotations
 
+from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import apt, files, systemd
 
+from roles.kubernetes import encryption
 from roles.kubernetes import operations as kube_ops
 from roles.kubernetes.apiproxy import API_PROXY_CONFIG, API_PROXY_UNIT, node_local_balancing
 from roles.kubernetes.cni import CALICO_CONFIG, CALICO_RESOURCES, POD_ROUTES_SCRIPT, POD_ROUTES_UNIT
+from roles.kubernetes.encryption import ENCRYPTION_CONFIG
+from roles.kubernetes.facts import EncryptionKeyNames
 from roles.kubernetes.files import managed_files
 from roles.kubernetes.kubeadm import (
     INIT_CONFIG,
@@ -39,7 +43,7 @@ from roles.kubernetes.source import (
     repository_url,
 )
 from roles.kubernetes.stages import apply_stages
-from toolkit.effective import only_ours, ours_or_declared, unit_dropins
+from toolkit.effective import nothing_overrides, only_ours, ours_or_declared, unit_dropins
 from toolkit.operations import put_file, restart_if_running, service_running
 from toolkit.spec import HostContext
 
@@ -78,6 +82,12 @@ def _common(ctx: HostContext, control_plane: bool) -> dict[str, str]:
             no_recommends=True,
             update=True,
             cache_time=3600,
+        )
+    if ENCRYPTION_CONFIG in managed:
+        on_node = host.get_fact(EncryptionKeyNames, path=ENCRYPTION_CONFIG)
+        nothing_overrides(
+            "Check that the API server's encryption key is the kept one",
+            encryption.lost_keys(on_node or [], encryption.key(ctx.loaded)),
         )
     written = {
         path: put_file(managed_file)

@@ -7,7 +7,12 @@ fast, no padding oracle (aescbc) and no nonce limit per key (aesgcm). `identity`
 so Secrets written before encryption was on still read; rewriting them (`kubectl get secrets -A
 -o json | kubectl replace -f -`) encrypts them too. The API server reloads the file when it
 changes (--encryption-provider-config-automatic-reload), so a later key rotation needs no
-restart."""
+restart.
+
+That reload is also the hazard: a file with another key, written over the one the API servers
+encrypt with (a checkout without the cluster's state makes a new key), leaves every Secret
+written since unreadable at once. `lost_keys` is the deploy's check before the file is written:
+the apply stops on that node instead."""
 
 from __future__ import annotations
 
@@ -62,9 +67,30 @@ def configuration(secret: str) -> m.EncryptionConfiguration:
     )
 
 
-def config_file(loaded: LoadedCluster) -> ManagedFile:
-    text = m.dump(
-        [configuration(key(loaded))],
+def config_file_text(secret: str) -> str:
+    return m.dump(
+        [configuration(secret)],
         "# Managed by gpuinfra: Secrets encrypted at rest (roles/kubernetes/encryption.py).\n",
     )
+
+
+def config_file(loaded: LoadedCluster) -> ManagedFile:
+    text = config_file_text(key(loaded))
     return ManagedFile("kubernetes", ENCRYPTION_CONFIG, text, mode="0600", secret=True)
+
+
+def lost_keys(on_node: list[str], kept: str) -> list[str]:
+    """Findings for a node whose configuration lists keys the file about to be written drops:
+    it has only the kept key (`on_node`: roles/kubernetes/facts.py's EncryptionKeyNames, none
+    without the file). A key added by hand is one too: the apply would drop it."""
+    name = key_name(kept)
+    dropped = [other for other in on_node if other != name]
+    if not dropped:
+        return []
+    return [
+        f"{ENCRYPTION_CONFIG} encrypts Secrets with {', '.join(dropped)}, which the file this "
+        f"apply writes lacks: it has only the key kept in the cluster's state ({name}), and "
+        "the Secrets written with the others would no longer read. Restore "
+        f"{KEY_STATE} under the state directory from the checkout that applied the cluster "
+        "(docs/roles/kubernetes.md#secrets-at-rest)"
+    ]

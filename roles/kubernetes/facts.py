@@ -120,3 +120,18 @@ def live_differences(lines: list[str]) -> list[str]:
         f"{name}: {'; '.join(changes) if changes else 'data differs (not shown)'}"
         for name, changes in found.items()
     ]
+
+
+class EncryptionKeyNames(FactBase):
+    """The names of the keys the node's EncryptionConfiguration lists, in order ([] without
+    the file): names only, never a secret (the file is 0600; gpuinfra's names are a hash's
+    first 12 hex digits, roles/kubernetes/encryption.py)."""
+
+    default = list
+
+    def command(self, path: str) -> str:
+        names = "s/^[[:space:]-]*name:[[:space:]]*//p"
+        return f"sed -n '{names}' {shlex.quote(path)} 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> list[str]:
+        return [line.strip().strip("\"'") for line in output if line.strip()]

@@ -8,6 +8,7 @@ import base64
 import functools
 import os
 import stat
+import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -25,7 +26,7 @@ from roles.kubernetes import models as m
 from roles.kubernetes import operations as kube_ops
 from roles.kubernetes.config import KubernetesConfig
 from roles.kubernetes.coredns import COREDNS_PATCH
-from roles.kubernetes.facts import ApiAnswers, FileExists, KubeBinaries
+from roles.kubernetes.facts import ApiAnswers, EncryptionKeyNames, FileExists, KubeBinaries
 from roles.kubernetes.kubeadm import INIT_CONFIG, JOIN_CONFIG, KUBELET_CONF, api_server_flags
 from roles.kubernetes.models import validate_documents
 from roles.kubernetes.role import ROLE
@@ -216,6 +217,36 @@ def test_secrets_are_encrypted_at_rest_with_a_key_kept_private_in_the_state(
     cluster = documents(files_of(off, "cp-1")[INIT_CONFIG])["ClusterConfiguration"]
     assert not any(name.startswith("encryption") for name in args(cluster["apiServer"]))
     assert "encryption-config" not in {v["name"] for v in cluster["apiServer"]["extraVolumes"]}
+
+
+def test_a_key_other_than_the_kept_one_on_a_node_stops_the_apply(tmp_path):
+    """The check before the file is written: the node's file read back by its real command
+    gives the names only; a node whose file holds a key the written file would drop is a
+    finding naming both keys and no secret, a key added by hand beside the kept one too. The
+    controls: no file (a first apply) and the kept key alone pass."""
+    kept, other = encryption.new_key(), encryption.new_key()
+    config = tmp_path / "config.yaml"
+    config.write_text(encryption.config_file_text(other))
+    fact = EncryptionKeyNames()
+    read = subprocess.run(
+        ["sh", "-c", fact.command(path=str(config))], capture_output=True, text=True, check=True
+    )
+    on_node = fact.process(read.stdout.splitlines())
+    assert on_node == [encryption.key_name(other)]
+    (finding,) = encryption.lost_keys(on_node, kept)
+    assert encryption.key_name(other) in finding and encryption.key_name(kept) in finding
+    assert kept not in finding and other not in finding
+    assert encryption.KEY_STATE in finding
+    missing = subprocess.run(
+        ["sh", "-c", fact.command(path=str(tmp_path / "none.yaml"))],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert fact.process(missing.stdout.splitlines()) == []
+    assert encryption.lost_keys([], kept) == []
+    assert encryption.lost_keys([encryption.key_name(kept)], kept) == []
+    both = [encryption.key_name(kept), encryption.key_name(other)]
+    (beside,) = encryption.lost_keys(both, kept)
+    assert encryption.key_name(other) in beside
 
 
 def test_the_node_local_proxy_checks_readyz(small_cluster, write_cluster):

@@ -18,6 +18,7 @@ import base64
 import json
 import os
 import shlex
+import shutil
 import socket
 import ssl
 import subprocess
@@ -710,6 +711,29 @@ def test_secrets_are_encrypted_in_etcd_and_configmaps_are_not(cluster):
     finally:
         for kind in ("secret", "configmap"):
             cluster.kubectl("delete", kind, name, "-n", "default", check=False)
+
+
+def test_an_apply_with_another_key_stops_before_the_nodes_file(cluster, tmp_path):
+    """A checkout whose state holds another key (a lost `.state` makes a new one): the apply
+    stops on the control-plane node at the check, naming the key the node encrypts with, and
+    the node's file is what it was (writing it would leave every Secret unreadable at once).
+    The cluster's own state is the control: the next test's apply changes nothing."""
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    shutil.copy(cluster.inventory, checkout / "cluster.yml")
+    shutil.copytree(cluster.lab.loaded.state_dir, checkout / ".state")
+    state_key = (cluster.lab.loaded.state_dir / encryption.KEY_STATE).read_text().strip()
+    (checkout / ".state" / encryption.KEY_STATE).write_text(encryption.new_key() + "\n")
+    file_sum = f"sha256sum {encryption.ENCRYPTION_CONFIG}"
+    before = cluster.lab.ssh("cp-1", file_sum).stdout
+    result = gpuinfra(
+        "apply", str(checkout), "--limit", "cp-1", "--roles", "kubernetes", "--yes",
+        "--format", "json",
+    )  # fmt: skip
+    assert result.returncode == ExitCode.ERROR, failed_run(result)
+    error = json.loads(result.stdout)["hosts"]["cp-1"]["error"]
+    assert encryption.key_name(state_key) in error and encryption.KEY_STATE in error, error
+    assert cluster.lab.ssh("cp-1", file_sum).stdout == before
 
 
 def test_a_second_apply_changes_nothing_and_drift_is_clean(cluster, tmp_path):

@@ -355,3 +355,56 @@ def only_ours(name: str, pattern: str, allowed: Iterable[str], why: str) -> Oper
     a file that is not among `allowed` (`ours_or_declared`) is a finding saying `why`."""
     found = host.get_fact(FilesMatching, pattern=pattern) or []
     return nothing_overrides(name, foreign_files(found, allowed, why))
+
+
+# Where modprobe (and systemd-modules-load, through libkmod) reads its configuration, in the
+# order kmod gives same-named files precedence; every file counts for blacklist and install.
+MODPROBE_CONF_DIRS = ("/etc/modprobe.d", "/run/modprobe.d", "/usr/local/lib/modprobe.d",
+                 "/usr/lib/modprobe.d", "/lib/modprobe.d")  # fmt: skip
+
+
+def module_pattern(name: str) -> str:
+    """kmod treats `-` and `_` in a module's name as one: a pattern for either spelling."""
+    return "[-_]".join(re.escape(part) for part in re.split(r"[-_]", name))
+
+
+class ModprobeBlocks(FactBase):
+    """The `blacklist` and `install` lines of modprobe.d's files that name one of `modules`:
+    `[(path, line)]`."""
+
+    def command(self, modules: tuple[str, ...]) -> str:
+        words = "|".join(module_pattern(m) for m in modules)
+        awk = (
+            f"awk -v p='^[[:space:]]*(blacklist|install)[[:space:]]+({words})([[:space:]]|$)' "
+            "'$0 ~ p { print FILENAME \" \" $0 }'"
+        )
+        globs = " ".join(f"{folder}/*.conf" for folder in MODPROBE_CONF_DIRS)
+        return on_existing_files(globs, awk) + "; true"
+
+    @staticmethod
+    def default() -> list:
+        return []
+
+    def process(self, output: list[str]) -> list[tuple[str, str]]:
+        return [
+            (path, rest.strip())
+            for path, _, rest in (line.partition(" ") for line in output)
+            if rest.strip()
+        ]
+
+
+def modules_blocked(found: list[tuple[str, str]], declared) -> list[str]:
+    """A finding for each line that keeps one of our modules from loading: a `blacklist`
+    (systemd-modules-load applies it) or an `install` command that never runs modprobe."""
+    findings = []
+    for path, line in found:
+        if path in set(declared):
+            continue
+        words = line.split()
+        if words[0] == "install" and any("modprobe" in word for word in words[2:]):
+            continue
+        findings.append(
+            f"modprobe: '{line}' in {path} keeps {words[1]} from loading at boot (remove it, "
+            "or declare it in base.site_files)"
+        )
+    return findings

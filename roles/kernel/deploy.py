@@ -30,10 +30,12 @@ from roles.kernel.operations import (
 )
 from toolkit.effective import (
     GrubAssignments,
+    ModprobeBlocks,
     declared_files,
     grub_assignments,
     grub_overridden,
     limits_not_overridden,
+    modules_blocked,
     nothing_overrides,
     overridden_later,
 )
@@ -128,6 +130,13 @@ def apply(ctx: HostContext) -> None:
         "Check that no grub.d file drops our kernel arguments",
         grub_overridden(grub_lines or [], GRUB_FILE, declared),
     )
+    modules = tuple(host_modules(ctx))
+    if modules:
+        blocks = host.get_fact(ModprobeBlocks, modules=modules)
+        nothing_overrides(
+            "Check that no modprobe.d file stops our modules",
+            modules_blocked(blocks or [], declared),
+        )
     limits_not_overridden(
         "Check that no limits.d file overrides ours",
         LIMITS_FILE,

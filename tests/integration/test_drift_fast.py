@@ -285,6 +285,11 @@ OVERRIDES = [
     ("lb-1", "printf '* hard memlock 64\\n' > /etc/security/limits.d/99-site.conf",
      "rm -f /etc/security/limits.d/99-site.conf",
      "Kernel | Check that no limits.d file overrides ours", "99-site.conf"),
+    # The lab's hosts have no kmod, so no modprobe.d: the change makes it, the undo removes it.
+    ("cpu-1", "mkdir -p /etc/modprobe.d && "
+     "echo 'blacklist br_netfilter' > /etc/modprobe.d/99-site.conf",
+     "rm -f /etc/modprobe.d/99-site.conf && rmdir --ignore-fail-on-non-empty /etc/modprobe.d",
+     "Kernel | Check that no modprobe.d file stops our modules", "99-site.conf"),
     ("mon-1", "mkdir -p /etc/systemd/journald.conf.d && printf '[Journal]\\nSystemMaxUse=8G\\n' "
      "> /etc/systemd/journald.conf.d/99-site.conf",
      "rm -f /etc/systemd/journald.conf.d/99-site.conf",

@@ -407,6 +407,54 @@ def test_a_limits_file_read_after_ours_wins_at_the_next_login(tmp_path):
     assert limits_overridden([e for e in found if e[0] != site], ours_path, ours, ()) == []
 
 
+def test_a_modprobe_line_that_stops_one_of_our_modules_is_named(tmp_path, monkeypatch):
+    """The fact's command run by sh on folders like a host's (moved under tmp_path): a
+    blacklist of either spelling of a module name and an install command that never loads it
+    are named; an install that still runs modprobe, another module, a comment, an options line
+    and a declared file are not. Without any of these files the command prints nothing."""
+    from toolkit import effective
+
+    folders = [tmp_path / folder.lstrip("/") for folder in effective.MODPROBE_CONF_DIRS]
+    monkeypatch.setattr(effective, "MODPROBE_CONF_DIRS", tuple(map(str, folders)))
+    fact = effective.ModprobeBlocks()
+    modules = ("overlay", "br_netfilter", "nvidia-peermem")
+
+    def found() -> list[tuple[str, str]]:
+        command = fact.command(modules)
+        output = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+        return fact.process(output.stdout.splitlines())
+
+    assert found() == []
+    for folder in folders:
+        folder.mkdir(parents=True)
+    site, vendor, declared = (
+        folders[0] / "99-site.conf",
+        folders[4] / "v.conf",
+        folders[0] / "d.conf",
+    )
+    site.write_text(
+        "blacklist br-netfilter\n# blacklist overlay\noptions overlay metacopy=on\n"
+        "blacklist overlayfs\ninstall nvidia_peermem /bin/true\n"
+    )
+    vendor.write_text("install overlay /sbin/modprobe --ignore-install overlay && true\n")
+    declared.write_text("blacklist overlay\n")
+    lines = found()
+    assert sorted((Path(p).name, line) for p, line in lines) == [
+        ("99-site.conf", "blacklist br-netfilter"),
+        ("99-site.conf", "install nvidia_peermem /bin/true"),
+        ("d.conf", "blacklist overlay"),
+        ("v.conf", "install overlay /sbin/modprobe --ignore-install overlay && true"),
+    ]
+    assert effective.modules_blocked(lines, (str(declared),)) == [
+        f"modprobe: '{line}' in {site} keeps {name} from loading at boot (remove it, or "
+        "declare it in base.site_files)"
+        for line, name in (
+            ("blacklist br-netfilter", "br-netfilter"),
+            ("install nvidia_peermem /bin/true", "nvidia_peermem"),
+        )
+    ]
+
+
 def test_an_apt_setting_read_after_ours_is_named_once_ours_is_in_place(tmp_path):
     """The fact's command run by sh on this machine's apt-config (its files moved under
     tmp_path), then judged: a later file turning recommends back on is named; before ours is

@@ -108,8 +108,9 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabCluster]:
 @pytest.fixture(scope="session")
 def converged(lab: LabCluster) -> LabCluster:
     """The shared lab with every role applied, once per run: the modules that test a converged
-    host (engine, drift, verify, each role's own checks) share this apply and re-apply nothing
-    for themselves (ten no-op applies of the whole lab were a sixth of the shared-lab process).
+    host (engine, drift, verify, each role's own checks) share this apply; only kernel and
+    fabric apply again, for the report they read (ten no-op applies of the whole lab were a
+    sixth of the shared-lab process).
     A test that changes a host puts it back; the drift tests end with a clean fleet. The run's
     first apply of fresh hosts (478 s on a quiet machine) went past the default 900 s on a
     loaded one, and a killed apply leaves dpkg busy for the next module's: it gets 1800 s."""

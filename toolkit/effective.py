@@ -359,8 +359,13 @@ def only_ours(name: str, pattern: str, allowed: Iterable[str], why: str) -> Oper
 
 # Where modprobe (and systemd-modules-load, through libkmod) reads its configuration, in the
 # order kmod gives same-named files precedence; every file counts for blacklist and install.
-MODPROBE_CONF_DIRS = ("/etc/modprobe.d", "/run/modprobe.d", "/usr/local/lib/modprobe.d",
-                 "/usr/lib/modprobe.d", "/lib/modprobe.d")  # fmt: skip
+MODPROBE_CONF_DIRS = (
+    "/etc/modprobe.d",
+    "/run/modprobe.d",
+    "/usr/local/lib/modprobe.d",
+    "/usr/lib/modprobe.d",
+    "/lib/modprobe.d",
+)
 
 
 def module_pattern(name: str) -> str:
@@ -396,9 +401,9 @@ class ModprobeBlocks(FactBase):
 def modules_blocked(found: list[tuple[str, str]], declared) -> list[str]:
     """A finding for each line that keeps one of our modules from loading: a `blacklist`
     (systemd-modules-load applies it) or an `install` command that never runs modprobe."""
-    findings = []
+    findings, declared = [], set(declared)
     for path, line in found:
-        if path in set(declared):
+        if path in declared:
             continue
         words = line.split()
         if words[0] == "install" and any("modprobe" in word for word in words[2:]):

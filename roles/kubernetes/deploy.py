@@ -18,7 +18,6 @@ from roles.kubernetes import encryption
 from roles.kubernetes import operations as kube_ops
 from roles.kubernetes.apiproxy import API_PROXY_CONFIG, API_PROXY_UNIT, node_local_balancing
 from roles.kubernetes.cni import CALICO_CONFIG, CALICO_RESOURCES, POD_ROUTES_SCRIPT, POD_ROUTES_UNIT
-from roles.kubernetes.encryption import ENCRYPTION_CONFIG
 from roles.kubernetes.facts import EncryptionKeyNames
 from roles.kubernetes.files import managed_files
 from roles.kubernetes.kubeadm import (
@@ -83,8 +82,8 @@ def _common(ctx: HostContext, control_plane: bool) -> dict[str, str]:
             update=True,
             cache_time=3600,
         )
-    if ENCRYPTION_CONFIG in managed:
-        on_node = host.get_fact(EncryptionKeyNames, path=ENCRYPTION_CONFIG)
+    if encryption.ENCRYPTION_CONFIG in managed:
+        on_node = host.get_fact(EncryptionKeyNames, path=encryption.ENCRYPTION_CONFIG)
         nothing_overrides(
             "Check that the API server's encryption key is the kept one",
             encryption.lost_keys(on_node or [], encryption.key(ctx.loaded)),

@@ -35,6 +35,7 @@ from inventory.model import LoadedCluster
 from lab import lifecycle
 from lab.state import read_state
 from lab.topology import Topology, default_topology
+from tests.integration.roles_helpers import failed_run, gpuinfra
 from toolkit.ssh import ssh_argv
 
 # Two sessions at once on one machine (two developers) each set their own name.
@@ -114,8 +115,6 @@ def converged(lab: LabCluster) -> LabCluster:
     A test that changes a host puts it back; the drift tests end with a clean fleet. The run's
     first apply of fresh hosts (478 s on a quiet machine) went past the default 900 s on a
     loaded one, and a killed apply leaves dpkg busy for the next module's: it gets 1800 s."""
-    from tests.integration.roles_helpers import failed_run, gpuinfra
-
     result = gpuinfra("apply", str(lab.inventory_path), "--yes", "--format", "json", timeout=1800)
     assert result.returncode == 0, failed_run(result)
     return lab

@@ -1,6 +1,7 @@
 """Choose the integration modules that `make test` runs in its side process, by the last run's
 times: the modules with labs of their own go beside the shared-lab modules, longest first, each
-to the process that would end sooner, so both end about together.
+to the process that would end sooner, so both end about together; the modules sharing another
+lab (the Kubernetes one) go to one process together.
 
     python3 scripts/integration_split.py    # the side process's modules, one per line
     python3 scripts/integration_split.py --last-run    # each process's seconds per module
@@ -36,16 +37,24 @@ def measured(baseline: Path = BASELINE, times_dir: Path = TIMES_DIR) -> dict[str
 
 def side_modules(modules: list[str], times: dict[str, dict]) -> list[str]:
     """The own-lab modules for the side process: longest first, each to the process whose
-    running total is smaller (the shared-lab modules all run in the main one)."""
+    running total is smaller (the shared-lab modules all run in the main one). Modules that
+    share a lab of their own (a "lab" name) go together, as one."""
     own = [m for m in modules if m in times and not times[m]["shared_lab"]]
     main = sum(times[m]["seconds"] for m in modules if m in times and m not in own)
+    units: dict[str, list[str]] = {}
+    for module in own:
+        units.setdefault(times[module].get("lab") or module, []).append(module)
+
+    def seconds(unit: list[str]) -> float:
+        return sum(times[m]["seconds"] for m in unit)
+
     side, side_total = [], 0.0
-    for module in sorted(own, key=lambda m: (-times[m]["seconds"], m)):
+    for unit in sorted(units.values(), key=lambda u: (-seconds(u), u)):
         if side_total <= main:
-            side.append(module)
-            side_total += times[module]["seconds"]
+            side += unit
+            side_total += seconds(unit)
         else:
-            main += times[module]["seconds"]
+            main += seconds(unit)
     return sorted(side)
 
 

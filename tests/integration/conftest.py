@@ -120,12 +120,55 @@ def converged(lab: LabCluster) -> LabCluster:
     return lab
 
 
-# Each run's time per module, and whether the module used the shared lab above, for
-# scripts/integration_split.py: it puts the modules with labs of their own beside the
-# shared-lab ones so the two processes of `make test` end together. Fixture setup counts
+def needed_later(request: pytest.FixtureRequest, fixture: str) -> bool:
+    """Whether a test after the requesting module's last one uses `fixture` (this run's
+    selection, in its order)."""
+    items = request.session.items
+    mine = [i for i, item in enumerate(items) if getattr(item, "module", None) is request.module]
+    later = items[max(mine) + 1 :] if mine else []
+    return any(fixture in getattr(item, "fixturenames", ()) for item in later)
+
+
+_kubernetes: dict[str, object] = {}
+
+
+@pytest.fixture(scope="module")
+def kubernetes_lab(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[object]:
+    """The Kubernetes lab (tests/integration/kube_lab.py): booted and applied by the first
+    module that asks for it, shared by the next ones, taken down after the last (unless kept).
+    Its apply is a from-bare bootstrap of the whole cluster (about 18 minutes in a loaded CI
+    run): one per run, not one per module. An apply that failed fails the later modules at
+    once, naming it, rather than being tried again."""
+    from tests.integration import kube_lab  # it imports this module
+
+    if "failed" in _kubernetes:
+        pytest.fail(
+            f"the Kubernetes lab's apply failed in an earlier module: {_kubernetes['failed']}"
+        )
+    if "running" not in _kubernetes:
+        report = tmp_path_factory.mktemp("k8s") / "apply.json"
+        running = kube_lab.applied_lab(kube_lab.KUBE_LAB, report, prepare=kube_lab.lab_inventory)
+        try:
+            _kubernetes["cluster"] = next(running)
+        except BaseException as failed:  # the generator took the lab down already
+            _kubernetes["failed"] = (str(failed) or repr(failed)).splitlines()[0][:300]
+            raise
+        _kubernetes["running"] = running
+    yield _kubernetes["cluster"]
+    if not needed_later(request, "kubernetes_lab"):
+        _kubernetes.pop("running").close()  # down, unless kept
+        _kubernetes.pop("cluster")
+
+
+# Each run's time per module, whether the module used the shared lab above, and which other
+# lab it shares with other modules ("lab"), for scripts/integration_split.py: it puts the
+# modules with labs of their own beside the shared-lab ones (those sharing a lab together)
+# so the two processes of `make test` end together. Fixture setup counts
 # (a lab's boot is the module's time), so does teardown.
 TIMES_DIR = Path(__file__).resolve().parents[2] / "build" / "integration-times"
-_times: dict[str, dict[str, float | bool]] = {}
+_times: dict[str, dict[str, float | bool | str]] = {}
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -136,6 +179,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     shared = bool(chain) and not chain[-1].baseid.endswith(".py")
     entry = _times.setdefault(module, {"seconds": 0.0, "shared_lab": False})
     entry["shared_lab"] = bool(entry["shared_lab"]) or shared
+    if "kubernetes_lab" in getattr(item, "fixturenames", ()):
+        entry["lab"] = "kubernetes"  # one process runs every module of this lab
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

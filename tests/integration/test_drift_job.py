@@ -1,21 +1,16 @@
 """`gpuinfra drift --job` on the Kubernetes lab (docs/design/fleet-jobs.md section 7 step 5).
 
-Opt-in: `pytest -m fleetjob tests/integration/test_drift_job.py` (deselected by default like
-`faults`, `upgrade` and `cuda`: it boots the Kubernetes lab of test_kubernetes.py under a name of
-its own; 7 passed on a fresh lab in 415 s on 2026-11-27, docs/what-ran.md).
-
-The lab: test_kubernetes.py's topology and settings, with the Job enabled (`nodes: [cpu-1]`,
-the lab's own gpuinfra image, `cni: routes` with `routes_nat_outgoing`). Each test leaves the
-hosts as it found them.
+Part of every run, on the Kubernetes lab that test_apply_job.py and test_kubernetes.py share
+(tests/integration/kube_lab.py: the Job enabled with `nodes: [cpu-1]`, the lab's own gpuinfra
+image, `cni: routes` with `routes_nat_outgoing`); `pytest -m fleetjob` selects the two Job
+modules alone. Each test leaves the hosts as it found them.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
-from collections.abc import Iterator
 
 import pytest
 import yaml
@@ -24,22 +19,20 @@ from cli.exitcodes import ExitCode
 from lab import lifecycle
 from roles.drift_job.files import SSHD_DROPIN
 from tests.helpers import GPUINFRA
-from tests.integration.jobs_helpers import job_lab
+from tests.integration.kube_lab import DRIFT_JOB_NODE as NODE
+from tests.integration.kube_lab import Cluster
 from tests.integration.roles_helpers import gpuinfra
-from tests.integration.test_kubernetes import LAB_NAME, Cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.fleetjob]
 
-JOB_LAB = os.environ.get("GPUINFRA_FLEETJOB_LAB_NAME", f"{LAB_NAME}-fleetjob")
-NODE = "cpu-1"
 NAMESPACE = "gpuinfra"
 JOB = "gpuinfra-drift-{cluster}"
 SSHD_GLOBALS = ("passwordauthentication", "permitrootlogin", "x11forwarding", "port")
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory) -> Iterator[Cluster]:
-    yield from job_lab(tmp_path_factory, JOB_LAB, "drift_job", NODE, parallel=16)
+def cluster(kubernetes_lab) -> Cluster:
+    return kubernetes_lab
 
 
 def drift(cluster: Cluster, *extra: str) -> tuple[int, dict]:

@@ -2,9 +2,9 @@
 on this machine from Go modules (lab/gobuild.py), served by the lab's file server and registry
 (lab/offline.py), and the lab's pod network (`cni: routes`).
 
-Own lab `<GPUINFRA_LAB_NAME>-k8s` (GPUINFRA_K8S_LAB_NAME overrides): the default topology with
-Kubernetes on and without its three storage hosts (CephFS runs on the shared lab, where
-test_role_shared_fs.py checks it; here it would add minutes to every apply): five etcd members
+The Kubernetes lab `<GPUINFRA_LAB_NAME>-k8s` (GPUINFRA_K8S_LAB_NAME overrides;
+tests/integration/kube_lab.py), shared with the two fleet Job modules that run before this one:
+the default topology with Kubernetes on and without its three storage hosts: five etcd members
 (etcd 3.6, built here), three control-plane nodes behind lb-1's HAProxy, and cpu-1 and gpu-1 as
 workers; gpu-1 belongs to the team `research`, a balloon pool keeps capacity warm on cpu-1, and
 workers join one per 20 s. One full apply converges it; the tests then read and change the
@@ -26,7 +26,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 
 import pytest
 import yaml
@@ -35,116 +34,31 @@ from cryptography import x509
 from benchmarks import control_plane
 from cli.exitcodes import ExitCode
 from lab import fleet as fleet_lab
-from lab import gobuild, lifecycle, offline
-from lab.topology import Topology, default_topology
+from lab import offline
 from roles.etcd.files import ETCDCTL_ENV
 from roles.kubernetes import encryption
 from roles.kubernetes.kubeadm import PATCHES_DIR
-from tests.integration.conftest import KEEP_ENV, LAB_NAME, LabCluster, boot_lab
+from tests.integration.conftest import KEEP_ENV, needed_later
 from tests.integration.etcd_helpers import wait_healthy
+from tests.integration.kube_lab import (
+    CONTROL_PLANE,
+    JOIN_RATE_S,
+    NODES,
+    OTHER_TEAM,
+    TEAM,
+    Cluster,
+    ready,
+)
 from tests.integration.roles_helpers import eventually, failed_run, gpuinfra
 
 pytestmark = [pytest.mark.integration, pytest.mark.k8s]
 
-KUBE_LAB = os.environ.get("GPUINFRA_K8S_LAB_NAME", f"{LAB_NAME}-k8s")
-CONTROL_PLANE = ["cp-1", "cp-2", "cp-3"]
-WORKERS = ["cpu-1", "gpu-1"]
-NODES = CONTROL_PLANE + WORKERS
-TEAM = "research"
-# A second team, owning no lab node: its namespace is where another team's pods come from.
-OTHER_TEAM = "inference"
-JOIN_RATE_S = 20
 NAMESPACE = "gpuinfra-itest"
-BALLOON_CPU = "700m"  # of cpu-1's 1 CPU allocatable (2 cores less the role's reservations)
-
-
-@dataclass(frozen=True)
-class Cluster:
-    lab: LabCluster
-    inventory: Path
-    apply_report: dict
-    apply_seconds: float
-
-    @property
-    def kubeconfig(self) -> Path:
-        return self.inventory.parent / ".state" / "kubernetes" / "admin.conf"
-
-    @property
-    def gateway(self) -> str:
-        return str(self.lab.loaded.cluster.networks.admin[0].network_address)
-
-    def kubectl(
-        self, *args: str, stdin: str | None = None, check: bool = True, timeout: float = 120
-    ) -> subprocess.CompletedProcess[str]:
-        version = self.lab.loaded.cluster.versions.kubernetes
-        binary = gobuild.kubernetes_module(version).binary("kubectl")
-        result = subprocess.run(
-            [str(binary), "--kubeconfig", str(self.kubeconfig), *args],
-            input=stdin,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-        if check and result.returncode != 0:
-            raise AssertionError(f"kubectl {' '.join(args)}: {result.stderr.strip()}")
-        return result
-
-    def get(self, *args: str) -> dict:
-        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
-
-    def create(self, *documents: dict, dry_run: bool = False, check: bool = True):
-        text = yaml.safe_dump_all(documents)
-        extra = ["--dry-run=server"] if dry_run else []
-        return self.kubectl("create", "-f", "-", *extra, stdin=text, check=check)
-
-
-def lab_inventory(path: Path) -> None:
-    """The lab's own inventory, with what these tests exercise: a team, a balloon pool, a join
-    rate slow enough to see."""
-    data = yaml.safe_load(path.read_text())
-    data["teams"] = {TEAM: {"hosts": ["gpu-1"]}, OTHER_TEAM: {"hosts": []}}
-    everyone = data["group_vars"]["all"]
-    everyone["kubernetes"]["join_rate"] = f"1/{JOIN_RATE_S}s"
-    everyone["fleet_policy"] = {
-        "balloons": {"warm": {"replicas": 1, "cpu": BALLOON_CPU, "memory": "32Mi"}}
-    }
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-
-
-def kubernetes_topology() -> Topology:
-    """The default lab's hosts but the storage group's (see the module's docstring)."""
-    hosts = tuple(host for host in default_topology().hosts if "storage" not in host.groups)
-    return Topology(hosts, "kubernetes")
-
-
-def applied_lab(name: str, report: Path, prepare=None) -> Iterator[Cluster]:
-    """A lab of its own with Kubernetes on (`prepare` edits its inventory first), applied
-    once; taken down afterwards unless kept (GPUINFRA_LAB_KEEP=1)."""
-    inventory = Path(f"/tmp/gpuinfra-itest-{name}/cluster.yml")
-    lab = boot_lab(name, kubernetes_topology(), inventory, kubernetes=True)
-    try:
-        if prepare is not None:
-            prepare(inventory)
-        started = time.monotonic()
-        result = gpuinfra("apply", str(inventory), "--yes", "--report", str(report), timeout=1800)
-        seconds = time.monotonic() - started
-        assert result.returncode == ExitCode.OK, result.stdout[-4000:] + result.stderr[-3000:]
-        print(f"apply of the {name} lab, Kubernetes included: {seconds:.0f} s")
-        yield Cluster(lab, inventory, json.loads(report.read_text()), seconds)
-    finally:
-        # Also when the apply failed: 13 hosts left running would weigh on every later module.
-        if os.environ.get(KEEP_ENV) != "1":
-            lifecycle.down(name)
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory) -> Iterator[Cluster]:
-    report = tmp_path_factory.mktemp("k8s") / "apply.json"
-    yield from applied_lab(KUBE_LAB, report, prepare=lab_inventory)
-
-
-def ready(node: dict) -> bool:
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"]["conditions"])
+def cluster(kubernetes_lab) -> Cluster:
+    return kubernetes_lab
 
 
 def ready_reason(node: dict) -> str:
@@ -935,18 +849,19 @@ class Fleet:
 
 
 @pytest.fixture(scope="module")
-def fleet(cluster) -> Iterator[Fleet]:
+def fleet(cluster, request) -> Iterator[Fleet]:
     """FLEET simulated GPU nodes on the lab's real API servers and etcd, registered through
-    the balancer as the inventory's GPU workers. A kept lab (GPUINFRA_LAB_KEEP=1) has them
-    deleted again afterwards; one going down keeps them, as `lab down` stops kwok with the
-    hosts (deleting 200 nodes one by one took CI 172 s for nothing)."""
+    the balancer as the inventory's GPU workers. A kept lab (GPUINFRA_LAB_KEEP=1), or one a
+    later module still uses, has them deleted again afterwards; one going down keeps them, as
+    `lab down` stops kwok with the hosts (deleting 200 nodes one by one took CI 172 s for
+    nothing)."""
     loaded = cluster.lab.loaded
     fleet_lab.scale(cluster.lab.name, 0)  # a kept lab's earlier fleet: registered in the step
     before = control_plane.reading(cluster.lab.name, loaded)
     try:
         yield Fleet(cluster, before, fleet_lab.scale(cluster.lab.name, FLEET))
     finally:
-        if os.environ.get(KEEP_ENV) == "1":
+        if os.environ.get(KEEP_ENV) == "1" or needed_later(request, "kubernetes_lab"):
             fleet_lab.scale(cluster.lab.name, 0)
         fleet_lab.stop_controller(cluster.lab.name)
 

@@ -27,15 +27,9 @@ from cli.exitcodes import ExitCode
 from lab import gobuild, offline
 from roles.kubernetes.audit import AUDIT_LOG_DIR
 from tests.integration.conftest import LAB_NAME
+from tests.integration.kube_lab import CONTROL_PLANE, NODES, Cluster, applied_lab, ready
 from tests.integration.roles_helpers import failed_run, gpuinfra
-from tests.integration.test_kubernetes import (
-    CONTROL_PLANE,
-    NODES,
-    Cluster,
-    applied_lab,
-    ready,
-    stored_in_etcd,
-)
+from tests.integration.test_kubernetes import stored_in_etcd
 
 pytestmark = [pytest.mark.integration, pytest.mark.upgrade]
 

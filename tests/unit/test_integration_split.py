@@ -32,6 +32,24 @@ def test_own_lab_modules_balance_the_shared_ones_longest_first():
     assert split.side_modules(sorted(times), times) == ["etcd.py", "k8s.py", "rollout.py"]
 
 
+def test_modules_sharing_a_lab_of_their_own_go_to_one_process():
+    k8s = {"lab": "kubernetes"}
+    times = {
+        "shared.py": module(1000, True),
+        "k8s.py": {**module(700, False), **k8s},
+        "apply_job.py": {**module(300, False), **k8s},
+        "etcd.py": module(800, False),
+        "orch.py": module(150, False),
+    }
+    # The Kubernetes lab's two modules count as one of 1000 s: side takes it, main then has
+    # 1000 against the side's 1000, so etcd goes beside too; orch to main.
+    assert split.side_modules(sorted(times), times) == ["apply_job.py", "etcd.py", "k8s.py"]
+    # Control: without the shared lab's name, the longest module alone goes first and the
+    # Kubernetes modules are split apart.
+    apart = {name: {k: v for k, v in entry.items() if k != "lab"} for name, entry in times.items()}
+    assert split.side_modules(sorted(apart), apart) == ["etcd.py", "k8s.py"]
+
+
 def test_a_module_never_measured_stays_with_the_shared_lab():
     times = {"shared.py": module(100, True), "own.py": module(50, False)}
     assert split.side_modules(["new.py", "own.py", "shared.py"], times) == ["own.py"]

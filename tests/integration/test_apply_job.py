@@ -1,23 +1,19 @@
 """`gpuinfra apply --job` on the Kubernetes lab (docs/design/fleet-jobs.md sections 5 and 7).
 
-Opt-in: `pytest -m fleetjob tests/integration/test_rollout_job.py` (deselected by default, as
-test_drift_job.py is: it boots the Kubernetes lab of test_kubernetes.py under a name of its
-own). 3 passed on a fresh lab on 2026-11-27 in 500 s (291 s of it the lab's boot and apply).
-
-The lab: test_kubernetes.py's topology and settings, with the rollout Job enabled on cp-2 (the
-workers are what it rolls, so its pods cannot run there), budget 1, two shards. Each test
-removes both workers from the cluster (`kubernetes node remove --force`) and has the Job join
-them again, so each leaves the cluster as it found it: both workers Ready.
+Part of every run, on the Kubernetes lab that test_drift_job.py and test_kubernetes.py share
+(tests/integration/kube_lab.py: the rollout Job enabled on cp-2, the workers being what it rolls
+so its pods cannot run there, budget 1, two shards); `pytest -m fleetjob` selects the two Job
+modules alone. Each test removes both workers from the cluster (`kubernetes node remove
+--force`) and has the Job join them again, so each leaves the cluster as it found it: both
+workers Ready (test_kubernetes.py, after it, starts from that).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
 from itertools import pairwise
 
 import pytest
@@ -28,16 +24,14 @@ from roles.rollout_job.files import KEY
 from roles.rollout_job.files import STATE_KEY as ROLLOUT_STATE_KEY
 from roles.rollout_job.role import fleet_config
 from tests.helpers import GPUINFRA
-from tests.integration.jobs_helpers import job_lab
+from tests.integration.kube_lab import ROLLOUT_JOB_NODE as NODE
+from tests.integration.kube_lab import WORKERS, Cluster
 from tests.integration.roles_helpers import gpuinfra
-from tests.integration.test_kubernetes import LAB_NAME, WORKERS, Cluster
 from toolkit import sshkeys
 from toolkit.ssh import ssh_argv
 
 pytestmark = [pytest.mark.integration, pytest.mark.fleetjob]
 
-ROLLOUT_LAB = os.environ.get("GPUINFRA_ROLLOUT_LAB_NAME", f"{LAB_NAME}-rollout")
-NODE = "cp-2"
 NAMESPACE = "gpuinfra"
 LEDGER = "gpuinfra-rollout-{cluster}"
 INDEX = "batch.kubernetes.io/job-completion-index"
@@ -46,16 +40,8 @@ APPLY_JOB = ("--job", "--shards", "2", "--limit", "gpu_worker,cpu_worker", "--ro
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory) -> Iterator[Cluster]:
-    yield from job_lab(
-        tmp_path_factory,
-        ROLLOUT_LAB,
-        "rollout_job",
-        NODE,
-        shards=2,
-        budget=1,
-        deadline_seconds=1800,
-    )
+def cluster(kubernetes_lab) -> Cluster:
+    return kubernetes_lab
 
 
 def remove_workers(cluster: Cluster) -> None:

@@ -1,0 +1,131 @@
+"""The Kubernetes lab: the default topology with Kubernetes on and without its three storage
+hosts (CephFS runs on the shared lab, where test_role_shared_fs.py checks it; here it would add
+minutes to every apply), booted and applied once per run and shared by every module that tests
+the real cluster: test_apply_job.py, test_drift_job.py and test_kubernetes.py, through the
+`kubernetes_lab` fixture (tests/integration/conftest.py). It goes down after the last of them.
+
+Its inventory carries what each of them exercises: a team and a second one owning no node, a
+balloon pool, a join rate slow enough to see, the drift Job on cpu-1 and the rollout Job on cp-2
+(the workers are what it rolls, so its pods cannot run there), both with the lab's own gpuinfra
+image, and `cni: routes` masquerading pod traffic (the drift Job's pods reach hosts outside the
+pod network). test_kubernetes_upgrade.py boots a lab of its own with `applied_lab`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from cli.exitcodes import ExitCode
+from lab import gobuild, lifecycle
+from lab.topology import Topology, default_topology
+from tests.integration.conftest import KEEP_ENV, LAB_NAME, LabCluster, boot_lab
+from tests.integration.roles_helpers import gpuinfra
+
+KUBE_LAB = os.environ.get("GPUINFRA_K8S_LAB_NAME", f"{LAB_NAME}-k8s")
+CONTROL_PLANE = ["cp-1", "cp-2", "cp-3"]
+WORKERS = ["cpu-1", "gpu-1"]
+NODES = CONTROL_PLANE + WORKERS
+TEAM = "research"
+# A second team, owning no lab node: its namespace is where another team's pods come from.
+OTHER_TEAM = "inference"
+JOIN_RATE_S = 20
+BALLOON_CPU = "700m"  # of cpu-1's 1 CPU allocatable (2 cores less the role's reservations)
+DRIFT_JOB_NODE = "cpu-1"
+ROLLOUT_JOB_NODE = "cp-2"
+
+
+@dataclass(frozen=True)
+class Cluster:
+    lab: LabCluster
+    inventory: Path
+    apply_report: dict
+    apply_seconds: float
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.inventory.parent / ".state" / "kubernetes" / "admin.conf"
+
+    @property
+    def gateway(self) -> str:
+        return str(self.lab.loaded.cluster.networks.admin[0].network_address)
+
+    def kubectl(
+        self, *args: str, stdin: str | None = None, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        version = self.lab.loaded.cluster.versions.kubernetes
+        binary = gobuild.kubernetes_module(version).binary("kubectl")
+        result = subprocess.run(
+            [str(binary), "--kubeconfig", str(self.kubeconfig), *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)}: {result.stderr.strip()}")
+        return result
+
+    def get(self, *args: str) -> dict:
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+    def create(self, *documents: dict, dry_run: bool = False, check: bool = True):
+        text = yaml.safe_dump_all(documents)
+        extra = ["--dry-run=server"] if dry_run else []
+        return self.kubectl("create", "-f", "-", *extra, stdin=text, check=check)
+
+
+def lab_inventory(path: Path) -> None:
+    """The lab's own inventory, with what its modules exercise (see the module's docstring)."""
+    data = yaml.safe_load(path.read_text())
+    data["teams"] = {TEAM: {"hosts": ["gpu-1"]}, OTHER_TEAM: {"hosts": []}}
+    everyone = data["group_vars"]["all"]
+    everyone["kubernetes"]["join_rate"] = f"1/{JOIN_RATE_S}s"
+    everyone["fleet_policy"] = {
+        "balloons": {"warm": {"replicas": 1, "cpu": BALLOON_CPU, "memory": "32Mi"}}
+    }
+    image = everyone["gpu_health"]["image"]  # the lab's gpuinfra image, built from this checkout
+    job = {"enabled": True, "image": image, "cpu": "100m"}
+    everyone["drift_job"] = {**job, "nodes": [DRIFT_JOB_NODE], "parallel": 16}
+    everyone["rollout_job"] = {
+        **job, "nodes": [ROLLOUT_JOB_NODE], "shards": 2, "budget": 1, "deadline_seconds": 1800
+    }  # fmt: skip
+    everyone["kubernetes"]["routes_nat_outgoing"] = True
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def kubernetes_topology() -> Topology:
+    """The default lab's hosts but the storage group's (see the module's docstring)."""
+    hosts = tuple(host for host in default_topology().hosts if "storage" not in host.groups)
+    return Topology(hosts, "kubernetes")
+
+
+def applied_lab(name: str, report: Path, prepare=None) -> Iterator[Cluster]:
+    """A lab with Kubernetes on (`prepare` edits its inventory first), applied once; taken
+    down when the generator is closed unless kept (GPUINFRA_LAB_KEEP=1)."""
+    inventory = Path(f"/tmp/gpuinfra-itest-{name}/cluster.yml")
+    lab = boot_lab(name, kubernetes_topology(), inventory, kubernetes=True)
+    try:
+        if prepare is not None:
+            prepare(inventory)
+        started = time.monotonic()
+        result = gpuinfra("apply", str(inventory), "--yes", "--report", str(report), timeout=1800)
+        seconds = time.monotonic() - started
+        assert result.returncode == ExitCode.OK, result.stdout[-4000:] + result.stderr[-3000:]
+        print(f"apply of the {name} lab, Kubernetes included: {seconds:.0f} s")
+        yield Cluster(lab, inventory, json.loads(report.read_text()), seconds)
+    finally:
+        # Also when the apply failed: 13 hosts left running would weigh on every later module.
+        if os.environ.get(KEEP_ENV) != "1":
+            lifecycle.down(name)
+
+
+def ready(node: dict) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"]["conditions"])

@@ -20,6 +20,7 @@ from roles.base.effective import (
     apt_conf_settings,
     apt_findings,
     declared_keys,
+    match_addresses,
     match_connections,
     ssh_off_at_boot,
     sshd_findings,
@@ -98,7 +99,10 @@ def effective(ctx: HostContext, cfg: BaseConfig, contents: dict[str, str]) -> No
     declared = declared_files(cfg)
     ours = sshd_settings(sshd_text)
     connections = match_connections(ctx.name, ctx.address, ("root", ctx.cluster.ssh.user))
-    found = host.get_fact(SshdSettings, keys=tuple(sorted(ours)), connections=connections)
+    others = (ctx.name, match_addresses(ctx.address))  # every other user who may log in
+    found = host.get_fact(
+        SshdSettings, keys=tuple(sorted(ours)), connections=connections, others=others
+    )
     sshd = sshd_findings(found, SSHD_FILE, sshd_text, declared)
     nothing_overrides("Check that no sshd setting overrides ours", sshd)
     allowed = ours_or_declared(ctx)

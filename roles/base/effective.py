@@ -19,6 +19,7 @@ from toolkit.effective import on_existing_files
 
 SSHD_CONFIG = "/etc/ssh/sshd_config"
 SSHD_DROPINS = "/etc/ssh/sshd_config.d"
+PASSWD = "/etc/passwd"
 # sshd -T prints some values under another name than the one a file may use.
 SSHD_SYNONYMS = {"prohibit-password": "without-password"}
 # Keywords sshd takes every value of, not the first: another file adds to ours.
@@ -50,15 +51,33 @@ class SshdSettings(FactBase):
     def default():
         return {"effective": {}, "lines": [], "files": [], "matched": {}}
 
-    def command(self, keys: tuple[str, ...], connections: tuple[str, ...] = ()) -> str:
+    def command(
+        self,
+        keys: tuple[str, ...],
+        connections: tuple[str, ...] = (),
+        others: tuple[str, tuple[str, ...]] | None = None,
+    ) -> str:
         """`connections`: `sshd -C` specs (user=,host=,addr=) whose Match blocks are judged too:
-        their values under "matched"."""
+        their values under "matched". `others`: (host, addresses) to judge, as well, for every
+        other user who may log in (login_users_command) but those of `connections`."""
         words = "|".join(keys)
         matched = "".join(
             f"sshd -T -C {shlex.quote(spec)} 2>/dev/null | awk -v p='^({words}) ' -v c="
             f'{shlex.quote(spec)} \'tolower($0) ~ p {{ print "match " c " " $0 }}\'; '
             for spec in connections
         )
+        if others is not None:
+            host, addresses = others
+            known = sorted({part[5:] for spec in connections for part in spec.split(",")
+                            if part.startswith("user=")})  # fmt: skip
+            unknown = "".join(f" -e {shlex.quote(user)}" for user in known) or " -e ''"
+            spec = f'"user=$u"{shlex.quote(f",host={host},addr=")}"$a"'
+            matched += (
+                f"for u in $({login_users_command()} | grep -vxF{unknown}); do "
+                f"for a in {' '.join(shlex.quote(a) for a in addresses)}; do "
+                f"sshd -T -C {spec} 2>/dev/null | awk -v p='^({words}) ' -v c={spec} "
+                '\'tolower($0) ~ p { print "match " c " " $0 }\'; done; done; '
+            )
         # One awk reads every file (a `file` line for each, empty ones too, in order).
         program = (
             "BEGIN { i = 1 } "
@@ -183,7 +202,35 @@ def match_connections(host: str, address: str, users: Iterable[str]) -> tuple[st
     return tuple(
         f"user={user},host={host},addr={addr}"
         for user in dict.fromkeys(users)
-        for addr in (OUTSIDE_ADDRESS, address)
+        for addr in match_addresses(address)
+    )
+
+
+def match_addresses(address: str) -> tuple[str, ...]:
+    """The addresses each user's Match blocks are judged from (see OUTSIDE_ADDRESS)."""
+    return (OUTSIDE_ADDRESS, address)
+
+
+# Shells that never give a session: an account with one logs nobody in over ssh.
+NO_LOGIN_SHELLS = ("nologin", "false", "sync", "shutdown", "halt")
+# A user name sshd -C is asked about: a plain name (a Match pattern, `!` or `*`, is not one).
+_USER_NAME = "^[A-Za-z_][A-Za-z0-9_.-]*$"
+
+
+def login_users_command() -> str:
+    """Who else may log in, one name a line: each account of PASSWD with a login shell, and
+    each plain name a `Match User` line spells out (an account sshd knows from elsewhere, LDAP
+    say, is judged by the block that names it)."""
+    shells = "|".join(NO_LOGIN_SHELLS)
+    named = (
+        'awk \'tolower($1) == "match" { for (i = 2; i < NF; i++) '
+        'if (tolower($i) == "user") print $(i + 1) }\''
+    )
+    return (
+        f"{{ awk -F: '$7 !~ /({shells})$/ {{ print $1 }}' {shlex.quote(PASSWD)} 2>/dev/null; "
+        f"cat {shlex.quote(SSHD_CONFIG)} {shlex.quote(SSHD_DROPINS)}/*.conf 2>/dev/null | "
+        f"{named} | "
+        f"tr ',' '\\n'; }} | grep -E '{_USER_NAME}' | sort -u"
     )
 
 

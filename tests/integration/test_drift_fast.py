@@ -242,6 +242,11 @@ OVERRIDES = [
      "/etc/ssh/sshd_config.d/90-match.conf",
      "rm -f /etc/ssh/sshd_config.d/90-match.conf",
      "Base | Check that no sshd setting overrides ours", "root from 203.0.113.1"),
+    # A Match block for a user who is neither root nor the SSH user, named only by the block.
+    ("mon-1", "printf 'Match User deploy\\n    PasswordAuthentication yes\\n' > "
+     "/etc/ssh/sshd_config.d/90-deploy.conf",
+     "rm -f /etc/ssh/sshd_config.d/90-deploy.conf",
+     "Base | Check that no sshd setting overrides ours", "deploy from 203.0.113.1"),
     ("cpu-1", "nft add table inet block && nft add chain inet block in "
      "'{ type filter hook input priority -10; policy accept; }' && "
      "nft add rule inet block in tcp dport 9100 drop",

@@ -14,6 +14,7 @@ from roles.base.effective import (
     SshdSettings,
     apt_findings,
     apt_reads,
+    match_addresses,
     match_connections,
     ssh_off_at_boot,
     sshd_findings,
@@ -124,6 +125,73 @@ def test_a_match_block_that_opens_a_judged_connection_is_named():
     ]
     declared = ("/etc/ssh/sshd_config.d/10-match.conf",)
     assert sshd_findings(opened, OURS, OURS_TEXT, declared) == []
+
+
+FAKE_SSHD = """#!/bin/sh
+# sshd -T (-C spec): what a Match User deploy block turning passwords on gives each connection.
+case "$*" in
+    *user=deploy,*) echo "passwordauthentication yes" ;;
+    *) echo "passwordauthentication no" ;;
+esac
+"""
+
+
+def test_every_user_who_may_log_in_has_its_match_blocks_judged(tmp_path, monkeypatch):
+    """The fact's real command on files under tmp_path, with an sshd that answers as one with
+    `Match User deploy` would: deploy (named only by the block), alice (a login shell) and the
+    fixed connections are asked about; daemon, sync and a `bob*` pattern are not. Only deploy's
+    answer differs from ours, so only deploy is named; the control is alice, judged, unnamed."""
+    import roles.base.effective as effective
+
+    dropins = tmp_path / "sshd_config.d"
+    dropins.mkdir()
+    main = tmp_path / "sshd_config"
+    main.write_text(f"Include {dropins}/*.conf\n")
+    ours = dropins / "50-gpuinfra.conf"
+    ours.write_text("PasswordAuthentication no\n")
+    (dropins / "90-site.conf").write_text(
+        "Match User deploy,bob*\n    PasswordAuthentication yes\n"
+    )
+    passwd = tmp_path / "passwd"
+    passwd.write_text(
+        "root:x:0:0:root:/root:/bin/bash\n"
+        "daemon:x:1:1:daemon:/usr/sbin:/usr/sbin/nologin\n"
+        "sync:x:4:65534:sync:/bin:/bin/sync\n"
+        "alice:x:1000:1000::/home/alice:/bin/bash\n"
+        "ops:x:1001:1001::/home/ops:/bin/bash\n"
+    )
+    monkeypatch.setattr(effective, "SSHD_CONFIG", str(main))
+    monkeypatch.setattr(effective, "SSHD_DROPINS", str(dropins))
+    monkeypatch.setattr(effective, "PASSWD", str(passwd))
+    users = subprocess.run(
+        ["sh", "-c", effective.login_users_command()], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert users == ["alice", "deploy", "ops", "root"]
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sshd").write_text(FAKE_SSHD)
+    (bin_dir / "sshd").chmod(0o755)
+    connections = match_connections("gpu-1", "10.0.0.71", ("root", "ops"))
+    command = SshdSettings().command(
+        ("passwordauthentication",), connections, ("gpu-1", match_addresses("10.0.0.71"))
+    )
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    output = subprocess.run(
+        ["sh", "-c", command], capture_output=True, text=True, check=True, env=env
+    ).stdout.splitlines()
+    found = SshdSettings().process(output)
+    judged = {spec.split(",")[0] for spec in found["matched"]}
+    assert judged == {"user=root", "user=ops", "user=alice", "user=deploy"}
+    # Each connection once: root and ops are not asked about a second time by the loop.
+    assert all(v == ["no"] or v == ["yes"] for m in found["matched"].values() for v in m.values())
+    text = ours.read_text()
+    assert sshd_findings(found, str(ours), text) == [
+        f"sshd: a Match block gives deploy from {address} passwordauthentication yes, "
+        "gpuinfra's is no (remove it, or declare its file in base.site_files)"
+        for address in match_addresses("10.0.0.71")
+    ]
+    assert sshd_findings(found, str(ours), text, (str(dropins / "90-site.conf"),)) == []
 
 
 def test_before_the_first_apply_only_files_that_would_win_count():

@@ -20,6 +20,7 @@ from day2.flows import (
     KUBERNETES_CERTS_RENEW,
     KUBERNETES_NODE_ADD,
     KUBERNETES_NODE_REMOVE,
+    KUBERNETES_ROTATE_SECRETS_KEY,
     KUBERNETES_UPGRADE,
 )
 from day2.steps import Flow
@@ -138,6 +139,41 @@ def certs_renew(
             only,
             output,
             lambda: renew_certificates(loaded, skip=steps, only=only, progress=progress),
+        )
+    _emit_outcome(outcome, output)
+
+
+ROTATE_HELP = flow_help(
+    KUBERNETES_ROTATE_SECRETS_KEY,
+    (
+        "a new key for the Secrets encrypted at rest, with no API server ever meeting a Secret "
+        "it cannot read; a rotation that stopped is finished by running it again."
+    ),
+)
+
+
+@app.command("rotate-secrets-key", help=ROTATE_HELP)
+def rotate_secrets_key(
+    cluster: ClusterArg,
+    yes: YesOpt = False,
+    skip: SkipOpt = None,
+    only: OnlyOpt = None,
+    break_lock: BreakLockOpt = False,
+    output: FormatOpt = OutputFormat.table,
+):
+    from day2.encryption import rotate_key
+
+    with reporting():
+        loaded = _load(cluster)
+        steps = chosen_steps(KUBERNETES_ROTATE_SECRETS_KEY, skip, only)
+    with changing(loaded, break_lock=break_lock) as loaded:
+        question = f"Rotate the key of the Secrets {loaded.cluster.name} encrypts at rest?"
+        _confirm(yes, question)
+        outcome = _run_flow(
+            KUBERNETES_ROTATE_SECRETS_KEY,
+            only,
+            output,
+            lambda: rotate_key(loaded, skip=steps, only=only, progress=progress),
         )
     _emit_outcome(outcome, output)
 

@@ -1,7 +1,8 @@
 """The day-2 flows, step by step: what each step does in one line and the function that does
 it (day2/etcd/replace_flow.py, day2/etcd/restore_flow.py, day2/etcd/certs.py,
-day2/kubernetes.py), named so that `--help` lists the steps without importing the flows. The
-commands' help, `--skip` and `--only` are built from these lists, and the flows run them.
+day2/kubernetes.py, day2/encryption.py), named so that `--help` lists the steps without
+importing the flows. The commands' help, `--skip` and `--only` are built from these lists, and
+the flows run them.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ _REPLACE = "day2.etcd.replace_flow"
 _RESTORE = "day2.etcd.restore_flow"
 _CERTS = "day2.etcd.certs"
 _KUBERNETES = "day2.kubernetes"
+_ENCRYPTION = "day2.encryption"
 
 ETCD_REPLACE = Flow(
     "etcd replace",
@@ -200,6 +202,41 @@ KUBERNETES_CERTS_RENEW = Flow(
             "renew all and restart the control plane, node by node",
             f"{_KUBERNETES}:renew_control_plane",
             left=f"{_KUBERNETES}:renew_left",
+        ),
+    ),
+)
+
+KUBERNETES_ROTATE_SECRETS_KEY = Flow(
+    "kubernetes rotate-secrets-key",
+    (
+        Step(
+            "new-key",
+            "make the next key, kept beside the old one in the cluster's state",
+            f"{_ENCRYPTION}:rotate_new_key",
+        ),
+        Step(
+            "add",
+            "every API server reads the next key too (the old one still encrypts)",
+            f"{_ENCRYPTION}:rotate_add",
+            left=f"{_ENCRYPTION}:rotate_left",
+        ),
+        Step(
+            "switch",
+            "every API server encrypts with the next key (the old one still reads)",
+            f"{_ENCRYPTION}:rotate_switch",
+            left=f"{_ENCRYPTION}:rotate_left",
+        ),
+        Step(
+            "rewrite",
+            "write every Secret again; etcd must hold none under the old key",
+            f"{_ENCRYPTION}:rotate_rewrite",
+            left=f"{_ENCRYPTION}:rotate_left",
+        ),
+        Step(
+            "drop",
+            "every API server has the next key alone; the state keeps it",
+            f"{_ENCRYPTION}:rotate_drop",
+            left=f"{_ENCRYPTION}:rotate_left",
         ),
     ),
 )

@@ -75,9 +75,13 @@ class KubernetesRun:
     runner: RemoteRunner
     outcome: Outcome
 
-    def attempt(self, host: str, action: str, command: str, timeout: float = 600):
-        """Run and record one command; (ok, stdout, or the end of stderr) without raising."""
-        result = self.runner(self.loaded, host, command, timeout=timeout)
+    def attempt(
+        self, host: str, action: str, command: str, timeout: float = 600, stdin: bytes | None = None
+    ):
+        """Run and record one command (`stdin` sent to it: a secret never goes on a command
+        line); (ok, stdout, or the end of stderr) without raising."""
+        fed = {"stdin": stdin} if stdin is not None else {}
+        result = self.runner(self.loaded, host, command, timeout=timeout, **fed)
         if result.ok:
             self.outcome.steps.append(Command(host, action))
             return True, result.stdout
@@ -85,9 +89,11 @@ class KubernetesRun:
         self.outcome.steps.append(Command(host, action, False, said))
         return False, said
 
-    def command(self, host: str, action: str, command: str, timeout: float = 600) -> str:
+    def command(
+        self, host: str, action: str, command: str, timeout: float = 600, stdin: bytes | None = None
+    ) -> str:
         """Run and record one command; its stdout, or KubernetesOperationError naming the node."""
-        ok, output = self.attempt(host, action, command, timeout)
+        ok, output = self.attempt(host, action, command, timeout, stdin)
         if not ok:
             raise KubernetesOperationError(f"{host}: {action} failed: {output}")
         return output

@@ -86,7 +86,8 @@ def _common(ctx: HostContext, control_plane: bool) -> dict[str, str]:
         on_node = host.get_fact(EncryptionKeyNames, path=encryption.ENCRYPTION_CONFIG)
         nothing_overrides(
             "Check that the API server's encryption key is the kept one",
-            encryption.lost_keys(on_node or [], encryption.key(ctx.loaded)),
+            encryption.rotation_findings(ctx.loaded)
+            or encryption.lost_keys(on_node or [], encryption.key(ctx.loaded)),
         )
     written = {
         path: put_file(managed_file)

@@ -7,7 +7,11 @@ fast, no padding oracle (aescbc) and no nonce limit per key (aesgcm). `identity`
 so Secrets written before encryption was on still read; rewriting them (`kubectl get secrets -A
 -o json | kubectl replace -f -`) encrypts them too. The API server reloads the file when it
 changes (--encryption-provider-config-automatic-reload), so a later key rotation needs no
-restart.
+restart: `gpuinfra kubernetes rotate-secrets-key` (day2/encryption.py) adds a new key beside the
+kept one on every API server, makes it the one that encrypts, rewrites every Secret, checks etcd
+holds none under the old key, then drops it. While a rotation is under way the next key is kept
+beside the first (NEXT_KEY_STATE) and an apply stops (`rotation_findings`): the file it writes
+holds one key.
 
 That reload is also the hazard: a file with another key, written over the one the API servers
 encrypt with (a checkout without the cluster's state makes a new key), leaves every Secret
@@ -28,6 +32,8 @@ from toolkit.statefiles import kept_secret
 ENCRYPTION_DIR = "/etc/kubernetes/encryption"
 ENCRYPTION_CONFIG = f"{ENCRYPTION_DIR}/config.yaml"
 KEY_STATE = "kubernetes/secrets-encryption.key"  # under the cluster's state directory
+# The key a rotation is moving to, until it is done (then it replaces KEY_STATE).
+NEXT_KEY_STATE = "kubernetes/secrets-encryption.next.key"
 KEY_BYTES = 32  # secretbox takes a 32-byte key
 PROVIDER = "secretbox"
 
@@ -53,23 +59,22 @@ def key_name(secret: str) -> str:
     return "key-" + hashlib.sha256(secret.encode()).hexdigest()[:12]
 
 
-def configuration(secret: str) -> m.EncryptionConfiguration:
+def configuration(*secrets: str) -> m.EncryptionConfiguration:
+    """The keys in order: the first encrypts, every one decrypts (then `identity`)."""
+    keys = [{"name": key_name(secret), "secret": secret} for secret in secrets]
     return m.EncryptionConfiguration(
         resources=[
             m.EncryptedResources(
                 resources=["secrets"],
-                providers=[
-                    {PROVIDER: {"keys": [{"name": key_name(secret), "secret": secret}]}},
-                    {"identity": {}},
-                ],
+                providers=[{PROVIDER: {"keys": keys}}, {"identity": {}}],
             )
         ]
     )
 
 
-def config_file_text(secret: str) -> str:
+def config_file_text(*secrets: str) -> str:
     return m.dump(
-        [configuration(secret)],
+        [configuration(*secrets)],
         "# Managed by gpuinfra: Secrets encrypted at rest (roles/kubernetes/encryption.py).\n",
     )
 
@@ -93,4 +98,16 @@ def lost_keys(on_node: list[str], kept: str) -> list[str]:
         "the Secrets written with the others would no longer read. Restore "
         f"{KEY_STATE} under the state directory from the checkout that applied the cluster "
         "(docs/roles/kubernetes.md#secrets-at-rest)"
+    ]
+
+
+def rotation_findings(loaded: LoadedCluster) -> list[str]:
+    """An apply stops while a key rotation is under way: the file it writes holds the kept key
+    alone, and the API servers may already encrypt with the next one."""
+    if not (loaded.state_dir / NEXT_KEY_STATE).exists():
+        return []
+    return [
+        f"a rotation of the Secrets key is under way ({NEXT_KEY_STATE} is in the cluster's "
+        "state): finish it with `gpuinfra kubernetes rotate-secrets-key` (each step is safe to "
+        "run again) before applying the kubernetes role"
     ]

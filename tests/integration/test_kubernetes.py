@@ -37,6 +37,7 @@ from lab import fleet as fleet_lab
 from lab import offline
 from roles.etcd.files import ETCDCTL_ENV
 from roles.kubernetes import encryption
+from roles.kubernetes.facts import EncryptionKeyNames
 from roles.kubernetes.kubeadm import PATCHES_DIR
 from tests.integration.conftest import KEEP_ENV, needed_later
 from tests.integration.etcd_helpers import wait_healthy
@@ -625,6 +626,48 @@ def test_secrets_are_encrypted_in_etcd_and_configmaps_are_not(cluster):
     finally:
         for kind in ("secret", "configmap"):
             cluster.kubectl("delete", kind, name, "-n", "default", check=False)
+
+
+def test_the_secrets_key_rotates_and_every_secret_moves_to_the_new_key(cluster):
+    """`kubernetes rotate-secrets-key`: a Secret written before is under the old key in etcd,
+    and under the new one after, reading back the same; one written after is under the new
+    key too; every API server's file holds the new key alone, which the state now keeps. The
+    old key's name in etcd before the rotation is the control (the probe tells keys apart)."""
+    state = cluster.lab.loaded.state_dir
+    old = (state / encryption.KEY_STATE).read_text().strip()
+    value = f"itest-rotate-{int(time.time())}"
+    cluster.kubectl("delete", "secret", "itest-rotate", "itest-after", "-n", "default", check=False)
+    cluster.kubectl("create", "secret", "generic", "itest-rotate", "-n", "default",
+                    f"--from-literal=v={value}")  # fmt: skip
+    try:
+        key = "/registry/secrets/default/itest-rotate"
+        assert stored_in_etcd(cluster, key).startswith(
+            f"k8s:enc:secretbox:v1:{encryption.key_name(old)}:".encode()
+        )
+        started = time.monotonic()
+        result = gpuinfra(
+            "kubernetes", "rotate-secrets-key", str(cluster.inventory), "--yes", timeout=1200
+        )
+        assert result.returncode == ExitCode.OK, failed_run(result)
+        print(f"secrets key rotated in {time.monotonic() - started:.0f} s")
+        new = (state / encryption.KEY_STATE).read_text().strip()
+        assert new != old and not (state / encryption.NEXT_KEY_STATE).exists()
+        prefix = f"k8s:enc:secretbox:v1:{encryption.key_name(new)}:".encode()
+        assert stored_in_etcd(cluster, key).startswith(prefix)
+        served = cluster.get("secret", "itest-rotate", "-n", "default")["data"]["v"]
+        assert base64.b64decode(served).decode() == value
+        cluster.kubectl("create", "secret", "generic", "itest-after", "-n", "default",
+                        "--from-literal=v=1")  # fmt: skip
+        assert stored_in_etcd(cluster, "/registry/secrets/default/itest-after").startswith(prefix)
+        names = EncryptionKeyNames().command(encryption.ENCRYPTION_CONFIG)
+        for host in CONTROL_PLANE:
+            assert cluster.lab.ssh(host, names).stdout.split() == [encryption.key_name(new)], host
+        # Every Secret of the cluster still reads (one left under a dropped key would not).
+        cluster.get("secrets", "-A")
+    finally:
+        cluster.kubectl(
+            "delete", "secret", "itest-rotate", "itest-after", "-n", "default", check=False
+        )
 
 
 def test_an_apply_with_another_key_stops_before_the_nodes_file(cluster, tmp_path):

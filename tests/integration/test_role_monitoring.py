@@ -6,8 +6,10 @@ an alert to a webhook, firing then resolved."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -16,7 +18,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import yaml
 
+from gpuhealth.report import to_prometheus
+from gpuhealth.results import CheckResult, NodeReport, Verdict
 from lab.state import read_state
+from roles.monitoring.dashboards import DASHBOARDS
 from tests.integration.conftest import LabCluster
 from tests.integration.test_role_loadbalancer import (
     apply_roles,
@@ -221,3 +226,45 @@ def test_an_alert_reaches_the_webhook_firing_then_resolved(converged):
         finally:
             lab.inventory_path.write_text(original)
             apply_roles(lab, "monitoring")
+
+
+def _series(lab: LabCluster, expr: str) -> list:
+    return api(lab, "query", query=expr)["result"]
+
+
+def test_every_dashboard_panel_reads_series_prometheus_has(converged):
+    """Grafana is not here to draw them, so each dashboard is read as Grafana would query it:
+    its host variable's selector, then every panel's PromQL with `$host` as every host, each
+    returns series from the lab's Prometheus. A threshold (`== 1`, `> 0`) is left off: a panel
+    that shows nothing while all is well still reads a metric that exists. gpu-1 has no GPU:
+    its textfile is written with `gpuhealth.report.to_prometheus`, as `gpuinfra health` writes
+    it; DCGM's exporter does not run, so its panel shows the target down (`up` 0), a series.
+    The control: a metric no exporter has returns none through the same query path."""
+    lab = converged
+    textfile = "/var/lib/prometheus/node-exporter/gpu_health.prom"
+    check = CheckResult(
+        "matmul", Verdict.ok, "712 TFLOP/s", ">= 593 TFLOP/s", gpu=0, value=712.0,
+        unit="TFLOP/s",
+    )  # fmt: skip
+    report = NodeReport("gpu-1", [check], "integration-test", time.time(), 1.5)
+    lab.ssh("gpu-1", f"printf %s {shlex.quote(to_prometheus(report))} > {textfile}")
+    try:
+        assert _series(lab, 'gpuinfra_no_such_metric{host=~".+"}') == []
+        for name, build in DASHBOARDS.items():
+            board = build(lab.loaded.cluster)
+            (variable,) = [v for v in board["templating"]["list"] if v["name"] == "host"]
+            selector = re.fullmatch(r"label_values\((.+), host\)", variable["query"]).group(1)
+            hosts = eventually(lambda s=selector: _series(lab, f"count by (host) ({s})"),
+                               f"{name}: the host variable's {selector}")  # fmt: skip
+            assert hosts, name
+            for panel in board["panels"]:
+                for target in panel["targets"]:
+                    expr = re.sub(r"\s*(==|>)\s*[0-9.]+$", "", target["expr"])
+                    expr = expr.replace('"$host"', '".+"')
+                    eventually(
+                        lambda e=expr: _series(lab, e),
+                        f"{name}: panel {panel['title']!r} ({expr})",
+                        seconds=120,
+                    )
+    finally:
+        lab.ssh("gpu-1", f"rm -f {textfile}")

@@ -29,6 +29,14 @@ CoreDNS replicas                            ceil(n / 16), at least 2
     cluster-proportional-autoscaler's "linear" rule for kube-dns (nodesPerReplica 16; its
     256-cores-per-replica term needs core counts the inventory does not hold), never one
     replica, so one node's loss never stops name resolution.
+calico-typha replicas                       none below 50 nodes; ceil(n / 200), 3 to 20
+    Calico's advice for the Kubernetes datastore: past 50 nodes every calico-node watches the
+    API server through Typha (its calico-typha.yaml manifest) instead of on its own, one
+    replica per 200 nodes, at least three in production, no more than 20.
+Calico BGP full mesh                        up to 100 nodes; route reflectors past that
+    A full mesh is n(n-1)/2 BGP sessions (about 5,000 at 100 nodes, 3 million at 2,500):
+    Calico's advice is the mesh to about 100 nodes, then route reflectors, each node peering
+    with the reflectors only (the control-plane nodes, roles/kubernetes/cni.py).
 Prometheus scrape_interval                  n x 2,000 / 100,000 s, up in 15 s steps, 15-60 s
     One Prometheus ingests ~100,000 samples/s on a monitoring host, and a node brings ~2,000
     series (node exporter after the role's drops, DCGM on GPU nodes). 15 s gives a 1-minute
@@ -71,6 +79,14 @@ ETCD_MAX_QUOTA = 8 * GIB
 NODES_PER_COREDNS_REPLICA = 16
 MIN_COREDNS_REPLICAS = 2
 
+# Calico's advice on Typha (replicas per node, at least three, at most 20, from 50 nodes) and on
+# the BGP full mesh (up to about 100 nodes).
+TYPHA_FROM_NODES = 50
+NODES_PER_TYPHA_REPLICA = 200
+MIN_TYPHA_REPLICAS = 3
+MAX_TYPHA_REPLICAS = 20
+BGP_MESH_UP_TO_NODES = 100
+
 # The scrape budget of one Prometheus and what a node adds to it.
 SERIES_PER_NODE = 2000
 SAMPLES_PER_SECOND_BUDGET = 100_000
@@ -91,6 +107,8 @@ class Sizing:
     etcd_quota_backend_bytes: int
     coredns_replicas: int
     scrape_interval_s: int
+    calico_typha_replicas: int
+    calico_node_mesh: bool
 
 
 def kubernetes_nodes(cluster: Cluster) -> int:
@@ -127,6 +145,17 @@ def scrape_interval_s(nodes: int) -> int:
     return min(MAX_SCRAPE_INTERVAL_S, max(MIN_SCRAPE_INTERVAL_S, stepped))
 
 
+def calico_typha_replicas(nodes: int) -> int:
+    if nodes < TYPHA_FROM_NODES:
+        return 0
+    replicas = _ceil_div(nodes, NODES_PER_TYPHA_REPLICA)
+    return min(MAX_TYPHA_REPLICAS, max(MIN_TYPHA_REPLICAS, replicas))
+
+
+def calico_node_mesh(nodes: int) -> bool:
+    return nodes <= BGP_MESH_UP_TO_NODES
+
+
 def sizing(nodes: int) -> Sizing:
     return Sizing(
         nodes=nodes,
@@ -135,6 +164,8 @@ def sizing(nodes: int) -> Sizing:
         etcd_quota_backend_bytes=etcd_quota_backend_bytes(nodes),
         coredns_replicas=coredns_replicas(nodes),
         scrape_interval_s=scrape_interval_s(nodes),
+        calico_typha_replicas=calico_typha_replicas(nodes),
+        calico_node_mesh=calico_node_mesh(nodes),
     )
 
 

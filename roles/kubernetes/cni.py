@@ -1,15 +1,18 @@
 """The pod network, one of two CNIs (the role's `cni`): Calico with BGP and no encapsulation
-(its IPPool and BGPConfiguration, and the calico-config ConfigMap of the upstream manifest), or
+(its IPPool and BGPConfiguration, the calico-config ConfigMap of the upstream manifest, and at
+the fleet's size Typha and route reflectors, inventory/sizing.py), or
 `routes`, the reference bridge plugin on each node's own pod block and a static route to every
 other node's block."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import yaml
 
 from inventory.model import LoadedCluster
+from inventory.sizing import cluster_sizing, explicit_or
 from inventory.topology import pod_block
 from roles.kubernetes import models as m
 from roles.kubernetes.config import KubernetesConfig
@@ -29,8 +32,55 @@ CALICO_CONFIG_MANIFEST = f"{CALICO_PREFIX}calico-config.yaml"
 CALICO_RESOURCES_MANIFEST = f"{CALICO_PREFIX}calico-resources.yaml"
 
 
+# The route reflectors (the control-plane nodes, when the full mesh is off) carry this label,
+# which the BGPPeer selects, and Calico's cluster ID annotation, which makes them reflect.
+ROUTE_REFLECTOR_LABEL = "gpuinfra.io/route-reflector"
+ROUTE_REFLECTOR_ANNOTATION = "projectcalico.org/RouteReflectorClusterID"
+ROUTE_REFLECTOR_PEER = "gpuinfra-route-reflectors"
+
+
+@dataclass(frozen=True)
+class CalicoScale:
+    """What the fleet's size decides of Calico (inventory/sizing.py), unless the inventory
+    sets it: the full BGP mesh or route reflectors, and Typha's replicas (0: none)."""
+
+    node_mesh: bool
+    typha_replicas: int
+
+    @property
+    def manifest(self) -> str:
+        """The upstream manifest: with Typha, its own variant."""
+        return "calico-typha.yaml" if self.typha_replicas else "calico.yaml"
+
+
+def calico_scale(loaded: LoadedCluster, cfg: KubernetesConfig) -> CalicoScale:
+    fleet = cluster_sizing(loaded.cluster)
+    return CalicoScale(
+        node_mesh=explicit_or(cfg.calico_node_mesh, fleet.calico_node_mesh),
+        typha_replicas=explicit_or(cfg.calico_typha_replicas, fleet.calico_typha_replicas),
+    )
+
+
+def route_reflectors(loaded: LoadedCluster, cfg: KubernetesConfig) -> list[str]:
+    """The nodes that reflect routes: the control-plane nodes, once the mesh is off."""
+    if cfg.cni != "calico" or calico_scale(loaded, cfg).node_mesh:
+        return []
+    return list(loaded.cluster.in_group("control_plane"))
+
+
 def calico_resources(loaded: LoadedCluster, cfg: KubernetesConfig) -> list[m.Strict]:
     cluster = loaded.cluster
+    scale = calico_scale(loaded, cfg)
+    peers: list[m.Strict] = []
+    if not scale.node_mesh:
+        peers.append(
+            m.BGPPeer(
+                metadata=m.ObjectMeta(name=ROUTE_REFLECTOR_PEER),
+                spec=m.BGPPeerSpec(
+                    nodeSelector="all()", peerSelector=f"{ROUTE_REFLECTOR_LABEL} == 'true'"
+                ),
+            )
+        )
     return [
         m.IPPool(
             metadata=m.ObjectMeta(name="default-ipv4-ippool"),
@@ -43,9 +93,10 @@ def calico_resources(loaded: LoadedCluster, cfg: KubernetesConfig) -> list[m.Str
         m.BGPConfiguration(
             metadata=m.ObjectMeta(name="default"),
             spec=m.BGPConfigurationSpec(
-                nodeToNodeMeshEnabled=cfg.calico_node_mesh, asNumber=cfg.calico_as_number
+                nodeToNodeMeshEnabled=scale.node_mesh, asNumber=cfg.calico_as_number
             ),
         ),
+        *peers,
     ]
 
 
@@ -56,7 +107,9 @@ PORTMAP = {"type": "portmap", "snat": True, "capabilities": {"portMappings": Tru
 
 def calico_config_map(loaded: LoadedCluster, cfg: KubernetesConfig) -> str:
     """The calico-config ConfigMap of the upstream manifest, as this role sets it: the BIRD BGP
-    backend (no VXLAN-only mode) and MTU 0 (Calico detects the node's own; no overlay header)."""
+    backend (no VXLAN-only mode), MTU 0 (Calico detects the node's own; no overlay header), and
+    calico-node's watches through Typha's Service from 50 nodes (calico-typha.yaml)."""
+    typha = "calico-typha" if calico_scale(loaded, cfg).typha_replicas else "none"
     cni = {
         "name": "k8s-pod-network",
         "cniVersion": "0.3.1",
@@ -81,7 +134,7 @@ def calico_config_map(loaded: LoadedCluster, cfg: KubernetesConfig) -> str:
         "kind": "ConfigMap",
         "metadata": {"name": "calico-config", "namespace": "kube-system"},
         "data": {
-            "typha_service_name": "none",
+            "typha_service_name": typha,
             "calico_backend": "bird",
             "veth_mtu": "0",
             "cni_network_config": json.dumps(cni, indent=2),

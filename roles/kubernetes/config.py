@@ -4,6 +4,7 @@ them. The Kubernetes version itself is the cluster's `versions.kubernetes`."""
 from __future__ import annotations
 
 import re
+from ipaddress import IPv4Address
 from typing import Literal
 
 from pydantic import (
@@ -92,15 +93,23 @@ class KubernetesConfig(BaseModel):
     # Calico in BGP mode with no encapsulation: pod CIDRs routed natively between nodes (the
     # reference design left Flannel's overlay for ~2 Gbit/s against 10-15 host to host).
     calico_version: str = "v3.29.1"
-    # Full node-to-node BGP mesh up to ~100 nodes (Calico's advice); past that, route reflectors.
-    calico_node_mesh: bool = True
+    # Full node-to-node BGP mesh up to ~100 nodes (Calico's advice); past that, route reflectors:
+    # the control-plane nodes, which every node peers with (None: by the fleet's size,
+    # inventory/sizing.py).
+    calico_node_mesh: bool | None = None
+    # The route reflectors' cluster ID: an IPv4 address no node uses (Calico's own example).
+    calico_route_reflector_cluster_id: IPv4Address = IPv4Address("244.0.0.1")
+    # calico-node reaches the API server through Typha past 50 nodes (None: by the fleet's
+    # size, inventory/sizing.py; 0: no Typha, Calico's plain manifest).
+    calico_typha_replicas: int | None = Field(None, ge=0, le=20)
     calico_as_number: int = Field(64512, ge=1, le=4294967295)
     # A /26 per node: 64 pod addresses, over the 110-pod default only with maxPods raised below.
     calico_block_size: int = Field(26, ge=20, le=32)
     # Pods reach outside the cluster through their node's address.
     calico_nat_outgoing: bool = True
-    # SHA-256 of the upstream calico.yaml of calico_version: applied only when set (the role
-    # never applies an unpinned download; this machine could not fetch it to pin it).
+    # SHA-256 of the upstream manifest of calico_version (calico.yaml, or calico-typha.yaml with
+    # Typha): applied only when set (the role never applies an unpinned download; this machine
+    # could not fetch it to pin it).
     calico_manifest_sha256: str | None = None
 
     # Workers join at most this many per interval, slower when the API answers 429/5xx: joining

@@ -17,7 +17,14 @@ from pyinfra.operations import apt, files, systemd
 from roles.kubernetes import encryption
 from roles.kubernetes import operations as kube_ops
 from roles.kubernetes.apiproxy import API_PROXY_CONFIG, API_PROXY_UNIT, node_local_balancing
-from roles.kubernetes.cni import CALICO_CONFIG, CALICO_RESOURCES, POD_ROUTES_SCRIPT, POD_ROUTES_UNIT
+from roles.kubernetes.cni import (
+    CALICO_CONFIG,
+    CALICO_RESOURCES,
+    POD_ROUTES_SCRIPT,
+    POD_ROUTES_UNIT,
+    calico_scale,
+    route_reflectors,
+)
 from roles.kubernetes.facts import EncryptionKeyNames
 from roles.kubernetes.files import managed_files
 from roles.kubernetes.kubeadm import (
@@ -173,6 +180,7 @@ def apply_control_plane(ctx: HostContext) -> None:
         name="Apply Calico (BGP, no encapsulation)",
         first=first,
         cfg=cfg,
+        scale=calico_scale(ctx.loaded, cfg),
         resources=[CALICO_CONFIG, CALICO_RESOURCES],
         marker=f"{CONFIG_DIR}/calico-applied",
     )
@@ -191,6 +199,13 @@ def apply_control_plane(ctx: HostContext) -> None:
         wait_ready=cfg.cni == "routes" or cfg.calico_manifest_sha256 is not None,
         _serial=True,
     )
+    if ctx.name in route_reflectors(ctx.loaded, cfg):
+        kube_ops.route_reflector_annotated(
+            name="Reflect Calico's routes (the full mesh is off at this size)",
+            node=ctx.name,
+            cluster_id=str(cfg.calico_route_reflector_cluster_id),
+            marker=f"{CONFIG_DIR}/route-reflector",
+        )
 
 
 @deploy("Kubernetes workers")

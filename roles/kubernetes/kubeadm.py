@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inventory.sizing import cluster_sizing, explicit_or
-from roles.kubernetes import apiproxy
+from roles.kubernetes import apiproxy, cni
 from roles.kubernetes import models as m
 from roles.kubernetes.apiproxy import api_endpoint
 from roles.kubernetes.audit import AUDIT_LOG_DIR, AUDIT_POLICY
@@ -300,9 +300,12 @@ def cluster_configuration(ctx: HostContext, cfg: KubernetesConfig) -> m.ClusterC
 
 
 def node_labels(ctx: HostContext, cfg: KubernetesConfig) -> dict[str, str]:
-    """kubelet's --node-labels: the inventory's own, the team's (`teams:`), the GPU's."""
+    """kubelet's --node-labels: the inventory's own, the team's (`teams:`), the GPU's, and
+    Calico's route reflector label on the control-plane nodes once the full mesh is off."""
     labels = dict(cfg.node_labels)
     labels.update(nodes.node_labels(ctx.cluster, ctx.name))
+    if ctx.name in cni.route_reflectors(ctx.loaded, cfg):
+        labels[cni.ROUTE_REFLECTOR_LABEL] = "true"
     gpu = ctx.host.gpu
     if "gpu_worker" in ctx.host.groups and gpu is not None:
         labels[nodes.GPU_WORKER_LABEL_KEY] = nodes.GPU_WORKER_LABEL_VALUE

@@ -7,7 +7,7 @@ does not exist in the pinned API version is an error here, offline, before `kube
 validate` sees the file on a host. Only the fields the role sets are modelled: kubeadm fills in
 the rest with its defaults. Sources: kubeadm's v1beta4 API reference (kubeadm.k8s.io/v1beta4),
 kubelet.config.k8s.io/v1beta1, kubeproxy.config.k8s.io/v1alpha1, Calico's
-crd.projectcalico.org/v1 IPPool and BGPConfiguration reference.
+crd.projectcalico.org/v1 IPPool, BGPConfiguration and BGPPeer reference.
 """
 
 from __future__ import annotations
@@ -288,6 +288,20 @@ class BGPConfiguration(Strict):
     spec: BGPConfigurationSpec
 
 
+class BGPPeerSpec(Strict):
+    """Every node (`all()`) peers with the nodes the peer selector picks: the route reflectors."""
+
+    nodeSelector: str
+    peerSelector: str
+
+
+class BGPPeer(Strict):
+    apiVersion: Literal["crd.projectcalico.org/v1"] = CALICO_API
+    kind: Literal["BGPPeer"] = "BGPPeer"
+    metadata: ObjectMeta
+    spec: BGPPeerSpec
+
+
 class AuditGroupResources(Strict):
     group: str
     resources: list[str]
@@ -342,6 +356,7 @@ MODELS: dict[tuple[str, str], type[Strict]] = {
     (KUBE_PROXY_API, "KubeProxyConfiguration"): KubeProxyConfiguration,
     (CALICO_API, "IPPool"): IPPool,
     (CALICO_API, "BGPConfiguration"): BGPConfiguration,
+    (CALICO_API, "BGPPeer"): BGPPeer,
     ("audit.k8s.io/v1", "Policy"): AuditPolicy,
     ("apiserver.config.k8s.io/v1", "EncryptionConfiguration"): EncryptionConfiguration,
 }

@@ -29,6 +29,7 @@ from pyinfra.facts.files import Sha1File
 
 from inventory.versions import KubernetesVersion
 from roles.kubernetes import models as m
+from roles.kubernetes.cni import ROUTE_REFLECTOR_ANNOTATION, CalicoScale
 from roles.kubernetes.config import KubernetesConfig
 from roles.kubernetes.facts import (
     ApiAnswers,
@@ -223,10 +224,13 @@ def control_plane_initialised(first: bool, config: str, timeout_s: int):
 
 
 @operation()
-def calico_applied(first: bool, cfg: KubernetesConfig, resources: list[str], marker: str):
-    """The upstream calico.yaml of the pinned version (checked against its SHA-256, IP-in-IP
-    turned off before it is applied), then this role's pool, BGP and config objects. Never an
-    unpinned download: without `calico_manifest_sha256` nothing is applied and the run says so."""
+def calico_applied(
+    first: bool, cfg: KubernetesConfig, scale: CalicoScale, resources: list[str], marker: str
+):
+    """The upstream manifest of the pinned version (calico.yaml, or calico-typha.yaml past 50
+    nodes; checked against its SHA-256, IP-in-IP turned off before it is applied), Typha scaled
+    to the fleet, then this role's pool, BGP and config objects. Never an unpinned download:
+    without `calico_manifest_sha256` nothing is applied and the run says so."""
     if not first:
         host.noop("not the first control-plane node")
         return
@@ -236,31 +240,52 @@ def calico_applied(first: bool, cfg: KubernetesConfig, resources: list[str], mar
     if cfg.calico_manifest_sha256 is None:
         report_note(
             f"Calico {cfg.calico_version} not applied: set kubernetes.calico_manifest_sha256 "
-            "to the SHA-256 of its calico.yaml (nodes stay NotReady without a CNI)"
+            f"to the SHA-256 of its {scale.manifest} (nodes stay NotReady without a CNI)"
         )
         return
-    digest = hashlib.sha256((cfg.calico_manifest_sha256 + "".join(resources)).encode()).hexdigest()
+    pinned = f"{cfg.calico_manifest_sha256}{scale.manifest}{scale.typha_replicas}"
+    digest = hashlib.sha256((pinned + "".join(resources)).encode()).hexdigest()
     if host.get_fact(FileExists, path=f"{marker}.{digest}"):
         host.noop(f"Calico {cfg.calico_version} applied")
         return
     url = (
         "https://raw.githubusercontent.com/projectcalico/calico/"
-        f"{cfg.calico_version}/manifests/calico.yaml"
+        f"{cfg.calico_version}/manifests/{scale.manifest}"
     )
-    staged = f"/var/tmp/calico-{cfg.calico_version}.yaml"
+    staged = f"/var/tmp/calico-{cfg.calico_version}-{scale.manifest}"
     yield f"curl -fsSL --retry 3 -o {staged} {shlex.quote(url)}"
     yield (
         f"echo '{cfg.calico_manifest_sha256}  {staged}' | sha256sum -c --quiet - || "
-        f"{{ rm -f {staged}; echo 'kubernetes: calico.yaml SHA-256 mismatch' >&2; exit 1; }}"
+        f"{{ rm -f {staged}; echo 'kubernetes: {scale.manifest} SHA-256 mismatch' >&2; exit 1; }}"
     )
     # calico-node creates its first pool from these variables: no IP-in-IP, no VXLAN.
     yield (
         f'sed -i \'/CALICO_IPV4POOL_IPIP/{{n;s/"Always"/"Never"/}}\' {staged} && '
         f"kubectl --kubeconfig {ADMIN_CONF} apply -f {staged}"
     )
+    if scale.typha_replicas:
+        yield (
+            f"kubectl --kubeconfig {ADMIN_CONF} -n kube-system scale deployment calico-typha "
+            f"--replicas={scale.typha_replicas}"
+        )
     for path in resources:
         yield f"kubectl --kubeconfig {ADMIN_CONF} apply -f {shlex.quote(path)}"
     yield f"rm -f {marker}.* && touch {marker}.{digest}"
+
+
+@operation()
+def route_reflector_annotated(node: str, cluster_id: str, marker: str):
+    """This control-plane node reflects Calico's routes: its Node carries Calico's cluster ID
+    annotation (the label the BGPPeer selects comes with kubelet's --node-labels). Once per
+    cluster ID, as the Calico step is applied once (a marker file)."""
+    if host.get_fact(FileExists, path=f"{marker}.{cluster_id}"):
+        host.noop(f"{node} reflects routes (cluster ID {cluster_id})")
+        return
+    yield (
+        f"kubectl --kubeconfig {ADMIN_CONF} annotate node {shlex.quote(node)} "
+        f"{ROUTE_REFLECTOR_ANNOTATION}={cluster_id} --overwrite"
+    )
+    yield f"rm -f {marker}.* && touch {marker}.{cluster_id}"
 
 
 # ---------------------------------------------------------------- cluster objects

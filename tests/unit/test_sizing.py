@@ -9,13 +9,21 @@ import ipaddress
 import pytest
 import yaml
 
-from engine.context import load
+from engine.context import host_contexts, load
 from inventory.model import Cluster
 from inventory.sizing import GIB, Sizing, explicit_or, kubernetes_nodes, sizing
 from roles.etcd.files import UNIT
+from roles.kubernetes.cni import (
+    CALICO_CONFIG,
+    CALICO_RESOURCES,
+    CalicoScale,
+    calico_scale,
+    route_reflectors,
+)
 from roles.kubernetes.coredns import COREDNS_PATCH
-from roles.kubernetes.kubeadm import INIT_CONFIG
+from roles.kubernetes.kubeadm import INIT_CONFIG, node_labels
 from roles.kubernetes.schemas import validate_text
+from roles.kubernetes.settings import cluster_settings
 from roles.monitoring.files import PROMETHEUS_CONFIG
 from tests.helpers import files_of
 
@@ -23,15 +31,18 @@ from tests.helpers import files_of
 @pytest.mark.parametrize(
     ("nodes", "expected"),
     [
-        # A lab or the sample: every figure at its floor.
-        (5, Sizing(5, 400, 200, 2 * GIB, 2, 15)),
-        # Upstream's slots still (0.6 x 500 = 300 < 400), 32 CoreDNS replicas.
-        (500, Sizing(500, 400, 200, 2 * GIB, 32, 15)),
+        # A lab or the sample: every figure at its floor, no Typha, Calico's full mesh.
+        (5, Sizing(5, 400, 200, 2 * GIB, 2, 15, 0, True)),
+        # Typha from 50 nodes, three replicas at least; the mesh up to 100 nodes.
+        (50, Sizing(50, 400, 200, 2 * GIB, 4, 15, 3, True)),
+        (101, Sizing(101, 400, 200, 2 * GIB, 7, 15, 3, False)),
+        # Upstream's slots still (0.6 x 500 = 300 < 400), 32 CoreDNS replicas, route reflectors.
+        (500, Sizing(500, 400, 200, 2 * GIB, 32, 15, 3, False)),
         # 1,500/500 as large clusters run them; 5,000 MiB of etcd rounds up to 5 GiB; 50 s of
-        # scrape budget rounds up to 60 s.
-        (2500, Sizing(2500, 1500, 500, 5 * GIB, 157, 60)),
-        # Every ceiling: 3,000/1,000 slots, etcd's 8 GiB maximum, 60 s scrapes.
-        (7500, Sizing(7500, 3000, 1000, 8 * GIB, 469, 60)),
+        # scrape budget rounds up to 60 s; a Typha replica per 200 nodes.
+        (2500, Sizing(2500, 1500, 500, 5 * GIB, 157, 60, 13, False)),
+        # Every ceiling: 3,000/1,000 slots, etcd's 8 GiB maximum, 60 s scrapes, 20 Typhas.
+        (7500, Sizing(7500, 3000, 1000, 8 * GIB, 469, 60, 20, False)),
     ],
 )
 def test_the_figures_at_each_fleet_size(nodes, expected):
@@ -104,6 +115,10 @@ def rendered(data, folder, name: str = "cluster.yml"):
         "coredns": yaml.safe_load(files_of(loaded, "cp-1", "kubernetes")[COREDNS_PATCH]),
         "etcd": files_of(loaded, "etcd-1", "etcd")[UNIT],
         "prometheus": yaml.safe_load(files_of(loaded, "mon-1", "monitoring")[PROMETHEUS_CONFIG]),
+        "calico": list(
+            yaml.safe_load_all(files_of(loaded, "cp-1", "kubernetes")[CALICO_RESOURCES])
+        ),
+        "calico-config": yaml.safe_load(files_of(loaded, "cp-1", "kubernetes")[CALICO_CONFIG]),
     }
 
 
@@ -126,6 +141,24 @@ def test_the_roles_render_what_the_node_count_derives(large_cluster):
     assert spread[0]["labelSelector"] == {"matchLabels": {"k8s-app": "kube-dns"}}
     assert f"--quota-backend-bytes={3 * GIB}" in files["etcd"]  # 2,208 MiB, in whole GiB
     assert files["prometheus"]["global"]["scrape_interval"] == "30s"  # 22 s, in 15 s steps
+    # Calico past 100 nodes: no full mesh, every node peering with the route reflectors (the
+    # control-plane nodes, labelled at registration); Typha, ceil(1,104 / 200) replicas.
+    by_kind = {doc["kind"]: doc for doc in files["calico"] if doc}
+    assert by_kind["BGPConfiguration"]["spec"]["nodeToNodeMeshEnabled"] is False
+    assert by_kind["BGPPeer"]["spec"] == {
+        "nodeSelector": "all()",
+        "peerSelector": "gpuinfra.io/route-reflector == 'true'",
+    }
+    assert files["calico-config"]["data"]["typha_service_name"] == "calico-typha"
+    loaded = load(folder / "cluster.yml")
+    cfg = cluster_settings(loaded)
+    assert calico_scale(loaded, cfg) == CalicoScale(node_mesh=False, typha_replicas=6)
+    assert calico_scale(loaded, cfg).manifest == "calico-typha.yaml"
+    assert route_reflectors(loaded, cfg) == ["cp-1", "cp-2"]
+    contexts = {ctx.name: ctx for ctx in host_contexts(loaded)}
+    for name, reflects in (("cp-1", True), ("cpu-2", False)):
+        label = node_labels(contexts[name], cfg).get("gpuinfra.io/route-reflector")
+        assert (label == "true") is reflects, name
 
 
 def test_a_key_set_in_the_inventory_wins_over_the_derived_value(large_cluster):
@@ -151,6 +184,24 @@ def test_a_key_set_in_the_inventory_wins_over_the_derived_value(large_cluster):
     assert files["coredns"]["spec"]["replicas"] == 7
     assert f"--quota-backend-bytes={6 * GIB}" in files["etcd"]
     assert files["prometheus"]["global"]["scrape_interval"] == "10s"
+
+
+def test_calico_keys_set_in_the_inventory_win_over_the_fleet_size(large_cluster):
+    """A 1,104-node fleet that keeps the full mesh and runs no Typha on purpose: nothing of the
+    route reflectors is rendered, and the plain manifest is the one pinned."""
+    data, folder = large_cluster
+    data = yaml.safe_load(yaml.safe_dump(data))
+    data["group_vars"] = {
+        "all": {"kubernetes": {"calico_node_mesh": True, "calico_typha_replicas": 0}}
+    }
+    files = rendered(data, folder, "calico-explicit.yml")
+    kinds = [doc["kind"] for doc in files["calico"] if doc]
+    assert "BGPPeer" not in kinds
+    assert files["calico-config"]["data"]["typha_service_name"] == "none"
+    loaded = load(folder / "calico-explicit.yml")
+    cfg = cluster_settings(loaded)
+    assert calico_scale(loaded, cfg).manifest == "calico.yaml"
+    assert route_reflectors(loaded, cfg) == []
 
 
 def test_the_coredns_patch_holds_only_fields_a_deployment_has(large_cluster):

@@ -4,8 +4,9 @@ Part of every run, on the Kubernetes lab that test_drift_job.py and test_kuberne
 (tests/integration/kube_lab.py: the rollout Job enabled on cp-2, the workers being what it rolls
 so its pods cannot run there, budget 1, two shards); `pytest -m fleetjob` selects the two Job
 modules alone. Each test removes both workers from the cluster (`kubernetes node remove
---force`) and has the Job join them again, so each leaves the cluster as it found it: both
-workers Ready (test_kubernetes.py, after it, starts from that).
+--force`) and has the Job apply every role to them, joining them again, so each leaves the
+cluster as it found it: both workers Ready and recorded as converged (test_drift_job.py and
+test_kubernetes.py, after it, start from that).
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ NAMESPACE = "gpuinfra"
 LEDGER = "gpuinfra-rollout-{cluster}"
 INDEX = "batch.kubernetes.io/job-completion-index"
 SESSION_SLACK_US = 2_000_000
-APPLY_JOB = ("--job", "--shards", "2", "--limit", "gpu_worker,cpu_worker", "--roles", "kubernetes")
+# Every role, as an operator rolls the workers (issue 47.10): a `--roles` apply records only
+# those roles, and the drift Job's shards could not settle the workers from their records.
+APPLY_JOB = ("--job", "--shards", "2", "--limit", "gpu_worker,cpu_worker")
 
 
 @pytest.fixture(scope="module")

@@ -117,6 +117,26 @@ RENEW_HELP = flow_help(
 )
 
 
+def _control_plane_flow(
+    cluster: Path, flow: Flow, question: str, run, *, yes, skip, only, break_lock, output
+) -> None:
+    """A flow over the control plane: load, choose its steps, take the lock (the pre-apply
+    checks first), ask `question` (`{name}`: the cluster's), run `run(loaded, skip=, only=,
+    progress=)`, print the commands it sent."""
+    with reporting():
+        loaded = _load(cluster)
+        steps = chosen_steps(flow, skip, only)
+    with changing(loaded, break_lock=break_lock) as loaded:
+        _confirm(yes, question.format(name=loaded.cluster.name))
+        outcome = _run_flow(
+            flow,
+            only,
+            output,
+            lambda: run(loaded, skip=steps, only=only, progress=progress),
+        )
+    _emit_outcome(outcome, output)
+
+
 @certs_app.command("renew", help=RENEW_HELP)
 def certs_renew(
     cluster: ClusterArg,
@@ -128,19 +148,13 @@ def certs_renew(
 ):
     from day2.kubernetes import renew_certificates
 
-    with reporting():
-        loaded = _load(cluster)
-        steps = chosen_steps(KUBERNETES_CERTS_RENEW, skip, only)
-    with changing(loaded, break_lock=break_lock) as loaded:
-        question = f"Renew the certificates of every control-plane node of {loaded.cluster.name}?"
-        _confirm(yes, question)
-        outcome = _run_flow(
-            KUBERNETES_CERTS_RENEW,
-            only,
-            output,
-            lambda: renew_certificates(loaded, skip=steps, only=only, progress=progress),
-        )
-    _emit_outcome(outcome, output)
+    _control_plane_flow(
+        cluster,
+        KUBERNETES_CERTS_RENEW,
+        "Renew the certificates of every control-plane node of {name}?",
+        renew_certificates,
+        yes=yes, skip=skip, only=only, break_lock=break_lock, output=output,
+    )  # fmt: skip
 
 
 ROTATE_HELP = flow_help(
@@ -163,19 +177,13 @@ def rotate_secrets_key(
 ):
     from day2.encryption import rotate_key
 
-    with reporting():
-        loaded = _load(cluster)
-        steps = chosen_steps(KUBERNETES_ROTATE_SECRETS_KEY, skip, only)
-    with changing(loaded, break_lock=break_lock) as loaded:
-        question = f"Rotate the key of the Secrets {loaded.cluster.name} encrypts at rest?"
-        _confirm(yes, question)
-        outcome = _run_flow(
-            KUBERNETES_ROTATE_SECRETS_KEY,
-            only,
-            output,
-            lambda: rotate_key(loaded, skip=steps, only=only, progress=progress),
-        )
-    _emit_outcome(outcome, output)
+    _control_plane_flow(
+        cluster,
+        KUBERNETES_ROTATE_SECRETS_KEY,
+        "Rotate the key of the Secrets {name} encrypts at rest?",
+        rotate_key,
+        yes=yes, skip=skip, only=only, break_lock=break_lock, output=output,
+    )  # fmt: skip
 
 
 UPGRADE_HELP = flow_help(

@@ -399,3 +399,44 @@ def test_make_bench_controlplane_stores_the_steps_and_the_machine(monkeypatch, t
     assert [s["size"] for s in stored["steps"]] == [0, 500]
     assert stored["stopped"]["size"] == 2500
     assert "the fleet did not get Ready at 2,500" in (out / cp_report.DOC).read_text()
+
+
+def _pod(name: str, created: str, scheduled: str | None, ready: str | None) -> dict:
+    conditions = []
+    if scheduled:
+        conditions.append(
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": scheduled}
+        )
+    if ready:
+        conditions.append({"type": "Ready", "status": "True", "lastTransitionTime": ready})
+    return {
+        "metadata": {"name": name, "creationTimestamp": created},
+        "status": {"conditions": conditions},
+    }
+
+
+def test_pod_startup_reads_the_pods_own_timestamps():
+    """Four pods created at :00, bound 1 to 3 s later, Ready a second after; one never bound
+    (counted, not timed). Nearest-rank percentiles; pods bound per second over creation to the
+    last binding."""
+    pods = [
+        _pod("a", "2026-11-29T01:00:00Z", "2026-11-29T01:00:01Z", "2026-11-29T01:00:02Z"),
+        _pod("b", "2026-11-29T01:00:00Z", "2026-11-29T01:00:01Z", "2026-11-29T01:00:02Z"),
+        _pod("c", "2026-11-29T01:00:00Z", "2026-11-29T01:00:03Z", "2026-11-29T01:00:04Z"),
+        _pod("d", "2026-11-29T01:00:00Z", None, None),
+    ]
+    figures = control_plane.pod_startup(pods)
+    assert figures == {
+        "pods": 4,
+        "scheduled": 3,
+        "ready": 3,
+        "scheduled_p50_s": 1.0,
+        "scheduled_p99_s": 3.0,
+        "ready_p50_s": 2.0,
+        "ready_p99_s": 4.0,
+        "pods_per_s": 1.0,  # 3 pods over 3 s
+    }
+    # All bound in the creation's own second: the span reads as 1 s, not 0.
+    same = [_pod(n, "2026-11-29T01:00:00Z", "2026-11-29T01:00:00Z", None) for n in "xyz"]
+    assert control_plane.pod_startup(same)["pods_per_s"] == 3.0
+    assert control_plane.pod_startup([])["scheduled_p99_s"] is None

@@ -37,6 +37,7 @@ from engine.reports import HostReport, HostStatus, RunReport
 from engine.rolloutlock import ledger_name
 from engine.selection import select_hosts, shard_hosts
 from inventory.model import LoadedCluster, StateAccess
+from roles.base.effective import controller_public_key
 from roles.rollout_job.config import RolloutJobConfig
 from roles.rollout_job.files import KEY
 from roles.rollout_job.role import fleet_config
@@ -238,12 +239,25 @@ def certify_key(rollout: Rollout) -> None:
 
 
 def pod_inventory(loaded: LoadedCluster) -> str:
-    """The inventory as the pods read it: the rollout key as root, the known_hosts beside it."""
+    """The inventory as the pods read it: the rollout key as root, the known_hosts beside it.
+    The operator's key, which the inventory declares as its ssh.key, stays declared: its
+    public half joins base.authorized_keys wherever that list is set (and for every host), or
+    the base role in a pod would find it on the hosts as a key nobody declared."""
     data = yaml.safe_load(Path(loaded.source).read_text())
     ssh = dict(data.get("ssh") or {})
+    key = loaded.resolve(loaded.cluster.ssh.key) if loaded.cluster.ssh.key is not None else None
+    operator = controller_public_key(key) if key is not None else None
     ssh.update({"user": "root", "key": POD_KEY, "known_hosts": f"{POD_DIR}/known_hosts"})
     ssh.pop("bastion", None)
     data["ssh"] = ssh
+    if operator is not None:
+        group_vars = data.setdefault("group_vars", {})
+        every = group_vars.setdefault("all", {}).setdefault("base", {})
+        bases = [every, *(v["base"] for v in group_vars.values() if v and "base" in v)]
+        bases += [h["vars"]["base"] for h in data["hosts"].values() if "base" in h.get("vars", {})]
+        for base in {id(b): b for b in bases}.values():
+            if base is every or "authorized_keys" in base:
+                base["authorized_keys"] = [*base.get("authorized_keys", []), operator]
     return yaml.safe_dump(data, sort_keys=False)
 
 

@@ -175,4 +175,9 @@ def run_shard(
     ends = dict(progress.hosts)
     for name, entry in report.hosts.items():
         ends.setdefault(name, entry.status.value)
+        # Why a host failed, in the pod's log: the controller's report quotes its last lines.
+        failed = [op for op in entry.operations if op.error] if entry.error is None else []
+        why = entry.error or "; ".join(f"{op.name}: {op.error}" for op in failed)
+        if why:
+            print(f"gpuinfra rollout shard {index}: {name}: {why}"[:2000], file=sys.stderr)
     return ends

@@ -420,20 +420,24 @@ class AuthorizedKeys(FactBase):
         return found
 
 
-def declared_keys(listed: Iterable[str], controller_key: Path | None) -> set[str]:
-    """The blobs of the keys that may log in: the listed public keys, and the public half of
-    the controller's key (its `.pub` beside it, else read from the key when it is not
-    encrypted)."""
-    blobs = {key[1] for key in map(key_blob, listed) if key is not None}
-    if controller_key is None:
-        return blobs
+def controller_public_key(controller_key: Path) -> str | None:
+    """The public half of the controller's key, as an authorized_keys line: its `.pub` beside
+    it, else read from the key when it is not encrypted; None when neither can be read."""
     public = Path(f"{controller_key}.pub")
     try:
         text = public.read_text() if public.exists() else _public_half(controller_key)
     except (OSError, ValueError, TypeError):
-        return blobs  # unreadable or encrypted: only what is listed is declared
-    key = key_blob(text)
-    return blobs | ({key[1]} if key is not None else set())
+        return None
+    return text.strip() if key_blob(text) is not None else None
+
+
+def declared_keys(listed: Iterable[str], controller_key: Path | None) -> set[str]:
+    """The blobs of the keys that may log in: the listed public keys, and the public half of
+    the controller's key (controller_public_key)."""
+    blobs = {key[1] for key in map(key_blob, listed) if key is not None}
+    text = controller_public_key(controller_key) if controller_key is not None else None
+    key = key_blob(text) if text is not None else None
+    return blobs | ({key[1]} if key is not None else set())  # unreadable: the listed ones
 
 
 def _public_half(private: Path) -> str:

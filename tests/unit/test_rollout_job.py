@@ -9,6 +9,7 @@ import base64
 import json
 import random
 import stat
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -1249,3 +1250,36 @@ def test_a_run_deletes_only_its_own_objects(small_cluster, write_cluster, tmp_pa
     rolloutjob.fleet_rollout(rollout)
     (deleted,) = [c for c in kubectl.commands if "delete job,configmap,secret" in c]
     assert f"gpuinfra.io/rollout-run={rollout.run}" in deleted
+
+
+def test_the_pods_inventory_still_declares_the_operators_key(small_cluster, write_cluster):
+    """The pods log in with the run's key, but the hosts' root still holds the operator's
+    (ssh.key): the pod's inventory declares its public half wherever base.authorized_keys is
+    set, so the base role in a pod finds no undeclared key (the lab's rollout of every role
+    failed on that). The control: without ssh.key nothing is added."""
+    from inventory.model import Cluster
+    from roles.base.effective import key_blob
+    from toolkit.spec import merged_settings
+    from toolkit.sshkeys import public_key
+
+    folder = write_cluster(small_cluster).parent
+    private = folder / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(private)], check=True)
+    site = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGs0ZXl0aGF0aXNub3RyZWFsYnV0aXNzaGFwZWQ site"
+    small_cluster["ssh"] = {**small_cluster.get("ssh", {}), "key": str(private)}
+    small_cluster["group_vars"] = {"gpu_worker": {"base": {"authorized_keys": [site]}}}
+    loaded = load(write_cluster(small_cluster))
+    pod = Cluster.model_validate(yaml.safe_load(rolloutjob.pod_inventory(loaded)))
+    operator = key_blob(public_key(private.read_text()))[1]
+
+    def declared(host: str) -> set[str]:
+        keys = merged_settings(pod, host, "base")["authorized_keys"]
+        return {key_blob(k)[1] for k in keys}
+
+    for host in ("gpu-1", "cpu-1", "etcd-1"):
+        assert operator in declared(host), host
+    assert key_blob(site)[1] in declared("gpu-1")
+    del small_cluster["ssh"]["key"]
+    plain = load(write_cluster(small_cluster, "plain.yml"))
+    data = yaml.safe_load(rolloutjob.pod_inventory(plain))
+    assert data["group_vars"]["gpu_worker"]["base"]["authorized_keys"] == [site]

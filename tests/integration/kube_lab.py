@@ -1,7 +1,9 @@
 """The Kubernetes lab: the default topology with Kubernetes on and without its three storage
 hosts (CephFS runs on the shared lab, where test_role_shared_fs.py checks it; here it would add
 minutes to every apply), booted and applied once per run and shared by every module that tests
-the real cluster: test_apply_job.py, test_drift_job.py and test_kubernetes.py, through the
+the real cluster, in this order: test_drift_job.py (the fleet's converged records are the
+apply's own), test_kubernetes.py (its joins are the apply's, its simulated fleet deleted again)
+and test_kubernetes_apply_job.py (the rollout re-joins the workers from pods), through the
 `kubernetes_lab` fixture (tests/integration/conftest.py). It goes down after the last of them.
 
 Its inventory carries what each of them exercises: a team and a second one owning no node, a

@@ -1,9 +1,10 @@
 """`gpuinfra drift --job` on the Kubernetes lab (docs/design/fleet-jobs.md section 7 step 5).
 
-Part of every run, on the Kubernetes lab that test_apply_job.py and test_kubernetes.py share
-(tests/integration/kube_lab.py: the Job enabled with `nodes: [cpu-1]`, the lab's own gpuinfra
-image, `cni: routes` with `routes_nat_outgoing`); `pytest -m fleetjob` selects the two Job
-modules alone. Each test leaves the hosts as it found them.
+Part of every run, the first module on the Kubernetes lab that test_kubernetes.py and
+test_kubernetes_apply_job.py share after it (tests/integration/kube_lab.py: the Job enabled with
+`nodes: [cpu-1]`, the lab's own gpuinfra image, `cni: routes` with `routes_nat_outgoing`); the
+lab's apply is its first test's setup. `pytest -m fleetjob` selects the two Job modules. Each
+test leaves the hosts as it found them.
 """
 
 from __future__ import annotations

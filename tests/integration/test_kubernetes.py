@@ -3,7 +3,8 @@ on this machine from Go modules (lab/gobuild.py), served by the lab's file serve
 (lab/offline.py), and the lab's pod network (`cni: routes`).
 
 The Kubernetes lab `<GPUINFRA_LAB_NAME>-k8s` (GPUINFRA_K8S_LAB_NAME overrides;
-tests/integration/kube_lab.py), shared with the two fleet Job modules that run before this one:
+tests/integration/kube_lab.py), shared with the drift Job's module before it and the rollout
+Job's after it:
 the default topology with Kubernetes on and without its three storage hosts: five etcd members
 (etcd 3.6, built here), three control-plane nodes behind lb-1's HAProxy, and cpu-1 and gpu-1 as
 workers; gpu-1 belongs to the team `research`, a balloon pool keeps capacity warm on cpu-1, and

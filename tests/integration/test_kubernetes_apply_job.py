@@ -1,12 +1,13 @@
 """`gpuinfra apply --job` on the Kubernetes lab (docs/design/fleet-jobs.md sections 5 and 7).
 
-Part of every run, on the Kubernetes lab that test_drift_job.py and test_kubernetes.py share
-(tests/integration/kube_lab.py: the rollout Job enabled on cp-2, the workers being what it rolls
-so its pods cannot run there, budget 1, two shards); `pytest -m fleetjob` selects the two Job
-modules alone. Each test removes both workers from the cluster (`kubernetes node remove
---force`) and has the Job apply every role to them, joining them again, so each leaves the
-cluster as it found it: both workers Ready and recorded as converged (test_drift_job.py and
-test_kubernetes.py, after it, start from that).
+Part of every run, the last module on the Kubernetes lab that test_drift_job.py and
+test_kubernetes.py share before it (tests/integration/kube_lab.py: the rollout Job enabled on
+cp-2, the workers being what it rolls so its pods cannot run there, budget 1, two shards);
+`pytest -m fleetjob` selects the two Job modules alone. Each test removes both workers from the
+cluster (`kubernetes node remove --force`) and has the Job apply every role to them, joining
+them again: both workers Ready again. It runs last because a rollout from pods leaves the
+controller's converged records of the workers as they were (the pods' own records stay in the
+pods, docs/fleet-jobs.md), and re-joins the workers that test_kubernetes.py's join test reads.
 """
 
 from __future__ import annotations

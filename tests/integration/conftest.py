@@ -51,6 +51,7 @@ class LabCluster:
     inventory_path: Path
     loaded: LoadedCluster
     up_result: lifecycle.UpResult
+    fresh: bool = False  # booted now from nothing: no earlier lab of this name was reused
 
     @property
     def hosts(self) -> list[str]:
@@ -90,10 +91,12 @@ def boot_lab(
     wanted = (topology, wanted_layer, kubernetes)
     if existing is not None and (existing.topology, existing.layer, existing.kubernetes) != wanted:
         lifecycle.down(name)
+        existing = None
     result = lifecycle.up(
         name, topology, inventory_path=inventory_path, layer=layer, kubernetes=kubernetes
     )
-    return LabCluster(name, result.inventory_path, load(result.inventory_path), result)
+    loaded = load(result.inventory_path)
+    return LabCluster(name, result.inventory_path, loaded, result, fresh=existing is None)
 
 
 @pytest.fixture(scope="session")

@@ -184,6 +184,12 @@ def probes(cluster):
     image = offline.toolbox_image(cluster.gateway)
     listener = probe_pod("listener", "gpu-1", image, ["perl", "-e", LISTENER])
     listener["spec"]["containers"][0]["ports"] = [{"containerPort": 8080, "hostPort": HOST_PORT}]
+    # Ready once perl listens, not once its container starts: on a loaded machine the first
+    # connection came before the listen and read "no answer" (2026-11-29).
+    listener["spec"]["containers"][0]["readinessProbe"] = {
+        "tcpSocket": {"port": 8080},
+        "periodSeconds": 1,
+    }
     service = {
         "apiVersion": "v1",
         "kind": "Service",

@@ -218,7 +218,17 @@ def test_pods_on_different_workers_reach_each_other_and_a_service(probes):
     listener = probes.get("pod", "-n", NAMESPACE, "listener")
     address = listener["status"]["podIP"]
     cluster_ip = probes.get("service", "-n", NAMESPACE, "listener")["spec"]["clusterIP"]
-    direct = from_client(probes, "perl", "-e", CONNECT, address, "8080")
+
+    # On the lab shared with the fleet Jobs (routes_nat_outgoing on), the first connection
+    # right after the apply read "no answer" twice on 2026-11-29 and the same one worked minutes
+    # later; not root-caused yet. The wait is bounded and its length printed, not hidden.
+    def answered() -> subprocess.CompletedProcess[str] | None:
+        tried = from_client(probes, "perl", "-e", CONNECT, address, "8080")
+        return tried if tried.stdout.strip() == "hello from gpu-1" else None
+
+    started = time.monotonic()
+    direct = eventually(answered, "the listener pod from the client pod", seconds=120, interval=3)
+    print(f"pod to pod across workers answered after {time.monotonic() - started:.0f} s")
     assert direct.stdout.strip() == "hello from gpu-1", direct.stderr
     via_service = from_client(probes, "perl", "-e", CONNECT, cluster_ip, "80")
     assert via_service.stdout.strip() == "hello from gpu-1", via_service.stderr

@@ -26,7 +26,14 @@ import shlex
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from day2.kubernetes import KUBECTL, KubernetesOperationError, KubernetesRun, Outcome, _first
+from day2.kubernetes import (
+    KUBECTL,
+    KubernetesOperationError,
+    KubernetesRun,
+    Outcome,
+    _first,
+    _wait,
+)
 from day2.steps import run_flow
 from inventory.model import LoadedCluster
 from roles.etcd.files import ETCDCTL_ENV
@@ -103,7 +110,7 @@ def _loaded_everywhere(job: RotateRun, action: str, *secrets: str) -> None:
         f"mv {path}.gpuinfra-new {path}"
     )
     loaded = f"{LOCAL_METRICS} | grep '^{LOADED_METRIC}' | grep -qF 'hash=\"{digest}\"'"
-    wait = f"for i in $(seq {RELOAD_WAIT_S // 2}); do {loaded} && exit 0; sleep 2; done; exit 1"
+    wait = _wait(loaded, RELOAD_WAIT_S)
     job.written = []
     for host in job.loaded.cluster.in_group("control_plane"):
         job.command(host, f"{action}: write the key file", write, stdin=text.encode())

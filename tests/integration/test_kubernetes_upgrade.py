@@ -49,6 +49,7 @@ class Client:
     writes: list[str] = field(default_factory=list)  # names whose create succeeded
     operations: int = 0
     errors: list[tuple[float, str, str, str]] = field(default_factory=list)
+    stderr: list[str] = field(default_factory=list)  # each failed request's kubectl -v=8 tail
     stop: threading.Event = field(default_factory=threading.Event)
 
     def run(self) -> None:
@@ -79,6 +80,7 @@ class Client:
             audit = AUDIT_ID.findall(result.stderr)
             message = result.stderr.strip().splitlines()[-1:] or [""]
             self.errors.append((time.time(), what, message[0][-300:], audit[-1] if audit else ""))
+            self.stderr.append("\n".join(result.stderr.strip().splitlines()[-12:]))
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +116,25 @@ def answered_by(cluster: Cluster, audit_id: str) -> list[str]:
     return found
 
 
+def balancer_log(cluster: Cluster, since: float) -> list[tuple[float, str, str]]:
+    """Every load balancer's HAProxy journal since `since` (epoch seconds): its server state
+    changes and one tcplog line per client connection, naming the API server that took it and
+    how the connection ended. The lab's hosts share this machine's clock."""
+    lines = []
+    for host in cluster.lab.loaded.cluster.in_group("loadbalancer"):
+        journal = cluster.lab.ssh(
+            host, f"journalctl -u haproxy -o short-unix --no-pager --since @{int(since)}",
+            check=False, timeout=120,
+        )  # fmt: skip
+        for line in journal.stdout.splitlines():
+            stamp, _, text = line.partition(" ")
+            try:
+                lines.append((float(stamp), host, text))
+            except ValueError:
+                continue
+    return sorted(lines)
+
+
 def test_an_upgrade_by_one_minor_keeps_the_api_serving(cluster):
     old = offline.published()
     (new, *_) = offline.upgrades()
@@ -132,8 +153,13 @@ def test_an_upgrade_by_one_minor_keeps_the_api_serving(cluster):
         client.stop.set()
         thread.join(timeout=120)
     seconds = time.monotonic() - started
-    for error in client.errors:
+    log = balancer_log(cluster, time.time() - seconds - 5) if client.errors else []
+    for error, stderr in zip(client.errors, client.stderr, strict=True):
         print(f"failed request {error}: answered by {answered_by(cluster, error[3])}")
+        print("  kubectl:", stderr.replace("\n", "\n    "))
+        for stamp, host, text in log:
+            if error[0] - 8 <= stamp <= error[0] + 2:
+                print(f"  {stamp:.3f} {host}: {text}")
     print(
         f"upgrade {old.kubernetes_version} -> {new.kubernetes_version}: {seconds:.0f} s; client: "
         f"{client.operations} operations, {len(client.errors)} errors: {client.errors}"

@@ -7,8 +7,9 @@ disk, so it can be filled) and cp-1, the API server's stand-in holding the etcd 
 certificate and running the writer. Its name is `etcdh` (GPUINFRA_ETCDH_LAB_NAME overrides).
 Tests that break a member leave the cluster healthy again before they end.
 
-Part of the opt-in fault suite (`pytest -m faults`, about 6 minutes here), not of `make test`:
-every test injects a fault. Run before a change to etcd's day-2 commands lands.
+Part of `make test` (about 6 minutes here, beside the other modules; `pytest -m etcdfaults`
+selects it alone): every test injects a fault, and five of them are the positive proofs of
+etcd's day-2 commands (CA rotation, certificate renewal on apply, replace, restore).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from tests.integration.conftest import KEEP_ENV, boot_lab
 from tests.integration.etcd_helpers import CLIENT_ENV, endpoints, etcdctl, status, wait_healthy
 from tests.integration.roles_helpers import gpuinfra
 
-pytestmark = [pytest.mark.integration, pytest.mark.faults]
+pytestmark = [pytest.mark.integration, pytest.mark.etcdfaults]
 
 LAB = os.environ.get("GPUINFRA_ETCDH_LAB_NAME", "etcdh")
 MEMBERS = ["etcd-1", "etcd-2", "etcd-3"]

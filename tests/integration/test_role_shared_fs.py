@@ -4,8 +4,8 @@ written on one worker is read on the other; with one storage host stopped the wo
 and write; with it back the cluster is HEALTH_OK again; drift is clean after apply (fast path
 and --exact agree) and exits 3 after a hand change of a mount, a mode or a quota.
 
-About 3 minutes on the shared lab (`pytest -m sharedfs` selects it alone); the storage host
-stopped is a fault test, in the opt-in fault suite (`pytest -m faults`)."""
+About 5 minutes on the shared lab, the storage host stopped and started again included
+(`pytest -m sharedfs` selects it alone)."""
 
 from __future__ import annotations
 
@@ -137,7 +137,6 @@ def test_drift_is_clean_then_sees_hand_changes(converged):
     assert drift(converged) == (ExitCode.OK, {})
 
 
-@pytest.mark.faults  # opt-in: pytest -m faults tests/integration/test_role_shared_fs.py
 def test_one_storage_host_down_keeps_data_readable_and_writable(converged):
     before = converged.ssh(
         "cpu-1",

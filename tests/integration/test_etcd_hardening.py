@@ -30,6 +30,7 @@ from cli.exitcodes import ExitCode
 from lab import lifecycle
 from lab.topology import HostSpec, Topology
 from roles.etcd import pki
+from roles.etcd.clusters import cluster_settings, clusters
 from tests.integration.conftest import KEEP_ENV, boot_lab
 from tests.integration.etcd_helpers import CLIENT_ENV, endpoints, etcdctl, status, wait_healthy
 from tests.integration.roles_helpers import gpuinfra
@@ -244,11 +245,14 @@ def db_inode(lab, member: str) -> str:
 
 
 def leftovers(lab, member: str) -> list[str]:
-    """Names in the data directory besides etcd's own (and ext4's lost+found), and a snapshot
-    copy left in /var/tmp."""
+    """Names in the data directory besides etcd's own (and ext4's lost+found, and the Events
+    cluster's data below it where etcd.events is on, as in the sample), and a snapshot copy
+    left in /var/tmp."""
     listing = "ls -A /var/lib/etcd; ls /var/tmp/gpuinfra-etcd-snapshot.db 2>/dev/null"
     names = lab.ssh(member, listing, check=False).stdout.split()
-    return [n for n in names if n not in ("member", "lost+found")]
+    subdirs = {c.subdir for c in clusters(cluster_settings(lab.loaded)) if c.subdir}
+    own = {"member", "lost+found"} | subdirs
+    return [n for n in names if n not in own]
 
 
 def take_snapshot(lab, path: Path) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ import yaml
 from cli.exitcodes import ExitCode
 from lab import gobuild, offline
 from roles.kubernetes.audit import AUDIT_LOG_DIR
+from tests.helpers import GPUINFRA
 from tests.integration.conftest import LAB_NAME
 from tests.integration.kube_lab import CONTROL_PLANE, NODES, Cluster, applied_lab, ready
 from tests.integration.roles_helpers import failed_run, gpuinfra
@@ -103,17 +105,40 @@ def versions(cluster: Cluster) -> dict[str, str]:
     }
 
 
-def answered_by(cluster: Cluster, audit_id: str) -> list[str]:
-    """The control-plane nodes whose audit log holds the request (its metadata: writes only)."""
+def answered_by(cluster: Cluster, audit_id: str) -> list[tuple[str, dict]]:
+    """The control-plane nodes whose audit log holds the request (its metadata: writes only),
+    each with the event's user, decision and annotations."""
     if not audit_id:
         return []
     found = []
     for node in CONTROL_PLANE:
         logs = f"{AUDIT_LOG_DIR}/audit*.log"
-        hit = cluster.lab.ssh(node, f"grep -l {audit_id} {logs}", check=False)
-        if hit.returncode == 0:
-            found.append(node)
+        hit = cluster.lab.ssh(node, f"grep -h {audit_id} {logs}", check=False)
+        for line in hit.stdout.splitlines():
+            event = json.loads(line)
+            keep = ("stage", "user", "responseStatus", "annotations", "requestReceivedTimestamp")
+            found.append((node, {key: event.get(key) for key in keep}))
     return found
+
+
+def run_stamped(*args: str, timeout: float) -> tuple[int, str, list[tuple[float, str]]]:
+    """`gpuinfra ARGS` with each progress line (stderr) stamped as it comes: the failed client
+    requests are set against the step the upgrade was in."""
+    process = subprocess.Popen(
+        [GPUINFRA, *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    progress: list[tuple[float, str]] = []
+
+    def read_stderr() -> None:
+        for line in process.stderr:
+            progress.append((time.time(), line.rstrip()))
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
+    stdout, _ = process.communicate(timeout=timeout)
+    reader.join(timeout=10)
+    return process.returncode, stdout, progress
 
 
 def balancer_log(cluster: Cluster, since: float) -> list[tuple[float, str, str]]:
@@ -145,7 +170,7 @@ def test_an_upgrade_by_one_minor_keeps_the_api_serving(cluster):
     thread.start()
     started = time.monotonic()
     try:
-        result = gpuinfra(
+        returncode, stdout, progress = run_stamped(
             "kubernetes", "upgrade", str(cluster.inventory), new.kubernetes_version.lstrip("v"),
             "--yes", "--format", "json", timeout=3600,
         )  # fmt: skip
@@ -156,15 +181,19 @@ def test_an_upgrade_by_one_minor_keeps_the_api_serving(cluster):
     log = balancer_log(cluster, time.time() - seconds - 5) if client.errors else []
     for error, stderr in zip(client.errors, client.stderr, strict=True):
         print(f"failed request {error}: answered by {answered_by(cluster, error[3])}")
+        step = [line for stamp, line in progress if stamp <= error[0]][-1:]
+        print(f"  during: {step}")
         print("  kubectl:", stderr.replace("\n", "\n    "))
         for stamp, host, text in log:
             if error[0] - 8 <= stamp <= error[0] + 2:
                 print(f"  {stamp:.3f} {host}: {text}")
+    for stamp, line in progress:
+        print(f"upgrade progress {stamp:.3f}: {line}")
     print(
         f"upgrade {old.kubernetes_version} -> {new.kubernetes_version}: {seconds:.0f} s; client: "
         f"{client.operations} operations, {len(client.errors)} errors: {client.errors}"
     )
-    assert result.returncode == ExitCode.OK, result.stdout[-4000:] + result.stderr[-3000:]
+    assert returncode == ExitCode.OK, stdout[-4000:]
     assert versions(cluster) == dict.fromkeys(NODES, new.kubernetes_version)
     server = json.loads(cluster.kubectl("version", "-o", "json").stdout)["serverVersion"]
     assert server["gitVersion"] == new.kubernetes_version

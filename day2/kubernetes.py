@@ -163,10 +163,14 @@ def status(loaded: LoadedCluster, runner: RemoteRunner = run_remote) -> ClusterS
 # ---------------------------------------------------------------- certificates
 
 
-def restart_control_plane(job: KubernetesRun, host: str) -> None:
+def restart_control_plane(
+    job: KubernetesRun, host: str, meanwhile: Callable[[], None] | None = None
+) -> None:
     """kubeadm's documented restart of static pods: take their manifests away until kubelet
     has stopped them (it looks every 20 s: wait until none of their ports listens, rather than
-    a fixed sleep), put them back, wait until this node's API server is ready."""
+    a fixed sleep), do `meanwhile` (a kubelet upgrade), put them back, wait until this node's
+    API server is ready. Each pod stops as kubelet stops a pod, so the API server fails /readyz
+    and serves through its shutdown delay while the balancers take it out of rotation."""
     away = "/etc/kubernetes/manifests.gpuinfra-away"
     job.command(
         host, "stop the control-plane pods", f"mkdir -p {away} && mv {MANIFESTS}/*.yaml {away}/"
@@ -175,14 +179,18 @@ def restart_control_plane(job: KubernetesRun, host: str) -> None:
     stopped, _ = job.attempt(
         host, "wait for the pods to stop", _wait(f"! ss -ltnH '( {ports} )' | grep -q .", 120), 180
     )
-    # Back in place whatever happened: a node left without its manifests serves nothing.
-    job.command(
-        host, "start the control-plane pods", f"mv {away}/*.yaml {MANIFESTS}/ && rmdir {away}"
-    )
+    try:
+        if stopped and meanwhile is not None:
+            meanwhile()
+    finally:
+        # Back in place whatever happened: a node left without its manifests serves nothing.
+        job.command(
+            host, "start the control-plane pods", f"mv {away}/*.yaml {MANIFESTS}/ && rmdir {away}"
+        )
     if not stopped:
         raise KubernetesOperationError(
             f"{host}: kubelet did not stop the control-plane pods within 120 s; their "
-            "manifests are back in place and the pods still run the old certificates"
+            "manifests are back in place and nothing else was done on it"
         )
     job.command(host, "wait for /healthz", _wait(HEALTHZ))
 
@@ -358,6 +366,7 @@ class UpgradeRun(KubernetesRun):
     budget_percent: float = 20.0
     stored: bool = False  # kubeadm-config holds the target's ClusterConfiguration
     applying: bool = False  # kubeadm upgrade apply started and has not finished
+    applied: bool = False  # kubeadm upgrade apply finished: kubeadm-config is the target's now
 
 
 def upgrade(
@@ -467,9 +476,8 @@ def upgrade_first_control_plane(job: UpgradeRun) -> None:
     apply = f"kubeadm upgrade apply {tag} -y {_PATCHES}{checks}{phases}"
     job.applying = True
     job.command(first, "kubeadm upgrade apply", apply, 1800)
-    job.applying = False
+    job.applying, job.applied = False, True
     _upgrade_kubelet(job, first)
-    job.command(first, "wait for /healthz", _wait(HEALTHZ))
 
 
 def restore_cluster_configuration() -> str:
@@ -491,6 +499,12 @@ def upgrade_left_first(job: UpgradeRun) -> str:
     installed = f"kubeadm {job.tag} is installed on {job.first}; no other node was touched"
     if not job.stored:
         return installed
+    if job.applied:
+        return (
+            f"kubeadm upgrade apply finished: {job.first}'s control plane runs {job.tag} and "
+            f"kube-system/kubeadm-config holds its ClusterConfiguration; {job.first}'s kubelet "
+            "is where it stopped (rerun the upgrade to go on); no other node was touched"
+        )
     if job.applying:
         return (
             f"kube-system/kubeadm-config holds {job.tag}'s ClusterConfiguration (the previous one "
@@ -514,7 +528,6 @@ def upgrade_control_plane(job: UpgradeRun) -> None:
         flags = "".join(upgrade_flags(loaded, host, job.coredns, False))
         job.command(host, "kubeadm upgrade node", f"kubeadm upgrade node {_PATCHES}{flags}", 1800)
         _upgrade_kubelet(job, host)
-        job.command(host, "wait for /healthz", _wait(HEALTHZ))
 
 
 def upgrade_left_control_plane(job: UpgradeRun) -> str:
@@ -552,12 +565,25 @@ def upgrade_left_workers(job: UpgradeRun) -> str:
 
 
 def _upgrade_kubelet(job: UpgradeRun, host: str) -> None:
-    job.command(
-        host,
-        "upgrade kubelet and kubectl",
-        package_commands(job.loaded, host, job.tag, ["kubelet", "kubectl"]),
-    )
-    job.command(host, "restart kubelet", "systemctl daemon-reload && systemctl restart kubelet")
+    """The new kubelet and kubectl, then kubelet restarted. On a control-plane node the static
+    pods are stopped first and started after: the new kubelet names a static pod by a hash its
+    own version computes, so it took 1.35's running API server for an orphan, killed it without
+    its shutdown delay and started 1.36's at once, and the balancers sent requests to a server
+    that had not loaded its RBAC rules yet (Forbidden) or was going away (EOF), seen on the lab
+    on 2026-11-29."""
+
+    def install_and_restart() -> None:
+        job.command(
+            host,
+            "upgrade kubelet and kubectl",
+            package_commands(job.loaded, host, job.tag, ["kubelet", "kubectl"]),
+        )
+        job.command(host, "restart kubelet", "systemctl daemon-reload && systemctl restart kubelet")
+
+    if host in job.control_plane:
+        restart_control_plane(job, host, install_and_restart)
+    else:
+        install_and_restart()
     _wait_ready(job, host)
 
 

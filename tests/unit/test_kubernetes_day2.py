@@ -295,7 +295,11 @@ def test_each_node_is_ready_at_the_new_version_before_it_is_uncordoned(loaded):
     for host in ("cp-1", "cp-2", "cp-3", "cpu-1", "cpu-2", "cpu-3", "cpu-4"):
         restarted = steps.index((host, "restart kubelet"))
         ready = steps.index(("cp-1", f"wait for {host} Ready at v1.36.0"))
-        assert ready == restarted + 1
+        # A control-plane node's static pods come back and its API server answers first.
+        between = [] if host.startswith("cpu") else [
+            (host, "start the control-plane pods"), (host, "wait for /healthz"),
+        ]  # fmt: skip
+        assert steps[restarted + 1 : ready] == between, host
     for host in ("cpu-1", "cpu-2"):
         assert steps.index(("cp-1", f"wait for {host} Ready at v1.36.0")) < steps.index(
             ("cp-1", f"uncordon {host}")
@@ -304,6 +308,37 @@ def test_each_node_is_ready_at_the_new_version_before_it_is_uncordoned(loaded):
     # and uncordoned.
     moves = "".join(a[0] for _, a in steps if a.startswith(("drain ", "uncordon ")))
     assert moves == "dduudduudu"
+
+
+def test_a_control_plane_kubelet_is_upgraded_with_its_static_pods_stopped(loaded):
+    """The new kubelet took the old one's running API server for an orphan and killed it
+    without its shutdown delay (Forbidden and EOF through the balancer, on the lab): each
+    control-plane node's pods stop through kubelet first and start once it restarted; a
+    worker's kubelet restarts as it is (no static pods; drained before)."""
+    steps = actions(day2.upgrade(loaded, "1.36.0", runner=Recorder()))
+    for host in ("cp-1", "cp-2", "cp-3"):
+        at = steps.index((host, "upgrade kubelet and kubectl"))
+        assert steps[at - 2 : at + 4] == [
+            (host, "stop the control-plane pods"),
+            (host, "wait for the pods to stop"),
+            (host, "upgrade kubelet and kubectl"),
+            (host, "restart kubelet"),
+            (host, "start the control-plane pods"),
+            (host, "wait for /healthz"),
+        ], host
+    # Control: no worker has its pods stopped.
+    assert not [h for h, a in steps if a == "stop the control-plane pods" and h.startswith("cpu")]
+    assert ("cpu-1", "restart kubelet") in steps
+    # Pods that did not stop: no new kubelet, the manifests back, the upgrade stops there,
+    # and kubeadm-config, which apply has moved on, is left as apply wrote it.
+    stuck = Recorder(fail_on="ss -ltnH")
+    with pytest.raises(day2.KubernetesOperationError, match="cp-1: kubelet did not stop") as raised:
+        day2.upgrade(loaded, "1.36.0", runner=stuck)
+    assert "kubeadm upgrade apply finished: cp-1's control plane runs v1.36.0" in str(raised.value)
+    commands = [c for h, c in stuck.calls if h == "cp-1"]
+    assert not any("systemctl restart kubelet" in c for c in commands)
+    assert "mv /etc/kubernetes/manifests.gpuinfra-away" in commands[-1]
+    assert not any(f"{day2.SAVED_CONFIGURATION}.json" in c for c in commands)
 
 
 def test_a_node_not_ready_after_its_kubelet_restart_stops_the_upgrade_saying_what_it_reports(

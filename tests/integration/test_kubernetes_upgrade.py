@@ -129,16 +129,27 @@ def run_stamped(*args: str, timeout: float) -> tuple[int, str, list[tuple[float,
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     progress: list[tuple[float, str]] = []
+    stdout: list[str] = []
 
     def read_stderr() -> None:
         for line in process.stderr:
             progress.append((time.time(), line.rstrip()))
 
-    reader = threading.Thread(target=read_stderr, daemon=True)
-    reader.start()
-    stdout, _ = process.communicate(timeout=timeout)
-    reader.join(timeout=10)
-    return process.returncode, stdout, progress
+    # Each stream read by a thread of its own (communicate() would read stderr too and take
+    # lines from the stamped list); the wait carries the timeout.
+    readers = [
+        threading.Thread(target=read_stderr, daemon=True),
+        threading.Thread(target=lambda: stdout.append(process.stdout.read()), daemon=True),
+    ]
+    for reader in readers:
+        reader.start()
+    try:
+        process.wait(timeout=timeout)
+    finally:
+        process.kill()
+        for reader in readers:
+            reader.join(timeout=10)
+    return process.returncode, "".join(stdout), progress
 
 
 def balancer_log(cluster: Cluster, since: float) -> list[tuple[float, str, str]]:

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from inventory.grammar import PlainPath
 from inventory.sizing import cluster_sizing, explicit_or
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ class EtcdConfig(BaseModel):
     # SHA-256 of the release tarball for a version the pinned table does not hold.
     sha256: str | None = None
     # Data directory: the mount point of etcd.disk, mode 0700 (etcd refuses looser modes).
-    data_dir: str = "/var/lib/etcd"
+    data_dir: PlainPath = "/var/lib/etcd"
     # ext4 is what etcd's own benchmarks and most operators run; fsync behaviour is well known.
     filesystem: Literal["ext4", "xfs"] = "ext4"
     # None: derived from the Kubernetes node count (inventory/sizing.py), 2 MiB a node between
@@ -66,7 +67,7 @@ class EtcdConfig(BaseModel):
     # the window in which `etcd certs` already warns. Members restart one at a time for it.
     cert_renew_days: int = Field(30, ge=1)
     # Backups: a snapshot every hour kept for a day, on the member's root disk.
-    backup_dir: str = "/var/backups/etcd"
+    backup_dir: PlainPath = "/var/backups/etcd"
     backup_schedule: str = "hourly"
     backup_keep: int = Field(24, ge=1)
     # Seconds a restarted member and the cluster get to become healthy before the roll stops.

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from inventory.grammar import PlainPath
 from inventory.model import LoadedCluster
 
 
@@ -88,7 +89,7 @@ class GpuHealthConfig(BaseModel):
     # Passive checks (ECC, Xid, throttling, links) are cheap: every five minutes on every node.
     passive_interval_s: int = Field(300, ge=30)
     # Debian/Ubuntu prometheus-node-exporter's textfile collector directory.
-    textfile_dir: str = "/var/lib/prometheus/node-exporter"
+    textfile_dir: PlainPath = "/var/lib/prometheus/node-exporter"
     # The extended resource the NVIDIA device plugin advertises; the CronJob asks for all of them.
     gpu_resource: str = "nvidia.com/gpu"
 

@@ -65,6 +65,11 @@ FIELDS = {
         "disks", lambda v: ["/dev/disk/by-id/nvme-a", f"/dev/disk/by-id/{v}"]
     ),
     "data_disks.volumes.0.mountpoint": _data_volume("mountpoint", lambda v: f"/data/{v}"),
+    # Found unchecked on 2026-11-29: backup_dir reached the etcd-backup script unquoted
+    # (`mkdir -p /var/b; touch /tmp/pwned #`), data_dir the members' units.
+    "etcd.data_dir": _setting("etcd", "data_dir", lambda v: f"/var/{v}"),
+    "etcd.backup_dir": _setting("etcd", "backup_dir", lambda v: f"/var/{v}"),
+    "gpu_health.textfile_dir": _setting("gpu_health", "textfile_dir", lambda v: f"/var/{v}"),
 }
 
 
@@ -107,6 +112,9 @@ def test_a_job_in_a_reserved_namespace_is_refused(small_cluster, write_cluster, 
         ("drift_job.namespace", "fleet-ops"),
         ("etcd.disk", "/dev/disk/by-id/nvme-Samsung_SSD_980_PRO_1TB_S5GX.0-part1"),
         ("data_disks.volumes.0.mountpoint", "checkpoints"),
+        ("etcd.data_dir", "lib/etcd-main"),
+        ("etcd.backup_dir", "backups/etcd_hourly"),
+        ("gpu_health.textfile_dir", "lib/node-exporter"),
     ],
 )
 def test_well_formed_values_pass(small_cluster, write_cluster, key, value):

@@ -16,6 +16,16 @@ _DEBIAN_REVISION = re.compile(r"^[0-9A-Za-z][0-9A-Za-z.+~]*$")
 _CHECK_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9.-]*$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _PATH = re.compile(r"^/[A-Za-z0-9._:+/-]+$")
+# A Debian package, optionally :arch and =version, as apt-get install takes it.
+_PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.-]*(:[a-z0-9-]+)?(=[A-Za-z0-9.+~:-]+)?$")
+# A host name or an address (IPv4, IPv6), as chrony's `server` line takes it.
+_HOST = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.:-]*[A-Za-z0-9])?$")
+# A size as systemd reads it: 2G, 128M, 1.5T.
+_SIZE = re.compile(r"^[0-9]+(\.[0-9]+)?[KMGTPE]?$")
+# A systemd calendar event on one line: hourly, Mon..Fri 02:00, *-*-* 00/6:00:00.
+_CALENDAR = re.compile(r"^[A-Za-z0-9*:/.,~ -]+$")
+# A POSIX login name.
+_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 
 # Kubernetes' own namespaces: a Job there runs beside the control plane's pods and is exempt
 # from the fleet's admission policies; `default` is where anyone's stray pods land.
@@ -24,7 +34,7 @@ RESERVED_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease", "default
 
 def _matching(pattern: re.Pattern[str], what: str):
     def check(value: str) -> str:
-        if not pattern.match(value):
+        if not pattern.fullmatch(value):
             raise ValueError(f"not {what}")
         return value
 
@@ -38,7 +48,7 @@ def _job_namespace(value: str) -> str:
 
 
 def _path(value: str) -> str:
-    if not _PATH.match(value) or ".." in value.split("/"):
+    if not _PATH.fullmatch(value) or ".." in value.split("/"):
         raise ValueError("not an absolute path of plain names (no '..')")
     return value
 
@@ -53,3 +63,12 @@ CheckName = Annotated[
 Namespace = Annotated[str, AfterValidator(_matching(_DNS_LABEL, "a namespace (a DNS label)"))]
 JobNamespace = Annotated[Namespace, AfterValidator(_job_namespace)]
 PlainPath = Annotated[str, AfterValidator(_path)]
+PackageName = Annotated[
+    str, AfterValidator(_matching(_PACKAGE, "a Debian package like jq or jq=1.7.1-3"))
+]
+ServerAddress = Annotated[str, AfterValidator(_matching(_HOST, "a host name or an address"))]
+SystemdSize = Annotated[str, AfterValidator(_matching(_SIZE, "a size like 2G or 128M"))]
+CalendarEvent = Annotated[
+    str, AfterValidator(_matching(_CALENDAR, "a systemd calendar event like hourly"))
+]
+LoginName = Annotated[str, AfterValidator(_matching(_USER, "a login name like root"))]

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
-from inventory.grammar import PlainPath, VersionText
+from inventory.grammar import LoginName, PlainPath, VersionText
 from inventory.versions import (
     DEFAULT_CONTAINERD,
     DEFAULT_ETCD,
@@ -89,7 +89,7 @@ class Networks(Strict):
 
 
 class SSH(Strict):
-    user: str = "root"
+    user: LoginName = "root"
     # Private key on the controller; relative paths are taken from the cluster file's folder.
     key: Path | None = None
     # known_hosts used for strict host-key checking; never turned off.

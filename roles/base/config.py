@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from inventory.grammar import PackageName, ServerAddress, SystemdSize
+
 
 class BaseConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -17,16 +19,16 @@ class BaseConfig(BaseModel):
     # Enable contrib/non-free (Debian) or restricted/multiverse (Ubuntu): NVIDIA userspace is there.
     apt_nonfree: bool = True
     # Tools an operator expects on every node when debugging at 3 a.m.
-    packages: list[str] = Field(
+    packages: list[PackageName] = Field(
         default_factory=lambda: ["ca-certificates", "curl", "chrony", "jq", "less", "lsof", "rsync"]
     )
     # Extra /etc/hosts entries (name -> address), e.g. a package mirror reached without DNS.
     extra_hosts: dict[str, str] = Field(default_factory=dict)
     # NTP servers for chrony; etcd and TLS both break on skewed clocks.
-    ntp_servers: list[str] = Field(default_factory=lambda: ["pool.ntp.org"])
+    ntp_servers: list[ServerAddress] = Field(default_factory=lambda: ["pool.ntp.org"])
     # Cap the journal so a chatty node cannot fill its root disk.
-    journald_max_use: str = "2G"
-    journald_max_file: str = "128M"
+    journald_max_use: SystemdSize = "2G"
+    journald_max_file: SystemdSize = "128M"
     # Files the site adds on purpose where gpuinfra checks that nothing overrides its settings
     # (sshd drop-ins, apt's sources and pins, unit drop-ins, sysctl.d, system.conf.d,
     # containerd conf.d, chrony sources): absolute paths, never reported as drift. Anything

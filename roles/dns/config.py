@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -23,7 +24,7 @@ class DnsConfig(BaseModel):
     expire: int = 1209600
     negative_ttl: int = 300
     # DNSSEC validation of recursive answers; "auto" uses the root trust anchor bind9 ships.
-    dnssec_validation: str = "auto"
+    dnssec_validation: Literal["auto", "yes", "no"] = "auto"
     # Resolver options for /etc/resolv.conf on every host: fail over to the next server after
     # 2 s instead of glibc's 5, so one server down costs little.
     resolver_options: list[str] = Field(default_factory=lambda: ["timeout:2", "attempts:2"])

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from inventory.grammar import PlainPath
+from inventory.grammar import CalendarEvent, PlainPath
 from inventory.sizing import cluster_sizing, explicit_or
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ class EtcdConfig(BaseModel):
     cert_renew_days: int = Field(30, ge=1)
     # Backups: a snapshot every hour kept for a day, on the member's root disk.
     backup_dir: PlainPath = "/var/backups/etcd"
-    backup_schedule: str = "hourly"
+    backup_schedule: CalendarEvent = "hourly"
     backup_keep: int = Field(24, ge=1)
     # Seconds a restarted member and the cluster get to become healthy before the roll stops.
     health_timeout_s: int = Field(120, ge=5)

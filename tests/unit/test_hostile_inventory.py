@@ -12,7 +12,10 @@ from typer.testing import CliRunner
 
 from cli.main import app
 
-HOSTILE = ["1.2.3; rm -rf /", "$(reboot)", "1.2.3\nreboot", "../../etc", "`reboot`", "a b"]
+# A trailing newline too: a regular expression's `$` matches before one.
+HOSTILE = [
+    "1.2.3; rm -rf /", "$(reboot)", "1.2.3\nreboot", "../../etc", "`reboot`", "a b", "1.2.3\n",
+]  # fmt: skip
 
 
 def _etcd_disk(cluster: dict[str, Any], value: Any) -> None:
@@ -45,6 +48,10 @@ def _data_volume(key: str, wrap=lambda v: v):
     return put
 
 
+def _ssh_user(cluster: dict[str, Any], value: Any) -> None:
+    cluster.setdefault("ssh", {})["user"] = value
+
+
 # key as the error names it -> how to set it
 FIELDS = {
     "versions.etcd": _version("etcd"),
@@ -70,6 +77,13 @@ FIELDS = {
     "etcd.data_dir": _setting("etcd", "data_dir", lambda v: f"/var/{v}"),
     "etcd.backup_dir": _setting("etcd", "backup_dir", lambda v: f"/var/{v}"),
     "gpu_health.textfile_dir": _setting("gpu_health", "textfile_dir", lambda v: f"/var/{v}"),
+    # apt-get's command line, chrony's and journald's configuration, the backup timer, named's
+    # options, the login of every ssh command.
+    "base.packages": _setting("base", "packages", lambda v: ["jq", v]),
+    "base.ntp_servers": _setting("base", "ntp_servers", lambda v: [v]),
+    "base.journald_max_use": _setting("base", "journald_max_use"),
+    "dns.dnssec_validation": _setting("dns", "dnssec_validation"),
+    "ssh.user": _ssh_user,
 }
 
 
@@ -115,6 +129,11 @@ def test_a_job_in_a_reserved_namespace_is_refused(small_cluster, write_cluster, 
         ("etcd.data_dir", "lib/etcd-main"),
         ("etcd.backup_dir", "backups/etcd_hourly"),
         ("gpu_health.textfile_dir", "lib/node-exporter"),
+        ("base.packages", "nvme-cli=2.13-2"),
+        ("base.ntp_servers", "ntp1.example.internal"),
+        ("base.journald_max_use", "4G"),
+        ("dns.dnssec_validation", "yes"),
+        ("ssh.user", "deploy"),
     ],
 )
 def test_well_formed_values_pass(small_cluster, write_cluster, key, value):
@@ -122,3 +141,18 @@ def test_well_formed_values_pass(small_cluster, write_cluster, key, value):
     FIELDS[key](small_cluster, value)
     result = validate(small_cluster, write_cluster)
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("value", ["hourly\nExecStartPre=/bin/true", "hourly; reboot", "$(reboot)",
+                                   "`reboot`", "hourly\n"])  # fmt: skip
+def test_a_backup_schedule_is_one_calendar_event(small_cluster, write_cluster, value):
+    """A systemd calendar event has spaces and `..` of its own (Mon..Fri 02:00): what it must
+    not have is a second line in the timer unit or a shell's characters."""
+    _setting("etcd", "backup_schedule")(small_cluster, value)
+    result = validate(small_cluster, write_cluster)
+    assert result.exit_code == 2, result.output
+    assert "etcd.backup_schedule" in result.stderr, result.stderr
+    # Control: calendar events of systemd's own grammar pass.
+    for good in ("hourly", "Mon..Fri 02:00", "*-*-* 00/6:00:00"):
+        _setting("etcd", "backup_schedule")(small_cluster, good)
+        assert validate(small_cluster, write_cluster).exit_code == 0, good

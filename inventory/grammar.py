@@ -24,6 +24,11 @@ _HOST = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.:-]*[A-Za-z0-9])?$")
 _SIZE = re.compile(r"^[0-9]+(\.[0-9]+)?[KMGTPE]?$")
 # A systemd calendar event on one line: hourly, Mon..Fri 02:00, *-*-* 00/6:00:00.
 _CALENDAR = re.compile(r"^[A-Za-z0-9*:/.,~ -]+$")
+# An http(s) URL with none of a shell's or a configuration file's own characters (quotes,
+# `;`, `$`, backticks, backslashes, spaces).
+_URL = re.compile(r"^https?://[A-Za-z0-9._~:/?#\[\]@!&()*+,=%-]+$")
+# A container image reference: [registry[:port]/]path[:tag][@digest].
+_IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$")
 # A POSIX login name.
 _USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 
@@ -72,3 +77,7 @@ CalendarEvent = Annotated[
     str, AfterValidator(_matching(_CALENDAR, "a systemd calendar event like hourly"))
 ]
 LoginName = Annotated[str, AfterValidator(_matching(_USER, "a login name like root"))]
+Url = Annotated[str, AfterValidator(_matching(_URL, "an http(s) URL of plain characters"))]
+ImageRef = Annotated[
+    str, AfterValidator(_matching(_IMAGE, "an image like registry.k8s.io/pause:3.10.1"))
+]

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from inventory.grammar import PackageName, ServerAddress, SystemdSize
+from inventory.grammar import PackageName, ServerAddress, SystemdSize, Url
 
 
 class BaseConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     # Debian/Ubuntu mirror URL; None keeps the distribution's default archive.
-    apt_mirror: str | None = None
+    apt_mirror: Url | None = None
     # Security archive; None: the mirror URL with "-security" appended (Debian's layout).
-    apt_security_mirror: str | None = None
+    apt_security_mirror: Url | None = None
     # HTTP proxy for apt only (fleets often reach mirrors through one); None for direct.
-    apt_proxy: str | None = None
+    apt_proxy: Url | None = None
     # Enable contrib/non-free (Debian) or restricted/multiverse (Ubuntu): NVIDIA userspace is there.
     apt_nonfree: bool = True
     # Tools an operator expects on every node when debugging at 3 a.m.

@@ -8,6 +8,8 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from inventory.grammar import ImageRef, Url
+
 
 class ContainerRuntimeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -20,18 +22,18 @@ class ContainerRuntimeConfig(BaseModel):
     source: Literal["docker", "distribution", "binaries"] = "docker"
     # Base URL holding v<version>/containerd-<version>-linux-amd64.tar.gz (source: binaries):
     # containerd's releases, or a file server of the same layout (Kubespray's `files_repo`).
-    containerd_url: str = "https://github.com/containerd/containerd/releases/download"
+    containerd_url: Url = "https://github.com/containerd/containerd/releases/download"
     # SHA-256 of that tarball (source: binaries). No default: a pin is only a pin when it was
     # read from the release's own checksum file by whoever sets versions.containerd.
     containerd_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
     # Docker's repository; a fleet mirror of it goes here.
-    docker_repo_url: str = "https://download.docker.com/linux"
+    docker_repo_url: Url = "https://download.docker.com/linux"
     # Docker's release key, pinned by fingerprint: a key that does not match is refused.
     # Published at https://docs.docker.com/engine/install/ubuntu/
     docker_key_fingerprint: str = "9DC858229FC7DD38854AE2D88D81803C0EBFCD88"
     # Kubelet and containerd must agree on the pause image, or pods restart their sandboxes;
     # 3.10.1 is what kubeadm 1.35 expects.
-    sandbox_image: str = "registry.k8s.io/pause:3.10.1"
+    sandbox_image: ImageRef = "registry.k8s.io/pause:3.10.1"
     # runc's cgroup manager, the same as kubelet's (kubernetes.cgroup_driver): systemd on every
     # systemd host with cgroup v2; cgroupfs only on the lab's nested cgroup v1 hosts.
     cgroup_driver: Literal["systemd", "cgroupfs"] = "systemd"

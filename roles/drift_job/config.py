@@ -6,7 +6,7 @@ import ipaddress
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from inventory.grammar import JobNamespace
+from inventory.grammar import ImageRef, JobNamespace
 
 
 class DriftJobConfig(BaseModel):
@@ -32,7 +32,7 @@ class DriftJobConfig(BaseModel):
     user: str = Field("gpuinfra-drift", pattern=r"^[a-z_][a-z0-9_-]{0,30}$")
 
     # An image with gpuinfra installed (`pip install .` of this repository); pin it by digest.
-    image: str = "gpuinfra:0.1.0"
+    image: ImageRef = "gpuinfra:0.1.0"
     # 200 is the largest lab measured (docs/benchmarks): each shard stays on measured ground.
     hosts_per_shard: int = Field(200, ge=1)
     # None: as many shards as it takes to keep each at hosts_per_shard or fewer.

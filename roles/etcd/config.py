@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from inventory.grammar import CalendarEvent, PlainPath
+from inventory.grammar import CalendarEvent, PlainPath, Url
 from inventory.sizing import cluster_sizing, explicit_or
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ class EtcdConfig(BaseModel):
     # distribution's package (Debian 13 ships etcd-server 3.5.16; the lab uses it).
     source: Literal["upstream", "mirror", "distribution"] = "upstream"
     # Base URL holding etcd-v<version>-linux-<arch>.tar.gz, for source: mirror.
-    mirror_url: str | None = None
+    mirror_url: Url | None = None
     # SHA-256 of the release tarball for a version the pinned table does not hold.
     sha256: str | None = None
     # Data directory: the mount point of etcd.disk, mode 0700 (etcd refuses looser modes).

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from inventory.grammar import PlainPath
+from inventory.grammar import ImageRef, PlainPath
 from inventory.model import LoadedCluster
 
 
@@ -74,7 +74,7 @@ class GpuHealthConfig(BaseModel):
     node_name: Literal["host", "fqdn"] = "host"
 
     # Image with gpuinfra, kubectl and PyTorch (for the active tests); built from this repository.
-    image: str = "ghcr.io/gpuinfra/gpu-health:0.1.0"
+    image: ImageRef = "ghcr.io/gpuinfra/gpu-health:0.1.0"
     # Its own namespace so RBAC and quotas for node-patching pods stay separate from workloads.
     namespace: str = "gpu-health"
     # Four times a day, off the hour, so it does not coincide with hourly batch starts.

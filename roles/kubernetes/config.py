@@ -16,7 +16,7 @@ from pydantic import (
     model_validator,
 )
 
-from inventory.grammar import CheckName, DebianRevision, VersionText
+from inventory.grammar import CheckName, DebianRevision, Url, VersionText
 from toolkit.pacing import Rate, RateInvalid
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -39,14 +39,14 @@ class KubernetesConfig(BaseModel):
     # ("preinstalled": the role only checks their version).
     source: Literal["pkgs.k8s.io", "mirror", "binaries", "preinstalled"] = "pkgs.k8s.io"
     # The repository root holding core:/stable:/v<minor>/deb/ (pkgs.k8s.io's layout).
-    repo_url: str = "https://pkgs.k8s.io"
+    repo_url: Url = "https://pkgs.k8s.io"
     # The Kubernetes release key of the v1.28+ repositories (Release.key of every minor),
     # published at https://kubernetes.io/docs/setup/production-environment/tools/kubeadm/
     repo_key_fingerprint: str = "DE15B14486CD377B9E876E1A234654DA9A296436"
     # Debian revision of the packages at the pinned version: pkgs.k8s.io publishes "-1.1".
     package_revision: DebianRevision = "1.1"
     # Base URL holding <version>/bin/linux/<arch>/{kubeadm,kubelet,kubectl} (source: binaries).
-    binaries_url: str = "https://dl.k8s.io/release"
+    binaries_url: Url = "https://dl.k8s.io/release"
     # SHA-256 for source: binaries, per download: the three binaries and the crictl and CNI
     # plugin tarballs. No defaults: a pin is only a pin when it was read from the release's own
     # checksum files by whoever sets the version.
@@ -65,8 +65,8 @@ class KubernetesConfig(BaseModel):
     cri_tools_version: VersionText | None = "1.35.0"
     # Where source: binaries finds them: the projects' release downloads, or a file server of
     # the same layout (Kubespray's offline `files_repo`).
-    cni_plugins_url: str = "https://github.com/containernetworking/plugins/releases/download"
-    cri_tools_url: str = "https://github.com/kubernetes-sigs/cri-tools/releases/download"
+    cni_plugins_url: Url = "https://github.com/containernetworking/plugins/releases/download"
+    cri_tools_url: Url = "https://github.com/kubernetes-sigs/cri-tools/releases/download"
     # Where kubeadm pulls the control plane's, kube-proxy's, CoreDNS's and pause images from;
     # a fleet mirror usually mirrors registry.k8s.io under the same names (container_runtime's
     # registry_mirrors) and leaves this alone.

@@ -6,7 +6,7 @@ import ipaddress
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from inventory.grammar import JobNamespace
+from inventory.grammar import ImageRef, JobNamespace
 
 
 class RolloutJobConfig(BaseModel):
@@ -22,7 +22,7 @@ class RolloutJobConfig(BaseModel):
     # More sources the key is admitted from: a Job that runs in another cluster (its nodes').
     sources: tuple[ipaddress.IPv4Network, ...] = ()
     # An image with gpuinfra installed (`pip install .` of this repository); pin it by digest.
-    image: str = "gpuinfra:0.1.0"
+    image: ImageRef = "gpuinfra:0.1.0"
     # Pods, each rolling its share of the hosts; the join rate and the budget are fleet-wide
     # whatever the count (toolkit/pacing.py SlotPacer, engine/fleetgate.py).
     shards: int = Field(2, ge=1, le=256)

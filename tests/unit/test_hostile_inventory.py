@@ -156,3 +156,37 @@ def test_a_backup_schedule_is_one_calendar_event(small_cluster, write_cluster, v
     for good in ("hourly", "Mon..Fri 02:00", "*-*-* 00/6:00:00"):
         _setting("etcd", "backup_schedule")(small_cluster, good)
         assert validate(small_cluster, write_cluster).exit_code == 0, good
+
+
+# URLs and images have `..` and `/` of their own: what they must not carry is a shell's or a
+# configuration file's characters (containerd's TOML, apt's sources, curl's command lines).
+URL_OR_IMAGE = {
+    "base.apt_proxy": _setting("base", "apt_proxy", lambda v: f"http://proxy.internal:3142/{v}"),
+    "kubernetes.binaries_url": _setting(
+        "kubernetes", "binaries_url", lambda v: f"https://files.internal/{v}"
+    ),
+    "etcd.mirror_url": _setting("etcd", "mirror_url", lambda v: f"https://files.internal/{v}"),
+    "container_runtime.sandbox_image": _setting(
+        "container_runtime", "sandbox_image", lambda v: f"registry.internal/pause:3.10{v}"
+    ),
+    "drift_job.image": _setting("drift_job", "image", lambda v: f"registry.internal/gpuinfra{v}"),
+}
+
+
+@pytest.mark.parametrize("value", ["; reboot", "$(reboot)", "`reboot`", " x", "\nx", "'x", '"x'])
+@pytest.mark.parametrize("key", URL_OR_IMAGE)
+def test_a_url_or_an_image_with_a_shells_characters_is_refused(
+    small_cluster, write_cluster, key, value
+):
+    URL_OR_IMAGE[key](small_cluster, value)
+    result = validate(small_cluster, write_cluster)
+    assert result.exit_code == 2, result.output
+    assert key in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("key", URL_OR_IMAGE)
+def test_a_plain_url_or_image_passes(small_cluster, write_cluster, key):
+    """The control: the same fields with plain values (a port, a path, a tag)."""
+    URL_OR_IMAGE[key](small_cluster, "v1.2/x_y-z")
+    result = validate(small_cluster, write_cluster)
+    assert result.exit_code == 0, result.output

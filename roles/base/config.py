@@ -23,7 +23,7 @@ class BaseConfig(BaseModel):
         default_factory=lambda: ["ca-certificates", "curl", "chrony", "jq", "less", "lsof", "rsync"]
     )
     # Extra /etc/hosts entries (name -> address), e.g. a package mirror reached without DNS.
-    extra_hosts: dict[str, str] = Field(default_factory=dict)
+    extra_hosts: dict[ServerAddress, ServerAddress] = Field(default_factory=dict)
     # NTP servers for chrony; etcd and TLS both break on skewed clocks.
     ntp_servers: list[ServerAddress] = Field(default_factory=lambda: ["pool.ntp.org"])
     # Cap the journal so a chatty node cannot fill its root disk.

@@ -84,6 +84,8 @@ FIELDS = {
     "base.journald_max_use": _setting("base", "journald_max_use"),
     "dns.dnssec_validation": _setting("dns", "dnssec_validation"),
     "ssh.user": _ssh_user,
+    # /etc/hosts lines: a second line would name another host's address.
+    "base.extra_hosts": _setting("base", "extra_hosts", lambda v: {f"mirror{v}": "10.0.0.1"}),
 }
 
 
@@ -134,6 +136,7 @@ def test_a_job_in_a_reserved_namespace_is_refused(small_cluster, write_cluster, 
         ("base.journald_max_use", "4G"),
         ("dns.dnssec_validation", "yes"),
         ("ssh.user", "deploy"),
+        ("base.extra_hosts", ".debian.internal"),
     ],
 )
 def test_well_formed_values_pass(small_cluster, write_cluster, key, value):

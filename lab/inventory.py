@@ -38,7 +38,9 @@ LAB_ONLY: dict[str, str] = {
     "group_vars.all.kubernetes": "Kubernetes from this machine's build on the lab's file "
     "server; cni: routes (Calico's BIRD cannot run in a lab host), kube-proxy in nftables "
     "mode (no IPVS modules), conntrack left to the machine, cgroup v1 (cgroupfs, "
-    "fail_cgroup_v1: false taken on purpose with accept_unsafe, SystemVerification ignored)",
+    "fail_cgroup_v1: false taken on purpose with accept_unsafe, SystemVerification ignored), "
+    "kubelet's disk eviction margins in bytes (the nodes' disk is the machine's, mostly "
+    "reserved to root)",
     "group_vars.all.gpu_health": "gpuinfra's own image from the lab's registry",
     "group_vars.all.shared_fs": "Ceph sized for one shared disk and the machine's memory",
     "group_vars.etcd": "etcd from this machine's build (or Debian's package) and the disk gate "
@@ -223,6 +225,16 @@ def _kubernetes_settings(gateway: str, published: offline.Published | None) -> d
         "kube_proxy_mode": "nftables",
         # nf_conntrack_max is the machine's, read-only in a lab host.
         "kube_proxy_conntrack_max_per_core": 0,
+        # Every lab node's file system is the machine's disk, where 161 of 252 GB are reserved
+        # to root: kubelet's 10% and 15% (25 and 38 GB) are most of what every lab on the
+        # machine shares, and gpu-1 was tainted with disk pressure with 30 hosts up
+        # (2026-11-29). The disk margins in bytes, the others the role's defaults.
+        "eviction_hard": {
+            "memory.available": "500Mi",
+            "nodefs.available": "2Gi",
+            "imagefs.available": "2Gi",
+            "nodefs.inodesFree": "5%",
+        },
         # The machine mounts cgroup v1 (LAB.md): lab-only settings, see the role's config.
         "cgroup_driver": "cgroupfs",
         "fail_cgroup_v1": False,

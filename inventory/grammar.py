@@ -29,8 +29,8 @@ _CALENDAR = re.compile(r"^[A-Za-z0-9*:/.,~ -]+$")
 _URL = re.compile(r"^https?://[A-Za-z0-9._~:/?#\[\]@!&()*+,=%-]+$")
 # A container image reference: [registry[:port]/]path[:tag][@digest].
 _IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$")
-# A POSIX login name.
-_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+# A POSIX login name, at most 31 characters (the drift Job's account's rule before it).
+_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,30}$")
 
 # Kubernetes' own namespaces: a Job there runs beside the control plane's pods and is exempt
 # from the fleet's admission policies; `default` is where anyone's stray pods land.

@@ -6,7 +6,7 @@ import ipaddress
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from inventory.grammar import ImageRef, JobNamespace
+from inventory.grammar import ImageRef, JobNamespace, LoginName
 
 
 class DriftJobConfig(BaseModel):
@@ -29,7 +29,7 @@ class DriftJobConfig(BaseModel):
     # fits the 512Mi below; 200 would need about 1.25 GiB.
     parallel: int = Field(64, ge=1, le=1000)
     # The forced-command user: runs only the wrapper, through sudo, with no arguments.
-    user: str = Field("gpuinfra-drift", pattern=r"^[a-z_][a-z0-9_-]{0,30}$")
+    user: LoginName = "gpuinfra-drift"
 
     # An image with gpuinfra installed (`pip install .` of this repository); pin it by digest.
     image: ImageRef = "gpuinfra:0.1.0"

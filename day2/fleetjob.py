@@ -407,8 +407,8 @@ def merge(run: JobRun) -> None:
     report.notes.insert(
         len(run.notes),
         f"drift --job: {len(run.sheets)} shard(s) settled {settled} of {len(run.hosts)} hosts; "
-        f"{len(run.exact)} checked by the controller, {len(run.failed)} in shards that did "
-        "not report",
+        f"{len(run.exact)} checked by the controller{named(run.exact)}, {len(run.failed)} in "
+        "shards that did not report",
     )
     at = len(run.notes) + 1
     for index in sorted(run.usage):
@@ -416,6 +416,18 @@ def merge(run: JobRun) -> None:
         report.notes.insert(at, usage_note(index, len(run.sheets), usage))
         at += 1
     run.report = report
+
+
+NAMED_AT_MOST = 5  # hosts named in the note; a fleet's thousands would drown it
+
+
+def named(exact: dict[str, str]) -> str:
+    """The first hosts left to the controller and why, for the note: " (gpu-1: why; ...)"."""
+    if not exact:
+        return ""
+    shown = [f"{name}: {why}" for name, why in sorted(exact.items())[:NAMED_AT_MOST]]
+    more = len(exact) - len(shown)
+    return " (" + "; ".join(shown) + (f"; {more} more" if more else "") + ")"
 
 
 USAGE_NOTE = "drift --job: shard {index}/{count} used "

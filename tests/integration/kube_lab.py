@@ -21,7 +21,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
@@ -51,6 +51,9 @@ class Cluster:
     inventory: Path
     apply_report: dict
     apply_seconds: float
+    # The nodes as the apply left them, read at its end: their Ready conditions' times are
+    # the joins', which a later module's fault (a node partitioned) moves on.
+    nodes_after_apply: dict = field(default_factory=dict)
 
     @property
     def kubeconfig(self) -> Path:
@@ -127,7 +130,9 @@ def applied_lab(name: str, report: Path, prepare=None) -> Iterator[Cluster]:
         seconds = time.monotonic() - started
         assert result.returncode == ExitCode.OK, result.stdout[-4000:] + result.stderr[-3000:]
         print(f"apply of the {name} lab, Kubernetes included: {seconds:.0f} s")
-        yield Cluster(lab, inventory, json.loads(report.read_text()), seconds)
+        cluster = Cluster(lab, inventory, json.loads(report.read_text()), seconds)
+        nodes = cluster.get("nodes")["items"]
+        yield replace(cluster, nodes_after_apply={n["metadata"]["name"]: n for n in nodes})
     finally:
         # Also when the apply failed: 13 hosts left running would weigh on every later module.
         if os.environ.get(KEEP_ENV) != "1":

@@ -241,6 +241,18 @@ def test_unsettled_and_unreachable_hosts_go_to_the_exact_check(loaded):
     assert report.hosts["dns-1"].status is HostStatus.drift
     assert report.hosts["gpu-1"].status is HostStatus.ok  # the controller reached it
     assert exit_code(report) == 3
+    # The note names them and why, so an operator (and a failed test) sees which.
+    (note,) = [n for n in report.notes if "shard(s) settled" in n]
+    assert "settled 8 of 10 hosts; 2 checked by the controller (dns-1: unsettled" in note
+    assert "; gpu-1: ssh in its shard (ssh: connect to host" in note
+
+
+def test_the_note_names_a_few_of_the_hosts_left_to_the_controller():
+    exact = {f"gpu-{n:02}": "unsettled in its shard (why)" for n in range(1, 8)}
+    said = fleetjob.named(exact)
+    assert said.startswith(" (gpu-01: unsettled in its shard (why); gpu-02: ")
+    assert "gpu-05" in said and "gpu-06" not in said and said.endswith("; 2 more)")
+    assert fleetjob.named({}) == ""
 
 
 def test_hosts_without_a_probe_are_never_on_a_sheet(loaded):

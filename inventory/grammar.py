@@ -32,6 +32,10 @@ _IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$")
 # A POSIX login name, at most 31 characters (the drift Job's account's rule before it).
 _USER = re.compile(r"^[a-z_][a-z0-9_-]{0,30}$")
 
+# A public key as an authorized_keys line holds it, options before it allowed: its type and its
+# base64 blob (base.authorized_keys; roles/base/effective.py reads the same).
+_PUBLIC_KEY = re.compile(r"(?:^|\s)(?:ssh|ecdsa|sk)-[A-Za-z0-9@.-]+\s+[A-Za-z0-9+/]+=*(?:\s+.*)?$")
+
 # Kubernetes' own namespaces: a Job there runs beside the control plane's pods and is exempt
 # from the fleet's admission policies; `default` is where anyone's stray pods land.
 RESERVED_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease", "default")
@@ -49,6 +53,12 @@ def _matching(pattern: re.Pattern[str], what: str):
 def _job_namespace(value: str) -> str:
     if value in RESERVED_NAMESPACES:
         raise ValueError("reserved to Kubernetes: give the Job a namespace of its own")
+    return value
+
+
+def _public_key(value: str) -> str:
+    if "\n" in value or "\r" in value or not _PUBLIC_KEY.search(value.strip()):
+        raise ValueError("not one line holding a public key like ssh-ed25519 AAAA... comment")
     return value
 
 
@@ -81,3 +91,4 @@ Url = Annotated[str, AfterValidator(_matching(_URL, "an http(s) URL of plain cha
 ImageRef = Annotated[
     str, AfterValidator(_matching(_IMAGE, "an image like registry.k8s.io/pause:3.10.1"))
 ]
+PublicKey = Annotated[str, AfterValidator(_public_key)]

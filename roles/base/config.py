@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from inventory.grammar import PackageName, ServerAddress, SystemdSize, Url
+from inventory.grammar import (
+    PackageName,
+    PlainPath,
+    PublicKey,
+    ServerAddress,
+    SystemdSize,
+    Url,
+)
 
 
 class BaseConfig(BaseModel):
@@ -33,10 +40,10 @@ class BaseConfig(BaseModel):
     # (sshd drop-ins, apt's sources and pins, unit drop-ins, sysctl.d, system.conf.d,
     # containerd conf.d, chrony sources): absolute paths, never reported as drift. Anything
     # else there is, and stops an apply (toolkit/effective.py).
-    site_files: list[str] = Field(default_factory=list)
+    site_files: list[PlainPath] = Field(default_factory=list)
     # Public keys (authorized_keys lines: `ssh-ed25519 AAAA… comment`) that may log in as the
     # ssh user and root beside the controller's own (ssh.key's public half): who can log in is
     # the first thing an operator checks, so any other key in their authorized_keys is drift.
-    authorized_keys: list[str] = Field(default_factory=list)
+    authorized_keys: list[PublicKey] = Field(default_factory=list)
     # Password logins invite brute force; keys only (root by key for provisioning).
     ssh_permit_root_login: str = "prohibit-password"

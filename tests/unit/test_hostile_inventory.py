@@ -84,6 +84,8 @@ FIELDS = {
     "base.journald_max_use": _setting("base", "journald_max_use"),
     "dns.dnssec_validation": _setting("dns", "dnssec_validation"),
     "ssh.user": _ssh_user,
+    # Compared with the paths drift finds: a relative one or one with `..` never matches.
+    "base.site_files": _setting("base", "site_files", lambda v: [f"/etc/ssh/sshd_config.d/{v}"]),
     # /etc/hosts lines: a second line would name another host's address.
     "base.extra_hosts": _setting("base", "extra_hosts", lambda v: {f"mirror{v}": "10.0.0.1"}),
 }
@@ -137,6 +139,7 @@ def test_a_job_in_a_reserved_namespace_is_refused(small_cluster, write_cluster, 
         ("dns.dnssec_validation", "yes"),
         ("ssh.user", "deploy"),
         ("base.extra_hosts", ".debian.internal"),
+        ("base.site_files", "50-site.conf"),
     ],
 )
 def test_well_formed_values_pass(small_cluster, write_cluster, key, value):
@@ -191,5 +194,29 @@ def test_a_url_or_an_image_with_a_shells_characters_is_refused(
 def test_a_plain_url_or_image_passes(small_cluster, write_cluster, key):
     """The control: the same fields with plain values (a port, a path, a tag)."""
     URL_OR_IMAGE[key](small_cluster, "v1.2/x_y-z")
+    result = validate(small_cluster, write_cluster)
+    assert result.exit_code == 0, result.output
+
+
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [f"{KEY} ops\nssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIK other", "ops@bastion", f"{KEY[:11]}",
+     "ssh-ed25519 $(reboot)", f"{KEY}\r"],
+)  # fmt: skip
+def test_a_declared_key_is_one_line_holding_a_key(small_cluster, write_cluster, value):
+    """base.authorized_keys: a second key smuggled on a new line, or a line with no key (which
+    drift would quietly never match), is refused, naming the key."""
+    _setting("base", "authorized_keys", lambda v: [v])(small_cluster, value)
+    result = validate(small_cluster, write_cluster)
+    assert result.exit_code == 2, result.output
+    assert "base.authorized_keys" in result.stderr and "public key" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("value", [KEY, f"{KEY} ops@bastion", f'from="10.0.0.0/8" {KEY} ci'])
+def test_a_declared_key_with_options_or_a_comment_passes(small_cluster, write_cluster, value):
+    _setting("base", "authorized_keys", lambda v: [v])(small_cluster, value)
     result = validate(small_cluster, write_cluster)
     assert result.exit_code == 0, result.output

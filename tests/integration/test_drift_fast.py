@@ -230,6 +230,12 @@ ETCDCTL = (
 )
 
 
+# A public key nobody declared (its private half was never kept).
+INTRUDER = (
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIIgvH+bzcMiFa9PEKUVML/+rswuCKuWSS13VJJeYvye5 intruder@site"
+)
+
+
 # Changes that alter what a host does while leaving gpuinfra's own files alone (issue #30's
 # classes), each made on a converged host: (host, change, undo, the operation that must show
 # it, a text its finding must hold or None for an operation that repairs it).
@@ -283,6 +289,16 @@ OVERRIDES = [
     ("cpu-1", "echo 'server 192.0.2.1 iburst' > /etc/chrony/sources.d/site.sources",
      "rm -f /etc/chrony/sources.d/site.sources",
      "Base | Check that chrony reads only gpuinfra's sources", "site.sources"),
+    # A foreign file that copies our marker into its first line is still foreign: drift
+    # compares paths with the files gpuinfra writes, not markers.
+    ("stor-1", "printf '# Managed by gpuinfra\\nserver 192.0.2.1 iburst\\n' > "
+     "/etc/chrony/sources.d/copied.sources",
+     "rm -f /etc/chrony/sources.d/copied.sources",
+     "Base | Check that chrony reads only gpuinfra's sources", "copied.sources"),
+    # Who can log in: a key the inventory does not declare, named by its comment.
+    ("etcd-4", f"echo '{INTRUDER}' >> /root/.ssh/authorized_keys",
+     "sed -i '/ intruder@site$/d' /root/.ssh/authorized_keys",
+     "Base | Check that only the declared keys log in", "intruder@site"),
     ("cpu-1", "mkdir -p /etc/containerd/conf.d && "
      "echo 'version = 2' > /etc/containerd/conf.d/site.toml",
      "rm -f /etc/containerd/conf.d/site.toml",

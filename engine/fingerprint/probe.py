@@ -122,6 +122,36 @@ def _asked_units(names: dict[str, list[str]]) -> list[str]:
     return list(dict.fromkeys(map(unit_name, asked)))
 
 
+def _kept(names: dict[str, list[str]]) -> list[tuple[str, ...]]:
+    """For each asked unit, in order, the lines some fact reads of it (properties by name, the
+    drop-in filter's classes by word): what the split keeps of its block."""
+    kept: dict[str, list[str]] = {unit: [] for unit in _asked_units(names)}
+    for unit in names["unit"]:
+        kept[unit_name(unit)] += _UNIT_KEYS
+    for unit in names["status"]:
+        kept[unit_name(unit)] += _STATUS_KEYS
+    for unit in _dropin_units(names):
+        kept[unit_name(unit)] += [*RENAMED, *CLASSES]
+    return [tuple(dict.fromkeys(keys)) for keys in kept.values()]
+
+
+def _keep_filter(kept: list[tuple[str, ...]]) -> str:
+    """An awk after the drop-in filter: of each unit's block, only the lines some fact reads.
+    systemctl prints every asked property of every unit, and a property no fact reads can move
+    without any fact changing (a timer's SubState is `running` while its service runs): the
+    whole answer's digest, which the drift Job's shards compare, would then differ for nothing."""
+    words = " ".join(f"{word}={key}" for key, word in RENAMED.items())
+    blocks = "".join(f'k[{i}] = " {" ".join(keys)} "; ' for i, keys in enumerate(kept))
+    program = (
+        f'BEGIN {{ b = 0; {blocks}n = split("{words}", r, " "); '
+        'for (i = 1; i <= n; i++) { split(r[i], p, "="); alias[p[1]] = p[2] } } '
+        '$0 == "" { b++; print; next } '
+        '{ w = $0; sub(/[ =].*/, "", w); if (w in alias) w = alias[w]; '
+        'if (index(k[b], " " w " ")) print }'
+    )
+    return f"awk {shlex.quote(program)}"
+
+
 def _systemd_script(names: dict[str, list[str]]) -> str:
     keys = [*_STATUS_KEYS, *_UNIT_KEYS] if names["unit"] or names["status"] else []
     if names["dropins"]:
@@ -130,7 +160,7 @@ def _systemd_script(names: dict[str, list[str]]) -> str:
     return (
         "command -v systemctl >/dev/null 2>&1 && "
         f"systemctl show --all --property={asked} {' '.join(_asked_units(names))} "
-        f"</dev/null 2>/dev/null | {dropins_filter(others=True)}\n"
+        f"</dev/null 2>/dev/null | {dropins_filter(others=True)} | {_keep_filter(_kept(names))}\n"
     )
 
 

@@ -142,6 +142,45 @@ def test_a_unit_named_with_and_without_its_suffix_is_asked_once(tmp_path, monkey
     }
 
 
+def test_a_property_no_fact_reads_is_not_in_the_answer(tmp_path, monkeypatch):
+    """systemctl shows every asked property of every unit: a timer asked only for its state
+    shows its SubState too, `running` while its service runs (CI of 02d9804: an etcd member's
+    hourly backup). That line is no fact's, so it is not in the answer, whose digest the drift
+    Job's shards compare; the SubState a status fact reads still is (the control)."""
+    states = tmp_path / "states"
+    systemctl = tmp_path / "systemctl"
+    systemctl.write_text(
+        "#!/bin/sh\nwhile case $1 in show|-*) true;; *) false;; esac; do shift; done\n"
+        f". {states}\nfirst=1\n"
+        'for u in "$@"; do [ $first = 1 ] || echo; first=0; case $u in '
+        "*.timer) sub=$timer;; *) sub=$service;; esac\n"
+        'printf "Id=%s\\nLoadState=loaded\\nActiveState=active\\nSubState=%s\\n'
+        'UnitFileState=enabled\\nDropInPaths=\\n" "$u" "$sub"; done\n'
+    )
+    systemctl.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    commands = [
+        sent(UnitState, unit="etcd-backup.timer"),
+        sent(SystemdStatus, services="etcd.service"),
+        sent(UnitDropIns, units=("etcd.service",)),
+    ]
+    script = fingerprint.probe_script(commands, "m-test")
+
+    def answer(timer: str, service: str) -> bytes:
+        states.write_text(f"timer={timer}\nservice={service}\n")
+        return subprocess.run(["sh", "-s"], input=script.encode(), capture_output=True).stdout
+
+    waiting = answer("waiting", "running")
+    assert b"SubState=waiting" not in waiting and b"SubState=running" in waiting
+    assert answer("running", "running") == waiting
+    assert answer("waiting", "exited") != waiting
+    assert fingerprint.read_probe(waiting, "m-test", commands) == {
+        0: (0, ["LoadState=loaded", "ActiveState=active", "UnitFileState=enabled"]),
+        1: (0, ["Id=etcd.service", "SubState=running"]),
+        2: (0, ["unit etcd.service", "load loaded"]),
+    }
+
+
 def test_the_drop_in_facts_of_all_roles_are_one_systemctl_show(tmp_path, monkeypatch):
     """Each role asks about its own units' drop-ins; the probe asks systemd once for every unit
     (a unit two roles ask about once) and gives each fact what it prints alone: a stand-in

@@ -26,7 +26,7 @@ from day2.rolloutjob import Rollout, check_options
 from engine import fleetgate, incluster, rolloutlock, rolloutshard, runner
 from engine.context import host_contexts, host_files, load
 from engine.fleetgate import Ledger, LedgerGate, ShardProgress, resume, swap
-from engine.reports import HostReport, HostStatus, Mode, RunOptions
+from engine.reports import HostReport, HostStatus, Mode, OperationResult, RunOptions, RunReport
 from inventory.model import LoadedCluster, StateAccess
 from roles.rollout_job.files import KEY, KEYS_FILE, STATE_KEY
 from tests.unit.conftest import SAMPLE
@@ -1283,3 +1283,63 @@ def test_the_pods_inventory_still_declares_the_operators_key(small_cluster, writ
     plain = load(write_cluster(small_cluster, "plain.yml"))
     data = yaml.safe_load(rolloutjob.pod_inventory(plain))
     assert data["group_vars"]["gpu_worker"]["base"]["authorized_keys"] == [site]
+
+
+def test_a_shard_runs_under_its_keepalive_and_says_why_each_host_failed(monkeypatch, capsys):
+    """run_shard as a pod runs it, the engine's run stood in for: the run happens inside the
+    shard's own heartbeat (issue 47.7: the lock must hold through a long step even with the
+    controller gone), and each failed host's reason goes to the pod's log, which the
+    controller's report quotes (issue 47.13: the summary line alone hid why both workers
+    failed). The host that changed says nothing (the control)."""
+    import engine.context
+    from toolkit import pacing
+
+    api = progress_api(Ledger(run="r1", budget=2, total=3), {"pods": [], "hosts": {}})
+    alive: list[str] = []
+
+    class Recorded:
+        def __init__(self, api_, name):
+            assert (api_, name) == (api, LEDGER)
+
+        def __enter__(self):
+            alive.append("on")
+
+        def __exit__(self, *exc):
+            alive.append("off")
+
+    def run(loaded, options, gate):
+        assert alive == ["on"], "the run started outside the shard's keepalive"
+        assert options.limit == ("cpu-1", "gpu-1", "gpu-2") and options.mode is Mode.apply
+        failed_step = OperationResult("apply", "Kubernetes | Join", False, error="EOF")
+        return RunReport(
+            cluster="c",
+            mode=Mode.apply,
+            hosts={
+                "cpu-1": HostReport("cpu-1", HostStatus.changed),
+                "gpu-1": HostReport("gpu-1", HostStatus.failed, operations=[failed_step]),
+                "gpu-2": HostReport("gpu-2", HostStatus.failed, error="ssh: no route to host"),
+            },
+        )
+
+    class Loaded:
+        def with_state_access(self, access):
+            return self
+
+    monkeypatch.setattr(fleetgate, "Keepalive", Recorded)
+    monkeypatch.setattr(runner, "run", run)
+    monkeypatch.setattr(engine.context, "load", lambda path: Loaded())
+    settings = {
+        "ledger": LEDGER, "shards": [["cpu-1", "gpu-1", "gpu-2"]], "join_rate": "1/20s",
+        "count": 1, "roles": ["base", "kubernetes"],
+    }  # fmt: skip
+    try:
+        ends = rolloutshard.run_shard(Path("/nonexistent"), settings, 0, "pod-a", api)
+    finally:
+        pacing.install_pacer(pacing.JOIN_PACER, None)
+    assert alive == ["on", "off"]
+    assert ends == {"cpu-1": "changed", "gpu-1": "failed", "gpu-2": "failed"}
+    said = capsys.readouterr().err.splitlines()
+    assert said == [
+        "gpuinfra rollout shard 0: gpu-1: Kubernetes | Join: EOF",
+        "gpuinfra rollout shard 0: gpu-2: ssh: no route to host",
+    ]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import apt, files, systemd
+from pyinfra.operations import apt, files, server, systemd
 
 from roles.kubernetes import encryption
 from roles.kubernetes import operations as kube_ops
@@ -25,15 +25,18 @@ from roles.kubernetes.cni import (
     calico_scale,
     route_reflectors,
 )
-from roles.kubernetes.facts import EncryptionKeyNames
+from roles.kubernetes.facts import EncryptionKeyNames, KubeletConfigFile
 from roles.kubernetes.files import managed_files
 from roles.kubernetes.kubeadm import (
     INIT_CONFIG,
     JOIN_CONFIG,
+    KUBELET_CONFIG_FILE,
     PATCHES_DIR,
     SECRET_DIR,
     STATIC_PODS_DIR,
     kubeadms_static_pods,
+    kubelet_differences,
+    kubelet_patch,
 )
 from roles.kubernetes.settings import (
     CONFIG_DIR,
@@ -49,8 +52,10 @@ from roles.kubernetes.source import (
     repository_url,
 )
 from roles.kubernetes.stages import apply_stages
+from toolkit import record
 from toolkit.effective import nothing_overrides, only_ours, ours_or_declared, unit_dropins
 from toolkit.operations import put_file, restart_if_running, service_running
+from toolkit.pyinfra_api import op_hash
 from toolkit.spec import HostContext
 
 OPERATOR_KUBECONFIG = "kubernetes/admin.conf"  # under the cluster's state directory
@@ -133,6 +138,19 @@ def _common(ctx: HostContext, control_plane: bool) -> dict[str, str]:
     )
     files.directory(name="Own the kubeadm file directory", path=CONFIG_DIR, mode="0755")
     service_running(name="Run kubelet", unit="kubelet")
+    live = host.get_fact(KubeletConfigFile, path=KUBELET_CONFIG_FILE)
+    differs = kubelet_differences(live, kubelet_patch(cfg)) if live is not None else []
+    if differs:
+        # Per-group settings changed after the join (or the file edited): kubeadm merges the
+        # node's patch again, and kubelet starts on it (its static pods keep running).
+        rewritten = server.shell(
+            name="Write the node's kubelet settings again (kubeadm's kubelet-config phase)",
+            commands=[
+                f"kubeadm upgrade node phase kubelet-config --patches {PATCHES_DIR}",
+                "systemctl restart kubelet",
+            ],
+        )
+        record.host(host.name).details[op_hash(rewritten)] = "\n".join(differs)
     allowed = ours_or_declared(ctx)
     unit_dropins("Check the drop-ins of kubelet", ("kubelet",), allowed)
     only_ours(

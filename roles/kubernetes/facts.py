@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 
+import yaml
 from pyinfra.api import FactBase
 
 
@@ -135,3 +136,18 @@ class EncryptionKeyNames(FactBase):
 
     def process(self, output: list[str]) -> list[str]:
         return [line.strip().strip("\"'") for line in output if line.strip()]
+
+
+class KubeletConfigFile(FactBase):
+    """kubelet's configuration file as kubeadm wrote it (`path`), parsed; None before the node
+    joined (no file) or when it is no YAML mapping."""
+
+    def command(self, path: str) -> str:
+        return f"cat {shlex.quote(path)} 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> dict | None:
+        try:
+            found = yaml.safe_load("\n".join(output))
+        except yaml.YAMLError:
+            return None
+        return found if isinstance(found, dict) else None

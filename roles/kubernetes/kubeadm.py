@@ -38,6 +38,9 @@ SECRET_DIR = f"{CONFIG_DIR}/private"
 # Files kubeadm writes: "initialised" and "joined" are read from them (Kubespray's tests too).
 ADMIN_CONF = "/etc/kubernetes/admin.conf"
 KUBELET_CONF = "/etc/kubernetes/kubelet.conf"
+# kubelet's configuration as kubeadm writes it at join and upgrade: the cluster's
+# KubeletConfiguration with this node's patch merged over it. kubelet reads it at start.
+KUBELET_CONFIG_FILE = "/var/lib/kubelet/config.yaml"
 # Where the etcd role's client phase puts the API servers' etcd CA and client certificate
 # (roles/etcd/files.py APISERVER_PKI and client_files; kubeadm's external-etcd layout).
 APISERVER_PKI = "/etc/kubernetes/pki"
@@ -374,6 +377,31 @@ def kubelet_patch(cfg: KubernetesConfig) -> m.KubeletPatch:
         kubeReserved=cfg.kube_reserved,
         evictionHard=cfg.eviction_hard,
     )
+
+
+def kubelet_differences(live: dict[str, Any], patch: m.KubeletPatch) -> list[str]:
+    """Each setting of the node's patch that kubelet's configuration file does not hold (a
+    map's keys one by one), named with both values: what drift reports, and what the apply
+    writes again. A patch written after the join changes nothing by itself; kubeadm merges it
+    only at join and upgrade."""
+    wanted = patch.model_dump(exclude_none=True, exclude={"apiVersion", "kind"})
+    found = []
+    for key, want in wanted.items():
+        have = live.get(key)
+        pairs = (
+            [(f"{key}.{sub}", (have if isinstance(have, dict) else {}).get(sub), value)
+             for sub, value in want.items()]
+            if isinstance(want, dict)
+            else [(key, have, want)]
+        )  # fmt: skip
+        found += [
+            f"kubelet: {KUBELET_CONFIG_FILE} sets "
+            + (f"{name} to {had}" if had is not None else f"no {name}")
+            + f", the node's settings {name} to {value}"
+            for name, had, value in pairs
+            if had is None or str(had) != str(value)
+        ]
+    return found
 
 
 def kube_proxy_configuration(ctx: HostContext, cfg: KubernetesConfig) -> m.KubeProxyConfiguration:

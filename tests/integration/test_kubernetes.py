@@ -825,6 +825,45 @@ def test_a_live_object_edited_by_hand_is_drift(cluster):
     assert description != "edited by hand"
 
 
+def test_kubelets_settings_edited_on_a_node_are_drift_and_an_apply_writes_them_again(cluster):
+    """kubelet's own configuration file is what it runs, not the node's patch that kubeadm
+    merged into it at the join (issue 47.3): maxPods edited there and kubelet restarted is
+    drift naming the setting with both values (exit 3), and an apply writes the file again
+    through kubeadm and restarts kubelet, which then runs the inventory's 110. The clean drift
+    of test_a_second_apply_changes_nothing_and_drift_is_clean is the control."""
+
+    def max_pods() -> int:
+        raw = cluster.kubectl("get", "--raw", "/api/v1/nodes/cpu-1/proxy/configz", check=False)
+        return json.loads(raw.stdout)["kubeletconfig"]["maxPods"] if raw.returncode == 0 else 0
+
+    path = "/var/lib/kubelet/config.yaml"
+    cluster.lab.ssh(
+        "cpu-1",
+        f"sed -i 's/^maxPods: 110$/maxPods: 100/' {path} && grep -qx 'maxPods: 100' {path} "
+        "&& systemctl restart kubelet",
+    )
+    eventually(lambda: max_pods() == 100, "kubelet on cpu-1 running maxPods 100", 90, 2)
+    drift = gpuinfra("drift", str(cluster.inventory), "--limit", "cpu-1", "--format", "json")
+    assert drift.returncode == ExitCode.DRIFT, drift.stdout[-3000:] + drift.stderr[-2000:]
+    pending = {
+        op["name"]: op.get("diff") or ""
+        for op in json.loads(drift.stdout)["hosts"]["cpu-1"]["operations"]
+        if op["changed"]
+    }
+    rewrites = [text for name, text in pending.items() if "kubelet settings again" in name]
+    assert len(rewrites) == 1, pending
+    said = f"{path} sets maxPods to 100, the node's settings maxPods to 110"
+    assert said in rewrites[0], pending
+    fixed = gpuinfra(
+        "apply", str(cluster.inventory), "--yes", "--limit", "cpu-1", "--roles", "kubernetes",
+        "--format", "json",
+    )  # fmt: skip
+    assert fixed.returncode == ExitCode.OK, failed_run(fixed)
+    eventually(lambda: max_pods() == 110, "kubelet on cpu-1 running maxPods 110 again", 90, 2)
+    clean = gpuinfra("drift", str(cluster.inventory), "--limit", "cpu-1", "--format", "json")
+    assert clean.returncode == ExitCode.OK, clean.stdout[-3000:]
+
+
 # Day 2 on the real cluster: last in the module, since they take nodes away and back.
 
 

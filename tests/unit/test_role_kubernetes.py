@@ -26,8 +26,21 @@ from roles.kubernetes import models as m
 from roles.kubernetes import operations as kube_ops
 from roles.kubernetes.config import KubernetesConfig
 from roles.kubernetes.coredns import COREDNS_PATCH
-from roles.kubernetes.facts import ApiAnswers, EncryptionKeyNames, FileExists, KubeBinaries
-from roles.kubernetes.kubeadm import INIT_CONFIG, JOIN_CONFIG, KUBELET_CONF, api_server_flags
+from roles.kubernetes.facts import (
+    ApiAnswers,
+    EncryptionKeyNames,
+    FileExists,
+    KubeBinaries,
+    KubeletConfigFile,
+)
+from roles.kubernetes.kubeadm import (
+    INIT_CONFIG,
+    JOIN_CONFIG,
+    KUBELET_CONF,
+    api_server_flags,
+    kubelet_differences,
+    kubelet_patch,
+)
 from roles.kubernetes.models import validate_documents
 from roles.kubernetes.role import ROLE
 from roles.kubernetes.schemas import validate_text
@@ -688,3 +701,64 @@ def test_operator_kubeconfig_points_past_the_node_local_proxy(tmp_path):
         kube_ops.operator_kubeconfig, {Sha1File: "0" * 40}, first=True, local=str(local)
     )
     assert len(changed) == 1
+
+
+# kubelet's file as kubeadm 1.35 writes it (the parts that matter here, in its key order).
+KUBELET_FILE = """apiVersion: kubelet.config.k8s.io/v1beta1
+authentication:
+  x509:
+    clientCAFile: /etc/kubernetes/pki/ca.crt
+cgroupDriver: cgroupfs
+evictionHard:
+  imagefs.available: 15%
+  memory.available: 500Mi
+  nodefs.available: 10%
+kind: KubeletConfiguration
+kubeReserved:
+  cpu: 500m
+  memory: 1Gi
+maxPods: 110
+systemReserved:
+  cpu: 500m
+  ephemeral-storage: 1Gi
+  memory: 1Gi
+"""
+
+
+def test_kubelets_file_is_read_back_and_compared_setting_by_setting(tmp_path):
+    """47.3: drift reads kubelet's own file (what it runs), not the patch; each setting of
+    the node's patch it does not hold is named with both values. The control: the file as
+    kubeadm merged the same settings is no finding; no file (before the join) reads None."""
+    cfg = KubernetesConfig(
+        max_pods=110,
+        system_reserved={"cpu": "500m", "memory": "1Gi", "ephemeral-storage": "1Gi"},
+        kube_reserved={"cpu": "500m", "memory": "1Gi"},
+        eviction_hard={"memory.available": "500Mi", "nodefs.available": "10%",
+                       "imagefs.available": "15%"},
+    )  # fmt: skip
+    fact, path = KubeletConfigFile(), tmp_path / "config.yaml"
+
+    def read(text: str | None) -> dict | None:
+        if text is not None:
+            path.write_text(text)
+        command = fact.command(path=str(path))
+        found = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+        return fact.process(found.stdout.splitlines())
+
+    patch = kubelet_patch(cfg)
+    assert read(None) is None
+    assert kubelet_differences(read(KUBELET_FILE), patch) == []
+    edited = (
+        KUBELET_FILE.replace("maxPods: 110", "maxPods: 100")
+        .replace("  memory: 1Gi\nmaxPods", "  memory: 2Gi\nmaxPods")
+        .replace("  nodefs.available: 10%\n", "")
+    )
+    found = kubelet_differences(read(edited), patch)
+    where = "kubelet: /var/lib/kubelet/config.yaml sets"
+    assert sorted(found) == sorted([
+        f"{where} maxPods to 100, the node's settings maxPods to 110",
+        f"{where} kubeReserved.memory to 2Gi, the node's settings kubeReserved.memory to 1Gi",
+        f"{where} no evictionHard.nodefs.available, the node's settings "
+        "evictionHard.nodefs.available to 10%",
+    ]), found  # fmt: skip
+    assert read("not: [a mapping") is None

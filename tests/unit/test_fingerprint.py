@@ -107,6 +107,14 @@ def without_atime(answer: tuple[int, list[str]]) -> tuple[int, list[str]]:
     return status, [re.sub(r"atime=\d+ ", "atime=* ", line) for line in lines]
 
 
+def stand_in_systemctl(folder: Path, monkeypatch: pytest.MonkeyPatch, script: str) -> None:
+    """A `systemctl` on PATH that runs `script` (sh): this machine has no systemd to ask."""
+    systemctl = folder / "systemctl"
+    systemctl.write_text(script)
+    systemctl.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{folder}:{os.environ['PATH']}")
+
+
 def test_a_unit_named_with_and_without_its_suffix_is_asked_once(tmp_path, monkeypatch):
     """The unit facts of `docker` and `docker.service` (the roles' and pyinfra's names of one
     unit) are answered from one block, each fact its own properties, with a stand-in for
@@ -115,16 +123,15 @@ def test_a_unit_named_with_and_without_its_suffix_is_asked_once(tmp_path, monkey
     drift test compares the answers with each command run alone on real hosts) and logs what it
     was asked."""
     log = tmp_path / "asked"
-    systemctl = tmp_path / "systemctl"
-    systemctl.write_text(
+    stand_in_systemctl(
+        tmp_path,
+        monkeypatch,
         '#!/bin/sh\nshift 3\necho "$*" > ' + str(log) + "\nfirst=1\n"
         'for u in "$@"; do [ $first = 1 ] || echo; first=0; case $u in *.*) id=$u;; '
         "*) id=$u.service;; esac\n"
         'printf "Id=%s\\nLoadState=loaded\\nActiveState=active\\nSubState=running\\n'
-        'UnitFileState=enabled\\n" "$id"; done\n'
+        'UnitFileState=enabled\\n" "$id"; done\n',
     )
-    systemctl.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     commands = [
         sent(UnitState, unit="docker"),
         sent(UnitState, unit="etcd-backup.timer"),
@@ -148,17 +155,16 @@ def test_a_property_no_fact_reads_is_not_in_the_answer(tmp_path, monkeypatch):
     hourly backup). That line is no fact's, so it is not in the answer, whose digest the drift
     Job's shards compare; the SubState a status fact reads still is (the control)."""
     states = tmp_path / "states"
-    systemctl = tmp_path / "systemctl"
-    systemctl.write_text(
+    stand_in_systemctl(
+        tmp_path,
+        monkeypatch,
         "#!/bin/sh\nwhile case $1 in show|-*) true;; *) false;; esac; do shift; done\n"
         f". {states}\nfirst=1\n"
         'for u in "$@"; do [ $first = 1 ] || echo; first=0; case $u in '
         "*.timer) sub=$timer;; *) sub=$service;; esac\n"
         'printf "Id=%s\\nLoadState=loaded\\nActiveState=active\\nSubState=%s\\n'
-        'UnitFileState=enabled\\nDropInPaths=\\n" "$u" "$sub"; done\n'
+        'UnitFileState=enabled\\nDropInPaths=\\n" "$u" "$sub"; done\n',
     )
-    systemctl.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     commands = [
         sent(UnitState, unit="etcd-backup.timer"),
         sent(SystemdStatus, services="etcd.service"),
@@ -191,17 +197,16 @@ def test_the_drop_in_facts_of_all_roles_are_one_systemctl_show(tmp_path, monkeyp
     ours.write_text("# Managed by gpuinfra (role etcd)\n[Service]\n")
     other.write_text("[Service]\nNice=5\n")
     log = tmp_path / "asked"
-    systemctl = tmp_path / "systemctl"
-    systemctl.write_text(
+    stand_in_systemctl(
+        tmp_path,
+        monkeypatch,
         "#!/bin/sh\nwhile case $1 in show|-*) true;; *) false;; esac; do shift; done\n"
         'echo "$*" >> ' + str(log) + "\nfirst=1\n"
         'for u in "$@"; do [ $first = 1 ] || echo; first=0; case $u in '
         f'etcd.service) printf "Id=%s\\nLoadState=loaded\\nDropInPaths={ours} {other}\\n" "$u";; '
         'gone.service) printf "Id=%s\\nLoadState=not-found\\nDropInPaths=\\n" "$u";; '
-        '*) printf "Id=%s\\nLoadState=loaded\\nDropInPaths=\\n" "$u";; esac; done\n'
+        '*) printf "Id=%s\\nLoadState=loaded\\nDropInPaths=\\n" "$u";; esac; done\n',
     )
-    systemctl.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     commands = [
         sent(UnitDropIns, units=("etcd-backup.timer", "etcd.service")),
         sent(UnitDropIns, units=("chrony.service", "etcd.service", "gone.service")),

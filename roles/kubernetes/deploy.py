@@ -25,7 +25,7 @@ from roles.kubernetes.cni import (
     calico_scale,
     route_reflectors,
 )
-from roles.kubernetes.facts import EncryptionKeyNames, KubeletConfigFile
+from roles.kubernetes.facts import CgroupVersion, EncryptionKeyNames, KubeletConfigFile
 from roles.kubernetes.files import managed_files
 from roles.kubernetes.kubeadm import (
     INIT_CONFIG,
@@ -34,6 +34,7 @@ from roles.kubernetes.kubeadm import (
     PATCHES_DIR,
     SECRET_DIR,
     STATIC_PODS_DIR,
+    cgroup_findings,
     kubeadms_static_pods,
     kubelet_differences,
     kubelet_patch,
@@ -65,7 +66,12 @@ POD_ROUTES_SERVICE = "gpuinfra-pod-routes"
 def _common(ctx: HostContext, control_plane: bool) -> dict[str, str]:
     """Packages and files every node gets; returns the written files' contents by path."""
     cfg = settings(ctx)
-    version = ctx.cluster.versions.kubernetes_version.plain
+    release = ctx.cluster.versions.kubernetes_version
+    version = release.plain
+    nothing_overrides(
+        "Check that kubelet can run on this host's cgroups",
+        cgroup_findings(host.get_fact(CgroupVersion), cfg, (release.major, release.minor)),
+    )
     managed = {f.path: f for f in managed_files(ctx)}
     sources = put_file(managed[REPO_SOURCES]) if REPO_SOURCES in managed else None
     kube_ops.repository_key(

@@ -151,3 +151,15 @@ class KubeletConfigFile(FactBase):
         except yaml.YAMLError:
             return None
         return found if isinstance(found, dict) else None
+
+
+class CgroupVersion(FactBase):
+    """The host's cgroup hierarchy, by the file system at /sys/fs/cgroup: "v2" (cgroup2fs),
+    "v1" (a tmpfs of v1 controllers), or None when it reads as neither."""
+
+    def command(self) -> str:
+        return "stat -fc %T /sys/fs/cgroup 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> str | None:
+        kind = output[0].strip() if output else ""
+        return {"cgroup2fs": "v2", "tmpfs": "v1"}.get(kind)

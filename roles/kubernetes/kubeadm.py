@@ -379,6 +379,22 @@ def kubelet_patch(cfg: KubernetesConfig) -> m.KubeletPatch:
     )
 
 
+# Kubernetes 1.35 is the first whose kubelet refuses to start on cgroup v1 (KEP-5573).
+REFUSES_CGROUP_V1 = (1, 35)
+
+
+def cgroup_findings(cgroup: str | None, cfg: KubernetesConfig, minor: tuple[int, int]) -> list[str]:
+    """Why kubelet cannot run on this host's cgroups, before anything is installed: a join
+    would otherwise wait minutes on a kubelet that exits at once."""
+    if cgroup != "v1" or not cfg.fail_cgroup_v1 or minor < REFUSES_CGROUP_V1:
+        return []
+    return [
+        f"kubernetes: this host runs cgroup v1, which kubelet {minor[0]}.{minor[1]} refuses "
+        "(KEP-5573): boot it on cgroup v2 (systemd.unified_cgroup_hierarchy=1), or set "
+        "kubernetes.fail_cgroup_v1: false with accept_unsafe: [fail_cgroup_v1]"
+    ]
+
+
 def kubelet_differences(live: dict[str, Any], patch: m.KubeletPatch) -> list[str]:
     """Each setting of the node's patch that kubelet's configuration file does not hold (a
     map's keys one by one), named with both values: what drift reports, and what the apply

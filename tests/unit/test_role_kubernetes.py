@@ -28,6 +28,7 @@ from roles.kubernetes.config import KubernetesConfig
 from roles.kubernetes.coredns import COREDNS_PATCH
 from roles.kubernetes.facts import (
     ApiAnswers,
+    CgroupVersion,
     EncryptionKeyNames,
     FileExists,
     KubeBinaries,
@@ -38,6 +39,7 @@ from roles.kubernetes.kubeadm import (
     JOIN_CONFIG,
     KUBELET_CONF,
     api_server_flags,
+    cgroup_findings,
     kubelet_differences,
     kubelet_patch,
 )
@@ -762,3 +764,23 @@ def test_kubelets_file_is_read_back_and_compared_setting_by_setting(tmp_path):
         "evictionHard.nodefs.available to 10%",
     ]), found  # fmt: skip
     assert read("not: [a mapping") is None
+
+
+def test_a_cgroup_v1_host_stops_before_kubelet_is_installed():
+    """Issue 46: kubelet 1.35+ refuses cgroup v1 (KEP-5573), and a join would wait minutes on
+    a kubelet that exits at once. The check names the way out; the controls: cgroup v2, the
+    lab's declared escape (fail_cgroup_v1 false), a minor before 1.35, an unreadable host."""
+    fact = CgroupVersion()
+    here = subprocess.run(["sh", "-c", fact.command()], capture_output=True, text=True)
+    assert fact.process(here.stdout.splitlines()) in ("v1", "v2")  # this machine's own
+    assert fact.process(["cgroup2fs"]) == "v2" and fact.process(["tmpfs"]) == "v1"
+    assert fact.process([]) is None and fact.process(["ext2/ext3"]) is None
+    strict = KubernetesConfig()
+    (finding,) = cgroup_findings("v1", strict, (1, 35))
+    assert "cgroup v1, which kubelet 1.35 refuses" in finding
+    assert "kubernetes.fail_cgroup_v1: false" in finding
+    escaped = KubernetesConfig(fail_cgroup_v1=False, accept_unsafe=["fail_cgroup_v1"])
+    assert cgroup_findings("v2", strict, (1, 36)) == []
+    assert cgroup_findings("v1", escaped, (1, 35)) == []
+    assert cgroup_findings("v1", strict, (1, 34)) == []
+    assert cgroup_findings(None, strict, (1, 35)) == []

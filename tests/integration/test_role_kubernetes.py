@@ -145,7 +145,10 @@ def test_a_cgroup_v1_host_stops_before_anything_is_installed(lab, tmp_path):
     declared escape the role stops the host at its first step, saying so and what to set,
     where a join would have waited minutes on a kubelet that exits at once. The control: the
     test above, with the escape, reaches the package step."""
-    inventory = inventory_with(lab, tmp_path / "cluster.yml", escape={}, source="preinstalled")
+    # The repository of the test above (nothing listens there): the check comes before it.
+    inventory = inventory_with(
+        lab, tmp_path / "cluster.yml", escape={}, repo_url="http://127.0.0.1:9"
+    )
     report_path = tmp_path / "report.json"
     result = apply(inventory, report_path, "--limit", "cpu-1")
     assert result.returncode == ExitCode.ERROR, result.stdout[-2000:] + result.stderr[-2000:]

@@ -235,3 +235,31 @@ def test_each_host_keeps_its_own_operation_name():
     assert len(hashes) == 1
     op_hash = hashes.pop()
     assert kept == {"node-1": (op_hash, "Op of node-1"), "node-2": (op_hash, "Op of node-2")}
+
+
+def test_a_command_over_a_dead_transport_fails_its_operation_not_the_run(offline):
+    """paramiko raises EOFError when the transport died before a command's channel opened;
+    pyinfra 3.10's op runner catches OSError and SSHException there, not EOFError, and the
+    run ended for every host ("aborted", no report: test_faults.py's partition of lb-1,
+    2026-11-29). Through pyinfra's own runner: the guarded operation fails on this host,
+    told as lost. The control: unguarded, the EOFError still escapes pyinfra."""
+    from pyinfra.api.operations import run_host_op
+
+    state, host = offline
+    meta = server.shell(name="Change", commands=["echo one"])
+    op = pyinfra_api.op_hash(meta)
+
+    def dead(*args, **kwargs):
+        raise EOFError()
+
+    host.connector.run_shell_command = dead
+    host.connected = True
+    state.set_stage(StateStage.Execute)
+    with pytest.raises(EOFError):  # the control: pyinfra alone lets it through
+        run_host_op(state, host, op)
+    told: list[str] = []
+    pyinfra_api.guard_commands(
+        state, [host], lambda h, m, a: False, lambda h, m, exc: told.append(type(exc).__name__)
+    )
+    assert run_host_op(state, host, op) is False
+    assert told == ["EOFError"]

@@ -18,6 +18,7 @@ from paramiko import SSHException
 from pyinfra.api import FunctionCommand, StringCommand
 from pyinfra.api import arguments as _arguments
 from pyinfra.api import facts as _facts
+from pyinfra.api.command import PyinfraCommand
 from pyinfra.api.operation import OperationMeta
 
 PYINFRA_VERSION = "3.10.0"  # pyproject.toml pins the same; the contract tests check both
@@ -133,8 +134,9 @@ def _losing(command, host, meta, lost: Callable[[Any, OperationMeta, BaseExcepti
     paramiko raises EOFError when the transport died before the channel opened, and pyinfra
     then ended the whole run for every host ("aborted", no report: test_faults.py's partition
     of lb-1 mid-apply, 2026-11-29). Here it is told, and raised again as the OSError pyinfra
-    expects. A FunctionCommand's errors pyinfra catches whole."""
-    if isinstance(command, FunctionCommand):
+    expects. A FunctionCommand's errors pyinfra catches whole; anything else is passed on as
+    it is (pyinfra refuses it, or a test reads it)."""
+    if not isinstance(command, PyinfraCommand) or isinstance(command, FunctionCommand):
         return command
     run = command.execute
 

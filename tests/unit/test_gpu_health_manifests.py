@@ -222,3 +222,44 @@ def test_no_gpu_workers_no_manifests(tmp_path):
 def test_templates_refuse_missing_variables():
     with pytest.raises(jinja2.UndefinedError):
         render_template("gpu_health/gpu-health.yaml.j2", cfg=GpuHealthConfig())
+
+
+def test_preflight_waits_for_the_api_and_its_verdict_reaches_it(tmp_path):
+    """A health pod that started before kube-proxy had programmed the API's address on its
+    new node read no taint, skipped the preflight for good, and the node never got its
+    verdict's Event (CI of 327ad80's lab). The rendered script, with stand-ins for kubectl
+    (fails twice, then shows the taint), the checks (a failed node), the gate (the API fails
+    it once) and sleep (the passive loop's first sleep ends the run): the read is retried, the
+    checks run, the gate is asked again until it is through. The control: a node without the
+    taint goes straight to the passive loop."""
+    script = documents(load(SAMPLE))["ConfigMap"]["data"]["health-node.sh"]
+    (tmp_path / "health-node.sh").write_text(script)
+    log, bin_dir = tmp_path / "log", tmp_path / "bin"
+    bin_dir.mkdir()
+    stand_ins = {
+        "kubectl": 'n=$(cat "$T/reads" 2>/dev/null || echo 0); echo $((n + 1)) > "$T/reads"\n'
+        'echo kubectl >> "$T/log"; [ "$n" -ge 2 ] || exit 1; echo "$TAINTS"',
+        "gpuinfra": 'echo check >> "$T/log"; echo "{}"; exit 6',
+        "python3": 'n=$(cat "$T/gates" 2>/dev/null || echo 0); echo $((n + 1)) > "$T/gates"\n'
+        'echo "gate $3 $7" >> "$T/log"; [ "$n" -ge 1 ]',
+        "sleep": 'echo "sleep $1" >> "$T/log"; [ "$1" = 5 ] || kill "$PPID"',
+    }
+    for name, body in stand_ins.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+
+    def run(taints: str) -> list[str]:
+        for leftover in ("log", "reads", "gates"):
+            (tmp_path / leftover).unlink(missing_ok=True)
+        env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "T": str(tmp_path), "NODE_NAME": "gpu-1",
+               "TAINTS": taints}  # fmt: skip
+        subprocess.run(["sh", str(tmp_path / "health-node.sh"), "preflight"], env=env,
+                       capture_output=True, timeout=30)  # fmt: skip
+        return log.read_text().splitlines()
+
+    taint = gpu_health.PREFLIGHT_TAINT_KEY
+    assert run(f"other {taint}") == [
+        "kubectl", "sleep 5", "kubectl", "sleep 5", "kubectl", "check",
+        "gate preflight failed", "sleep 5", "gate preflight failed", "sleep 300",
+    ]  # fmt: skip
+    assert run("other") == ["kubectl", "sleep 5", "kubectl", "sleep 5", "kubectl", "sleep 300"]

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
-from inventory.grammar import LoginName, PlainPath, VersionText
+from inventory.grammar import ConfigPath, DnsName, LabelValue, LoginName, PlainPath, VersionText
 from inventory.versions import (
     DEFAULT_CONTAINERD,
     DEFAULT_ETCD,
@@ -91,9 +91,9 @@ class Networks(Strict):
 class SSH(Strict):
     user: LoginName = "root"
     # Private key on the controller; relative paths are taken from the cluster file's folder.
-    key: Path | None = None
+    key: ConfigPath | None = None
     # known_hosts used for strict host-key checking; never turned off.
-    known_hosts: Path = Path("~/.ssh/known_hosts")
+    known_hosts: ConfigPath = Path("~/.ssh/known_hosts")
     port: int = Field(22, ge=1, le=65535)
     # Jump host as [user@]host[:port] (the user defaults to `user`), when the nodes are not
     # directly reachable. Its host key is checked against `known_hosts` like the nodes'.
@@ -107,7 +107,8 @@ class API(Strict):
 
 
 class GPUSpec(Strict):
-    model: str
+    # nvidia.com/gpu.product, a node label: H100-SXM5-80GB.
+    model: LabelValue
     count: int = Field(ge=1, le=16)
 
 
@@ -138,7 +139,7 @@ class Team(Strict):
 
 class Cluster(Strict):
     name: HostName
-    domain: str
+    domain: DnsName
     os: TargetOS = "ubuntu-22.04"
     versions: Versions = Field(default_factory=Versions)
     networks: Networks

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from inventory.grammar import (
+    Keyword,
     PackageName,
     PlainPath,
     PublicKey,
@@ -46,4 +47,4 @@ class BaseConfig(BaseModel):
     # the first thing an operator checks, so any other key in their authorized_keys is drift.
     authorized_keys: list[PublicKey] = Field(default_factory=list)
     # Password logins invite brute force; keys only (root by key for provisioning).
-    ssh_permit_root_login: str = "prohibit-password"
+    ssh_permit_root_login: Keyword = "prohibit-password"

@@ -8,7 +8,7 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from inventory.grammar import ImageRef, Url
+from inventory.grammar import ImageRef, KeyFingerprint, PlainPath, ServerAddress, Url
 
 
 class ContainerRuntimeConfig(BaseModel):
@@ -30,7 +30,7 @@ class ContainerRuntimeConfig(BaseModel):
     docker_repo_url: Url = "https://download.docker.com/linux"
     # Docker's release key, pinned by fingerprint: a key that does not match is refused.
     # Published at https://docs.docker.com/engine/install/ubuntu/
-    docker_key_fingerprint: str = "9DC858229FC7DD38854AE2D88D81803C0EBFCD88"
+    docker_key_fingerprint: KeyFingerprint = "9DC858229FC7DD38854AE2D88D81803C0EBFCD88"
     # Kubelet and containerd must agree on the pause image, or pods restart their sandboxes;
     # 3.10.1 is what kubeadm 1.35 expects.
     sandbox_image: ImageRef = "registry.k8s.io/pause:3.10.1"
@@ -47,9 +47,9 @@ class ContainerRuntimeConfig(BaseModel):
     allow_insecure_registries: bool = False
     # Registry host -> mirror endpoints tried first (pull-through caches keep thousands of
     # nodes from hammering a public registry at once).
-    registry_mirrors: dict[str, list[str]] = Field(default_factory=dict)
+    registry_mirrors: dict[ServerAddress, list[Url]] = Field(default_factory=dict)
     # Docker's data: images and containers belong on the local data disk, not the root disk.
-    data_root: str = Field("/var/lib/docker", pattern=r"^/")
+    data_root: PlainPath = "/var/lib/docker"
     # json-file logs without rotation fill the disk: keep 5 files of 100 MB per container.
     log_max_size: str = Field("100m", pattern=r"^[0-9]+[kmg]$")
     log_max_file: int = Field(5, ge=1)

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from inventory.grammar import PlainPath
+from inventory.grammar import PlainPath, Word
 
 # Kernel names change with probe order (sdb today is sdc after a disk is added or a controller
 # probes late): a data disk is named by what udev derives from the hardware itself.
@@ -35,7 +35,7 @@ class Volume(BaseModel):
     mountpoint: PlainPath = "/data"
     # noatime: no metadata write per read of a dataset file; nofail: a lost array never
     # blocks boot (the node comes up, health checks and drift report the missing volume).
-    options: list[str] = Field(default_factory=lambda: ["noatime", "nofail"])
+    options: list[Word] = Field(default_factory=lambda: ["noatime", "nofail"])
     # 512 KiB: mdadm's own default chunk since 3.1, large enough for sequential dataset reads.
     chunk_kib: int = Field(512, ge=4, le=65536)
 

@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from inventory.grammar import ResolverOption
+
 
 class DnsConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -27,4 +29,6 @@ class DnsConfig(BaseModel):
     dnssec_validation: Literal["auto", "yes", "no"] = "auto"
     # Resolver options for /etc/resolv.conf on every host: fail over to the next server after
     # 2 s instead of glibc's 5, so one server down costs little.
-    resolver_options: list[str] = Field(default_factory=lambda: ["timeout:2", "attempts:2"])
+    resolver_options: list[ResolverOption] = Field(
+        default_factory=lambda: ["timeout:2", "attempts:2"]
+    )

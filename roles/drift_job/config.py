@@ -6,7 +6,7 @@ import ipaddress
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from inventory.grammar import ImageRef, JobNamespace, LoginName
+from inventory.grammar import DnsName, ImageRef, JobNamespace, LoginName, Quantity
 
 
 class DriftJobConfig(BaseModel):
@@ -39,12 +39,12 @@ class DriftJobConfig(BaseModel):
     shards: int | None = Field(None, ge=1)
     namespace: JobNamespace = "gpuinfra"
     # Holds cluster.yml, whose ssh.key and ssh.known_hosts point under /etc/gpuinfra/ssh.
-    inventory_configmap: str = "gpuinfra-inventory"
+    inventory_configmap: DnsName = "gpuinfra-inventory"
     # Holds id_ed25519 and known_hosts: host keys stay checked inside the cluster too.
-    ssh_secret: str = "gpuinfra-ssh"
+    ssh_secret: DnsName = "gpuinfra-ssh"
     # A 200-host shard took under a minute on a loaded 2-core machine; ten is a hung runner.
     deadline_seconds: int = Field(600, ge=60)
     # One core per shard: a gpuinfra process is single-threaded (gevent).
-    cpu: str = "1"
+    cpu: Quantity = "1"
     # Measured controller peaks stay under 200 MiB for 200 hosts; twice that for headroom.
-    memory: str = "512Mi"
+    memory: Quantity = "512Mi"

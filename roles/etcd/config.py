@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from inventory.grammar import CalendarEvent, PlainPath, Url
+from inventory.grammar import CalendarEvent, Duration, PlainPath, Sha256, Url
 from inventory.sizing import cluster_sizing, explicit_or
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ class EtcdConfig(BaseModel):
     # Base URL holding etcd-v<version>-linux-<arch>.tar.gz, for source: mirror.
     mirror_url: Url | None = None
     # SHA-256 of the release tarball for a version the pinned table does not hold.
-    sha256: str | None = None
+    sha256: Sha256 | None = None
     # Data directory: the mount point of etcd.disk, mode 0700 (etcd refuses looser modes).
     data_dir: PlainPath = "/var/lib/etcd"
     # ext4 is what etcd's own benchmarks and most operators run; fsync behaviour is well known.
@@ -48,7 +48,7 @@ class EtcdConfig(BaseModel):
     quota_backend_bytes: int | None = Field(None, ge=GIB, le=8 * GIB)
     # Keep 8 h of history (Kubespray's default); the API server compacts too, this is a floor.
     auto_compaction_mode: Literal["periodic", "revision"] = "periodic"
-    auto_compaction_retention: str = "8h"
+    auto_compaction_retention: Duration = "8h"
     # 250/2500 ms instead of 100/1000: tolerates a slow fsync or GC pause without an election,
     # while a dead leader is still replaced within seconds (etcd tuning guide: election ~10x).
     heartbeat_interval_ms: int = Field(250, ge=10)

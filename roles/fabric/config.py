@@ -8,6 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from inventory.grammar import DebianPackage, DebianVersion, VariableName, Word
+
 # Debian/Ubuntu package -> version, per target OS, installed exactly and pinned (the way the
 # container runtime and nvidia roles pin). rdma-core builds all four from one source.
 # debian-13: read from trixie's archive with `apt-cache policy` on 2026-11-26 (the lab installs
@@ -79,12 +81,12 @@ class FabricConfig(BaseModel):
     # Ethernet management interface, say, when the IPoIB network is firewalled off).
     nccl_socket_ifname: str | None = Field(None, pattern=r"^[A-Za-z0-9_.,=^-]+$")
     # More NCCL settings for /etc/nccl.conf (NCCL_IB_TIMEOUT, NCCL_IB_QPS_PER_CONNECTION ...).
-    nccl_extra: dict[str, str] = Field(default_factory=dict)
+    nccl_extra: dict[VariableName, Word] = Field(default_factory=dict)
     # Locked memory: RDMA registers (pins) every buffer it sends from; a limit makes ibv_reg_mr
     # fail under NCCL. Unlimited, or a size in KiB (limits.conf's unit).
     memlock: str = Field("unlimited", pattern=r"^(unlimited|[0-9]+)$")
     # Package versions replacing PACKAGES' for this host (a site's own rdma-core build, MLNX_OFED).
-    package_versions: dict[str, str] = Field(default_factory=dict)
+    package_versions: dict[DebianPackage, DebianVersion] = Field(default_factory=dict)
     # The lab has no RDMA device (its kernel has no RDMA and no soft-RoCE): a host that declares
     # itself a stand-in gets a note where a real server with a missing HCA fails the apply.
     # Never set it on real hardware.

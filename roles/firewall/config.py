@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from inventory.grammar import Words
+
 
 class ExtraRule(BaseModel):
     """One more inbound port a group or host accepts, beyond what the topology derives."""
@@ -17,7 +19,7 @@ class ExtraRule(BaseModel):
     protocol: Literal["tcp", "udp"] = "tcp"
     # Explicit sources only: an open port "from anywhere" should be a visible choice (0.0.0.0/0).
     sources: list[ipaddress.IPv4Network] = Field(min_length=1)
-    description: str = "extra rule from the inventory"
+    description: Words = "extra rule from the inventory"
 
 
 class FirewallConfig(BaseModel):

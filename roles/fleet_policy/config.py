@@ -4,16 +4,11 @@ them (one set of Kubernetes objects serves the whole cluster)."""
 from __future__ import annotations
 
 import math
-from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from inventory.grammar import ImageRef, LabelValue, PlainPath, QualifiedName, Quantity
 from inventory.model import HostName
-
-# A Kubernetes resource quantity ("500m", "1", "1Gi"): refused at load, not by the API server.
-Quantity = Annotated[
-    str, StringConstraints(pattern=r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
-]
 
 # What the API server allows a queuing configuration's shuffle sharding (its shufflesharding
 # package's MaxHashBits).
@@ -35,7 +30,7 @@ class BalloonPool(BaseModel):
     # The team whose nodes it warms: selects them and tolerates their taint. None: shared nodes.
     team: str | None = None
     # Extra node labels to land on (e.g. a GPU model), on top of the team's.
-    node_selector: dict[str, str] = Field(default_factory=dict)
+    node_selector: dict[QualifiedName, LabelValue] = Field(default_factory=dict)
 
 
 class FlowControl(BaseModel):
@@ -97,12 +92,12 @@ class FleetPolicyConfig(BaseModel):
     # Pool name -> pool; the name becomes the Deployment's (balloon-<name>): a DNS label.
     balloons: dict[HostName, BalloonPool] = Field(default_factory=dict)
     # The pause image kubeadm 1.35 itself pulls for pod sandboxes: already on every node.
-    pause_image: str = "registry.k8s.io/pause:3.10.1"
+    pause_image: ImageRef = "registry.k8s.io/pause:3.10.1"
 
     # NVIDIA's device plugin advertises nvidia.com/gpu; v0.17.0 supports driver R550 and CDI.
-    device_plugin_image: str = "nvcr.io/nvidia/k8s-device-plugin:v0.17.0"
+    device_plugin_image: ImageRef = "nvcr.io/nvidia/k8s-device-plugin:v0.17.0"
     # DCGM 3.3.9 embedded (no host engine needed) on the CUDA 12 / Ubuntu 22.04 base.
-    dcgm_exporter_image: str = "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.9-3.6.1-ubuntu22.04"
+    dcgm_exporter_image: ImageRef = "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.9-3.6.1-ubuntu22.04"
     # The DCGM series kept at scrape time; everything else the default counter set exports
     # (encoder/decoder use, vGPU licences, clocks of memory, energy counters, PCIe bytes)
     # is dropped. Utilisation alone says little, so tensor and DRAM activity stay, as do the
@@ -127,4 +122,4 @@ class FleetPolicyConfig(BaseModel):
     # The priority level and flow schema of gpuinfra's own API clients (flow-control.yaml).
     flow_control: FlowControl = Field(default_factory=FlowControl)
     # Where the control plane nodes keep the scheduler's configuration (kubeadm mounts it).
-    scheduler_config_path: str = "/etc/kubernetes/gpuinfra/kube-scheduler-config.yaml"
+    scheduler_config_path: PlainPath = "/etc/kubernetes/gpuinfra/kube-scheduler-config.yaml"

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from inventory.grammar import ImageRef, PlainPath
+from inventory.grammar import ImageRef, Namespace, PlainPath, QualifiedName, Words
 from inventory.model import LoadedCluster
 
 
@@ -69,16 +69,16 @@ class GpuHealthConfig(BaseModel):
     # Active tests plus DCGM level 3 can take ~15 minutes; a hung node must not block the run.
     fleet_timeout_s: int = Field(1200, ge=30)
     # What runs on each sampled node; JSON so verdicts are parsed, never scraped from a table.
-    remote_command: str = "gpuinfra health run --format json"
+    remote_command: Words = "gpuinfra health run --format json"
     # Kubernetes node names: kubelet registers with the short host name unless told otherwise.
     node_name: Literal["host", "fqdn"] = "host"
 
     # Image with gpuinfra, kubectl and PyTorch (for the active tests); built from this repository.
     image: ImageRef = "ghcr.io/gpuinfra/gpu-health:0.1.0"
     # Its own namespace so RBAC and quotas for node-patching pods stay separate from workloads.
-    namespace: str = "gpu-health"
+    namespace: Namespace = "gpu-health"
     # Four times a day, off the hour, so it does not coincide with hourly batch starts.
-    cronjob_schedule: str = "17 */6 * * *"
+    cronjob_schedule: Words = "17 */6 * * *"
     # Every GPU worker gets a full check about once a month: shorter than a training campaign, so
     # a GPU that went bad between jobs (row remaps piling up, a link trained down) is found
     # before the next long run lands on it, for minutes of GPU time per node a month.
@@ -91,7 +91,7 @@ class GpuHealthConfig(BaseModel):
     # Debian/Ubuntu prometheus-node-exporter's textfile collector directory.
     textfile_dir: PlainPath = "/var/lib/prometheus/node-exporter"
     # The extended resource the NVIDIA device plugin advertises; the CronJob asks for all of them.
-    gpu_resource: str = "nvidia.com/gpu"
+    gpu_resource: QualifiedName = "nvidia.com/gpu"
 
 
 def cluster_config(loaded: LoadedCluster) -> GpuHealthConfig:

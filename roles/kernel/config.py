@@ -6,6 +6,15 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from inventory.grammar import (
+    DebianVersion,
+    KernelArgument,
+    KernelModule,
+    PackageName,
+    SysctlName,
+    SysctlValue,
+)
+
 # The sysctls every node gets: name -> (value, why). `sysctls` in the inventory merges over this
 # table (a value of null drops a default). Kubelet's --protect-kernel-defaults expects the
 # vm.overcommit_memory / vm.panic_on_oom / kernel.panic / kernel.panic_on_oops values below.
@@ -55,28 +64,32 @@ GPUDIRECT_RDMA_MODULE = "nvidia-peermem"
 class KernelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    # Overrides of DEFAULT_SYSCTLS (merged over it); null removes a default.
-    sysctls: dict[str, str | int | None] = Field(default_factory=dict)
+    # Overrides of DEFAULT_SYSCTLS (merged over it); null removes a default. Names and values are
+    # lines of /etc/sysctl.d: a newline in either would set a second sysctl, hence the grammars.
+    sysctls: dict[SysctlName, SysctlValue | int | None] = Field(default_factory=dict)
     # Kernel modules loaded at boot (/etc/modules-load.d) and now where the host allows it.
-    modules: list[str] = Field(default_factory=lambda: list(DEFAULT_MODULES))
+    modules: list[KernelModule] = Field(default_factory=lambda: list(DEFAULT_MODULES))
     # Added on gpu_worker hosts only.
-    gpu_modules: list[str] = Field(default_factory=lambda: list(DEFAULT_GPU_MODULES))
+    gpu_modules: list[KernelModule] = Field(default_factory=lambda: list(DEFAULT_GPU_MODULES))
     # Kernel command line additions (GRUB drop-in). iommu=pt: devices bypass IOMMU translation,
     # which NVIDIA advises for GPUDirect RDMA/NCCL throughput while keeping the IOMMU on.
-    grub_cmdline: list[str] = Field(default_factory=lambda: ["iommu=pt"])
+    grub_cmdline: list[KernelArgument] = Field(default_factory=lambda: ["iommu=pt"])
     # Full clock all the time: GPU feeders and NCCL proxies stall on CPU frequency ramps.
     cpu_governor: Literal["performance", "schedutil", "ondemand", "powersave"] = "performance"
     # "always" makes khugepaged compact memory behind latency-sensitive daemons (etcd);
     # madvise lets allocators that ask for huge pages (PyTorch, CUDA hosts) still get them.
     transparent_hugepages: Literal["always", "madvise", "never"] = "madvise"
-    # Locked memory: RDMA and CUDA pinned host memory need it unbounded.
-    memlock: str = "unlimited"
+    # Locked memory: RDMA and CUDA pinned host memory need it unbounded. A number or unlimited
+    # only, as fabric.memlock: it ends a line of limits.conf and systemd's DefaultLimitMEMLOCK=.
+    memlock: str = Field("unlimited", pattern=r"^(unlimited|[0-9]+)$")
     # Open files per process: containerd, kubelet and data loaders hold many.
     nofile: int = 1048576
     # Kernel package pinned and held (e.g. "linux-image-generic-hwe-22.04"); None: leave it.
-    kernel_package: str | None = None
+    # Quoted on apt-get's command line, where a name or version starting with `-` would still be
+    # an option: both have Debian's grammar.
+    kernel_package: PackageName | None = None
     # Version of kernel_package to install; None: whatever the archive offers, then held.
-    kernel_version: str | None = None
+    kernel_version: DebianVersion | None = None
 
     def effective_sysctls(self) -> dict[str, str]:
         """The defaults with this host's overrides applied, as strings the kernel reports."""

@@ -16,11 +16,22 @@ from pydantic import (
     model_validator,
 )
 
-from inventory.grammar import CheckName, DebianRevision, Url, VersionText
+from inventory.grammar import (
+    CheckName,
+    DebianRevision,
+    Duration,
+    ImageRef,
+    KeyFingerprint,
+    LabelValue,
+    QualifiedName,
+    Quantity,
+    ReleaseTag,
+    Sha256,
+    Threshold,
+    Url,
+    VersionText,
+)
 from toolkit.pacing import Rate, RateInvalid
-
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-
 
 # kubeadm's preflight checks that stop it from writing over a node's existing directories and
 # files (an etcd data dir, a manifest, a kubeconfig).
@@ -42,7 +53,7 @@ class KubernetesConfig(BaseModel):
     repo_url: Url = "https://pkgs.k8s.io"
     # The Kubernetes release key of the v1.28+ repositories (Release.key of every minor),
     # published at https://kubernetes.io/docs/setup/production-environment/tools/kubeadm/
-    repo_key_fingerprint: str = "DE15B14486CD377B9E876E1A234654DA9A296436"
+    repo_key_fingerprint: KeyFingerprint = "DE15B14486CD377B9E876E1A234654DA9A296436"
     # Debian revision of the packages at the pinned version: pkgs.k8s.io publishes "-1.1".
     package_revision: DebianRevision = "1.1"
     # Base URL holding <version>/bin/linux/<arch>/{kubeadm,kubelet,kubectl} (source: binaries).
@@ -50,14 +61,14 @@ class KubernetesConfig(BaseModel):
     # SHA-256 for source: binaries, per download: the three binaries and the crictl and CNI
     # plugin tarballs. No defaults: a pin is only a pin when it was read from the release's own
     # checksum files by whoever sets the version.
-    binary_sha256: dict[Literal["kubeadm", "kubelet", "kubectl", "crictl", "cni-plugins"], str] = (
-        Field(default_factory=dict)
-    )
+    binary_sha256: dict[
+        Literal["kubeadm", "kubelet", "kubectl", "crictl", "cni-plugins"], Sha256
+    ] = Field(default_factory=dict)
     # SHA-256 of kubeadm, kubelet and kubectl of other releases, by version ("1.36.3"): where
     # `gpuinfra kubernetes upgrade` may take the cluster with source: binaries (Kubespray keeps
     # such a table of every release it knows). The target's own pins, read the same way.
-    release_sha256: dict[str, dict[Literal["kubeadm", "kubelet", "kubectl"], str]] = Field(
-        default_factory=dict
+    release_sha256: dict[VersionText, dict[Literal["kubeadm", "kubelet", "kubectl"], Sha256]] = (
+        Field(default_factory=dict)
     )
     # The CNI plugins and crictl that go with Kubernetes 1.35 (source: binaries). No crictl
     # (None): kubeadm talks CRI itself; crictl is only the operator's debugging tool.
@@ -70,7 +81,7 @@ class KubernetesConfig(BaseModel):
     # Where kubeadm pulls the control plane's, kube-proxy's, CoreDNS's and pause images from;
     # a fleet mirror usually mirrors registry.k8s.io under the same names (container_runtime's
     # registry_mirrors) and leaves this alone.
-    image_repository: str = "registry.k8s.io"
+    image_repository: ImageRef = "registry.k8s.io"
     # CoreDNS's image tag; None: the one this kubeadm release names.
     coredns_image_tag: str | None = Field(None, pattern=r"^v\d+\.\d+\.\d+$")
     # CoreDNS replicas, one node each while nodes allow. None: one per 16 nodes, at least 2
@@ -92,7 +103,7 @@ class KubernetesConfig(BaseModel):
 
     # Calico in BGP mode with no encapsulation: pod CIDRs routed natively between nodes (the
     # reference design left Flannel's overlay for ~2 Gbit/s against 10-15 host to host).
-    calico_version: str = "v3.29.1"
+    calico_version: ReleaseTag = "v3.29.1"
     # Full node-to-node BGP mesh up to ~100 nodes (Calico's advice); past that, route reflectors:
     # the control-plane nodes, which every node peers with (None: by the fleet's size,
     # inventory/sizing.py).
@@ -110,13 +121,13 @@ class KubernetesConfig(BaseModel):
     # SHA-256 of the upstream manifest of calico_version (calico.yaml, or calico-typha.yaml with
     # Typha): applied only when set (the role never applies an unpinned download; this machine
     # could not fetch it to pin it).
-    calico_manifest_sha256: str | None = None
+    calico_manifest_sha256: Sha256 | None = None
 
     # Workers join at most this many per interval, slower when the API answers 429/5xx: joining
     # hundreds at once overloaded the API servers of the reference design.
     join_rate: str = "5/10s"
     # Bootstrap tokens live 15 minutes: long enough for one run's joins, useless afterwards.
-    token_ttl: str = "15m"
+    token_ttl: Duration = "15m"
     # Seconds a joined control-plane node gets to answer /healthz and to turn Ready.
     ready_timeout_s: int = Field(300, ge=10)
 
@@ -128,7 +139,7 @@ class KubernetesConfig(BaseModel):
     # Events in their own etcd (large-cluster option): the etcd role's Events cluster when
     # etcd.events.enabled (nothing to set here), or these "https://host:2379" endpoints of an
     # external one, which win over it. The same etcd client certificate reaches both.
-    events_etcd_endpoints: list[str] = Field(default_factory=list)
+    events_etcd_endpoints: list[Url] = Field(default_factory=list)
     # Secrets encrypted at rest with a key kept in the cluster's state (encryption.py): etcd,
     # its snapshots and backups hold them as ciphertext (CIS benchmark 1.2.27/1.2.28).
     encrypt_secrets: bool = True
@@ -165,14 +176,14 @@ class KubernetesConfig(BaseModel):
     # kubelet: the 110-pod upstream limit; GPU nodes run few large pods, so no reason to raise.
     max_pods: int = Field(110, ge=10, le=250)
     # Reserved for the OS and for kubelet/containerd, so a pod burst never starves sshd.
-    system_reserved: dict[str, str] = Field(
+    system_reserved: dict[QualifiedName, Quantity] = Field(
         default_factory=lambda: {"cpu": "500m", "memory": "1Gi", "ephemeral-storage": "1Gi"}
     )
-    kube_reserved: dict[str, str] = Field(
+    kube_reserved: dict[QualifiedName, Quantity] = Field(
         default_factory=lambda: {"cpu": "500m", "memory": "1Gi", "ephemeral-storage": "1Gi"}
     )
     # Evict before the node itself runs out (kubelet's defaults plus a memory margin).
-    eviction_hard: dict[str, str] = Field(
+    eviction_hard: dict[QualifiedName, Threshold] = Field(
         default_factory=lambda: {
             "memory.available": "500Mi",
             "nodefs.available": "10%",
@@ -181,7 +192,7 @@ class KubernetesConfig(BaseModel):
         }
     )
     # Labels every node of this group/host registers with (GPU workers add theirs).
-    node_labels: dict[str, str] = Field(default_factory=dict)
+    node_labels: dict[QualifiedName, LabelValue] = Field(default_factory=dict)
 
     # kube-proxy in IPVS mode: O(1) service lookups where iptables mode walks long chains at
     # thousands of services (Kubespray's default too).
@@ -203,21 +214,12 @@ class KubernetesConfig(BaseModel):
             raise ValueError(str(exc)) from None
         return value
 
-    @field_validator("binary_sha256")
-    @classmethod
-    def _digests(cls, value: dict[str, str]) -> dict[str, str]:
-        for name, digest in value.items():
-            if not _SHA256.match(digest):
-                raise ValueError(f"{name}: {digest!r} is not a SHA-256 (64 hex digits)")
-        return value
-
     @field_validator("release_sha256")
     @classmethod
-    def _release_digests(cls, value: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
-        for version, pins in value.items():
+    def _release_versions(cls, value: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+        for version in value:
             if not re.fullmatch(r"\d+\.\d+\.\d+", version):
                 raise ValueError(f"{version!r} is not a Kubernetes version (1.36.3)")
-            cls._digests(pins)
         return value
 
     @field_validator("fail_cgroup_v1")
@@ -252,8 +254,4 @@ class KubernetesConfig(BaseModel):
             missing = wanted - set(self.binary_sha256)
             if missing:
                 raise ValueError(f"source: binaries needs binary_sha256 for {sorted(missing)}")
-        if self.calico_manifest_sha256 is not None and not _SHA256.match(
-            self.calico_manifest_sha256
-        ):
-            raise ValueError("calico_manifest_sha256 is not a SHA-256 (64 hex digits)")
         return self

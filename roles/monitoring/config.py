@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import re
+from pydantic import BaseModel, ConfigDict, Field
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from inventory.grammar import UnitName, Url
 
 
 class MonitoringConfig(BaseModel):
@@ -24,7 +24,7 @@ class MonitoringConfig(BaseModel):
     # Node exporter collectors that only add series on this fleet: no btrfs/zfs/xfs/bcache/nfs
     # filesystems, no IPVS (kube-proxy runs iptables/nftables), and power/tape/fibre channel
     # stats nobody alerts on. Collectors GPU nodes need (infiniband, hwmon, edac) stay on.
-    disabled_collectors: list[str] = Field(
+    disabled_collectors: list[UnitName] = Field(
         default_factory=lambda: [
             "arp",
             "bcache",
@@ -42,7 +42,7 @@ class MonitoringConfig(BaseModel):
     )
     # Debian turns the systemd collector on, one series per unit and state (400+ per host):
     # only the units the cluster depends on are kept, so NodeServiceFailed has what it needs.
-    systemd_units: list[str] = Field(
+    systemd_units: list[UnitName] = Field(
         default_factory=lambda: [
             "chrony",
             "containerd",
@@ -76,7 +76,7 @@ class MonitoringConfig(BaseModel):
     # Where Alertmanager (beside Prometheus on the monitoring host) sends alerts, firing and
     # resolved: webhook URLs (a pager's or chat's incoming webhook, an on-call bridge). None:
     # alerts are only seen in Alertmanager and Prometheus, which no one watches at 3 a.m.
-    alert_webhooks: list[str] = Field(default_factory=list)
+    alert_webhooks: list[Url] = Field(default_factory=list)
     # Alertmanager's own defaults: wait before a group's first notification so alerts that fire
     # together go out as one; between updates of a group (new alerts, resolutions); and before
     # the same notification is sent again.
@@ -85,11 +85,3 @@ class MonitoringConfig(BaseModel):
     alert_repeat_interval: str = Field("4h", pattern=r"^\d+[smh]$")
     # NVIDIA's DCGM exporter default port, scraped on GPU workers (installed with Kubernetes).
     dcgm_exporter_port: int = Field(9400, ge=1, le=65535)
-
-    @field_validator("alert_webhooks")
-    @classmethod
-    def _webhooks_are_urls(cls, urls: list[str]) -> list[str]:
-        for url in urls:
-            if not re.fullmatch(r"https?://[^\s\"'`$;]+", url):
-                raise ValueError(f"{url!r} is not an http(s) URL")
-        return urls

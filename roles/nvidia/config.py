@@ -10,9 +10,10 @@ the versions of the tools around the stack (DCGM, container toolkit) are setting
 from __future__ import annotations
 
 from typing import Literal
-from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from inventory.grammar import DebianVersion, KeyFingerprint, Url
 
 Source = Literal["nvidia", "distribution", "mirror"]
 
@@ -27,12 +28,13 @@ class NvidiaConfig(BaseModel):
     # None: "nvidia" on Ubuntu, "distribution" on Debian (NVIDIA has no Debian 13 tree).
     source: Source | None = None
     # NVIDIA's CUDA repository root; <url>/<ubuntu2204|ubuntu2404|debian12>/x86_64/ is used.
-    repo_url: str = "https://developer.download.nvidia.com/compute/cuda/repos"
+    # Both URLs are lines of apt's sources and curl's command line, hence the grammar.
+    repo_url: Url = "https://developer.download.nvidia.com/compute/cuda/repos"
     # An operator's mirror of the same tree, required with `source: mirror`.
-    mirror_url: str | None = None
+    mirror_url: Url | None = None
     # NVIDIA's CUDA repository signing key (3bf863cc.pub, used since April 2022), pinned by
     # fingerprint: https://developer.nvidia.com/blog/updating-the-cuda-linux-gpg-repository-key/
-    repo_key_fingerprint: str = "EB693B3035CD5710E231E123A4B469963BF863CC"
+    repo_key_fingerprint: KeyFingerprint = "EB693B3035CD5710E231E123A4B469963BF863CC"
     # Kernel module flavour; None: NVIDIA's default for the branch (open from 560, proprietary
     # before). Blackwell needs open; GPUs before Turing need proprietary (compat.py checks it).
     kernel_modules: Literal["open", "proprietary"] | None = None
@@ -46,14 +48,14 @@ class NvidiaConfig(BaseModel):
     nccl_cuda: str | None = Field(None, pattern=r"^\d+\.\d+$")
     # Fabric manager and libnvidia-nscq version; None: exactly the driver's, the only version
     # that works (a mismatch leaves NVSwitch systems without NVLink: gpu-operator#544).
-    fabricmanager_version: str | None = None
+    fabricmanager_version: DebianVersion | None = None
     # Fabric manager: "auto" runs it on NVSwitch systems (8-GPU HGX/DGX A100, H100, H200, B200,
     # from the inventory's GPU model); elsewhere it fails with NV_WARN_NOTHING_TO_DO.
     fabricmanager: Literal["auto", "on", "off"] = "auto"
     # DCGM 4 (datacenter-gpu-manager-4-cuda<major>): dcgm-exporter and health checks read it.
-    dcgm_version: str | None = "4.2.3"
+    dcgm_version: DebianVersion | None = "4.2.3"
     # nvidia-container-toolkit (and its libnvidia-container libraries) at this version.
-    container_toolkit_version: str | None = "1.17.8"
+    container_toolkit_version: DebianVersion | None = "1.17.8"
     # containerd: "default" makes nvidia the default runtime, what the NVIDIA device plugin's
     # documented setup expects; "runtime_class" keeps runc the default and GPU pods opt in
     # with `runtimeClassName: nvidia` (a RuntimeClass named nvidia must exist).
@@ -65,13 +67,8 @@ class NvidiaConfig(BaseModel):
 
     @field_validator("mirror_url", "repo_url")
     @classmethod
-    def _is_url(cls, value: str | None) -> str | None:
-        if value is None:
-            return value
-        url = urlparse(value)
-        if url.scheme not in ("http", "https", "file") or not (url.netloc or url.path):
-            raise ValueError(f"{value!r} is not an http(s) or file URL")
-        return value.rstrip("/")
+    def _without_trailing_slash(cls, value: str | None) -> str | None:
+        return value.rstrip("/") if value is not None else value
 
     def source_for(self, os_name: str) -> Source:
         """The source in effect on a host of this OS."""

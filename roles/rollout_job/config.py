@@ -6,7 +6,7 @@ import ipaddress
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from inventory.grammar import ImageRef, JobNamespace
+from inventory.grammar import ImageRef, JobNamespace, Quantity
 
 
 class RolloutJobConfig(BaseModel):
@@ -36,6 +36,6 @@ class RolloutJobConfig(BaseModel):
     # count (docs/design/fleet-jobs.md section 6), so the default allows a few hundred hosts.
     deadline_seconds: int = Field(4 * 3600, ge=300)
     # One core per shard: a gpuinfra process is single-threaded (gevent).
-    cpu: str = "1"
+    cpu: Quantity = "1"
     # A pyinfra run holds every host of its step's facts; 1 GiB fits a budget of a few dozen.
-    memory: str = "1Gi"
+    memory: Quantity = "1Gi"

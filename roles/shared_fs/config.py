@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from inventory.grammar import DebianVersion, HealthCode, PlainPath, Uuid, Word
+
 GiB = 2**30
 MiB = 2**20
 # A path inside the shared file system, as clients see it from its root.
@@ -23,14 +25,14 @@ class Strict(BaseModel):
 
 
 def check_fs_path(value: str) -> str:
-    if not _FS_PATH.match(value) or "/../" in f"{value}/" or "/./" in f"{value}/":
+    if not _FS_PATH.fullmatch(value) or "/../" in f"{value}/" or "/./" in f"{value}/":
         raise ValueError(f"{value!r} is not an absolute path inside the file system")
     return value
 
 
 def check_options(value: list[str]) -> list[str]:
     for option in value:
-        if not _OPTION.match(option) or "," in option:
+        if not _OPTION.fullmatch(option) or "," in option:
             raise ValueError(f"mount option {option!r}: one option per item, no spaces")
     return value
 
@@ -55,7 +57,7 @@ class Directory(Strict):
     @field_validator("mode")
     @classmethod
     def _mode(cls, value: str) -> str:
-        if not _MODE.match(value):
+        if not _MODE.fullmatch(value):
             raise ValueError(f"mode {value!r} is not octal like 0755 or 1777")
         return value.zfill(4)
 
@@ -66,17 +68,24 @@ class ExistingStorage(Strict):
     type: Literal["cephfs", "nfs", "lustre", "beegfs"]
     # cephfs: the cluster's monitors (address or address:port); nfs: the server; lustre: the
     # MGS NIDs (10.0.0.1@o2ib); beegfs: the management host.
-    servers: list[str] = Field(min_length=1)
+    servers: list[Word] = Field(min_length=1)
     # cephfs and nfs: the exported path; lustre: the file system name; beegfs: unused.
-    export: str = "/"
+    export: Word = "/"
     # Options added to the type's defaults (mount_options below applies too).
-    options: list[str] = Field(default_factory=list)
+    options: list[Word] = Field(default_factory=list)
     # cephfs only: the cluster's fsid, the client's name, and a file on the controller that
     # holds its key (read at apply, copied 0600; never in the inventory itself).
-    fsid: str | None = None
+    fsid: Uuid | None = None
     client_name: str = "training"
     key_file: str | None = None
     fs_name: str | None = None
+
+    @field_validator("client_name", "fs_name")
+    @classmethod
+    def _ceph_name(cls, value: str | None) -> str | None:
+        if value is not None and not _CEPH_NAME.fullmatch(value):
+            raise ValueError(f"{value!r}: letters, digits, _ and - only")
+        return value
 
     @field_validator("options")
     @classmethod
@@ -98,11 +107,11 @@ class SharedFsConfig(Strict):
     mount_point: str = "/shared"
     # noatime: training reads datasets over and over; an access-time update per read is a
     # metadata write to the MDS for nothing. _netdev and nofail are always added (see files.py).
-    mount_options: list[str] = Field(default_factory=lambda: ["noatime"])
+    mount_options: list[Word] = Field(default_factory=lambda: ["noatime"])
     # None: a CephFS of this cluster's own storage hosts; set: mount the site's storage.
     existing: ExistingStorage | None = None
     # Debian 13's Ceph (reef), pinned as every package is; ceph-mon, -mgr, -mds, -osd, -fuse.
-    ceph_version: str = "18.2.7+ds-1+deb13u1"
+    ceph_version: DebianVersion = "18.2.7+ds-1+deb13u1"
     fs_name: str = "cephfs"
     # The workers' cephx identity, limited by `ceph fs authorize` to client_path (rw), so a
     # worker's key can neither read another file system nor change quotas or layouts.
@@ -110,7 +119,7 @@ class SharedFsConfig(Strict):
     client_path: str = "/"
     directories: list[Directory] = Field(default_factory=list)
     # The storage host's data disk for its OSD (host vars); formatted only when blank.
-    osd_device: str | None = None
+    osd_device: PlainPath | None = None
     # Three copies, writes accepted while two are up: one storage host down keeps the data
     # readable and writable (Ceph's own defaults for replicated pools).
     replicas: int = Field(3, ge=2)
@@ -128,7 +137,7 @@ class SharedFsConfig(Strict):
     # MGR_MODULE_DEPENDENCY: on Debian 13, reef's mgr modules that import python3-cryptography
     # fail ("PyO3 modules do not yet support subinterpreters", tracker.ceph.com/issues/64213);
     # the cluster serves without them (no volumes/pg_autoscaler module: pools are made here).
-    muted_health_checks: list[str] = Field(default_factory=lambda: ["MGR_MODULE_DEPENDENCY"])
+    muted_health_checks: list[HealthCode] = Field(default_factory=lambda: ["MGR_MODULE_DEPENDENCY"])
     # How long apply waits for HEALTH_OK after a change (peering, recovery of a small cluster).
     health_timeout_s: int = Field(300, ge=10)
 
@@ -142,7 +151,7 @@ class SharedFsConfig(Strict):
     def _unit_name(cls, value: str) -> str:
         # Its mount unit is named after it (systemd-escape --path); a "-" there becomes "\x2d",
         # and GNU sha1sum escapes such a name in its output, so no change of the unit would show.
-        if not re.match(r"^[A-Za-z0-9_/]+$", value):
+        if not re.fullmatch(r"^[A-Za-z0-9_/]+$", value):
             raise ValueError(f"{value!r}: letters, digits, _ and / only (it names a mount unit)")
         return value
 
@@ -154,7 +163,7 @@ class SharedFsConfig(Strict):
     @field_validator("fs_name", "client_name")
     @classmethod
     def _ceph_name(cls, value: str) -> str:
-        if not _CEPH_NAME.match(value):
+        if not _CEPH_NAME.fullmatch(value):
             raise ValueError(f"{value!r}: letters, digits, _ and - only")
         return value
 

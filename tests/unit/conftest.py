@@ -57,6 +57,15 @@ def write_cluster(tmp_path: Path) -> Callable[[dict[str, Any]], Path]:
     return write
 
 
+@pytest.fixture
+def loaded(small_cluster: dict[str, Any], write_cluster) -> LoadedCluster:
+    """The small cluster as written and loaded, for tests that change nothing in it first (a
+    module may define a `loaded` of its own, which then wins)."""
+    from engine.context import load
+
+    return load(write_cluster(small_cluster))
+
+
 def _state_dirs() -> set[Path]:
     return {path for path in INVENTORIES.glob("*/.state") if path.is_dir()}
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from engine.context import load
 from engine.reboot import BOOT_MARKER, Rebooter
 from toolkit.remote import RemoteResult
 
@@ -45,8 +44,7 @@ def address(loaded, host: str) -> str:
     return str(loaded.cluster.hosts[host].address)
 
 
-def test_a_host_is_back_when_the_marker_is_gone_and_systemd_booted(small_cluster, write_cluster):
-    loaded = load(write_cluster(small_cluster))
+def test_a_host_is_back_when_the_marker_is_gone_and_systemd_booted(loaded):
     ip = address(loaded, "cpu-1")
     ssh = ScriptedSsh({ip: [(0, "pending"), (255, ""), (1, "starting"), (1, "degraded")]})
     outcome = rebooter(loaded, ssh).reboot("cpu-1")
@@ -57,16 +55,14 @@ def test_a_host_is_back_when_the_marker_is_gone_and_systemd_booted(small_cluster
     assert commands[-1] == "rm -f /run/reboot-required /run/reboot-required.pkgs"
 
 
-def test_a_host_that_does_not_come_back_fails_with_its_last_state(small_cluster, write_cluster):
-    loaded = load(write_cluster(small_cluster))
+def test_a_host_that_does_not_come_back_fails_with_its_last_state(loaded):
     ssh = ScriptedSsh({address(loaded, "cpu-1"): []})
     outcome = rebooter(loaded, ssh, timeout=10).reboot("cpu-1")
     assert not outcome.ok
     assert "not back within 10 s (last state: unreachable)" in outcome.error
 
 
-def test_a_failed_batch_stops_the_rollout(small_cluster, write_cluster):
-    loaded = load(write_cluster(small_cluster))
+def test_a_failed_batch_stops_the_rollout(loaded):
     booted = [(1, "running")]
     ssh = ScriptedSsh(
         {

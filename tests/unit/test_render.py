@@ -128,8 +128,7 @@ def test_group_and_host_vars_reach_the_templates(small_cluster, write_cluster):
     assert "pool ntp.host iburst" in chrony["etcd-2"]
 
 
-def test_debian_sources_enable_non_free(small_cluster, write_cluster):
-    loaded = load(write_cluster(small_cluster))
+def test_debian_sources_enable_non_free(loaded):
     sources = next(
         f for f in host_files(host_contexts(loaded)[0]) if f.path.endswith("gpuinfra.sources")
     )

@@ -164,7 +164,7 @@ def test_bad_runtime_settings_name_the_key(small_cluster, write_cluster, setting
 @pytest.mark.parametrize(
     ("setting", "message"),
     [
-        ({"registry_mirrors": {"docker.io": ["::bad"]}}, "is not an http(s) URL"),
+        ({"registry_mirrors": {"docker.io": ["::bad"]}}, "not an http(s) URL"),
         ({"log_max_size": "lots"}, "log_max_size"),
         ({"data_root": "relative/docker"}, "data_root"),
     ],

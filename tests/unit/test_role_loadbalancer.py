@@ -65,8 +65,7 @@ def test_readyz_health_check_is_an_https_probe(small_cluster, write_cluster):
     assert "    option tcp-check\n" in text and "/readyz" not in text
 
 
-def test_one_balancer_has_no_keepalived(small_cluster, write_cluster):
-    loaded = load(write_cluster(small_cluster))
+def test_one_balancer_has_no_keepalived(loaded):
     assert not uses_keepalived(loaded.cluster)
     files = files_of(loaded, "lb-1")
     assert KEEPALIVED_CONFIG not in files

@@ -86,8 +86,7 @@ def test_non_workers_get_no_shared_fs_files(sample):
     assert files_of(sample, "etcd-1", "shared_fs") == {}
 
 
-def test_no_storage_hosts_means_no_mount(small_cluster, write_cluster):
-    loaded = load(write_cluster(small_cluster))
+def test_no_storage_hosts_means_no_mount(loaded):
     assert files_of(loaded, "gpu-1", "shared_fs") == {}
 
 

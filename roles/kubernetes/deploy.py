@@ -25,9 +25,15 @@ from roles.kubernetes.cni import (
     calico_scale,
     route_reflectors,
 )
-from roles.kubernetes.facts import CgroupVersion, EncryptionKeyNames, KubeletConfigFile
+from roles.kubernetes.facts import (
+    CgroupVersion,
+    EncryptionKeyNames,
+    KubeletConfigFile,
+    ManifestFlags,
+)
 from roles.kubernetes.files import managed_files
 from roles.kubernetes.kubeadm import (
+    API_SERVER_MANIFEST,
     INIT_CONFIG,
     JOIN_CONFIG,
     KUBELET_CONFIG_FILE,
@@ -106,6 +112,11 @@ def _common(ctx: HostContext, control_plane: bool) -> dict[str, str]:
             "Check that the API server's encryption key is the kept one",
             encryption.rotation_findings(ctx.loaded)
             or encryption.lost_keys(on_node or [], encryption.key(ctx.loaded)),
+        )
+        running = host.get_fact(ManifestFlags, path=API_SERVER_MANIFEST)
+        nothing_overrides(
+            "Check that the API server encrypts Secrets",
+            encryption.unencrypted(running, API_SERVER_MANIFEST),
         )
     written = {
         path: put_file(managed_file)

@@ -36,6 +36,8 @@ KEY_STATE = "kubernetes/secrets-encryption.key"  # under the cluster's state dir
 NEXT_KEY_STATE = "kubernetes/secrets-encryption.next.key"
 KEY_BYTES = 32  # secretbox takes a 32-byte key
 PROVIDER = "secretbox"
+# The API server's flag that reads the file (roles/kubernetes/kubeadm.py sets it).
+FLAG = "encryption-provider-config"
 
 
 def new_key() -> str:
@@ -98,6 +100,22 @@ def lost_keys(on_node: list[str], kept: str) -> list[str]:
         "the Secrets written with the others would no longer read. Restore "
         f"{KEY_STATE} under the state directory from the checkout that applied the cluster "
         "(docs/roles/kubernetes.md#secrets-at-rest)"
+    ]
+
+
+def unencrypted(running_flags: list[str] | None, manifest: str) -> list[str]:
+    """A finding for an API server whose manifest (`running_flags`: roles/kubernetes/facts.py's
+    ManifestFlags, None before the node's init or join) gives it no encryption configuration:
+    kubeadm writes the manifest at init, join and upgrade only, so on a cluster initialised
+    without encryption an apply writes the file and the running API server never reads it,
+    storing every Secret in clear while the inventory says they are encrypted."""
+    if running_flags is None or f"--{FLAG}" in running_flags:
+        return []
+    return [
+        f"{manifest} runs the API server without --{FLAG}: it stores Secrets in etcd in clear "
+        "(the cluster was initialised without encryption, and kubeadm writes the manifest at "
+        "init, join and upgrade only). Turn it on as docs/roles/kubernetes.md#secrets-at-rest "
+        "says, or set kubernetes.encrypt_secrets: false to run without it"
     ]
 
 

@@ -138,6 +138,22 @@ class EncryptionKeyNames(FactBase):
         return [line.strip().strip("\"'") for line in output if line.strip()]
 
 
+class ManifestFlags(FactBase):
+    """The `--name` of each flag a static pod manifest (`path`) gives its command, in order;
+    None without the manifest (a node before its init or join)."""
+
+    def command(self, path: str) -> str:
+        quoted = shlex.quote(path)
+        flags = r"s/^[[:space:]]*-[[:space:]]*\(--[a-z0-9-]*\).*/\1/p"
+        return f"test -f {quoted} && echo manifest && sed -n '{flags}' {quoted} || true"
+
+    def process(self, output: list[str]) -> list[str] | None:
+        lines = [line.strip() for line in output if line.strip()]
+        if not lines or lines[0] != "manifest":
+            return None
+        return lines[1:]
+
+
 class KubeletConfigFile(FactBase):
     """kubelet's configuration file as kubeadm wrote it (`path`), parsed; None before the node
     joined (no file) or when it is no YAML mapping."""

@@ -15,7 +15,7 @@ from roles.kubernetes import models as m
 from roles.kubernetes.apiproxy import api_endpoint
 from roles.kubernetes.audit import AUDIT_LOG_DIR, AUDIT_POLICY
 from roles.kubernetes.config import KubernetesConfig
-from roles.kubernetes.encryption import ENCRYPTION_CONFIG, ENCRYPTION_DIR
+from roles.kubernetes.encryption import ENCRYPTION_CONFIG, ENCRYPTION_DIR, FLAG
 from roles.kubernetes.settings import CONFIG_DIR, is_first_control_plane
 from toolkit import nodes
 from toolkit.nodes import SchedulerFiles
@@ -33,6 +33,7 @@ KUBELET_PATCH = f"{PATCHES_DIR}/kubeletconfiguration+merge.yaml"
 # control-plane node and none on a worker, so any other file is a pod nobody declared.
 STATIC_PODS_DIR = "/etc/kubernetes/manifests"
 CONTROL_PLANE_PODS = ("kube-apiserver.yaml", "kube-controller-manager.yaml", "kube-scheduler.yaml")
+API_SERVER_MANIFEST = f"{STATIC_PODS_DIR}/{CONTROL_PLANE_PODS[0]}"
 # The join step writes the filled-in copy here (0700) and removes it after the join.
 SECRET_DIR = f"{CONFIG_DIR}/private"
 # Files kubeadm writes: "initialised" and "joined" are read from them (Kubespray's tests too).
@@ -145,7 +146,7 @@ def encryption_flags(cfg: KubernetesConfig) -> list[Flag]:
         return []
     return [
         Flag(
-            "encryption-provider-config",
+            FLAG,
             ENCRYPTION_CONFIG,
             "Secrets encrypted at rest (roles/kubernetes/encryption.py): etcd and its "
             "snapshots hold them as ciphertext",

@@ -84,7 +84,10 @@ def kubeconfigs(control_plane):
     write("/etc/kubernetes/pki/ca.crt", "stand-in CA\n", 0o644)
     if control_plane:
         write("/etc/kubernetes/pki/ca.key", "stand-in CA key\n")
-        write("/etc/kubernetes/manifests/kube-apiserver.yaml", "# stand-in\n")
+        # As kubeadm writes it from the role's config: the API server reads its encryption
+        # configuration (roles/kubernetes/encryption.py; drift checks the flag is there).
+        write("/etc/kubernetes/manifests/kube-apiserver.yaml",
+              "# stand-in\n    - --encryption-provider-config=/etc/kubernetes/encryption.yaml\n")
 
 
 def rand(alphabet, n):

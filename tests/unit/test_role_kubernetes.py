@@ -33,6 +33,7 @@ from roles.kubernetes.facts import (
     FileExists,
     KubeBinaries,
     KubeletConfigFile,
+    ManifestFlags,
 )
 from roles.kubernetes.kubeadm import (
     INIT_CONFIG,
@@ -40,6 +41,7 @@ from roles.kubernetes.kubeadm import (
     KUBELET_CONF,
     api_server_flags,
     cgroup_findings,
+    encryption_flags,
     kubelet_differences,
     kubelet_patch,
 )
@@ -764,6 +766,54 @@ def test_kubelets_file_is_read_back_and_compared_setting_by_setting(tmp_path):
         "evictionHard.nodefs.available to 10%",
     ]), found  # fmt: skip
     assert read("not: [a mapping") is None
+
+
+API_SERVER_POD = """apiVersion: v1
+kind: Pod
+metadata:
+  name: kube-apiserver
+  namespace: kube-system
+spec:
+  containers:
+  - command:
+    - kube-apiserver
+    - --advertise-address=10.0.0.21
+    - --encryption-provider-config=/etc/kubernetes/encryption/config.yaml
+    - --encryption-provider-config-automatic-reload=true
+    - --etcd-servers=https://10.0.0.11:2379
+    image: registry.k8s.io/kube-apiserver:v1.35.4
+    name: kube-apiserver
+"""
+
+
+def test_an_api_server_running_without_the_encryption_flag_is_a_finding(tmp_path):
+    """Issue 47.6: on a cluster initialised without encryption, an apply writes the file and
+    the running API server never reads it (kubeadm writes its manifest at init, join and
+    upgrade only), so Secrets stay in clear while the inventory says otherwise. The node's
+    manifest read by the fact's real command: the flag gone (its -automatic-reload sibling
+    left, which a prefix match would take for it) is a finding naming the way out; the
+    controls: the manifest kubeadm writes from our flags, and no manifest (before the init)."""
+    fact, manifest = ManifestFlags(), tmp_path / "kube-apiserver.yaml"
+
+    def read() -> list[str] | None:
+        command = fact.command(path=str(manifest))
+        found = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+        return fact.process(found.stdout.splitlines())
+
+    assert read() is None
+    assert encryption.unencrypted(read(), str(manifest)) == []
+    manifest.write_text(API_SERVER_POD)
+    assert read() == [
+        "--advertise-address", f"--{encryption.FLAG}", f"--{encryption.FLAG}-automatic-reload",
+        "--etcd-servers",
+    ]  # fmt: skip
+    assert encryption.unencrypted(read(), str(manifest)) == []
+    manifest.write_text(API_SERVER_POD.replace("    - --encryption-provider-config=/etc", "#"))
+    (finding,) = encryption.unencrypted(read(), str(manifest))
+    assert f"runs the API server without --{encryption.FLAG}" in finding
+    assert "kubernetes.encrypt_secrets: false" in finding
+    # The flag looked for is the one the role gives the API server.
+    assert encryption.FLAG in {f.name for f in encryption_flags(KubernetesConfig())}
 
 
 def test_a_cgroup_v1_host_stops_before_kubelet_is_installed():

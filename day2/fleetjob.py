@@ -291,7 +291,14 @@ def collect(run: JobRun) -> None:
         if index.isdigit():
             by_index.setdefault(int(index), []).append(pod)
     for index in range(count):
-        found = _shard_report(run, index, count, by_index.get(index, []))
+        mine = by_index.get(index, [])
+        if run.completed(index) and not any(_succeeded(pod) for pod in mine):
+            # Its pod ended 0 and is gone, its log with it (deleted once it ended, its node
+            # lost): the Job counts the shard done, and nothing says what it found.
+            for name in run.shard_of[index]:
+                run.exact[name] = f"shard {index}/{count} succeeded, its pod and report gone"
+            continue
+        found = _shard_report(run, index, count, mine)
         if isinstance(found, str):
             for name in run.shard_of[index]:
                 run.failed[name] = HostReport(name, HostStatus.failed, error=found)
@@ -305,7 +312,7 @@ def collect(run: JobRun) -> None:
 def _shard_report(run: JobRun, index: int, count: int, pods: list[dict]) -> dict | str:
     """The index's report, or why it has none (the text the report's failed hosts carry)."""
     label = f"shard {index}/{count}"
-    succeeded = [p for p in pods if p.get("status", {}).get("phase") == "Succeeded"]
+    succeeded = [p for p in pods if _succeeded(p)]
     if not succeeded:
         history = "; ".join(_pod_story(pod) for pod in pods) or "no pod ran"
         return f"{label} did not report: {history}{run.index_end(index)}"
@@ -336,6 +343,10 @@ def _shard_report(run: JobRun, index: int, count: int, pods: list[dict]) -> dict
     if [entry[0] for entry in report.get("hosts", [])] != expected:
         return f"{label}: report refused: its hosts are not its sheet's (pod {name})"
     return report
+
+
+def _succeeded(pod: dict) -> bool:
+    return pod.get("status", {}).get("phase") == "Succeeded"
 
 
 def _termination_message(pod: dict) -> str:

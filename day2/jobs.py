@@ -52,6 +52,16 @@ def ended(status: dict) -> bool:
     )
 
 
+def index_set(text: str) -> set[int]:
+    """The indexes an Indexed Job's status lists, as "0,2-4" (completedIndexes, failedIndexes)."""
+    found: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.strip().partition("-")
+        if first.isdigit() and (not last or last.isdigit()):
+            found.update(range(int(first), int(last or first) + 1))
+    return found
+
+
 @dataclass
 class InClusterJob:
     """The controller's side of a Job, what the command was asked and what each step found,
@@ -189,10 +199,13 @@ class InClusterJob:
                     raise
             self.sleep(poll_s)
 
+    def completed(self, index: int) -> bool:
+        """The Job counts `index` as succeeded (its status' completedIndexes, as "0,2-4")."""
+        return index in index_set(self.status.get("completedIndexes", ""))
+
     def index_end(self, index: int) -> str:
         """How an index of the Job ended, when that explains a shard's silence."""
-        failed = self.status.get("failedIndexes", "")
-        if str(index) in failed.split(","):
+        if index in index_set(self.status.get("failedIndexes", "")):
             return "; index failed after its retries"
         if not {c.get("type") for c in self.status.get("conditions", [])} & ENDED:
             return "; the Job did not end before its deadline"

@@ -90,6 +90,7 @@ class Kubectl:
     answers: dict[str, tuple[int, bytes, bytes, float]] = field(default_factory=dict)
     silent: dict[int, list[dict]] = field(default_factory=dict)  # index -> its failed pods
     bad_sha: set[int] = field(default_factory=set)
+    gone: set[int] = field(default_factory=set)  # indexes that succeeded, their pods deleted
     fail: str = ""  # a command word that fails ("get job", "logs")
     fail_times: int | None = None  # that many times only; None: always
     commands: list[str] = field(default_factory=list)
@@ -119,7 +120,13 @@ class Kubectl:
 
     def _status(self) -> dict:
         failed = ",".join(str(i) for i in sorted(self.silent))
-        return {"conditions": [{"type": "Complete", "status": "True"}], "failedIndexes": failed}
+        count = sum(1 for d in self.manifest if d["kind"] == "ConfigMap")
+        done = [i for i in range(count) if i not in self.silent]
+        return {
+            "conditions": [{"type": "Complete", "status": "True"}],
+            "failedIndexes": failed,
+            "completedIndexes": ranges(done),
+        }
 
     def _run_pods(self) -> None:
         maps = [d for d in self.manifest if d["kind"] == "ConfigMap"]
@@ -144,7 +151,19 @@ class Kubectl:
             )
             name = f"gpuinfra-drift-small-{index}-abcde"
             self.logs[name] = line.decode()
-            self.pods.append(pod(name, index, "Succeeded", 0, message=message))
+            if index not in self.gone:
+                self.pods.append(pod(name, index, "Succeeded", 0, message=message))
+
+
+def ranges(indexes: list[int]) -> str:
+    """As the Job controller writes its status' indexes: runs as ranges ("0-2,4")."""
+    runs: list[list[int]] = []
+    for i in indexes:
+        if runs and runs[-1][-1] == i - 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
 def pod(name, index, phase, code, reason="Completed", message="", disrupted=False) -> dict:
@@ -290,6 +309,33 @@ def test_a_shard_that_never_reported_is_named_and_the_run_exits_1(loaded):
             "counted); index failed after its retries"
         )
     assert exit_code(report) == 1
+
+
+def test_a_shard_that_succeeded_and_whose_pod_is_gone_is_checked_by_the_controller(loaded):
+    """The pod ended 0 and was deleted before the controller read its log (kubectl delete as
+    it ended, its node lost): the Job counts the index done, so no retry comes, and the
+    controller checks the shard's hosts itself."""
+    exact = Exact({"cp-2": HostStatus.drift})
+    report = fleet_drift(job_run(loaded, Kubectl(gone={1}), exact))
+    shard_one = sorted(loaded.cluster.hosts)[1::2]
+    assert sorted(exact.asked[0]) == shard_one
+    assert report.hosts["cp-2"].status is HostStatus.drift
+    assert all(report.hosts[n].status is HostStatus.ok for n in shard_one if n != "cp-2")
+    assert exit_code(report) == 3
+    (note,) = [n for n in report.notes if "shard(s) settled" in n]
+    assert "settled 5 of 10 hosts; 5 checked by the controller" in note
+    assert "shard 1/2 succeeded, its pod and report gone" in note
+    # Control: with its pod there, the shard's own report stands.
+    exact = Exact()
+    fleet_drift(job_run(loaded, Kubectl(), exact))
+    assert exact.asked == []
+
+
+def test_the_indexes_a_jobs_status_lists():
+    assert jobs.index_set("0,2-4,7") == {0, 2, 3, 4, 7}
+    assert jobs.index_set("") == set()
+    assert jobs.index_set("1-1") == {1}
+    assert jobs.index_set(ranges([0, 1, 2, 4])) == {0, 1, 2, 4}
 
 
 def test_a_report_whose_sha256_is_not_its_pods_is_refused(loaded):

@@ -41,6 +41,9 @@ import yaml
 from benchmarks import suites
 from lab import fleet, gobuild, naming
 from lab.errors import LabError
+from roles.fleet_policy.files import fleet_config
+from roles.fleet_policy.gang import in_tree_gang
+from toolkit import nodes
 
 PROCESSES = ("kube-apiserver", "etcd", "kube-scheduler", "kube-controller-manager", "kwok")
 COMMS = {name[:15]: name for name in PROCESSES}
@@ -279,6 +282,145 @@ def pod_startup(pods: list[dict]) -> dict[str, Any]:
     }
 
 
+# ---------------------------------------------------------------- the scheduler at fleet size
+
+SCHEDULING_TEAM = "research"  # boot() gives it gpu-1 and half the simulated fleet
+SCHEDULING_TIMEOUT_S = 600.0  # for a batch to run, and again for it to go
+POD_IMAGE = "registry.k8s.io/pause:3.10.1"  # never pulled: kwok plays the pods
+
+
+def gpu_pods(team: str, batch: str, count: int, workload_api: str | None) -> list[dict]:
+    """`count` pods of `team` asking 8 GPUs each, so one per simulated node, as a training
+    job's workers; with `workload_api` (the cluster's Workload group/version) a Workload first,
+    holding them as one gang of `count` (the scheduler binds all of them or none)."""
+    workload = {
+        "apiVersion": workload_api,
+        "kind": "Workload",
+        "metadata": {"name": batch, "namespace": team},
+        "spec": {"podGroups": [{"name": "workers", "policy": {"gang": {"minCount": count}}}]},
+    }
+    gpus = {"nvidia.com/gpu": "8"}
+    pods = [
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"{batch}-{i}", "namespace": team, "labels": {"batch": batch}},
+            "spec": {
+                **({"workloadRef": {"name": batch, "podGroup": "workers"}} if workload_api else {}),
+                "tolerations": [
+                    {"key": nodes.TEAM_TAINT_KEY, "value": team, "effect": "NoSchedule"}
+                ],
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": POD_IMAGE,
+                        "resources": {"requests": {"cpu": "100m", **gpus}, "limits": gpus},
+                    }
+                ],
+            },
+        }
+        for i in range(count)
+    ]
+    return [workload, *pods] if workload_api else pods
+
+
+def _batch_pods(loaded, team: str, batch: str) -> list[dict]:
+    listed = fleet.kubectl(loaded, "get", "pods", "-n", team, "-l", f"batch={batch}", "-o", "json")
+    return json.loads(listed)["items"]
+
+
+def _batch_names(loaded, team: str, batch: str, *selector: str) -> list[str]:
+    """The batch's pod names only: polled every second, a thousand pods' objects would load
+    the control plane being measured."""
+    args = ("get", "pods", "-n", team, "-l", f"batch={batch}", *selector, "-o", "name")
+    return fleet.kubectl(loaded, *args).split()
+
+
+def schedule_batch(loaded, team: str, count: int, workload_api: str | None) -> dict[str, Any]:
+    """Create `count` GPU pods of `team` at once (several kubectl processes, as a Job
+    controller would), wait until all run, read upstream's pod startup SLI and the scheduler's
+    rate from their own timestamps (`pod_startup`), then delete them and wait until they are
+    gone, so the next batch finds the nodes free. A batch that does not run whole within
+    SCHEDULING_TIMEOUT_S is recorded with the count that did."""
+    batch = "sched-gang" if workload_api else "sched-plain"
+    objects = gpu_pods(team, batch, count, workload_api)
+    started = time.monotonic()
+    if workload_api:  # before its pods, which the scheduler holds until it exists
+        fleet.kubectl(loaded, "create", "-f", "-", stdin=json.dumps(objects.pop(0)))
+    fleet.create(loaded, objects)
+    created_s = time.monotonic() - started
+    not_running = "--field-selector=status.phase!=Running"
+    while _batch_names(loaded, team, batch, not_running):
+        if time.monotonic() - started > SCHEDULING_TIMEOUT_S:
+            break
+        time.sleep(1)
+    pods = _batch_pods(loaded, team, batch)
+    running = sum(p.get("status", {}).get("phase") == "Running" for p in pods)
+    ready = [_condition_time(p, "Ready") for p in pods]
+    first = min((_stamp(p["metadata"]["creationTimestamp"]) for p in pods), default=None)
+    whole = running >= count and first is not None and None not in ready
+    figures = pod_startup(pods) | {
+        "gang": bool(workload_api),
+        "created_s": round(created_s, 1),
+        "running": running,
+        # From the first pod's creation to the last one's Ready, by the pods' own stamps.
+        "all_running_s": max(ready) - first if whole else None,
+    }
+    fleet.kubectl(loaded, "delete", "pods", "-n", team, "-l", f"batch={batch}", "--wait=false")
+    if workload_api:
+        workload = f"workloads.{workload_api.split('/')[0]}"
+        fleet.kubectl(loaded, "delete", workload, "-n", team, batch, "--ignore-not-found")
+    deadline = time.monotonic() + SCHEDULING_TIMEOUT_S
+    while _batch_names(loaded, team, batch):
+        if time.monotonic() > deadline:
+            raise LabError(f"the {batch} pods of {team} were not gone after the batch")
+        time.sleep(2)
+    return figures
+
+
+def scheduling(loaded, log: Callable[[str], None]) -> dict[str, Any]:
+    """The scheduler at the fleet's size: the team's simulated nodes are cleared of the
+    preflight taint, as the gate clears a node whose burn-in passed (no burn-in runs on a
+    simulated node), then one batch of a pod per team node (less those its GPU balloons hold)
+    without a gang, and the same batch as one gang. The taint is put back after, also on
+    failure."""
+    team_nodes = sorted(
+        name
+        for name, node in fleet.simulated_nodes(loaded).items()
+        if node["metadata"].get("labels", {}).get(nodes.TEAM_LABEL_KEY) == SCHEDULING_TEAM
+    )
+    # A GPU balloon of the team holds a node of its own once the taint is lifted: the batches
+    # leave it that room, so both measure the scheduler alone, not preemption (make test
+    # shows a balloon preempted).
+    ballooned = sum(
+        pool.replicas
+        for pool in fleet_config(loaded).balloons.values()
+        if pool.team == SCHEDULING_TEAM and pool.gpus
+    )
+    count = len(team_nodes) - ballooned
+    if count <= 0:
+        return {"team": SCHEDULING_TEAM, "nodes": len(team_nodes), "batches": []}
+    workload_api = in_tree_gang(loaded.cluster.versions.kubernetes).workload_api
+    fleet.kubectl(loaded, "taint", "nodes", *team_nodes, f"{nodes.PREFLIGHT_TAINT_KEY}-")
+    batches = []
+    try:
+        for api in (None, workload_api):
+            figures = schedule_batch(loaded, SCHEDULING_TEAM, count, api)
+            batches.append(figures)
+            log(
+                f"  scheduling {figures['pods']} pods ({'one gang' if api else 'no gang'}): "
+                f"{figures['pods_per_s']} bound/s, all running after {figures['all_running_s']} s"
+            )
+    finally:
+        fleet.kubectl(loaded, "taint", "nodes", "--overwrite", *team_nodes, nodes.PREFLIGHT_TAINT)
+    return {
+        "team": SCHEDULING_TEAM,
+        "nodes": len(team_nodes),
+        "balloon_nodes": ballooned,
+        "batches": batches,
+    }
+
+
 def summary(size: int, step: dict[str, Any]) -> str:
     lines = [f"== {size} simulated nodes: step of {step['seconds']} s, load {step['load']}"]
     lines.append(f"   fleet: {step['fleet']}")
@@ -323,6 +465,19 @@ def boot(lab: str, inventory: Path | None = None) -> Path:
     return result.inventory_path
 
 
+def daemonsets(loaded) -> dict[str, dict[str, int]]:
+    """Each DaemonSet's pods: how many nodes it should run on and on how many it is Ready
+    (kwok plays those on the simulated nodes), by namespace/name."""
+    listed = json.loads(fleet.kubectl(loaded, "get", "daemonsets", "-A", "-o", "json"))
+    return {
+        f"{item['metadata']['namespace']}/{item['metadata']['name']}": {
+            "desired": item.get("status", {}).get("desiredNumberScheduled", 0),
+            "ready": item.get("status", {}).get("numberReady", 0),
+        }
+        for item in listed["items"]
+    }
+
+
 def measure_step(lab: str, loaded, size: int, settle: float) -> dict[str, Any]:
     """Make the fleet `size` nodes, wait `settle` seconds, and read the step's figures."""
     before = reading(lab, loaded)
@@ -331,6 +486,7 @@ def measure_step(lab: str, loaded, size: int, settle: float) -> dict[str, Any]:
     after = reading(lab, loaded)
     step = step_figures(before, after)
     step.update(size=size, fleet=result.__dict__, load=load_average())
+    step["daemonsets"] = daemonsets(loaded)
     return step
 
 
@@ -389,6 +545,13 @@ def suite(
         log(f"  lab up: {time.monotonic() - started:.1f}s")
         suites.apply(inventory, work / "apply.json", log)
         grow(suites.LAB, sizes, settle, results, _saver(work / "steps.json"), log)
+        # At the largest size the growth held: the scheduler's rate there, with and without
+        # gangs (a fleet that stopped growing has the held size's nodes back first).
+        held = [step["size"] for step in results["steps"]]
+        if held and held[-1]:
+            fleet.scale(suites.LAB, held[-1])
+            results["scheduling"] = scheduling(fleet.lab_cluster(suites.LAB), log)
+            _saver(work / "steps.json")(results)
     finally:
         suites.lab_down(log)
     return results

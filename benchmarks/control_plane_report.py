@@ -352,7 +352,62 @@ def markdown(control_plane: dict[str, Any]) -> list[str]:
     lines += [f"![etcd and API server memory against simulated nodes]({MEMORY_PLOT})", ""]
     if analysis["per_node"]:
         lines += _per_node_section(analysis)
+    lines += _daemonset_section(analysis["rows"], control_plane["steps"])
+    lines += _scheduling_section(control_plane.get("scheduling"))
     return lines
+
+
+def _daemonset_section(rows: list[dict[str, Any]], steps: list[Step]) -> list[str]:
+    """Each DaemonSet's pods Ready of those it should run, at the end of each step: what the
+    fleet's nodes run (kube-proxy, gpuinfra's GPU agents), played by kwok on simulated nodes."""
+    by_size = {step["size"]: step.get("daemonsets") for step in steps}
+    names = sorted({name for sets in by_size.values() if sets for name in sets})
+    if not names:
+        return []
+    lines = [
+        "DaemonSet pods Ready of those each DaemonSet should run, at the end of each step:",
+        "",
+        "| simulated nodes | " + " | ".join(f"`{name}`" for name in names) + " |",
+        "| --- | " + " | ".join("---" for _ in names) + " |",
+    ]
+    for row in rows:
+        sets = by_size.get(row["size"]) or {}
+        cells = [
+            f"{sets[n]['ready']:,} / {sets[n]['desired']:,}" if n in sets else "n/a" for n in names
+        ]
+        lines.append(f"| {row['size']:,} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def _seconds(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:g}"
+
+
+def _scheduling_section(scheduling: dict[str, Any] | None) -> list[str]:
+    """The scheduler at the largest fleet held: a pod of 8 GPUs per node of one team, without
+    and then with a gang (benchmarks/control_plane.py `scheduling`)."""
+    if not scheduling or not scheduling.get("batches"):
+        return []
+    ballooned = scheduling.get("balloon_nodes", 0)
+    lines = [
+        f"The scheduler at that size: a pod of 8 GPUs for each of the {scheduling['team']} "
+        f"team's {scheduling['nodes']:,} simulated nodes less the {ballooned} its GPU "
+        "balloons hold, created at once, without a gang and then as one gang (a Workload of "
+        "that many; all bound or none). From the pods' own timestamps (whole seconds); pod "
+        "startup's SLO is p99 at most 5 s:",
+        "",
+        "| batch | pods | running | bound per s | scheduled p50 / p99 s | Ready p50 / p99 s "
+        "| all running after s |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for b in scheduling["batches"]:
+        lines.append(
+            f"| {'one gang' if b['gang'] else 'no gang'} | {b['pods']:,} | {b['running']:,} | "
+            f"{_seconds(b['pods_per_s'])} | {_seconds(b['scheduled_p50_s'])} / "
+            f"{_seconds(b['scheduled_p99_s'])} | {_seconds(b['ready_p50_s'])} / "
+            f"{_seconds(b['ready_p99_s'])} | {_seconds(b['all_running_s'])} |"
+        )
+    return [*lines, ""]
 
 
 def _per_node_section(analysis: dict[str, Any]) -> list[str]:

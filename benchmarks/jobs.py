@@ -137,7 +137,7 @@ class LabA:
 
 
 def kubernetes_topology():
-    """tests/integration/test_kubernetes.py's: the default lab without its storage hosts."""
+    """The default lab without its storage hosts: the drift Job's figures need no CephFS."""
     from lab.topology import Topology, default_topology
 
     hosts = tuple(host for host in default_topology().hosts if "storage" not in host.groups)

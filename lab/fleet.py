@@ -307,7 +307,8 @@ def stop_controller(name: str) -> bool:
 # ---------------------------------------------------------------- the nodes
 
 
-def _kubectl(loaded: LoadedCluster, *args: str, stdin: str | None = None) -> str:
+def kubectl(loaded: LoadedCluster, *args: str, stdin: str | None = None) -> str:
+    """kubectl of the lab's release with the lab's admin.conf; its output, or LabError."""
     binary = gobuild.kubernetes_module(loaded.cluster.versions.kubernetes).binary("kubectl")
     result = subprocess.run(
         [str(binary), f"--kubeconfig={kubeconfig(loaded)}", *args],
@@ -324,7 +325,7 @@ def _kubectl(loaded: LoadedCluster, *args: str, stdin: str | None = None) -> str
 
 def simulated_nodes(loaded: LoadedCluster) -> dict[str, dict[str, Any]]:
     """The fleet's nodes in the cluster, by name."""
-    listed = json.loads(_kubectl(loaded, "get", "nodes", "-o", "json"))
+    listed = json.loads(kubectl(loaded, "get", "nodes", "-o", "json"))
     return {
         item["metadata"]["name"]: item
         for item in listed["items"]
@@ -337,8 +338,9 @@ def node_ready(node: dict[str, Any]) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
-def _create(loaded: LoadedCluster, objects: list[dict[str, Any]]) -> None:
-    """Create nodes from several kubectl processes at once, as kubelets register together."""
+def create(loaded: LoadedCluster, objects: list[dict[str, Any]]) -> None:
+    """Create objects from several kubectl processes at once: nodes, as kubelets register
+    together, or a batch of pods, as a controller creates them."""
     chunks = [objects[i : i + CREATE_CHUNK] for i in range(0, len(objects), CREATE_CHUNK)]
     binary = gobuild.kubernetes_module(loaded.cluster.versions.kubernetes).binary("kubectl")
     argv = [str(binary), f"--kubeconfig={kubeconfig(loaded)}", "create", "-f", "-"]
@@ -376,9 +378,7 @@ def _create(loaded: LoadedCluster, objects: list[dict[str, Any]]) -> None:
 def _wait_ready(name: str, loaded: LoadedCluster, count: int, deadline: float) -> None:
     while True:
         fleet = simulated_nodes(loaded)
-        leases = json.loads(
-            _kubectl(loaded, "get", "leases", "-n", "kube-node-lease", "-o", "json")
-        )
+        leases = json.loads(kubectl(loaded, "get", "leases", "-n", "kube-node-lease", "-o", "json"))
         leased = {item["metadata"]["name"] for item in leases["items"]}
         ready = [n for n, node in fleet.items() if node_ready(node) and n in leased]
         if len(ready) >= count:
@@ -417,10 +417,10 @@ def scale(name: str, count: int) -> FleetResult:
     extra = sorted(set(existing) - wanted)
     started = time.monotonic()
     if missing:
-        _create(loaded, fleet_nodes(loaded, missing))
+        create(loaded, fleet_nodes(loaded, missing))
     created = time.monotonic() - started
     if extra:
-        _kubectl(loaded, "delete", "nodes", "--wait=false", "--ignore-not-found", *extra)
+        kubectl(loaded, "delete", "nodes", "--wait=false", "--ignore-not-found", *extra)
     if count:
         _wait_ready(name, loaded, count, started + READY_TIMEOUT_S)
     return FleetResult(

@@ -18,6 +18,7 @@ from benchmarks import control_plane, report, suites
 from benchmarks import control_plane_report as cp_report
 from lab import fleet
 from lab.errors import LabError
+from roles.fleet_policy.config import BalloonPool, FleetPolicyConfig
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = Path(__file__).parent / "data" / "control-plane-steps.json"
@@ -253,6 +254,57 @@ def test_the_section_holds_the_verdicts_costs_and_the_projections_assumptions(me
     assert "| the 5 API servers' RSS | 8.4 GiB |" in text
 
 
+def test_the_section_gives_the_schedulers_batches_when_they_ran(measured):
+    """No scheduling in the results (a run before it, or an empty fleet): no table. With the
+    two batches: a row each, a batch that never ran whole shown with n/a, not a time."""
+    assert "The scheduler at that size" not in "\n".join(cp_report.markdown(measured))
+    batch = {"pods": 500, "running": 500, "pods_per_s": 41.7, "scheduled_p50_s": 6.0,
+             "scheduled_p99_s": 11.0, "ready_p50_s": 7.0, "ready_p99_s": 12.0,
+             "all_running_s": 14.2}  # fmt: skip
+    measured["scheduling"] = {
+        "team": "research",
+        "nodes": 501,
+        "balloon_nodes": 1,
+        "batches": [
+            {**batch, "gang": False},
+            {**batch, "gang": True, "running": 0, "pods_per_s": None, "all_running_s": None},
+        ],
+    }
+    text = "\n".join(cp_report.markdown(measured))
+    assert "for each of the research team's 501 simulated nodes less the 1 its GPU" in text
+    assert "| no gang | 500 | 500 | 41.7 | 6 / 11 | 7 / 12 | 14.2 |" in text
+    assert "| one gang | 500 | 0 | n/a | 6 / 11 | 7 / 12 | n/a |" in text
+
+
+def test_a_step_reads_each_daemonsets_desired_and_ready_pods(monkeypatch):
+    listed = {"items": [
+        {"metadata": {"namespace": "kube-system", "name": "kube-proxy"},
+         "status": {"desiredNumberScheduled": 502, "numberReady": 500}},
+        {"metadata": {"namespace": "gpuinfra-system", "name": "gpu-health"}, "status": {}},
+    ]}  # fmt: skip
+    monkeypatch.setattr(fleet, "kubectl", lambda loaded, *args: json.dumps(listed))
+    assert control_plane.daemonsets("loaded") == {
+        "kube-system/kube-proxy": {"desired": 502, "ready": 500},
+        "gpuinfra-system/gpu-health": {"desired": 0, "ready": 0},
+    }
+
+
+def test_the_section_gives_each_daemonsets_pods_per_size(measured):
+    """Steps recorded before the DaemonSets were read have none: no table. Once read, a
+    column per DaemonSet, n/a where a step lacks it."""
+    assert "DaemonSet pods Ready" not in "\n".join(cp_report.markdown(measured))
+    measured["steps"][1]["daemonsets"] = {"kube-system/kube-proxy": {"desired": 502, "ready": 502}}
+    measured["steps"][2]["daemonsets"] = {
+        "kube-system/kube-proxy": {"desired": 1002, "ready": 1001},
+        "gpuinfra-system/gpu-health": {"desired": 1001, "ready": 1001},
+    }
+    text = "\n".join(cp_report.markdown(measured))
+    assert "| simulated nodes | `gpuinfra-system/gpu-health` | `kube-system/kube-proxy` |" in text
+    assert "| 0 | n/a | n/a |" in text
+    assert "| 500 | n/a | 502 / 502 |" in text
+    assert "| 1,000 | 1,001 / 1,001 | 1,001 / 1,002 |" in text
+
+
 def test_the_plots_points(measured):
     points = cp_report.series(measured)
     assert [size for size, _ in points["latency"]["single_object"]] == [0, 500, 1000]
@@ -333,6 +385,12 @@ class FakeLab:
         monkeypatch.setattr(fleet, "lab_cluster", lambda lab: "loaded")
         monkeypatch.setattr(fleet, "scale", self.scale)
         monkeypatch.setattr(control_plane, "reading", self.reading)
+        monkeypatch.setattr(control_plane, "scheduling", self.scheduling)
+        monkeypatch.setattr(control_plane, "daemonsets", lambda loaded: {})
+
+    def scheduling(self, loaded, log) -> dict:
+        self.calls.append(("scheduling", loaded))
+        return {"team": "research", "nodes": 250, "batches": []}
 
     def scale(self, lab: str, count: int) -> fleet.FleetResult:
         self.calls.append(("scale", count))
@@ -353,8 +411,10 @@ def test_a_fleet_that_cannot_get_ready_ends_the_growth(monkeypatch, tmp_path):
     assert results["stopped"] == {
         "size": 2500, "error": "12 of 2500 simulated nodes Ready with a Lease after 600 s"
     }  # fmt: skip
-    assert [c for c in lab.calls if c[0] == "scale"] == [("scale", 0), ("scale", 500),
-                                                          ("scale", 2500)]  # fmt: skip
+    # The scheduler is measured at the largest size held, its fleet made that size again.
+    assert [c for c in lab.calls if c[0] in ("scale", "scheduling")] == [
+        ("scale", 0), ("scale", 500), ("scale", 2500), ("scale", 500), ("scheduling", "loaded")
+    ]  # fmt: skip
     assert lab.calls[0] == ("down",) and lab.calls[-1] == ("down",)
     saved = json.loads((tmp_path / "work" / "steps.json").read_text())
     assert saved["stopped"]["size"] == 2500 and len(saved["steps"]) == 2
@@ -370,6 +430,15 @@ def test_every_size_runs_when_the_fleet_keeps_up(monkeypatch, tmp_path):
     assert [s["size"] for s in results["steps"]] == [0, 500]
     assert "stopped" not in results
     assert results["steps"][1]["fleet"]["nodes"] == 500
+    assert results["scheduling"]["nodes"] == 250
+    saved = json.loads((tmp_path / "work" / "steps.json").read_text())
+    assert saved["scheduling"] == results["scheduling"]
+
+
+def test_no_scheduler_batch_on_an_empty_fleet(monkeypatch, tmp_path):
+    lab = FakeLab(monkeypatch, tmp_path)
+    results = control_plane.suite((0,), 0.0, tmp_path / "work", lambda _: None)
+    assert "scheduling" not in results and ("scheduling", "loaded") not in lab.calls
 
 
 def test_the_lab_goes_down_when_its_apply_fails(monkeypatch, tmp_path):
@@ -440,3 +509,185 @@ def test_pod_startup_reads_the_pods_own_timestamps():
     same = [_pod(n, "2026-11-29T01:00:00Z", "2026-11-29T01:00:00Z", None) for n in "xyz"]
     assert control_plane.pod_startup(same)["pods_per_s"] == 3.0
     assert control_plane.pod_startup([])["scheduled_p99_s"] is None
+
+
+# ---------------------------------------------------------------- the scheduler at fleet size
+
+
+class FakeCluster:
+    """What `scheduling` asks of a lab's API (lab/fleet.py's kubectl and create), in memory:
+    simulated nodes of two teams, pods run at once unless `runs` says how many may, taints
+    lifted and put back, the calls kept in order."""
+
+    def __init__(self, research: int, inference: int, runs: int | None = None) -> None:
+        self.nodes = {
+            f"kwok-{team}-{i}": {"metadata": {"labels": {"gpuinfra.io/team": team}}}
+            for team, count in (("research", research), ("inference", inference))
+            for i in range(count)
+        }
+        self.pods: dict[str, dict] = {}
+        self.runs = runs
+        self.calls: list[tuple[str, ...]] = []
+        self.created: list[list[dict]] = []
+
+    def kubectl(self, loaded, *args: str, stdin: str | None = None) -> str:
+        self.calls.append(args)
+        if args[:2] == ("get", "pods"):
+            batch = args[args.index("-l") + 1].split("=", 1)[1]
+            items = [p for p in self.pods.values() if p["metadata"]["labels"]["batch"] == batch]
+            if "--field-selector=status.phase!=Running" in args:
+                items = [p for p in items if p["status"]["phase"] != "Running"]
+            if args[-2:] == ("-o", "name"):
+                return "".join(f"pod/{p['metadata']['name']}\n" for p in items)
+            return json.dumps({"items": items})
+        if args[:2] == ("delete", "pods"):
+            self.pods.clear()
+        if args[:3] == ("create", "-f", "-"):
+            self.created.append([json.loads(stdin)])
+        return ""
+
+    def create(self, loaded, objects: list[dict]) -> None:
+        self.created.append(objects)
+        for index, pod in enumerate(objects):
+            phase = "Running" if self.runs is None or index < self.runs else "Pending"
+            stamp = "2026-12-02T10:00:00Z"
+            bound = phase == "Running"
+            pod = copy.deepcopy(pod)
+            pod["metadata"]["creationTimestamp"] = stamp
+            pod["status"] = {
+                "phase": phase,
+                "conditions": [
+                    {
+                        "type": kind,
+                        "status": "True",
+                        "lastTransitionTime": f"2026-12-02T10:00:0{s}Z",
+                    }
+                    for kind, s in (("PodScheduled", 2), ("Ready", 3))
+                    if bound
+                ],
+            }
+            self.pods[pod["metadata"]["name"]] = pod
+
+    def simulated_nodes(self, loaded) -> dict:
+        return self.nodes
+
+
+class _Versions:
+    kubernetes = "1.35.4"
+
+
+class _Loaded:
+    class cluster:  # noqa: N801 - stands for LoadedCluster.cluster
+        versions = _Versions()
+
+
+@pytest.fixture
+def fake_cluster(monkeypatch) -> FakeCluster:
+    fake = FakeCluster(research=3, inference=2)
+    for name in ("kubectl", "create", "simulated_nodes"):
+        monkeypatch.setattr(fleet, name, getattr(fake, name))
+    monkeypatch.setattr(control_plane.time, "sleep", lambda _s: None)
+    monkeypatch.setattr(control_plane, "fleet_config", lambda loaded: FleetPolicyConfig())
+    return fake
+
+
+def test_a_gang_batch_is_one_workload_created_before_its_pods_and_a_plain_batch_none():
+    gang = control_plane.gpu_pods("research", "sched-gang", 3, "scheduling.k8s.io/v1alpha1")
+    workload, *pods = gang
+    assert workload["kind"] == "Workload" and workload["metadata"]["namespace"] == "research"
+    assert workload["spec"]["podGroups"][0]["policy"]["gang"]["minCount"] == 3
+    assert [p["spec"]["workloadRef"] for p in pods] == [
+        {"name": "sched-gang", "podGroup": "workers"}
+    ] * 3
+    plain = control_plane.gpu_pods("research", "sched-plain", 3, None)
+    assert [p["kind"] for p in plain] == ["Pod"] * 3
+    assert not any("workloadRef" in p["spec"] for p in plain)
+    for pod in [*pods, *plain]:
+        # A node's 8 GPUs each, so one pod per node; the team's own taint tolerated only.
+        resources = pod["spec"]["containers"][0]["resources"]
+        assert resources["requests"]["nvidia.com/gpu"] == resources["limits"]["nvidia.com/gpu"]
+        assert resources["limits"]["nvidia.com/gpu"] == "8"
+        assert pod["spec"]["tolerations"] == [
+            {"key": "gpuinfra.io/team", "value": "research", "effect": "NoSchedule"}
+        ]
+
+
+def test_scheduling_runs_a_pod_per_team_node_without_then_with_a_gang_and_restores_the_taint(
+    fake_cluster,
+):
+    """The research team's three nodes lose the preflight taint, get a plain batch of three and
+    then one gang of three (its Workload created alone, before the pods), each deleted before
+    the next; the inference team's nodes are never touched; the taint goes back at the end."""
+    lines: list[str] = []
+    result = control_plane.scheduling(_Loaded(), lines.append)
+    research = sorted(n for n in fake_cluster.nodes if "research" in n)
+    assert result["team"] == "research" and result["nodes"] == 3
+    plain, gang = result["batches"]
+    assert (plain["gang"], gang["gang"]) == (False, True)
+    for figures in (plain, gang):
+        assert figures["pods"] == figures["running"] == figures["scheduled"] == 3
+        assert figures["scheduled_p99_s"] == 2.0 and figures["ready_p99_s"] == 3.0
+        assert figures["all_running_s"] == 3.0  # the first creation to the last Ready
+    taints = [c for c in fake_cluster.calls if c[:2] == ("taint", "nodes")]
+    assert taints[0] == ("taint", "nodes", *research, "gpuinfra.io/preflight-")
+    assert taints[-1] == (
+        "taint",
+        "nodes",
+        "--overwrite",
+        *research,
+        "gpuinfra.io/preflight=true:NoSchedule",
+    )
+    # The plain batch's pods, then the Workload alone, then the gang's pods.
+    kinds = [[o["kind"] for o in objects] for objects in fake_cluster.created]
+    assert kinds == [["Pod"] * 3, ["Workload"], ["Pod"] * 3]
+    deletes = [c for c in fake_cluster.calls if c[0] == "delete"]
+    assert [c[1] for c in deletes] == ["pods", "pods", "workloads.scheduling.k8s.io"]
+    # Waiting polls names only, never the pods' whole objects.
+    polls = [c for c in fake_cluster.calls if c[:2] == ("get", "pods")]
+    assert sum(c[-1] == "json" for c in polls) == 2  # one read per batch, for the figures
+    assert len(lines) == 2 and "no gang" in lines[0] and "one gang" in lines[1]
+
+
+def test_the_batches_leave_the_teams_gpu_balloons_their_nodes(fake_cluster, monkeypatch):
+    """research's 8-GPU balloon holds one of its three nodes: two pods a batch. Another
+    team's balloon and a CPU balloon of research's hold none of its GPU nodes."""
+    pools = {
+        "gpu": BalloonPool(replicas=1, team="research", gpus=8),
+        "cpu": BalloonPool(replicas=2, team="research"),
+        "other": BalloonPool(replicas=1, team="inference", gpus=8),
+    }
+    config = FleetPolicyConfig(balloons=pools)
+    monkeypatch.setattr(control_plane, "fleet_config", lambda loaded: config)
+    result = control_plane.scheduling(_Loaded(), lambda _line: None)
+    assert result["nodes"] == 3 and result["balloon_nodes"] == 1
+    assert [b["pods"] for b in result["batches"]] == [2, 2]
+
+
+def test_a_batch_that_never_runs_whole_is_recorded_and_the_taint_still_goes_back(
+    fake_cluster, monkeypatch
+):
+    """Two of three pods run (a gang would run none; this is the count recorded, not a hang):
+    the batch ends at its timeout with running 2 and no all-running time. A batch that cannot
+    be deleted raises, and the preflight taint is put back all the same."""
+    fake_cluster.runs = 2
+    clock = iter(range(0, 10_000, 100))
+    monkeypatch.setattr(control_plane.time, "monotonic", lambda: next(clock))
+    figures = control_plane.schedule_batch(_Loaded(), "research", 3, None)
+    assert figures["running"] == 2 and figures["all_running_s"] is None
+    assert figures["scheduled"] == 2 and figures["pods"] == 3
+
+    def stuck(loaded, *args, stdin=None):
+        fake_cluster.calls.append(args)
+        if args[:2] == ("get", "pods"):
+            if args[-2:] == ("-o", "name"):
+                return "pod/x\n"
+            labels = {"batch": "sched-plain"}
+            stamp = "2026-12-02T10:00:00Z"
+            pod = {"metadata": {"name": "x", "labels": labels, "creationTimestamp": stamp}}
+            return json.dumps({"items": [pod]})
+        return ""
+
+    monkeypatch.setattr(fleet, "kubectl", stuck)
+    with pytest.raises(LabError, match="not gone"):
+        control_plane.scheduling(_Loaded(), lambda _line: None)
+    assert fake_cluster.calls[-1][:3] == ("taint", "nodes", "--overwrite")

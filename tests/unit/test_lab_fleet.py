@@ -60,10 +60,7 @@ def test_a_fleet_that_grows_keeps_each_nodes_team(sample):
     assert fleet.fleet_nodes(sample, [6, 7]) == whole[5:]
 
 
-def test_without_teams_the_nodes_are_shared_and_still_wait_for_the_preflight(
-    small_cluster, write_cluster
-):
-    loaded = load(write_cluster(small_cluster))
+def test_without_teams_the_nodes_are_shared_and_still_wait_for_the_preflight(loaded):
     (node,) = fleet.fleet_nodes(loaded, [3])
     assert nodes.TEAM_LABEL_KEY not in node["metadata"]["labels"]
     assert [kubelet_form(taint) for taint in node["spec"]["taints"]] == [nodes.PREFLIGHT_TAINT]
@@ -124,8 +121,7 @@ def test_lab_down_stops_the_labs_kwok_and_nothing_else(tmp_path, monkeypatch):
         child.kill()
 
 
-def test_a_cluster_not_applied_yet_has_no_kubeconfig_to_reach(small_cluster, write_cluster):
-    loaded = load(write_cluster(small_cluster))
+def test_a_cluster_not_applied_yet_has_no_kubeconfig_to_reach(loaded):
     with pytest.raises(LabInvalid, match="apply the lab's inventory first"):
         fleet.kubeconfig(loaded)
     admin = loaded.state_dir / "kubernetes" / "admin.conf"

@@ -150,7 +150,8 @@ def kubernetes_modules() -> list[GoModule]:
 
 def lab_modules() -> list[GoModule]:
     """What a lab cluster runs: every module but the Kubernetes builds newer than the oldest,
-    which only an upgrade needs (`python -m lab.gobuild --all`), and those built on first use.
+    which only an upgrade needs (`python -m lab.gobuild --module kubernetes-1.36`), and those
+    built on first use.
     Each Kubernetes build is about 12 minutes cold on 2 cores: `make install` builds one."""
     newer = {m.name for m in kubernetes_modules()[1:]}
     return [m for m in modules() if m.name not in newer and m.name not in ON_FIRST_USE]

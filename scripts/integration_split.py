@@ -21,6 +21,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 BASELINE = REPO / "tests" / "integration" / "module-times.json"
 TIMES_DIR = REPO / "build" / "integration-times"
+# What `make test-long` runs after make test (scripts/long-tests.sh): make test deselects their
+# tests by marker, so they are never part of its split, whatever their recorded times.
+LONG_SUITES = ("tests/integration/test_faults.py", "tests/integration/test_kubernetes_upgrade.py")
 
 
 def measured(baseline: Path = BASELINE, times_dir: Path = TIMES_DIR) -> dict[str, dict]:
@@ -61,6 +64,12 @@ def side_modules(modules: list[str], times: dict[str, dict]) -> list[str]:
     return [module for unit in sorted(side) for module in unit]
 
 
+def make_test_modules(repo: Path = REPO) -> list[str]:
+    """The integration modules make test runs: every one but the long suites'."""
+    found = (str(p.relative_to(repo)) for p in (repo / "tests" / "integration").glob("test_*.py"))
+    return sorted(module for module in found if module not in LONG_SUITES)
+
+
 def last_run(times_dir: Path = TIMES_DIR) -> list[str]:
     """The last run's seconds per module, each process's, for the end of make test's log."""
     lines = []
@@ -78,10 +87,7 @@ def main() -> int:
     if sys.argv[1:] == ["--last-run"]:
         print("\n".join(last_run()))
         return 0
-    modules = sorted(
-        str(path.relative_to(REPO)) for path in (REPO / "tests" / "integration").glob("test_*.py")
-    )
-    for module in side_modules(modules, measured()):
+    for module in side_modules(make_test_modules(), measured()):
         print(module)
     return 0
 

@@ -12,6 +12,11 @@ if TYPE_CHECKING:
 
 # The console script installed beside this interpreter: what an operator runs.
 GPUINFRA = str(Path(sys.executable).parent / "gpuinfra")
+# A lab's first apply of every role on fresh hosts, a guard against a hang and no target: 478 s
+# on a quiet machine, 1,155 s with the other integration process applying its lab beside it,
+# and past 1,800 s (the guard then) on 2026-12-02, when this machine ran the unit tests in
+# 332 s where it had taken 187 s that morning.
+FIRST_APPLY_S = 3600
 
 
 def gpuinfra(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:

@@ -35,6 +35,7 @@ from inventory.model import LoadedCluster
 from lab import lifecycle
 from lab.state import read_state
 from lab.topology import Topology, default_topology
+from tests.helpers import FIRST_APPLY_S
 from tests.integration.roles_helpers import failed_run, gpuinfra
 from toolkit.ssh import ssh_argv
 
@@ -116,9 +117,11 @@ def converged(lab: LabCluster) -> LabCluster:
     fabric apply again, for the report they read (ten no-op applies of the whole lab were a
     sixth of the shared-lab process).
     A test that changes a host puts it back; the drift tests end with a clean fleet. The run's
-    first apply of fresh hosts (478 s on a quiet machine) went past the default 900 s on a
-    loaded one, and a killed apply leaves dpkg busy for the next module's: it gets 1800 s."""
-    result = gpuinfra("apply", str(lab.inventory_path), "--yes", "--format", "json", timeout=1800)
+    first apply of fresh hosts goes past the default 900 s on a loaded machine, and a killed
+    apply leaves dpkg busy for the next module's: it gets FIRST_APPLY_S."""
+    result = gpuinfra(
+        "apply", str(lab.inventory_path), "--yes", "--format", "json", timeout=FIRST_APPLY_S
+    )
     assert result.returncode == 0, failed_run(result)
     return lab
 

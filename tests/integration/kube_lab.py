@@ -1,16 +1,19 @@
-"""The Kubernetes lab: the default topology with Kubernetes on and without its three storage
-hosts (CephFS runs on the shared lab, where test_role_shared_fs.py checks it; here it would add
-minutes to every apply), booted and applied once per run and shared by every module that tests
-the real cluster, in this order: test_drift_job.py (the fleet's converged records are the
-apply's own), test_kubernetes.py (its joins are the apply's, its simulated fleet deleted again)
-and test_kubernetes_apply_job.py (the rollout re-joins the workers from pods), through the
-`kubernetes_lab` fixture (tests/integration/conftest.py). It goes down after the last of them.
+"""The Kubernetes lab: the default topology (the lab `make demo` converges, its three storage
+hosts' CephFS included) with Kubernetes on, booted and applied once per run and shared by every
+module that tests the real cluster, in this order: test_drift_job.py (the fleet's converged
+records are the apply's own), test_kubernetes.py (its joins are the apply's, its simulated
+fleet deleted again) and test_kubernetes_apply_job.py (the rollout re-joins the workers from
+pods), through the `kubernetes_lab` fixture (tests/integration/conftest.py). It goes down after
+the last of them.
 
 Its inventory carries what each of them exercises: a team and a second one owning no node, a
 balloon pool, a join rate slow enough to see, the drift Job on cpu-1 and the rollout Job on cp-2
 (the workers are what it rolls, so its pods cannot run there), both with the lab's own gpuinfra
 image, and `cni: routes` masquerading pod traffic (the drift Job's pods reach hosts outside the
-pod network). test_kubernetes_upgrade.py boots a lab of its own with `applied_lab`.
+pod network). The storage hosts are there for the rollout: its pods apply every role to the
+workers, the CephFS client's with the state entries it reads (issue 47.10: `apply --job` failed
+on every cluster with storage hosts). test_kubernetes_upgrade.py boots a lab of its own with
+`applied_lab`, without them (`storage=False`): an upgrade touches no storage host.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import yaml
 from cli.exitcodes import ExitCode
 from lab import gobuild, lifecycle
 from lab.topology import Topology, default_topology
+from tests.helpers import FIRST_APPLY_S
 from tests.integration.conftest import KEEP_ENV, LAB_NAME, LabCluster, boot_lab
 from tests.integration.roles_helpers import gpuinfra
 
@@ -107,17 +111,19 @@ def lab_inventory(path: Path) -> None:
     path.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
-def kubernetes_topology() -> Topology:
-    """The default lab's hosts but the storage group's (see the module's docstring)."""
-    hosts = tuple(host for host in default_topology().hosts if "storage" not in host.groups)
+def kubernetes_topology(storage: bool = True) -> Topology:
+    """The default lab's hosts, without the storage group's unless `storage`."""
+    hosts = default_topology().hosts
+    if not storage:
+        hosts = tuple(host for host in hosts if "storage" not in host.groups)
     return Topology(hosts, "kubernetes")
 
 
-def applied_lab(name: str, report: Path, prepare=None) -> Iterator[Cluster]:
+def applied_lab(name: str, report: Path, prepare=None, storage: bool = True) -> Iterator[Cluster]:
     """A lab with Kubernetes on (`prepare` edits its inventory first), applied once; taken
     down when the generator is closed unless kept (GPUINFRA_LAB_KEEP=1)."""
     inventory = Path(f"/tmp/gpuinfra-itest-{name}/cluster.yml")
-    lab = boot_lab(name, kubernetes_topology(), inventory, kubernetes=True)
+    lab = boot_lab(name, kubernetes_topology(storage), inventory, kubernetes=True)
     if lab.fresh:
         # An earlier run's state describes a cluster that went down with its lab (a killed
         # run left a key rotation's next key there once, and every later apply stopped on it).
@@ -126,7 +132,9 @@ def applied_lab(name: str, report: Path, prepare=None) -> Iterator[Cluster]:
         if prepare is not None:
             prepare(inventory)
         started = time.monotonic()
-        result = gpuinfra("apply", str(inventory), "--yes", "--report", str(report), timeout=1800)
+        result = gpuinfra(
+            "apply", str(inventory), "--yes", "--report", str(report), timeout=FIRST_APPLY_S
+        )
         seconds = time.monotonic() - started
         assert result.returncode == ExitCode.OK, result.stdout[-4000:] + result.stderr[-3000:]
         print(f"apply of the {name} lab, Kubernetes included: {seconds:.0f} s")

@@ -1,8 +1,9 @@
 """Faults injected into applies of every role on lab hosts, and what survives them.
 
-Opt-in (its full run took 37 min on the shared 2-core machine; deselected from `make test` by
-the `faults` marker): `.venv/bin/pytest -m faults tests/integration/test_faults.py`. Each
-test writes its counts to build/faults/<test>.json; docs/reliability.md holds the figures.
+Run by `make test-long`, which CI runs after `make test` (about 14 minutes; `make test`
+deselects it by the `faults` marker): `.venv/bin/pytest -m faults tests/integration/test_faults.py`
+alone. Each test writes its counts to build/faults/<test>.json; docs/reliability.md holds the
+figures.
 
 The lab is `faults` (GPUINFRA_FAULTS_LAB overrides it), five Debian 13 hosts covering every role
 but the GPU ones: base, kernel, container_runtime (cp-1, cpu-1), firewall, dns and monitoring

@@ -40,7 +40,7 @@ from lab import offline
 from roles.etcd.files import ETCDCTL_ENV
 from roles.kubernetes import encryption
 from roles.kubernetes.facts import EncryptionKeyNames
-from roles.kubernetes.kubeadm import PATCHES_DIR
+from roles.kubernetes.kubeadm import API_SERVER_MANIFEST, PATCHES_DIR
 from tests.integration.conftest import KEEP_ENV, needed_later
 from tests.integration.etcd_helpers import wait_healthy
 from tests.integration.kube_lab import (
@@ -734,6 +734,41 @@ def test_an_apply_with_another_key_stops_before_the_nodes_file(cluster, tmp_path
     error = json.loads(result.stdout)["hosts"]["cp-1"]["error"]
     assert encryption.key_name(state_key) in error and encryption.KEY_STATE in error, error
     assert cluster.lab.ssh("cp-1", file_sum).stdout == before
+
+
+def test_an_api_server_running_without_encryption_is_drift(cluster):
+    """Issue 47.6: on a cluster initialised without encryption the apply writes the file, but
+    kubeadm writes the API server's manifest at init, join and upgrade only, so the running
+    API server stores Secrets in clear while nothing said so. cp-3's manifest without the
+    flag (kubelet stopped meanwhile, so the API server runs on as it was): drift names it,
+    exit 3. The control: the manifest put back, drift of cp-3 is clean."""
+    backup = "/root/kube-apiserver.yaml.itest"
+    flag = f"--{encryption.FLAG}="
+    cluster.lab.ssh(
+        "cp-3",
+        f"systemctl stop kubelet && cp -p {API_SERVER_MANIFEST} {backup} && "
+        f"sed -i '/{flag}/d' {API_SERVER_MANIFEST} && ! grep -q -- '{flag}' {API_SERVER_MANIFEST}",
+    )
+    try:
+        drift = gpuinfra(
+            "drift", str(cluster.inventory), "--limit", "cp-3", "--roles", "kubernetes",
+            "--format", "json",
+        )  # fmt: skip
+    finally:
+        cluster.lab.ssh("cp-3", f"mv {backup} {API_SERVER_MANIFEST} && systemctl start kubelet")
+    assert drift.returncode == ExitCode.DRIFT, drift.stdout[-3000:] + drift.stderr[-2000:]
+    pending = {
+        op["name"].split(" | ")[-1]: op.get("diff") or ""
+        for op in json.loads(drift.stdout)["hosts"]["cp-3"]["operations"]
+        if op["changed"]
+    }
+    found = pending.get("Check that the API server encrypts Secrets", "")
+    assert f"runs the API server without --{encryption.FLAG}" in found, pending
+    clean = gpuinfra(
+        "drift", str(cluster.inventory), "--limit", "cp-3", "--roles", "kubernetes",
+        "--format", "json",
+    )  # fmt: skip
+    assert clean.returncode == ExitCode.OK, clean.stdout[-3000:]
 
 
 def test_a_second_apply_changes_nothing_and_drift_is_clean(cluster, tmp_path):

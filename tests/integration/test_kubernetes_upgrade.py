@@ -3,11 +3,10 @@
 and served by the lab's file server and registry, while a client reads and writes through the
 balancer the whole time and counts its errors.
 
-Opt-in (`pytest -m upgrade`): its own 13-host lab `<GPUINFRA_LAB_NAME>-k8s-up`
-(GPUINFRA_K8S_UPGRADE_LAB_NAME overrides) with one apply and one upgrade takes about half an
-hour on the project's 2-core machine, which `make test` cannot spare. Run it before changing
-the upgrade flow, the kubeadm configuration or the Go builds; docs/kubernetes-lab.md keeps its
-figures.
+Run by `make test-long` beside the fault suite, which CI runs after `make test` (`pytest -m
+upgrade` alone): its own 13-host lab `<GPUINFRA_LAB_NAME>-k8s-up` (GPUINFRA_K8S_UPGRADE_LAB_NAME
+overrides) with one apply and one upgrade takes about 15 minutes on the project's 2-core
+machine, more than `make test` can spare. docs/kubernetes-lab.md keeps its figures.
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 import yaml
@@ -40,6 +40,8 @@ UPGRADE_LAB = os.environ.get("GPUINFRA_K8S_UPGRADE_LAB_NAME", f"{LAB_NAME}-k8s-u
 PROBE = f"upgrade-probe-{int(time.time())}-"
 SECRET = f"upgrade-secret-{int(time.time())}"
 AUDIT_ID = re.compile(r"Audit-Id: ([0-9a-f-]{36})")
+# Each run's figures (build/upgrade/upgrade.json): docs/kubernetes-lab.md keeps them.
+RESULTS = Path(__file__).resolve().parents[2] / "build" / "upgrade"
 
 
 @dataclass
@@ -92,7 +94,7 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
     for newer in gobuild.kubernetes_modules()[1:]:
         gobuild.build(newer)
     report = tmp_path_factory.mktemp("k8s-up") / "apply.json"
-    for applied in applied_lab(UPGRADE_LAB, report):
+    for applied in applied_lab(UPGRADE_LAB, report, storage=False):
         assert offline.upgrades(), "lab up published no newer Kubernetes build"
         yield applied
 
@@ -204,6 +206,12 @@ def test_an_upgrade_by_one_minor_keeps_the_api_serving(cluster):
         f"upgrade {old.kubernetes_version} -> {new.kubernetes_version}: {seconds:.0f} s; client: "
         f"{client.operations} operations, {len(client.errors)} errors: {client.errors}"
     )
+    # The run's figures, kept whether or not it passes (a passing test's output is not shown).
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "upgrade.json").write_text(json.dumps({
+        "from": old.kubernetes_version, "to": new.kubernetes_version, "seconds": round(seconds),
+        "operations": client.operations, "errors": [list(e) for e in client.errors],
+    }, indent=1) + "\n")  # fmt: skip
     assert returncode == ExitCode.OK, stdout[-4000:]
     assert versions(cluster) == dict.fromkeys(NODES, new.kubernetes_version)
     server = json.loads(cluster.kubectl("version", "-o", "json").stdout)["serverVersion"]

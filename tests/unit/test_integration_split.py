@@ -86,3 +86,21 @@ def test_the_last_run_lists_each_process_s_modules_and_skips_a_missing_process(t
         ["main", "12.5", "b.py", "(shared", "lab)"],
     ]
     assert split.last_run(tmp_path / "absent") == []
+
+
+def test_the_long_suites_never_join_make_tests_split():
+    """make test deselects the faults and upgrade suites (make test-long runs them): with their
+    times recorded by a long run, the split must still not plan them, or the side process
+    would count 30 minutes it never runs. The control: counted as make test's modules, the
+    same times would put the long one beside."""
+    modules = split.make_test_modules()
+    assert "tests/integration/test_kubernetes.py" in modules
+    assert not set(split.LONG_SUITES) & set(modules)
+    for name in split.LONG_SUITES:
+        assert (REPO / name).exists(), name
+    times = {
+        "tests/integration/test_engine.py": module(100, True),
+        "tests/integration/test_faults.py": module(900, False),
+    }
+    assert split.side_modules(modules, times) == []
+    assert split.side_modules(sorted(times), times) == ["tests/integration/test_faults.py"]

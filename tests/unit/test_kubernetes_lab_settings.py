@@ -102,9 +102,8 @@ def test_kubeadm_and_kubelet_carry_the_cgroup_v1_and_offline_settings(small_clus
     assert flags["allocate-node-cidrs"] == "false"  # the blocks come from the inventory
 
 
-def test_production_defaults_write_none_of_the_lab_settings(small_cluster, write_cluster):
+def test_production_defaults_write_none_of_the_lab_settings(loaded):
     """Negative control: without them, nothing of the above is in the documents."""
-    loaded = load(write_cluster(small_cluster))
     text = files_of(loaded, "cp-1")[INIT_CONFIG]
     documents = {doc["kind"]: doc for doc in yaml.safe_load_all(text)}
     assert documents["KubeletConfiguration"]["cgroupDriver"] == "systemd"

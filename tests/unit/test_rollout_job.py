@@ -8,8 +8,10 @@ from __future__ import annotations
 import base64
 import json
 import random
+import re
 import stat
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -223,10 +225,7 @@ def test_within_fail_percent_the_rollout_goes_on():
     assert gate.acquire(["cpu-1"], want=1) == ["cpu-1"] and gate.stopped is None
 
 
-def test_the_runner_asks_the_gate_and_reports_a_stopped_rollouts_hosts_skipped(
-    small_cluster, write_cluster, monkeypatch
-):
-    loaded = load(write_cluster(small_cluster))
+def test_the_runner_asks_the_gate_and_reports_a_stopped_rollouts_hosts_skipped(loaded, monkeypatch):
     api = new_api(budget=1, total=2, fail_percent=0)
     gate = LedgerGate(api, LEDGER, "pod-a")
     ran: list[list[str]] = []
@@ -244,8 +243,7 @@ def test_the_runner_asks_the_gate_and_reports_a_stopped_rollouts_hosts_skipped(
     assert report.stopped and "over fail_percent 0" in report.stopped
 
 
-def test_the_runner_without_a_gate_runs_each_step_whole(small_cluster, write_cluster, monkeypatch):
-    loaded = load(write_cluster(small_cluster))
+def test_the_runner_without_a_gate_runs_each_step_whole(loaded, monkeypatch):
     ran: list[list[str]] = []
 
     def fake_batch(loaded, options, contexts, phases, report, progress, asked=None):
@@ -533,8 +531,7 @@ def test_only_the_worker_groups_admit_the_key_with_restrict_and_from(
     assert "10.0.0.71" in line and "PRIVATE" not in line
 
 
-def test_an_inventory_without_the_job_has_no_rollout_file(small_cluster, write_cluster):
-    loaded = load(write_cluster(small_cluster))
+def test_an_inventory_without_the_job_has_no_rollout_file(loaded):
     for ctx in host_contexts(loaded):
         assert not any("gpuinfra-rollout" in f.path for f in host_files(ctx))
 
@@ -796,7 +793,7 @@ class Kubectl:
 def worker_rollout(loaded, kubectl, **changes) -> Rollout:
     """A rollout of the worker groups through `kubectl`, with no real waits."""
     options = RunOptions(mode=Mode.apply, limit=("gpu_worker", "cpu_worker"))
-    return Rollout(loaded, options, runner=kubectl, sleep=lambda s: None, **changes)
+    return Rollout(loaded, options, runner=kubectl, **{"sleep": lambda s: None, **changes})
 
 
 def test_the_flow_publishes_a_manifest_without_state_and_keeps_secrets_off_command_lines(
@@ -1115,8 +1112,7 @@ def test_break_lock_marks_the_ledger_stopped(small_cluster, write_cluster, tmp_p
     assert json.loads(writes[0])["metadata"]["resourceVersion"] == "3"
 
 
-def test_without_the_job_enabled_a_local_apply_asks_cp1_nothing(small_cluster, write_cluster):
-    loaded = load(write_cluster(small_cluster))
+def test_without_the_job_enabled_a_local_apply_asks_cp1_nothing(loaded):
 
     def never(*args, **kwargs):
         raise AssertionError("asked cp-1")
@@ -1343,3 +1339,188 @@ def test_a_shard_runs_under_its_keepalive_and_says_why_each_host_failed(monkeypa
         "gpuinfra rollout shard 0: gpu-1: Kubernetes | Join: EOF",
         "gpuinfra rollout shard 0: gpu-2: ssh: no route to host",
     ]
+
+
+# -- the controller under faults: a hiccup rides out, a failure deletes what the run made ------
+
+
+class Clock:
+    """Epoch seconds that only sleeping moves (the rollout's clock is the ledger's)."""
+
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class Failing(Kubectl):
+    """cp-1 whose kubectl fails `times` times (None: always) on commands `word` (a regular
+    expression) is found in."""
+
+    def __init__(self, word: str, times: int | None = None):
+        super().__init__({})
+        self.word, self.times = word, times
+
+    def __call__(self, loaded, host, command, *, timeout, stdin=None):
+        if re.search(self.word, command) and (self.times is None or self.times > 0):
+            self.commands.append(command)
+            if self.times is not None:
+                self.times -= 1
+            return RemoteResult(host, 1, "", "Unable to connect to the server: EOF")
+        return super().__call__(loaded, host, command, timeout=timeout, stdin=stdin)
+
+
+WAIT = f"get job {LEDGER} -o json$"
+
+
+def test_the_rollouts_wait_rides_out_a_kubectl_hiccup_and_deletes_nothing_meanwhile(
+    small_cluster, write_cluster, tmp_path
+):
+    """Three failed looks at the Job (an API server restarting, cp-1's ssh dropping): the Job
+    is neither deleted nor given up while they last, and the run ends as the Job did (issue
+    47.8: one failed `get job` deleted the Job and every shard with it)."""
+    loaded = load(rollout_cluster(small_cluster, write_cluster, tmp_path))
+    KEY.private_key(loaded.state_dir, StateAccess.create)
+    time_ = Clock()
+    kubectl = Failing(WAIT, times=3)
+    rollout = worker_rollout(loaded, kubectl, clock=time_.clock, sleep=time_.sleep)
+    report = rolloutjob.fleet_rollout(rollout)
+    assert {h.status for h in report.hosts.values()} == {HostStatus.changed}
+    looks = [i for i, c in enumerate(kubectl.commands) if re.search(WAIT, c)]
+    assert len(looks) == 4  # three failed, the fourth saw it Complete
+    (deleted,) = [i for i, c in enumerate(kubectl.commands) if "delete job,configmap" in c]
+    assert deleted > looks[-1]
+
+
+@pytest.mark.parametrize(
+    ("word", "step"),
+    [
+        (WAIT, "wait"),  # failing past TRANSIENT_S: the controller gives up
+        ("patch job ", "publish"),  # the Job made, never started
+        (" get configmap ", "collect"),  # the ledger cannot be read back
+        ("apply -f -", "publish"),  # the objects half applied
+    ],
+)
+def test_a_rollout_that_fails_midway_deletes_its_objects_and_its_token(
+    small_cluster, write_cluster, tmp_path, word, step
+):
+    """However the controller's flow ends after it published, the run's Job, its Secrets (the
+    key, the join token, the state entries) and RBAC are deleted by this run's label, and the
+    join token on cp-1 (issue 47.6: a dead controller left the key and a token valid for
+    hours). The error names the step."""
+    loaded = load(rollout_cluster(small_cluster, write_cluster, tmp_path))
+    KEY.private_key(loaded.state_dir, StateAccess.create)
+    time_ = Clock()
+    kubectl = Failing(word)
+    rollout = worker_rollout(loaded, kubectl, clock=time_.clock, sleep=time_.sleep)
+    with pytest.raises(jobs.JobError, match=f"^step {step}") as raised:
+        rolloutjob.fleet_rollout(rollout)
+    assert "Unable to connect to the server: EOF" in str(raised.value)
+    deleted = [c for c in kubectl.commands if "delete job,configmap,secret,role,rolebinding" in c]
+    assert len(deleted) == 1 and f"gpuinfra.io/rollout-run={rollout.run}" in deleted[0]
+    assert kubectl.commands[-1].endswith(
+        "kubeadm token delete --kubeconfig /etc/kubernetes/admin.conf abcdef"
+    )
+    if word == WAIT:
+        assert jobs.TRANSIENT_S < time_.now - 1_800_000_000.0 <= jobs.TRANSIENT_S + 2 * 5
+
+
+def test_a_rollout_refused_before_it_publishes_deletes_nothing(
+    small_cluster, write_cluster, tmp_path
+):
+    """The control of the test above: a failure before anything was made (the token) deletes
+    nothing of anyone's, since nothing of this run exists."""
+    loaded = load(rollout_cluster(small_cluster, write_cluster, tmp_path))
+    KEY.private_key(loaded.state_dir, StateAccess.create)
+    kubectl = Failing("kubeadm token create")
+    with pytest.raises(jobs.JobError, match="^step token"):
+        rolloutjob.fleet_rollout(worker_rollout(loaded, kubectl))
+    assert not any(" delete " in c for c in kubectl.commands), kubectl.commands
+
+
+# -- a real SIGTERM to a shard's process ----------------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+TERMINATED_SHARD = """
+import json, os, signal, sys, time
+from pathlib import Path
+from cli import connecting
+connecting()  # gevent, as the pod's `gpuinfra apply --job-shard` has it
+import engine.context, engine.runner
+from engine import fleetgate, rolloutshard
+
+class Api:  # the ledger's ConfigMaps, in memory
+    def __init__(self, objects):
+        self.objects = {name: (data, 1) for name, data in objects.items()}
+    def get(self, name):
+        data, version = self.objects[name]
+        return dict(data), str(version)
+    def put(self, name, data, version):
+        if str(self.objects[name][1]) != version:
+            return False
+        self.objects[name] = (dict(data), self.objects[name][1] + 1)
+        return True
+
+class Loaded:
+    def with_state_access(self, access):
+        return self
+
+def run(loaded, options, gate):  # the engine's steps, each host's work stood in for
+    assert gate.acquire(["gpu-1"], want=1) == ["gpu-1"]
+    os.kill(os.getpid(), signal.SIGTERM)  # the pod deleted mid-step (a dpkg, a join)
+    time.sleep(1.0)
+    print("the step on gpu-1 ended", file=sys.stderr)
+    gate.release({"gpu-1": "changed"})
+    gate.acquire(["gpu-2"], want=1)
+    raise AssertionError("a step started after SIGTERM")
+
+folder = Path(sys.argv[1])
+ledger = fleetgate.Ledger(run="r1", budget=1, total=2)
+api = Api({"L": ledger.dump(), "L-0": {fleetgate.PROGRESS_KEY: ""}})
+engine.context.load = lambda path: Loaded()
+engine.runner.run = run
+if sys.argv[2] == "handled":
+    rolloutshard.exit_on_sigterm()
+code = rolloutshard.main(
+    folder / "cluster.yml", api=api, environ={"JOB_COMPLETION_INDEX": "0", "POD_NAME": "pod-a"},
+    mounted_state=folder / "state.json", staged=folder / "run",
+)
+found = fleetgate.Ledger.parse(api.objects["L"][0])
+print(json.dumps({"done": found.done, "in_flight": found.in_flight,
+                  "progress": api.objects["L-0"][0][fleetgate.PROGRESS_KEY]}))
+sys.exit(code)
+"""
+
+
+@pytest.mark.parametrize("handler", ["handled", "default"])
+def test_a_shard_sent_sigterm_ends_its_step_then_exits_143(tmp_path, handler):
+    """A real SIGTERM to a shard's process, as a plain pod delete sends it, under gevent as in
+    the pod (issue 47.8: shards exited at once, leaving hosts mid-dpkg or mid-join). With the
+    pod's handler (`exit_on_sigterm`), the step in progress ends, its host is released as
+    done, no other step starts, and the shard exits 143 (the Job retries the index, whose next
+    pod resumes from the progress). The control: without it the signal kills the process
+    mid-step, the step never ends and its host stays in flight."""
+    settings = {
+        "format": rolloutjob.SETTINGS_FORMAT, "run": "r1", "ledger": "L", "count": 1,
+        "shards": [["gpu-1", "gpu-2"]], "join_rate": "1/20s", "roles": ["base"],
+    }  # fmt: skip
+    (tmp_path / "settings.json").write_text(json.dumps(settings))
+    (tmp_path / "cluster.yml").write_text("name: x\n")
+    (tmp_path / "state.json").write_text("{}")
+    ended = subprocess.run(
+        [sys.executable, "-c", TERMINATED_SHARD, str(tmp_path), handler],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+    )  # fmt: skip
+    if handler == "default":
+        assert ended.returncode == -15 and "ended" not in ended.stderr, ended.stderr
+        return
+    assert ended.returncode == incluster.TERMINATED == 143, ended.stderr
+    assert "the step on gpu-1 ended" in ended.stderr
+    assert "told to stop" in ended.stderr
+    found = json.loads(ended.stdout.splitlines()[-1])
+    assert found["done"] == ["gpu-1"] and found["in_flight"] == {}
+    assert json.loads(found["progress"])["hosts"] == {"gpu-1": "changed"}

@@ -52,6 +52,12 @@ _JOIN_COMMAND = re.compile(r"--token\s+(\S+).*--discovery-token-ca-cert-hash\s+(
 _CERT_KEY = re.compile(r"^([0-9a-f]{64})\s*$", re.M)
 HEALTHZ = f"kubectl --kubeconfig {ADMIN_CONF} --request-timeout=5s get --raw /healthz"
 JOIN_ATTEMPTS = 4
+# kubeadm's preflight changes nothing on the node, and some of its checks ask the cluster (the
+# images pulled through the registry, the external etcd's version): one that failed is tried
+# again after a pause, as Kubespray retries its joins; a check that keeps failing fails the
+# join after JOIN_ATTEMPTS, naming it.
+_PREFLIGHT_FAILED = re.compile(r"error execution phase preflight")
+PREFLIGHT_RETRY_S = 15.0
 # Making a join token or certificate key on the first control-plane node: tries, and the pause
 # between them (the API can be briefly unavailable while control-plane nodes join).
 SECRET_ATTEMPTS = 5
@@ -514,16 +520,31 @@ def run_join(
                     pacer.recover()
                 return True
             detail = "\n".join(line.line for line in output)
-            if pacer is None or not _THROTTLED.search(detail):
+            if pacer is not None and _THROTTLED.search(detail):
+                pacer.slow_down()  # the API answered 429/5xx: wider spacing for every worker
+            elif _PREFLIGHT_FAILED.search(detail):
+                time.sleep(PREFLIGHT_RETRY_S)
+            else:
                 break
-            pacer.slow_down()  # the API answered 429/5xx: wider spacing for every worker
     except JoinFailed as exc:
         detail = str(exc)
-    last = " | ".join(line for line in redact(detail, secrets).splitlines()[-3:] if line.strip())
     _record_check(
-        host, {"check": "kubeadm join", "status": "fail", "detail": f"kubeadm join: {last}"}
+        host,
+        {
+            "check": "kubeadm join",
+            "status": "fail",
+            "detail": f"kubeadm join: {join_failure(redact(detail, secrets))}",
+        },
     )
     return False
+
+
+def join_failure(output: str) -> str:
+    """What a failed `kubeadm join` said, on one line: each failed preflight check (kubeadm's
+    `[ERROR Name]: why` lines, which come before its closing lines), then its last lines."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    checks = [line for line in lines if line.startswith("[ERROR")]
+    return " | ".join([*checks, *[line for line in lines[-3:] if line not in checks]])
 
 
 @operation()

@@ -565,6 +565,41 @@ def test_worker_join_takes_a_pacer_slot_and_slows_down_on_429(loaded, monkeypatc
     assert pacer.acquired == 1  # a plain failure is not retried
 
 
+PREFLIGHT_FAILED = [
+    "[preflight] Running pre-flight checks",
+    "error execution phase preflight: [preflight] Some fatal errors occurred:",
+    "\t[ERROR ImagePull]: failed to pull image registry.k8s.io/kube-apiserver:v1.35.4: "
+    "context deadline exceeded",
+    "[preflight] If you know what you are doing, you can make a check non-fatal with "
+    "`--ignore-preflight-errors=...`",
+    "error: error execution phase preflight: preflight checks failed",
+    "To see the stack trace of this error execute with --v=5 or higher",
+]
+
+
+def test_a_join_whose_preflight_failed_is_tried_again_and_names_the_check(loaded, monkeypatch):
+    pauses: list[float] = []
+    monkeypatch.setattr(kube_ops.time, "sleep", pauses.append)
+    content = files_of(loaded, "cp-2")[JOIN_CONFIG]
+    failed = (False, _Output(PREFLIGHT_FAILED))
+    once = _Node("cp-2", answers=[failed, (True, _Output(["This node has joined"]))])
+    assert kube_ops.run_join(_State(_Node("cp-1")), once, "cp-1", content, True, "15m", None)
+    assert pauses == [kube_ops.PREFLIGHT_RETRY_S]  # nothing changed on the node: tried again
+    always = _Node("cp-3", answers=[failed] * kube_ops.JOIN_ATTEMPTS)
+    with record.recording() as run:
+        assert not kube_ops.run_join(
+            _State(_Node("cp-1")), always, "cp-1", content, True, "15m", None
+        )
+    assert sum("kubeadm join" in c for c in always.ran) == kube_ops.JOIN_ATTEMPTS
+    (check,) = run.host("cp-3").checks
+    assert check["detail"].startswith("kubeadm join: [ERROR ImagePull]: failed to pull image")
+    assert check["detail"].endswith("execute with --v=5 or higher")
+    # The control: a join that failed past its preflight is not tried again.
+    later = _Node("cp-2", answers=[(False, _Output(["error execution phase kubelet-start: x"]))])
+    assert not kube_ops.run_join(_State(_Node("cp-1")), later, "cp-1", content, True, "15m", None)
+    assert sum("kubeadm join" in c for c in later.ran) == 1
+
+
 def test_join_without_the_first_control_plane_node_says_so(loaded):
     worker = _Node("cpu-1")
     state = _State(_Node("cp-1"))

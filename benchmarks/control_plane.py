@@ -27,6 +27,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -553,6 +554,10 @@ def suite(
             results["scheduling"] = scheduling(fleet.lab_cluster(suites.LAB), log)
             _saver(work / "steps.json")(results)
     finally:
+        # kwok's log goes with the lab: kept beside the steps, where a stopped growth is read.
+        kwok_log = fleet.fleet_dir(suites.LAB) / "kwok.log"
+        if kwok_log.is_file():
+            shutil.copyfile(kwok_log, work / "kwok.log")
         suites.lab_down(log)
     return results
 

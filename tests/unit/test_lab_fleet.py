@@ -101,6 +101,16 @@ def test_kwok_renews_leases_at_kubelets_cadence_and_manages_only_its_nodes(tmp_p
     assert f"--manage-nodes-with-annotation-selector={fleet.MANAGED_KEY}=fake" in argv
 
 
+def test_kwoks_workers_keep_up_with_the_largest_fleets_lease_renewals():
+    document = fleet.configuration_document()
+    assert document["kind"] == "KwokConfiguration"
+    assert document["apiVersion"] == "config.kwok.x-k8s.io/v1alpha1"
+    workers = document["options"]["nodeLeaseParallelism"]
+    renewals_per_s = 7500 / (fleet.LEASE_DURATION_S / 4)  # kubelet renews at a quarter
+    # A renewal may take 50 ms at 7,500 nodes; kwok's default of 4 workers allows 5 ms.
+    assert workers / renewals_per_s >= 0.05
+
+
 def test_lab_down_stops_the_labs_kwok_and_nothing_else(tmp_path, monkeypatch):
     monkeypatch.setattr(fleet.naming, "LABS_DIR", tmp_path)
     assert fleet.stop_controller("demo") is False  # none started

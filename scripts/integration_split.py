@@ -21,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 BASELINE = REPO / "tests" / "integration" / "module-times.json"
 TIMES_DIR = REPO / "build" / "integration-times"
-# What `make test-long` runs after make test (scripts/long-tests.sh): make test deselects their
+# What `make test-long` runs (scripts/long-tests.sh): make test deselects their
 # tests by marker, so they are never part of its split, whatever their recorded times.
 LONG_SUITES = ("tests/integration/test_faults.py", "tests/integration/test_kubernetes_upgrade.py")
 

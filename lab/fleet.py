@@ -71,8 +71,8 @@ STAGES = (
 HEARTBEAT_STAGE = "node-heartbeat-with-lease"
 # kwok's workers (its KwokConfiguration's options; each defaults to 4). A kubelet renews its
 # Lease every 10 s, so 7,500 nodes are 750 renewals a second: 64 workers keep up while one
-# renewal takes under 85 ms through the balancer. At 4, renewals at about 20 ms each cap the
-# fleet near 2,000 leased nodes (40 s / 20 ms x 4), what the first 2,500-node run reached. The
+# renewal takes under 85 ms through the balancer. At 4, renewals at about 20 ms each are 200 a
+# second: about 2,000 nodes, near where the first 2,500-node run stopped (1,790). The
 # node stages (Ready at once, a status every 5 minutes) and the played pods (a DaemonSet's pod
 # per node at each rollout step) get 32.
 KWOK_OPTIONS = {

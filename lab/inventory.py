@@ -28,7 +28,8 @@ GPU_COMMENT = "# lab host: no GPU inside; the spec only makes it a valid gpu_wor
 # derives the differences and holds them to this list (a key covers the settings under it).
 LAB_ONLY: dict[str, str] = {
     "os": "lab hosts are systemd-nspawn containers of Debian 13, the machine's own release",
-    "versions.etcd": "Debian 13's etcd-server where the lab runs no Kubernetes (no build)",
+    "versions.etcd": "Debian 13's etcd-server where the lab runs no Kubernetes and asks for "
+    "no build: the second etcd line gpuinfra supports, tested there",
     "versions.containerd": "Debian 13's containerd where the lab runs no Kubernetes (no build)",
     "group_vars.all.base": "the machine's apt mirror, its address in /etc/hosts (no DNS in "
     "the hosts) and the lab's apt cache",
@@ -88,11 +89,7 @@ def inventory_data(state: LabState) -> dict[str, Any]:
     # Docker's own repository is out of reach from the lab: Debian 13's docker.io and containerd.
     # Kubernetes comes from this machine's own builds (lab/gobuild.py), served by the lab's file
     # server and registry (lab/offline.py); a lab without Kubernetes nodes leaves the role off.
-    published = (
-        offline.published()
-        if any(state.runs_containers(spec) for _, spec, _ in state.hosts())
-        else None
-    )
+    published = offline.published() if state.runs_kubernetes_nodes else None
     gateway = str(state.gateway)
     data["group_vars"] = {
         "all": {
@@ -116,10 +113,11 @@ def inventory_data(state: LabState) -> dict[str, Any]:
         }
     if any("etcd" in spec.groups for _, spec, _ in state.hosts()):
         # GitHub's releases are unreachable from the lab: etcd 3.6 built here and served by the
-        # lab's file server where the lab runs Kubernetes (kubeadm 1.35 wants etcd 3.5.24+),
-        # Debian 13's etcd-server 3.5.16 otherwise. The lab's disks are loop files sharing the
-        # machine's one disk (fsync p99 about 20 ms measured): the disk gate runs and its
-        # result is in the run report, but cannot pass.
+        # lab's file server where the lab runs Kubernetes (kubeadm 1.35 wants etcd 3.5.24+) or
+        # its topology asks for it (`etcd_build`: the etcd module's lab, so that the day-2
+        # commands run on both lines), Debian 13's etcd-server 3.5.16 otherwise. The lab's
+        # disks are loop files sharing the machine's one disk (fsync p99 about 20 ms
+        # measured): the disk gate runs and its result is in the run report, but cannot pass.
         # The Events cluster as in the sample: five more etcd processes of some 50 MB each
         # fit the machine's memory beside the rest of the lab (docs/roles/etcd.md).
         etcd: dict[str, Any] = {
@@ -127,13 +125,14 @@ def inventory_data(state: LabState) -> dict[str, Any]:
             "disk_gate_override": True,
             "events": {"enabled": True},
         }
-        if published is not None:
+        build = offline.published() if state.etcd_from_build else None
+        if build is not None:
             etcd.update(
                 source="mirror",
                 mirror_url=f"{offline.files_url(gateway)}/{offline.ETCD_FILES}",
-                sha256=published.etcd_sha256,
+                sha256=build.etcd_sha256,
             )
-            data["versions"]["etcd"] = published.etcd_version
+            data["versions"]["etcd"] = build.etcd_version
         data["group_vars"]["etcd"] = {"etcd": etcd}
     if any("storage" in spec.groups for _, spec, _ in state.hosts()):
         data["group_vars"]["all"]["shared_fs"] = SHARED_FS_LAB

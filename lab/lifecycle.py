@@ -119,7 +119,7 @@ def up(
         lower, build_seconds = rootfs.ensure_root(mirror)
         state = _resolve_state(name, topology, inventory_path, layer, kubernetes)
         _ensure_lab_key(state)
-        containers = any(state.runs_containers(spec) for spec in state.topology.hosts)
+        containers = state.runs_kubernetes_nodes
         services: dict[int, str] = {}
         with machine_locked():
             network.tune_machine()
@@ -128,11 +128,12 @@ def up(
             if aptcache.available():
                 aptcache.ensure_running(mirror)
                 services[aptcache.PORT] = "the package cache"
-            if containers:
+            if containers or state.etcd_from_build:
                 offline.ensure_running()
                 offline.publish_all(mirror)
-                services[offline.REGISTRY_PORT] = "the image registry"
                 services[offline.FILES_PORT] = "the file server"
+            if containers:
+                services[offline.REGISTRY_PORT] = "the image registry"
         network.ensure_bridge(state.names, state.gateway, state.subnet.prefixlen)
         network.ensure_nat(state.names, state.subnet, state.gateway, services)
         mirror_hosts = rootfs.resolve_mirror(mirror)

@@ -39,6 +39,17 @@ class LabState:
         return self.kubernetes and spec.runs_containers
 
     @property
+    def runs_kubernetes_nodes(self) -> bool:
+        return any(self.runs_containers(spec) for spec in self.topology.hosts)
+
+    @property
+    def etcd_from_build(self) -> bool:
+        """Whether the etcd members install this machine's etcd build, served by the lab's file
+        server (the sample's line), rather than Debian's package."""
+        members = any("etcd" in spec.groups for spec in self.topology.hosts)
+        return members and (self.runs_kubernetes_nodes or self.topology.etcd_build)
+
+    @property
     def names(self) -> LabNames:
         return LabNames(self.name, self.slot)
 

@@ -66,11 +66,15 @@ class HostSpec:
 
 @dataclass(frozen=True)
 class Topology:
-    """The hosts of a lab in address order, and whether the API needs a virtual address."""
+    """The hosts of a lab in address order, whether the API needs a virtual address, and
+    whether its etcd members run this machine's etcd build where the lab runs no Kubernetes."""
 
     hosts: tuple[HostSpec, ...]
     kind: str = "default"
     needs_vip: bool = field(default=False)
+    # The etcd line a lab without Kubernetes installs: Debian's package (3.5) by default, the
+    # sample's (the build, 3.6) when set; a lab with Kubernetes always runs the build.
+    etcd_build: bool = False
 
     def names(self) -> list[str]:
         return [host.name for host in self.hosts]
@@ -82,19 +86,21 @@ class Topology:
         hosts = tuple(
             replace(host, disk_bytes=disks.get(host.name, host.disk_bytes)) for host in self.hosts
         )
-        return Topology(hosts, self.kind, self.needs_vip)
+        return replace(self, hosts=hosts)
 
     def to_json(self) -> dict:
         return {
             "kind": self.kind,
             "needs_vip": self.needs_vip,
+            "etcd_build": self.etcd_build,
             "hosts": [host.to_json() for host in self.hosts],
         }
 
     @classmethod
     def from_json(cls, data: dict) -> Topology:
         hosts = tuple(HostSpec.from_json(host) for host in data["hosts"])
-        return cls(hosts, data["kind"], data["needs_vip"])
+        # A lab recorded before the etcd line was a choice ran Debian's.
+        return cls(hosts, data["kind"], data["needs_vip"], data.get("etcd_build", False))
 
 
 def default_topology() -> Topology:

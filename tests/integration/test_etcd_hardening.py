@@ -28,6 +28,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from cli.exitcodes import ExitCode
 from lab import lifecycle
+from lab.inventory import DEBIAN_ETCD
 from lab.topology import HostSpec, Topology
 from roles.etcd import pki
 from roles.etcd.clusters import cluster_settings, clusters
@@ -78,6 +79,9 @@ def converged(lab):
 def test_cluster_converges(converged):
     data = wait_healthy(converged)
     assert data["healthy_members"] == 3
+    # Debian's etcd line, the second one gpuinfra supports (test_role_etcd.py runs the
+    # sample's): the day-2 commands below run on it.
+    assert {m["version"] for m in data["members"]} == {DEBIAN_ETCD}
     assert etcdctl(converged, "put hardening/probe yes").stdout.strip() == "OK"
 
 

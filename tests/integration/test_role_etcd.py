@@ -6,7 +6,9 @@ disk, formatted and mounted by UUID by the role), and cp-1, the API server's sta
 holds the etcd client certificate and runs the writer. Its name is `<GPUINFRA_LAB_NAME>-etcd`
 (GPUINFRA_ETCD_LAB_NAME overrides); its inventory stays at a fixed path so the PKI beside it
 (`.state/`) survives a kept lab. Tests that stop members start them again and wait for a
-healthy cluster before they end.
+healthy cluster before they end. The members run the etcd line the sample pins (this machine's
+build, `Topology.etcd_build`); test_etcd_hardening.py runs Debian's 3.5 line, so the day-2
+commands run on both lines gpuinfra supports.
 """
 
 from __future__ import annotations
@@ -33,12 +35,13 @@ pytestmark = pytest.mark.integration
 
 ETCD_LAB = os.environ.get("GPUINFRA_ETCD_LAB_NAME", f"{LAB_NAME}-etcd")
 MEMBERS = [f"etcd-{i}" for i in range(1, 6)]
+SAMPLE = Path(__file__).resolve().parents[2] / "inventory/sample/cluster.yml"
 RESULTS: dict[str, object] = {}  # measured figures, printed at the end of the module
 
 
 def etcd_topology() -> Topology:
     hosts = tuple(HostSpec(name, ("etcd",), disk_bytes=2**30) for name in MEMBERS)
-    return Topology(hosts + (HostSpec("cp-1", ("control_plane",)),), "etcd")
+    return Topology(hosts + (HostSpec("cp-1", ("control_plane",)),), "etcd", etcd_build=True)
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +135,14 @@ def test_five_members_healthy_over_mutual_tls(lab, converged):
     assert data["alarms"] == []
     assert all(m["wal_fsync_p99_ms"] is not None for m in data["members"])
     assert etcdctl(lab, "put mtls/probe yes").stdout.strip() == "OK"
+
+
+def test_the_members_run_the_etcd_line_the_sample_pins(lab, converged):
+    """What every test below runs on: the sample's etcd, as each member reports it itself
+    (test_etcd_hardening.py holds its lab to Debian's line, the other one)."""
+    sample = yaml.safe_load(SAMPLE.read_text())
+    data = wait_healthy(lab)
+    assert {m["version"] for m in data["members"]} == {sample["versions"]["etcd"]}
 
 
 def test_a_client_without_a_certificate_is_refused(lab, converged):

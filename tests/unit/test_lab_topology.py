@@ -221,6 +221,29 @@ def test_a_lab_without_kubernetes_ignores_the_published_build(
     assert on["group_vars"]["all"]["kubernetes"]["source"] == "binaries"
 
 
+def test_a_lab_without_kubernetes_takes_the_etcd_build_when_its_topology_asks(
+    labs_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The etcd module's lab runs the sample's etcd line (the build) without Kubernetes; the
+    rest stays as in a lab without it (Debian's containerd, the role off)."""
+    monkeypatch.setattr(offline, "published", lambda version=None: PUBLISHED)
+    monkeypatch.setattr(offline, "upgrades", lambda: [])
+    asks = replace(default_topology(), etcd_build=True)
+    state = replace(lab_state(labs_dir, "itest", asks), kubernetes=False)
+    assert state.etcd_from_build and not state.runs_kubernetes_nodes
+    data = inventory_data(state)
+    etcd = data["group_vars"]["etcd"]["etcd"]
+    assert (etcd["source"], etcd["sha256"]) == ("mirror", "e" * 64)
+    assert etcd["mirror_url"] == f"http://{state.gateway}:{offline.FILES_PORT}/etcd"
+    assert data["versions"] == {"etcd": "3.6.16", "containerd": "1.7.24"}
+    assert data["group_vars"]["all"]["kubernetes"] == {"enabled": False}
+    # The choice is recorded with the lab, so a kept lab keeps its line.
+    assert Topology.from_json(asks.to_json()) == asks
+    # A lab without etcd members serves no etcd, asked or not.
+    workers = Topology(tuple(h for h in asks.hosts if "etcd" not in h.groups), etcd_build=True)
+    assert not replace(state, topology=workers).etcd_from_build
+
+
 def test_a_published_build_turns_kubernetes_on_from_the_labs_own_sources(
     labs_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

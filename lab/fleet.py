@@ -101,6 +101,9 @@ NODE_INFO_FIELDS = (
 CREATE_PARALLEL = 8
 CREATE_CHUNK = 50
 START_WAIT_S = 5.0
+# How long the nodes may take to be Ready with a Lease once the last of them was created: the
+# creation itself is not counted (2,500 nodes took 290 s to create on 2 cores, so a deadline
+# from the start left the 5,000-node step 51 nodes short at 600 s).
 READY_TIMEOUT_S = 600.0
 READY_POLL_S = 5.0
 
@@ -407,9 +410,9 @@ def _wait_ready(name: str, loaded: LoadedCluster, count: int, deadline: float) -
             return
         if time.monotonic() > deadline:
             raise LabError(
-                f"{len(ready & leased)} of {count} simulated nodes Ready with a Lease after "
-                f"{READY_TIMEOUT_S:.0f} s ({len(ready)} Ready, {len(leased & set(fleet))} with "
-                f"a Lease); see {fleet_dir(name)}/kwok.log"
+                f"{len(ready & leased)} of {count} simulated nodes Ready with a Lease "
+                f"{READY_TIMEOUT_S:.0f} s after the last was created ({len(ready)} Ready, "
+                f"{len(leased & set(fleet))} with a Lease); see {fleet_dir(name)}/kwok.log"
             )
         # Each look lists every node: at thousands, a second apart, that was a load of its own.
         time.sleep(READY_POLL_S)
@@ -430,7 +433,8 @@ def lab_cluster(name: str) -> LoadedCluster:
 
 def scale(name: str, count: int) -> FleetResult:
     """Make the lab's fleet `count` simulated nodes: start kwok, create the missing ones, delete
-    those above count, then wait until each is Ready with a Lease."""
+    those above count, then wait until each is Ready with a Lease (READY_TIMEOUT_S from the
+    last creation)."""
     if count < 0:
         raise LabInvalid(f"--nodes must be at least 0 (got {count})")
     loaded = lab_cluster(name)
@@ -446,7 +450,7 @@ def scale(name: str, count: int) -> FleetResult:
     if extra:
         kubectl(loaded, "delete", "nodes", "--wait=false", "--ignore-not-found", *extra)
     if count:
-        _wait_ready(name, loaded, count, started + READY_TIMEOUT_S)
+        _wait_ready(name, loaded, count, time.monotonic() + READY_TIMEOUT_S)
     return FleetResult(
         name=name,
         nodes=count,

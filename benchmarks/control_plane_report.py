@@ -386,6 +386,12 @@ def _seconds(value: float | None) -> str:
 def _scheduling_section(scheduling: dict[str, Any] | None) -> list[str]:
     """The scheduler at the largest fleet held: a pod of 8 GPUs per node of one team, without
     and then with a gang (benchmarks/control_plane.py `scheduling`)."""
+    if scheduling and scheduling.get("error"):
+        return [
+            f"No scheduler measurement: the fleet did not get back to {scheduling['size']:,} "
+            f"simulated nodes after the last step ({scheduling['error']}).",
+            "",
+        ]
     if not scheduling or not scheduling.get("batches"):
         return []
     ballooned = scheduling.get("balloon_nodes", 0)

@@ -424,13 +424,38 @@ def test_a_fleet_that_cannot_get_ready_ends_the_growth(monkeypatch, tmp_path):
     )
 
 
+def test_a_fleet_that_cannot_get_back_to_the_held_size_keeps_the_steps(monkeypatch, tmp_path):
+    """Growing to 5,000 stopped, and going back to 2,500 did not get Ready either: the steps
+    and that error reach the report, the lab still goes down (seen in a run: the error escaped
+    and nothing was written)."""
+
+    class Back(FakeLab):
+        def scale(self, lab: str, count: int) -> fleet.FleetResult:
+            if ("scale", 2500) in self.calls and count == 500:
+                self.calls.append(("scale", count))
+                raise LabError("456 of 500 simulated nodes Ready with a Lease")
+            return super().scale(lab, count)
+
+    lab = Back(monkeypatch, tmp_path, fails_at=2500)
+    results = control_plane.suite((0, 500, 2500), 0.0, tmp_path / "work", lambda _: None)
+    assert [s["size"] for s in results["steps"]] == [0, 500]
+    assert results["scheduling"] == {
+        "size": 500, "error": "456 of 500 simulated nodes Ready with a Lease", "batches": []
+    }  # fmt: skip
+    assert ("scheduling", "loaded") not in lab.calls and lab.calls[-1] == ("down",)
+    saved = json.loads((tmp_path / "work" / "steps.json").read_text())
+    assert saved["scheduling"]["error"] and len(saved["steps"]) == 2
+    text = "\n".join(cp_report._scheduling_section(results["scheduling"]))
+    assert "did not get back to 500 simulated nodes" in text and "456 of 500" in text
+
+
 def test_every_size_runs_when_the_fleet_keeps_up(monkeypatch, tmp_path):
     FakeLab(monkeypatch, tmp_path)
     results = control_plane.suite((0, 500), 0.0, tmp_path / "work", lambda _: None)
     assert [s["size"] for s in results["steps"]] == [0, 500]
     assert "stopped" not in results
     assert results["steps"][1]["fleet"]["nodes"] == 500
-    assert results["scheduling"]["nodes"] == 250
+    assert results["scheduling"]["nodes"] == 250 and results["scheduling"]["size"] == 500
     saved = json.loads((tmp_path / "work" / "steps.json").read_text())
     assert saved["scheduling"] == results["scheduling"]
 

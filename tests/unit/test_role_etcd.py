@@ -164,6 +164,73 @@ def test_restart_script_moves_leadership_then_waits_for_health(loaded):
     assert "logger -t gpuinfra-etcd" in body
 
 
+# `etcdctl endpoint status -w table` of each supported line, as the lab's members print it
+# (3.6.16 built here, 3.5.16 Debian's): 3.6 has STORAGE VERSION and three more columns before
+# IS LEADER.
+STATUS_TABLES = {
+    "3.6": (
+        "| ENDPOINT | ID | VERSION | STORAGE VERSION | DB SIZE | IN USE | PERCENTAGE NOT IN USE "
+        "| QUOTA | IS LEADER | IS LEARNER | RAFT TERM | RAFT INDEX | RAFT APPLIED INDEX | ERRORS "
+        "| DOWNGRADE TARGET VERSION | DOWNGRADE ENABLED |\n"
+        "| https://127.0.0.1:2379 | 330fe6215598ad79 | 3.6.16 | 3.6.0 | 1.7 MB | 1.7 MB | 0% "
+        "| 2.1 GB | {leader} | false | 2 | 1311 | 1311 | | | false |\n"
+    ),
+    "3.5": (
+        "| ENDPOINT | ID | VERSION | DB SIZE | IS LEADER | IS LEARNER | RAFT TERM | RAFT INDEX "
+        "| RAFT APPLIED INDEX | ERRORS |\n"
+        "| https://127.0.0.1:2379 | 330fe6215598ad79 | 3.5.16 | 20 kB | {leader} | false | 2 "
+        "| 8 | 8 | |\n"
+    ),
+}
+MEMBER_LIST = (
+    "330fe6215598ad79, started, etcd-1, https://10.0.0.11:2380, https://10.0.0.11:2379, false\n"
+    "6af5e8bf3ae2d81c, started, etcd-2, https://10.0.0.12:2380, https://10.0.0.12:2379, false\n"
+)
+
+
+@pytest.mark.parametrize("line", sorted(STATUS_TABLES))
+@pytest.mark.parametrize("leads", [True, False])
+def test_the_restart_script_reads_the_leader_on_both_etcd_lines(loaded, tmp_path, line, leads):
+    """The rendered script run with stand-ins for etcdctl, systemctl and logger: a leader hands
+    leadership to the next started voter before it restarts, on either line's table (3.6's
+    moved IS LEADER: the leader restarted as leader on the lab); a follower moves nothing."""
+    import subprocess
+
+    script = next(f for f in managed_files(context(loaded, "etcd-1")) if f.path == RESTART_MEMBER)
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    table, simple = tmp_path / "table", tmp_path / "simple"
+    table.write_text(STATUS_TABLES[line].format(leader=str(leads).lower()))
+    row = table.read_text().splitlines()[1]
+    simple.write_text(", ".join(cell.strip() for cell in row.split("|")[1:-1]) + "\n")
+    (tmp_path / "members").write_text(MEMBER_LIST)
+    (tmp_path / "etcdctl.env").write_text("")
+    stand_ins = {
+        "etcdctl": (
+            f'echo "etcdctl $*" >>{calls}\n'
+            f'case "$*" in *"endpoint status -w table"*) cat {table};; '
+            f'*"endpoint status -w simple"*) cat {simple};; '
+            f"*\"member list\"*) cat {tmp_path / 'members'};; esac"
+        ),
+        "systemctl": f'echo "systemctl $*" >>{calls}',
+        "logger": f'echo "logger $*" >>{calls}',
+        "wait-healthy": f'echo "wait $*" >>{calls}',
+    }
+    for name, body in stand_ins.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    body = script.content.replace(MAIN.etcdctl_env, str(tmp_path / "etcdctl.env"))
+    body = body.replace(MAIN.wait_healthy, str(bin_dir / "wait-healthy"))
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    subprocess.run(["sh", "-c", body, "restart", "30"], env=env, check=True, timeout=30)
+    said = calls.read_text()
+    moved = "move-leader 6af5e8bf3ae2d81c" in said
+    assert moved is leads, said
+    assert ("member 330fe6215598ad79: leadership moved to 6af5e8bf3ae2d81c" in said) is leads
+    assert "member 330fe6215598ad79: restart begins" in said
+    assert said.index("systemctl restart etcd") < said.index("wait 30")
+
+
 def test_api_servers_get_the_ca_and_their_client_certificate(loaded):
     files = {f.path: f for f in client_files(context(loaded, "cp-1"))}
     assert set(files) == {

@@ -210,7 +210,7 @@ def test_the_restart_script_reads_the_leader_on_both_etcd_lines(loaded, tmp_path
             f'echo "etcdctl $*" >>{calls}\n'
             f'case "$*" in *"endpoint status -w table"*) cat {table};; '
             f'*"endpoint status -w simple"*) cat {simple};; '
-            f"*\"member list\"*) cat {tmp_path / 'members'};; esac"
+            f'*"member list"*) cat {tmp_path / "members"};; esac'
         ),
         "systemctl": f'echo "systemctl $*" >>{calls}',
         "logger": f'echo "logger $*" >>{calls}',

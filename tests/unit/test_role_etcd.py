@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import stat
+import subprocess
 
 import pytest
 from cryptography import x509
@@ -194,8 +195,6 @@ def test_the_restart_script_reads_the_leader_on_both_etcd_lines(loaded, tmp_path
     """The rendered script run with stand-ins for etcdctl, systemctl and logger: a leader hands
     leadership to the next started voter before it restarts, on either line's table (3.6's
     moved IS LEADER: the leader restarted as leader on the lab); a follower moves nothing."""
-    import subprocess
-
     script = next(f for f in managed_files(context(loaded, "etcd-1")) if f.path == RESTART_MEMBER)
     bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
     bin_dir.mkdir()

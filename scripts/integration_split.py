@@ -4,7 +4,8 @@ to the process that would end sooner, so both end about together; the modules sh
 lab (the Kubernetes one) go to one process together.
 
     python3 scripts/integration_split.py    # the side process's modules, one per line
-    python3 scripts/integration_split.py --last-run    # each process's seconds per module
+    python3 scripts/integration_split.py --last-run    # each process's seconds per module,
+                                                       # and the fixture setup's share of them
 
 The times are what tests/integration/conftest.py wrote after each run (build/integration-times/,
 newest run first for each module), over the figures committed in
@@ -79,7 +80,10 @@ def last_run(times_dir: Path = TIMES_DIR) -> list[str]:
             continue
         for module, entry in sorted(json.loads(path.read_text())["modules"].items()):
             lab = "shared lab" if entry["shared_lab"] else "own lab"
-            lines.append(f"  {process} {entry['seconds']:8.1f}  {module} ({lab})")
+            setup = entry.get("setup_seconds", 0.0)
+            lines.append(
+                f"  {process} {entry['seconds']:8.1f}  setup {setup:7.1f}  {module} ({lab})"
+            )
     return lines
 
 

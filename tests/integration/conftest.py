@@ -172,7 +172,8 @@ def kubernetes_lab(
 # lab it shares with other modules ("lab"), for scripts/integration_split.py: it puts the
 # modules with labs of their own beside the shared-lab ones (those sharing a lab together)
 # so the two processes of `make test` end together. Fixture setup counts
-# (a lab's boot is the module's time), so does teardown.
+# (a lab's boot is the module's time), so does teardown; the setup's share is also kept on its
+# own ("setup_seconds": a lab's boot and first apply, which the test bodies do not show).
 TIMES_DIR = Path(__file__).resolve().parents[2] / "build" / "integration-times"
 _times: dict[str, dict[str, float | bool | str]] = {}
 
@@ -192,6 +193,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     entry = _times.setdefault(report.nodeid.split("::")[0], {"seconds": 0.0, "shared_lab": False})
     entry["seconds"] = round(float(entry["seconds"]) + report.duration, 1)
+    if report.when == "setup":
+        entry["setup_seconds"] = round(float(entry.get("setup_seconds", 0.0)) + report.duration, 1)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -78,12 +78,14 @@ def test_the_committed_figures_name_every_module_they_time():
 
 
 def test_the_last_run_lists_each_process_s_modules_and_skips_a_missing_process(tmp_path):
-    run = {"finished": 1, "modules": {"b.py": module(12.5, True), "a.py": module(3, False)}}
+    booted = {**module(12.5, True), "setup_seconds": 9.4}
+    run = {"finished": 1, "modules": {"b.py": booted, "a.py": module(3, False)}}
     (tmp_path / "main.json").write_text(json.dumps(run))
     lines = split.last_run(tmp_path)
+    # A run recorded before setup was kept apart (a.py) reads as no setup.
     assert [line.split() for line in lines] == [
-        ["main", "3.0", "a.py", "(own", "lab)"],
-        ["main", "12.5", "b.py", "(shared", "lab)"],
+        ["main", "3.0", "setup", "0.0", "a.py", "(own", "lab)"],
+        ["main", "12.5", "setup", "9.4", "b.py", "(shared", "lab)"],
     ]
     assert split.last_run(tmp_path / "absent") == []
 

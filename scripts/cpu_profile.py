@@ -1,5 +1,6 @@
 """Where a long run's CPU goes on this machine: every process sampled every few seconds, its CPU
-seconds summed by lab, lab host and command (a lab host is the process's root folder).
+seconds summed by lab, lab host and command (a lab host's processes are in its network
+namespace, /run/netns/gpuinfra.LAB.HOST).
 
     python3 scripts/cpu_profile.py sample OUT.jsonl [--every 10]   # until stopped
     python3 scripts/cpu_profile.py report OUT.jsonl [--from T] [--to T]
@@ -23,7 +24,7 @@ from collections import defaultdict
 from pathlib import Path
 
 TICKS = os.sysconf("SC_CLK_TCK")
-LABS = Path("/var/lib/gpuinfra/labs")
+NETNS = Path("/run/netns")
 
 
 def busy_seconds() -> float:
@@ -32,30 +33,43 @@ def busy_seconds() -> float:
     return (sum(fields) - fields[3] - fields[4]) / TICKS
 
 
-def where(root: str) -> str:
-    """`LAB/HOST` for a process inside a lab host (its root is the host's merged folder)."""
-    parts = Path(root).parts
-    labs = LABS.parts
-    if parts[: len(labs)] == labs and len(parts) > len(labs) + 2:
-        return f"{parts[len(labs)]}/{parts[len(labs) + 2]}"
+def where(netns: str | None) -> str:
+    """`LAB/HOST` for a process inside a lab host, from its network namespace's name
+    (`gpuinfra.LAB.HOST` under /run/netns); `machine` for everything else."""
+    if netns and netns.startswith("gpuinfra."):
+        lab, _, host = netns.removeprefix("gpuinfra.").rpartition(".")
+        if lab and host:
+            return f"{lab}/{host}"
     return "machine"
+
+
+def namespaces() -> dict[int, str]:
+    """Network namespace inode -> its name under /run/netns (lab hosts name theirs)."""
+    found = {}
+    for path in NETNS.glob("*") if NETNS.is_dir() else ():
+        try:
+            found[path.stat().st_ino] = path.name
+        except OSError:
+            continue
+    return found
 
 
 def processes() -> dict[tuple[str, str], tuple[str, float]]:
     """(pid, start time) -> ("WHERE|COMMAND", CPU seconds of it and its reaped children)."""
+    named = namespaces()
     found = {}
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
             stat = Path(f"/proc/{pid}/stat").read_text()
-            root = os.readlink(f"/proc/{pid}/root")
+            netns = named.get(os.stat(f"/proc/{pid}/ns/net").st_ino)
         except OSError:
             continue
         command = stat[stat.index("(") + 1 : stat.rindex(")")]
         fields = stat[stat.rindex(")") + 2 :].split()
         cpu = sum(int(value) for value in fields[11:15]) / TICKS
-        found[(pid, fields[19])] = (f"{where(root)}|{command}", cpu)
+        found[(pid, fields[19])] = (f"{where(netns)}|{command}", cpu)
     return found
 
 

@@ -13,11 +13,13 @@ profile = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(profile)
 
 
-def test_a_process_is_placed_in_its_lab_host_by_its_root():
-    assert profile.where("/var/lib/gpuinfra/labs/itest/hosts/etcd-1/merged") == "itest/etcd-1"
-    # Controls: the machine's own root, and a folder under labs that is no host's.
-    assert profile.where("/") == "machine"
-    assert profile.where("/var/lib/gpuinfra/labs/itest") == "machine"
+def test_a_process_is_placed_in_its_lab_host_by_its_network_namespace():
+    assert profile.where("gpuinfra.itest.etcd-1") == "itest/etcd-1"
+    assert profile.where("gpuinfra.itest-k8s.cp-1") == "itest-k8s/cp-1"
+    # Controls: the machine's own namespace (no name), another program's, one with no host.
+    assert profile.where(None) == "machine"
+    assert profile.where("cni-1234") == "machine"
+    assert profile.where("gpuinfra.itest") == "machine"
 
 
 def test_the_report_sums_samples_after_the_first_by_lab_host_and_command(tmp_path):

@@ -164,6 +164,22 @@ def service_running(unit: str, container_skips: bool = False):
         yield start_command(unit)
 
 
+@operation()
+def service_stopped(unit: str):
+    """Keep a unit a package ships and starts stopped, and off at boot. A unit that does not
+    exist (the package is not there) is left alone: nothing of it runs."""
+    state = host.get_fact(UnitState, unit=unit)
+    if state is None:
+        # Installed by a package operation before this one in the same run, or never: the
+        # shell form does both without failing on a unit that is not there.
+        yield f"if systemctl cat {unit} >/dev/null 2>&1; then systemctl disable --now {unit}; fi"
+        return
+    if state.get("UnitFileState") in ("enabled", "enabled-runtime"):
+        yield f"systemctl disable {unit}"
+    if state.get("ActiveState") in ("active", "activating", "reloading"):
+        yield f"systemctl stop {unit}"
+
+
 def unit_journal_command(unit: str, lines: int = 10) -> str:
     """The unit's last journal lines, to stderr: why an operation on it failed. `journalctl -u`
     finds a process's own message by the unit journald reads from the process's cgroup, and a

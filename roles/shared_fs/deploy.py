@@ -47,6 +47,7 @@ from toolkit.operations import (
     put_file,
     restart_command,
     service_running,
+    service_stopped,
     wait_for,
 )
 from toolkit.spec import HostContext
@@ -55,6 +56,13 @@ SERVER_PACKAGES = ["ceph-mon", "ceph-mgr", "ceph-mds", "ceph-osd", "ceph-common"
 # getfattr/setfattr: the directories' quotas are extended attributes.
 TOOLS = ["attr"]
 FUSE_TYPE = "fuse.ceph-fuse"
+# ceph-base's crash poster, kept off: it posts a host's crash reports to the mgr's crash module,
+# which does not load on Debian 13's reef (no mgr module does: MGR_MODULE_DEPENDENCY, see
+# SharedFsConfig.muted_health_checks). Each mgr start writes a report per module that failed
+# (27 here), and the poster retried every one of them every 10 minutes with up to three `ceph`
+# runs, without a key to post with: 0.02 to 0.04 cores per storage host for nothing (measured on
+# the lab, docs/roles/shared_fs.md). The reports stay in /var/lib/ceph/crash.
+CRASH_POSTER = "ceph-crash"
 
 
 def pinned(packages: list[str], version: str) -> list[str]:
@@ -75,6 +83,7 @@ def apply_storage(ctx: HostContext) -> None:
         packages=pinned(SERVER_PACKAGES, cfg.ceph_version) + TOOLS,
         no_recommends=True,
     )
+    service_stopped(name="Keep the crash poster stopped", unit=CRASH_POSTER)
     files = storage_files(ctx)
     written = {managed.path: put_file(managed) for managed in files}
     conf_changed = written[CEPH_CONF].did_change

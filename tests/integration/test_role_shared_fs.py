@@ -80,6 +80,24 @@ def test_workers_key_is_limited_and_secret(converged):
     assert converged.ssh("cpu-1", admin, check=False).returncode == 1
 
 
+def test_the_crash_poster_is_kept_stopped_while_reports_it_cannot_post_stay(converged):
+    """Debian 13's reef mgr loads no module, the crash one included: ceph-crash could post
+    nothing and retried every report every 10 minutes (docs/roles/shared_fs.md)."""
+    for host in STORAGE:
+        state = converged.ssh(
+            host, "systemctl is-active ceph-crash; systemctl is-enabled ceph-crash", check=False
+        )
+        assert state.stdout.split() == ["inactive", "disabled"], host
+        # Control: the same query of a daemon the role runs reads it as running and enabled.
+        mgr = converged.ssh(
+            host, f"systemctl is-active ceph-mgr@{host}; systemctl is-enabled ceph-mgr@{host}"
+        )
+        assert mgr.stdout.split() == ["active", "enabled"], host
+    # Why: the mgr's failed module loads are there as crash reports, never posted.
+    reports = converged.ssh("stor-1", "ls /var/lib/ceph/crash | grep -c '^20' || true")
+    assert int(reports.stdout) > 0
+
+
 def test_verify_suites_pass(converged, tmp_path):
     junit = tmp_path / "verify.xml"
     result = gpuinfra(
@@ -124,16 +142,19 @@ def test_drift_is_clean_then_sees_hand_changes(converged):
     try:
         converged.ssh("gpu-1", "systemctl stop shared.mount")
         converged.ssh("stor-1", f"chmod 0777 {ADMIN_ROOT}/datasets")
+        converged.ssh("stor-2", "systemctl start ceph-crash")
         for extra in ((), ("--exact",)):
             code, changes = drift(converged, *extra)
             assert code == ExitCode.DRIFT
             assert changes == {
                 "gpu-1": ["Shared FS client | Mount the shared file system"],
                 "stor-1": ["Shared FS storage | Keep the shared directories"],
+                "stor-2": ["Shared FS storage | Keep the crash poster stopped"],
             }
     finally:
         converged.ssh("gpu-1", "systemctl start shared.mount", check=False)
         converged.ssh("stor-1", f"chmod 2775 {ADMIN_ROOT}/datasets", check=False)
+        converged.ssh("stor-2", "systemctl stop ceph-crash", check=False)
     assert drift(converged) == (ExitCode.OK, {})
 
 

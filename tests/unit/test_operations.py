@@ -13,7 +13,14 @@ from pyinfra.context import ctx_host
 from pyinfra.facts.files import File, Sha1File
 
 from tests.unit.fake_host import commands, keyed_host
-from toolkit.operations import clear_pending, pending_marker, put_checked, staged_path
+from toolkit.facts import UnitState
+from toolkit.operations import (
+    clear_pending,
+    pending_marker,
+    put_checked,
+    service_stopped,
+    staged_path,
+)
 
 DEST = "/etc/etcd/pki/member.key"
 STAGED = "/etc/etcd/pki/.member.key.gpuinfra-new"
@@ -99,6 +106,35 @@ def test_clear_pending_removes_only_the_marks_present():
     assert ran == [f"rm -f {MARKER}"]
     ran, noops = run(clear_pending, {}, paths=[DEST, other])
     assert ran == [] and noops == ["no restart pending"]
+
+
+@pytest.mark.parametrize(
+    ("state", "want"),
+    [
+        # What Debian's ceph-base leaves: ceph-crash enabled and running.
+        (
+            {"UnitFileState": "enabled", "ActiveState": "active"},
+            ["systemctl disable ceph-crash", "systemctl stop ceph-crash"],
+        ),
+        ({"UnitFileState": "disabled", "ActiveState": "active"}, ["systemctl stop ceph-crash"]),
+        ({"UnitFileState": "enabled", "ActiveState": "inactive"}, ["systemctl disable ceph-crash"]),
+        # Control: off and stopped is nothing to do (a second apply changes nothing).
+        ({"UnitFileState": "disabled", "ActiveState": "inactive"}, []),
+        ({"UnitFileState": "disabled", "ActiveState": "failed"}, []),
+        # Not there when the run was prepared: decided on the host, a missing unit left alone.
+        (
+            None,
+            [
+                "if systemctl cat ceph-crash >/dev/null 2>&1; "
+                "then systemctl disable --now ceph-crash; fi"
+            ],
+        ),
+    ],
+)
+def test_a_unit_kept_stopped_is_stopped_and_disabled_only_where_it_is_not(state, want):
+    with keyed_host({(UnitState, (("unit", "ceph-crash"),)): state}):
+        ran = [str(c) for c in service_stopped._inner(unit="ceph-crash")]
+    assert ran == want
 
 
 # -- boot_wanted: gpuinfra's own units, enabled as the symlink `systemctl enable` makes ---------

@@ -25,6 +25,13 @@ def test_daemon_runs_and_starts_at_boot(host, ctx, daemon: str) -> None:
     assert service.is_enabled
 
 
+def test_the_crash_poster_is_off(host) -> None:
+    """ceph-crash stays stopped: the mgr's crash module does not load on Debian 13's reef."""
+    service = host.service("ceph-crash")
+    assert not service.is_running
+    assert not service.is_enabled
+
+
 def test_cluster_is_healthy(host) -> None:
     assert ceph_json(host, "health")["status"] == "HEALTH_OK"
 

@@ -178,14 +178,42 @@ TIMES_DIR = Path(__file__).resolve().parents[2] / "build" / "integration-times"
 _times: dict[str, dict[str, float | bool | str]] = {}
 
 
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    module = item.nodeid.split("::")[0]
+def uses_shared_lab(item: pytest.Item) -> bool:
+    """Whether a test asks for the session lab (directly or through `converged`)."""
     definitions = getattr(item, "_fixtureinfo", None)
     chain = definitions.name2fixturedefs.get("lab", ()) if definitions else ()
     # The session lab is this conftest's fixture; a module may define a `lab` of its own.
-    shared = bool(chain) and not chain[-1].baseid.endswith(".py")
+    return bool(chain) and not chain[-1].baseid.endswith(".py")
+
+
+def pytest_collection_modifyitems(session: pytest.Session, items: list[pytest.Item]) -> None:
+    """Modules with labs of their own first, then those on the session lab: the session lab
+    is booted when its first module starts and stays up to the end, so an own-lab module run
+    between two shared-lab ones kept its 16 hosts idle beside (a third of a core, measured
+    with scripts/cpu_profile.py) and three labs on the machine's disk. Whole modules move, in
+    their own order, so a module's fixtures are set up once; the Kubernetes lab's modules stay
+    together, where the first of them was."""
+
+    def module(item: pytest.Item) -> str:
+        return item.nodeid.split("::")[0]
+
+    shared = {module(item) for item in items if uses_shared_lab(item)}
+    kubernetes = {module(item) for item in items if "kubernetes_lab" in item.fixturenames}
+    first: dict[str, int] = {}
+    for index, item in enumerate(items):
+        first.setdefault("kubernetes" if module(item) in kubernetes else module(item), index)
+
+    def place(item: pytest.Item) -> tuple[bool, int]:
+        group = "kubernetes" if module(item) in kubernetes else module(item)
+        return module(item) in shared, first[group]
+
+    items.sort(key=place)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    module = item.nodeid.split("::")[0]
     entry = _times.setdefault(module, {"seconds": 0.0, "shared_lab": False})
-    entry["shared_lab"] = bool(entry["shared_lab"]) or shared
+    entry["shared_lab"] = bool(entry["shared_lab"]) or uses_shared_lab(item)
     if "kubernetes_lab" in getattr(item, "fixturenames", ()):
         entry["lab"] = "kubernetes"  # one process runs every module of this lab
 

@@ -9,8 +9,10 @@ A process's figure is its own CPU and that of the children it has reaped (/proc/
 utime, stime, cutime, cstime); a process gone since the last sample gives back what it was
 counted, so its final share lands once, on the parent that reaped it. Short programs (dpkg,
 ssh, a compiler) therefore count under the long-lived process that started them: sshd inside
-a lab host, the controller's python. The total of all groups matches /proc/stat's busy time to
-within the processes not reaped by a live parent; the report prints both.
+a lab host, the controller's python; a pod's processes under the host's systemd, which reaps
+containerd's shims; a host taken down under its systemd-nspawn, counted as that host's. The
+total of all groups matches /proc/stat's busy time to within the processes not reaped by a
+live parent; the report prints both.
 """
 
 from __future__ import annotations
@@ -43,6 +45,14 @@ def where(netns: str | None) -> str:
     return "machine"
 
 
+def nspawn_host(cmdline: bytes) -> str | None:
+    """The network namespace a lab host's systemd-nspawn gives its host, from its arguments."""
+    for argument in cmdline.decode(errors="replace").split("\0"):
+        if argument.startswith("--network-namespace-path="):
+            return Path(argument.split("=", 1)[1]).name
+    return None
+
+
 def namespaces() -> dict[int, str]:
     """Network namespace inode -> its name under /run/netns (lab hosts name theirs)."""
     found = {}
@@ -64,9 +74,13 @@ def processes() -> dict[tuple[str, str], tuple[str, float]]:
         try:
             stat = Path(f"/proc/{pid}/stat").read_text()
             netns = named.get(os.stat(f"/proc/{pid}/ns/net").st_ino)
+            command = stat[stat.index("(") + 1 : stat.rindex(")")]
+            if command == "systemd-nspawn":
+                # It runs in the machine's namespace but reaps its host's init: a host taken
+                # down hands its whole tree's CPU to it, which belongs to that host.
+                netns = nspawn_host(Path(f"/proc/{pid}/cmdline").read_bytes()) or netns
         except OSError:
             continue
-        command = stat[stat.index("(") + 1 : stat.rindex(")")]
         fields = stat[stat.rindex(")") + 2 :].split()
         cpu = sum(int(value) for value in fields[11:15]) / TICKS
         found[(pid, fields[19])] = (f"{where(netns)}|{command}", cpu)

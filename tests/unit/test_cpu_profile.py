@@ -22,6 +22,16 @@ def test_a_process_is_placed_in_its_lab_host_by_its_network_namespace():
     assert profile.where("gpuinfra.itest") == "machine"
 
 
+def test_a_hosts_systemd_nspawn_counts_as_that_host():
+    argv = [
+        b"systemd-nspawn",
+        b"--directory=/x",
+        b"--network-namespace-path=/run/netns/gpuinfra.a.b",
+    ]
+    assert profile.nspawn_host(b"\0".join(argv) + b"\0") == "gpuinfra.a.b"
+    assert profile.nspawn_host(b"systemd-nspawn\0--boot\0") is None
+
+
 def test_the_report_sums_samples_after_the_first_by_lab_host_and_command(tmp_path):
     samples = [
         {"t": 0, "busy": 99.0, "groups": {"machine|go": 99.0}},  # before the window's start

@@ -38,3 +38,18 @@ def files_of(
         for managed in host_files(host_context(loaded, host))
         if role is None or managed.role == role
     }
+
+
+def lab_module_order(modules: list[str], shared: set[str], kubernetes: set[str]) -> list[str]:
+    """The order integration modules run in (`modules` as collected): those with labs of their
+    own first, then those on the session lab, each kept in its collected order, and the modules
+    of the Kubernetes lab together where the first of them was."""
+    first: dict[str, int] = {}
+    for index, module in enumerate(modules):
+        first.setdefault("kubernetes" if module in kubernetes else module, index)
+
+    def place(module: str) -> tuple[bool, int, int]:
+        group = "kubernetes" if module in kubernetes else module
+        return module in shared, first[group], modules.index(module)
+
+    return sorted(modules, key=place)

@@ -35,7 +35,7 @@ from inventory.model import LoadedCluster
 from lab import lifecycle
 from lab.state import read_state
 from lab.topology import Topology, default_topology
-from tests.helpers import FIRST_APPLY_S
+from tests.helpers import FIRST_APPLY_S, lab_module_order
 from tests.integration.roles_helpers import failed_run, gpuinfra
 from toolkit.ssh import ssh_argv
 
@@ -192,22 +192,18 @@ def pytest_collection_modifyitems(session: pytest.Session, items: list[pytest.It
     between two shared-lab ones kept its 16 hosts idle beside (a third of a core, measured
     with scripts/cpu_profile.py) and three labs on the machine's disk. Whole modules move, in
     their own order, so a module's fixtures are set up once; the Kubernetes lab's modules stay
-    together, where the first of them was."""
+    together (tests.helpers.lab_module_order)."""
 
     def module(item: pytest.Item) -> str:
         return item.nodeid.split("::")[0]
 
+    modules = list(dict.fromkeys(module(item) for item in items))
     shared = {module(item) for item in items if uses_shared_lab(item)}
     kubernetes = {module(item) for item in items if "kubernetes_lab" in item.fixturenames}
-    first: dict[str, int] = {}
-    for index, item in enumerate(items):
-        first.setdefault("kubernetes" if module(item) in kubernetes else module(item), index)
-
-    def place(item: pytest.Item) -> tuple[bool, int]:
-        group = "kubernetes" if module(item) in kubernetes else module(item)
-        return module(item) in shared, first[group]
-
-    items.sort(key=place)
+    position = {
+        name: index for index, name in enumerate(lab_module_order(modules, shared, kubernetes))
+    }
+    items.sort(key=lambda item: position[module(item)])
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

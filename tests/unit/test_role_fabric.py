@@ -112,10 +112,10 @@ def test_every_file_in_a_shared_folder_carries_the_marker(sample):
         assert MARKER in "".join(content.splitlines(keepends=True)[:3]), path
 
 
-def test_packages_are_pinned_per_os(sample, small_cluster, write_cluster):
+def test_packages_are_pinned_per_os(sample, loaded):
     pins = files_of(sample, "gpu-1")["/etc/apt/preferences.d/gpuinfra-fabric"]
     assert "Package: rdma-core\nPin: version 39.0-1\n" in pins  # the sample is Ubuntu 22.04
-    debian = files_of(load(write_cluster(small_cluster)), "gpu-1")
+    debian = files_of(loaded, "gpu-1")
     prefs = debian["/etc/apt/preferences.d/gpuinfra-fabric"]
     assert "Package: perftest\nPin: version 25.01.0+0.80-1\n" in prefs
     assert "Package: infiniband-diags\nPin: version 56.1-1\n" in prefs
@@ -142,15 +142,13 @@ def test_gpudirect_rdma_follows_the_fabric_settings(small_cluster, write_cluster
     assert "nvidia-peermem" not in modules(loaded, "cpu-1")  # a GPU module, GPU workers only
 
 
-def test_firewall_admits_tcp_from_fabric_peers_on_gpu_workers(sample, small_cluster, write_cluster):
+def test_firewall_admits_tcp_from_fabric_peers_on_gpu_workers(sample, loaded):
     table = render_table(host_context(sample, "gpu-1"))
     line = next(line for line in table.splitlines() if "fabric peers" in line)
     assert "10.50.10.18" in line and "10.51.10.11" in line and "ip protocol tcp" in line
     assert "fabric peers" not in render_table(host_context(sample, "cpu-1"))
     # Control: no ports declared anywhere, no rule at all.
-    assert "fabric peers" not in render_table(
-        host_context(load(write_cluster(small_cluster)), "gpu-1")
-    )
+    assert "fabric peers" not in render_table(host_context(loaded, "gpu-1"))
 
 
 def test_fewer_ports_than_another_host_writes_fewer_files(small_cluster, write_cluster):

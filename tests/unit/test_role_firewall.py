@@ -45,12 +45,12 @@ def test_dns_and_api_admit_pods_and_admins():
     assert "10.128.0.0/12" in api.sources
 
 
-def test_vrrp_only_between_two_balancers(small_cluster, write_cluster):
+def test_vrrp_only_between_two_balancers(loaded):
     sample = topology_of(load(SAMPLE))
     vrrp = [r for r in sample.rules_for(["loadbalancer"]) if r.protocol == "vrrp"]
     assert len(vrrp) == 1 and vrrp[0].port is None
     assert vrrp[0].sources == ("10.40.3.11", "10.40.3.12")
-    single = topology_of(load(write_cluster(small_cluster)))
+    single = topology_of(loaded)
     assert not [r for r in single.rules_for(["loadbalancer"]) if r.protocol == "vrrp"]
 
 

@@ -102,8 +102,8 @@ def test_grub_drop_in_appends_the_configured_arguments(small_cluster, write_clus
     assert '$GRUB_CMDLINE_LINUX_DEFAULT iommu=pt"' in default
 
 
-def test_limits_for_sessions_and_systemd_services(small_cluster, write_cluster):
-    files = files_of(load(write_cluster(small_cluster)), "cpu-1")
+def test_limits_for_sessions_and_systemd_services(loaded):
+    files = files_of(loaded, "cpu-1")
     limits = files["/etc/security/limits.d/90-gpuinfra.conf"]
     for who in ("*", "root"):
         assert f"{who} hard memlock unlimited" in limits

@@ -302,10 +302,8 @@ def test_runtime_class_mode_keeps_runc_the_default(gpu_cluster, write_cluster, t
     assert "default-runtime" not in daemon and "nvidia" in daemon["runtimes"]
 
 
-def test_no_runtime_where_the_source_has_no_container_toolkit(
-    small_cluster, write_cluster, tmp_path
-):
-    render_cluster(load(write_cluster(small_cluster)), tmp_path)  # Debian 13: distribution
+def test_no_runtime_where_the_source_has_no_container_toolkit(loaded, tmp_path):
+    render_cluster(loaded, tmp_path)  # Debian 13: distribution
     text = (tmp_path / "gpu-1/etc/containerd/conf.d/90-nvidia.toml").read_text()
     assert "runtimes.nvidia]" not in text and "installs no container toolkit" in text
     assert "runtimes" not in json.loads((tmp_path / "gpu-1/etc/docker/daemon.json").read_text())

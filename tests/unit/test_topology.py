@@ -24,8 +24,8 @@ def test_api_goes_through_the_vip_to_every_control_plane_node():
     assert [b.name for b in topology.api_backends] == [f"cp-{i}" for i in range(1, 6)]
 
 
-def test_single_balancer_without_vip_serves_the_api(small_cluster, write_cluster):
-    topology = topology_of(load(write_cluster(small_cluster)))
+def test_single_balancer_without_vip_serves_the_api(loaded):
+    topology = topology_of(loaded)
     assert topology.api_address == "10.0.0.31"
 
 

@@ -25,6 +25,9 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from lab.naming import NETNS_PREFIX  # noqa: E402  (stdlib only: any python3 runs this)
+
 TICKS = os.sysconf("SC_CLK_TCK")
 NETNS = Path("/run/netns")
 
@@ -37,9 +40,9 @@ def busy_seconds() -> float:
 
 def where(netns: str | None) -> str:
     """`LAB/HOST` for a process inside a lab host, from its network namespace's name
-    (`gpuinfra.LAB.HOST` under /run/netns); `machine` for everything else."""
-    if netns and netns.startswith("gpuinfra."):
-        lab, _, host = netns.removeprefix("gpuinfra.").rpartition(".")
+    (lab.naming's `gpuinfra.LAB.HOST` under /run/netns); `machine` for everything else."""
+    if netns and netns.startswith(NETNS_PREFIX):
+        lab, _, host = netns.removeprefix(NETNS_PREFIX).rpartition(".")
         if lab and host:
             return f"{lab}/{host}"
     return "machine"

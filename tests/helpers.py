@@ -48,8 +48,7 @@ def lab_module_order(modules: list[str], shared: set[str], kubernetes: set[str])
     for index, module in enumerate(modules):
         first.setdefault("kubernetes" if module in kubernetes else module, index)
 
-    def place(module: str) -> tuple[bool, int, int]:
-        group = "kubernetes" if module in kubernetes else module
-        return module in shared, first[group], modules.index(module)
+    def place(module: str) -> tuple[bool, int]:
+        return module in shared, first["kubernetes" if module in kubernetes else module]
 
-    return sorted(modules, key=place)
+    return sorted(modules, key=place)  # stable: a group's modules keep their order

@@ -178,6 +178,14 @@ TIMES_DIR = Path(__file__).resolve().parents[2] / "build" / "integration-times"
 _times: dict[str, dict[str, float | bool | str]] = {}
 
 
+def module_of(item: pytest.Item) -> str:
+    return item.nodeid.split("::")[0]
+
+
+def uses_kubernetes_lab(item: pytest.Item) -> bool:
+    return "kubernetes_lab" in getattr(item, "fixturenames", ())
+
+
 def uses_shared_lab(item: pytest.Item) -> bool:
     """Whether a test asks for the session lab (directly or through `converged`)."""
     definitions = getattr(item, "_fixtureinfo", None)
@@ -193,24 +201,17 @@ def pytest_collection_modifyitems(session: pytest.Session, items: list[pytest.It
     with scripts/cpu_profile.py) and three labs on the machine's disk. Whole modules move, in
     their own order, so a module's fixtures are set up once; the Kubernetes lab's modules stay
     together (tests.helpers.lab_module_order)."""
-
-    def module(item: pytest.Item) -> str:
-        return item.nodeid.split("::")[0]
-
-    modules = list(dict.fromkeys(module(item) for item in items))
-    shared = {module(item) for item in items if uses_shared_lab(item)}
-    kubernetes = {module(item) for item in items if "kubernetes_lab" in item.fixturenames}
-    position = {
-        name: index for index, name in enumerate(lab_module_order(modules, shared, kubernetes))
-    }
-    items.sort(key=lambda item: position[module(item)])
+    modules = list(dict.fromkeys(module_of(item) for item in items))
+    shared = {module_of(item) for item in items if uses_shared_lab(item)}
+    kubernetes = {module_of(item) for item in items if uses_kubernetes_lab(item)}
+    order = lab_module_order(modules, shared, kubernetes)
+    items.sort(key=lambda item: order.index(module_of(item)))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    module = item.nodeid.split("::")[0]
-    entry = _times.setdefault(module, {"seconds": 0.0, "shared_lab": False})
+    entry = _times.setdefault(module_of(item), {"seconds": 0.0, "shared_lab": False})
     entry["shared_lab"] = bool(entry["shared_lab"]) or uses_shared_lab(item)
-    if "kubernetes_lab" in getattr(item, "fixturenames", ()):
+    if uses_kubernetes_lab(item):
         entry["lab"] = "kubernetes"  # one process runs every module of this lab
 
 

@@ -10,7 +10,8 @@ so the API servers and etcd carry a fleet's writes without its machines.
 
 The nodes are the lab's gpu_worker as the inventory gives it (its GPU model and count) on the
 server that holds eight such GPUs, with the labels and taints the kubernetes and fleet_policy
-roles give a real GPU worker (toolkit/nodes.py): the GPU worker label, the preflight taint (no
+roles give a real GPU worker (toolkit/nodes.py): the GPU worker label, the nvidia runtime's
+label (the sample's workers get the container toolkit), the preflight taint (no
 GPU test ever passes on a simulated node, so it stays, as on a node whose burn-in failed) and
 each team's label and taint, the nodes dealt round the inventory's teams in turn.
 
@@ -161,6 +162,10 @@ def node_object(name: str, shape: ServerShape, team: str | None) -> dict[str, An
         "kubernetes.io/os": "linux",
         "kubernetes.io/arch": "amd64",
         nodes.GPU_WORKER_LABEL_KEY: nodes.GPU_WORKER_LABEL_VALUE,
+        # The sample's GPU workers get the container toolkit (roles/nvidia), so the DaemonSets
+        # that need its runtime (device plugin, DCGM exporter) land on them; kwok plays their
+        # pods, so no runtime is needed here. The lab's gpu-1 has none (no NVIDIA repository).
+        nodes.NVIDIA_RUNTIME_LABEL_KEY: nodes.NVIDIA_RUNTIME_LABEL_VALUE,
         GPU_PRODUCT_LABEL: shape.gpu_model,
         GPU_COUNT_LABEL: str(shape.gpus),
     }

@@ -50,6 +50,8 @@ def test_nodes_carry_the_roles_labels_and_taints_dealt_round_the_teams(sample):
         labels = node["metadata"]["labels"]
         assert labels[nodes.TEAM_LABEL_KEY] == team
         assert labels[nodes.GPU_WORKER_LABEL_KEY] == nodes.GPU_WORKER_LABEL_VALUE
+        # The device plugin and DCGM exporter select it: the fleet carries their pods too.
+        assert labels[nodes.NVIDIA_RUNTIME_LABEL_KEY] == nodes.NVIDIA_RUNTIME_LABEL_VALUE
         # The same taints, in kubelet's --register-with-taints form, as a real GPU worker's.
         taints = [kubelet_form(taint) for taint in node["spec"]["taints"]]
         assert taints == [nodes.PREFLIGHT_TAINT, nodes.team_taint(team)]

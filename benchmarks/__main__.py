@@ -48,6 +48,12 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds the controlplane suite waits at each size once its fleet is Ready",
     )
     parser.add_argument(
+        "--cp-events-in-main",
+        action="store_true",
+        help="the controlplane suite with the Events in the main etcd: the before of the "
+        "sample's own etcd for Events, kept apart in results.json",
+    )
+    parser.add_argument(
         "--scale-sizes", default="1000 7500", help="host counts of the scale suite's inventories"
     )
     parser.add_argument(
@@ -127,10 +133,15 @@ def main(argv: list[str] | None = None) -> int:
         if "controlplane" in wanted:
             machine = _machine()
             sizes_of_fleet = tuple(int(s) for s in args.cp_sizes.split())
-            results["controlplane"] = {
+            key = control_plane.EVENTS_IN_MAIN if args.cp_events_in_main else "controlplane"
+            results[key] = {
                 "machine": machine,
                 **control_plane.suite(
-                    sizes_of_fleet, args.cp_settle, args.work / "controlplane", log
+                    sizes_of_fleet,
+                    args.cp_settle,
+                    args.work / key,
+                    log,
+                    events_apart=not args.cp_events_in_main,
                 ),
             }
             results_path.write_text(json.dumps(results, indent=2))

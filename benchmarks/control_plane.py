@@ -42,12 +42,16 @@ import yaml
 from benchmarks import suites
 from lab import fleet, gobuild, naming
 from lab.errors import LabError
+from roles.etcd.clusters import EVENTS
 from roles.fleet_policy.files import fleet_config
 from roles.fleet_policy.gang import in_tree_gang
 from toolkit import nodes
 
 PROCESSES = ("kube-apiserver", "etcd", "kube-scheduler", "kube-controller-manager", "kwok")
 COMMS = {name[:15]: name for name in PROCESSES}
+# An Events member runs beside the main one on each etcd host (roles/etcd/clusters.py): the
+# same program, told apart by its member name's suffix, so neither hides the other.
+EVENTS_PROCESS = EVENTS.name
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 ETCD_METRICS = "http://127.0.0.1:2381/metrics"
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
@@ -57,6 +61,8 @@ SLO_EXCLUDED_VERBS = {"WATCH", "CONNECT"}
 # The suite's sizes (issue 44 asks 500, 2,500 and 7,500, or as far as the machine holds).
 SIZES = (0, 500, 1000, 2500)
 SETTLE_S = 120.0
+# results.json's key of the run with the Events in the main etcd (`--cp-events-in-main`).
+EVENTS_IN_MAIN = "controlplane_events_in_main"
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -140,6 +146,14 @@ def etcd_metrics(lab: str, host: str) -> str:
     return result.stdout
 
 
+def events_member(cmdline: bytes) -> bool:
+    """Whether an etcd process (its /proc cmdline) is a member of the Events cluster."""
+    return any(
+        arg.startswith(b"--name=") and arg.endswith(EVENTS.suffix.encode())
+        for arg in cmdline.split(b"\0")
+    )
+
+
 def lab_processes() -> dict[str, tuple[int, int]]:
     """{"<host>/<program>": (resident bytes, CPU ticks so far)} for the control plane's
     programs on this machine; a lab host's name is its hostname."""
@@ -155,6 +169,8 @@ def lab_processes() -> dict[str, tuple[int, int]]:
             host = "machine"
             if comm != "kwok":
                 host = (entry / "root" / "etc" / "hostname").read_text().strip()
+            if comm == "etcd" and events_member((entry / "cmdline").read_bytes()):
+                comm = EVENTS_PROCESS
             status = (entry / "status").read_text()
             rss = int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) * 1024
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
@@ -448,11 +464,13 @@ def summary(size: int, step: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def boot(lab: str, inventory: Path | None = None) -> Path:
+def boot(lab: str, inventory: Path | None = None, events_apart: bool = True) -> Path:
     """The smallest lab with the real control plane: the default topology without its storage
     hosts (as tests/integration/test_kubernetes.py boots it): five etcd members, three API
     servers behind lb-1, cpu-1 and gpu-1; the sample's two teams, research owning gpu-1 and
-    inference only simulated nodes. Apply it next (`gpuinfra apply`)."""
+    inference only simulated nodes. Apply it next (`gpuinfra apply`). Without `events_apart`
+    the Events stay in the main etcd (`etcd.events.enabled: false`), the comparison's before:
+    the sample keeps them in their own cluster."""
     from lab import lifecycle
     from lab.topology import Topology, default_topology
 
@@ -462,6 +480,8 @@ def boot(lab: str, inventory: Path | None = None) -> Path:
     )
     data = yaml.safe_load(result.inventory_path.read_text())
     data["teams"] = {"research": {"hosts": ["gpu-1"]}, "inference": {"hosts": []}}
+    if not events_apart:
+        data["group_vars"]["etcd"]["etcd"]["events"] = {"enabled": False}
     result.inventory_path.write_text(yaml.safe_dump(data, sort_keys=False))
     return result.inventory_path
 
@@ -540,28 +560,35 @@ def _print(line: str) -> None:
 
 
 def suite(
-    sizes: tuple[int, ...], settle: float, work: Path, log: Callable[[str], None]
+    sizes: tuple[int, ...],
+    settle: float,
+    work: Path,
+    log: Callable[[str], None],
+    events_apart: bool = True,
 ) -> dict[str, Any]:
     """`make bench BENCH_SUITES=controlplane`: boot the lab (`boot`), apply it, grow its fleet
     through `sizes`, and take it down at the end, also on failure. The steps are saved to
-    WORK/steps.json as they come, so a run stopped halfway keeps them."""
+    WORK/steps.json as they come, so a run stopped halfway keeps them. Without `events_apart`
+    (`--cp-events-in-main`) the lab keeps its Events in the main etcd and the run is the
+    before of that comparison: the same steps, no scheduler batches."""
     work = work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {
-        "lab": suites.LAB, "sizes": list(sizes), "settle_s": settle, "steps": []
+        "lab": suites.LAB, "sizes": list(sizes), "settle_s": settle,
+        "events_etcd": events_apart, "steps": [],
     }  # fmt: skip
     log(f"control plane: lab {suites.LAB}, simulated nodes {' '.join(map(str, sizes))}")
     suites.lab_down(log)  # a lab of that name left by an earlier run
     try:
         started = time.monotonic()
-        inventory = boot(suites.LAB, work / "cluster.yml")
+        inventory = boot(suites.LAB, work / "cluster.yml", events_apart)
         log(f"  lab up: {time.monotonic() - started:.1f}s")
         suites.apply(inventory, work / "apply.json", log)
         grow(suites.LAB, sizes, settle, results, _saver(work / "steps.json"), log)
         # At the largest size the growth held: the scheduler's rate there, with and without
         # gangs (a fleet that stopped growing has the held size's nodes back first).
         held = [step["size"] for step in results["steps"]]
-        if held and held[-1]:
+        if events_apart and held and held[-1]:
             results["scheduling"] = scheduling_at(held[-1], log)
             _saver(work / "steps.json")(results)
     finally:

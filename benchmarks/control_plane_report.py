@@ -18,12 +18,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.control_plane import SLO_EXCLUDED_VERBS
+from benchmarks.control_plane import EVENTS_PROCESS, SLO_EXCLUDED_VERBS
 
 FLEET = 7500  # the seeds' fleet, issue 44's projection
 API_SERVERS = 5  # the reference design's API servers; the lab runs three
 # The programs whose CPU is the control plane's cost; kwok, which plays the kubelets, is not.
-CONTROL_PLANE = ("kube-apiserver", "etcd", "kube-scheduler", "kube-controller-manager")
+CONTROL_PLANE = (
+    "kube-apiserver", "etcd", EVENTS_PROCESS, "kube-scheduler", "kube-controller-manager"
+)  # fmt: skip
+# The writes of Events through the API servers: what the main etcd stops carrying when the
+# Events have their own cluster.
+EVENT_RESOURCES = {"events"}
+EVENT_WRITES = {"POST", "PUT", "PATCH"}
 DOC = "control-plane.md"
 BEGIN = "<!-- controlplane:begin -->"
 END = "<!-- controlplane:end -->"
@@ -292,8 +298,11 @@ def _hosts(analysis: dict[str, Any], program: str) -> list[str]:
     return sorted({host for row in analysis["rows"] for host in row["resident"][program]})
 
 
-def markdown(control_plane: dict[str, Any]) -> list[str]:
-    """The section of docs/benchmarks/control-plane.md between its markers."""
+def markdown(
+    control_plane: dict[str, Any], events_in_main: dict[str, Any] | None = None
+) -> list[str]:
+    """The section of docs/benchmarks/control-plane.md between its markers; with the run of
+    `--cp-events-in-main`, the Events' before and after too."""
     analysis = analyse(control_plane)
     machine = control_plane.get("machine", {})
     lines = [
@@ -354,6 +363,7 @@ def markdown(control_plane: dict[str, Any]) -> list[str]:
         lines += _per_node_section(analysis)
     lines += _daemonset_section(analysis["rows"], control_plane["steps"])
     lines += _scheduling_section(control_plane.get("scheduling"))
+    lines += _events_section(control_plane, events_in_main)
     return lines
 
 
@@ -467,6 +477,107 @@ def _per_node_section(analysis: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _etcd_in_use_bytes(step: Step) -> float | None:
+    """The leader's database bytes in use (what compaction left, before any defragmentation)."""
+    members = step.get("etcd", {}).values()
+    leader = [m.get("db_in_use_bytes") for m in members if m.get("leader")]
+    return leader[0] if leader and leader[0] is not None else None
+
+
+def event_writes(step: Step) -> dict[str, Any] | None:
+    """The Events' writes over the step: their count on all API servers and the worst p99."""
+    found = [
+        (entry, name.split(" ")[0])
+        for name, entry in step.get("requests", {}).items()
+        if name.split(" ")[1] in EVENT_RESOURCES and name.split(" ")[0] in EVENT_WRITES
+    ]
+    if not found:
+        return None
+    p99s = [v for entry, _ in found for v in entry["p99"].values() if v is not None]
+    return {
+        "count": sum(entry["count"] for entry, _ in found),
+        "p99_s": max(p99s) if p99s else None,
+    }
+
+
+def events_comparison(apart: dict[str, Any], in_main: dict[str, Any]) -> list[dict[str, Any]]:
+    """At each size both runs measured: the main etcd with the Events in it (before, the run of
+    `--cp-events-in-main`) and with them in their own cluster (after, the sample's choice)."""
+    before = {s["size"]: s for s in in_main.get("steps", [])}
+    rows = []
+    for after in sorted(apart.get("steps", []), key=lambda s: s["size"]):
+        if after["size"] not in before:
+            continue
+        pair = {"before": before[after["size"]], "after": after}
+        rows.append(
+            {"size": after["size"]}
+            | {
+                f"{key}_{when}": figure(step)
+                for when, step in pair.items()
+                for key, figure in (
+                    ("db_bytes", etcd_db_bytes),
+                    ("in_use_bytes", _etcd_in_use_bytes),
+                    ("commit_p99_s", lambda s: _worst_member(s, "backend_commit_p99_s")),
+                    ("fsync_p99_s", lambda s: _worst_member(s, "wal_fsync_p99_s")),
+                    ("commits", lambda s: _sum_members(s, "backend_commit_count")),
+                    ("event_writes", event_writes),
+                )
+            }
+        )
+    return rows
+
+
+def _sum_members(step: Step, key: str) -> int | None:
+    values = [m[key] for m in step.get("etcd", {}).values() if m.get(key) is not None]
+    return sum(values) if values else None
+
+
+def _pair(row: dict[str, Any], key: str, cell: Callable[[Any], str]) -> str:
+    return f"{cell(row[key + '_before'])} / {cell(row[key + '_after'])}"
+
+
+def _writes_cell(writes: dict[str, Any] | None) -> str:
+    if writes is None:
+        return "none"
+    p99 = "n/a" if writes["p99_s"] is None else f"{writes['p99_s']:.2f} s"
+    return f"{writes['count']:,}, p99 {p99}"
+
+
+def _events_section(apart: dict[str, Any], in_main: dict[str, Any] | None) -> list[str]:
+    """Before and after for the Events' own etcd, when the run of `--cp-events-in-main` is
+    in results.json."""
+    if not in_main:
+        return []
+    rows = events_comparison(apart, in_main)
+    date = in_main.get("machine", {}).get("date", "?")
+    lines = [
+        "Events in their own etcd, before and after: the same suite run with the Events in "
+        f"the main etcd (`BENCH_ARGS=--cp-events-in-main`, run {date}, "
+        f"{in_main.get('settle_s', '?')} s at each size) against the run above, at each size "
+        "both measured. Each cell is before / after, for the main etcd only (the leader's "
+        "database, its bytes in use, the worst member's backend commit and WAL fsync p99, the "
+        "members' backend commits over the step) and the Events' writes through the API "
+        "servers (count over the step, worst p99):",
+        "",
+    ]
+    if not rows:
+        return [*lines, "No size was measured in both runs.", ""]
+    lines += [
+        "| simulated nodes | main etcd db MiB | in use MiB | backend commit p99 ms | "
+        "WAL fsync p99 ms | backend commits | Events writes |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    count = lambda v: "n/a" if v is None else f"{v:,}"  # noqa: E731
+    for row in rows:
+        lines.append(
+            f"| {row['size']:,} | {_pair(row, 'db_bytes', _mib)} | "
+            f"{_pair(row, 'in_use_bytes', _mib)} | {_pair(row, 'commit_p99_s', _ms)} | "
+            f"{_pair(row, 'fsync_p99_s', _ms)} | {_pair(row, 'commits', count)} | "
+            f"{_pair(row, 'event_writes', _writes_cell)} |"
+        )
+    return [*lines, ""]
+
+
 def _etcd_db_cell(p: dict[str, Any]) -> str:
     db, quota = p["etcd_db_bytes"], p["etcd_quota_bytes"]
     if db is None:
@@ -476,10 +587,12 @@ def _etcd_db_cell(p: dict[str, Any]) -> str:
     return f"{_mib(db)} MiB, {db / quota:.0%} of the members' {quota / 2**30:g} GiB quota"
 
 
-def write_doc(control_plane: dict[str, Any], path: Path) -> None:
+def write_doc(
+    control_plane: dict[str, Any], path: Path, events_in_main: dict[str, Any] | None = None
+) -> None:
     """Replace the text between the markers of `path` (appending a Results section holding
     them when it has none), leaving the rest of the document as it is."""
-    section = "\n".join([BEGIN, *markdown(control_plane), END])
+    section = "\n".join([BEGIN, *markdown(control_plane, events_in_main), END])
     text = path.read_text() if path.exists() else ""
     if BEGIN in text and END in text:
         head, rest = text.split(BEGIN, 1)

@@ -7,6 +7,7 @@ import statistics
 from pathlib import Path
 
 from benchmarks import control_plane_report, jobreport
+from benchmarks.control_plane import EVENTS_IN_MAIN
 from benchmarks.suites import BASELINE, CONNECT, ENGINES, EXACT, PROBE_FLOOR
 from engine.fingerprint.check import DEFAULT_PARALLEL
 
@@ -505,5 +506,9 @@ def write(results: dict, out: Path) -> None:
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "results.md").write_text(markdown(results))
     if "controlplane" in results:
-        control_plane_report.write_doc(results["controlplane"], out / control_plane_report.DOC)
+        control_plane_report.write_doc(
+            results["controlplane"],
+            out / control_plane_report.DOC,
+            results.get(EVENTS_IN_MAIN),
+        )
     plots(results, out)

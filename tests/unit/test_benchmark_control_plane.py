@@ -12,6 +12,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+import yaml
 
 from benchmarks import __main__ as bench_main
 from benchmarks import control_plane, report, suites
@@ -375,8 +376,8 @@ class FakeLab:
         self.clock = 0.0
         inventory = tmp_path / "cluster.yml"
 
-        def boot(lab, path=None):
-            self.calls.append(("boot", lab))
+        def boot(lab, path=None, events_apart=True):
+            self.calls.append(("boot", lab) if events_apart else ("boot", lab, "events in main"))
             return inventory
 
         monkeypatch.setattr(control_plane, "boot", boot)
@@ -716,3 +717,114 @@ def test_a_batch_that_never_runs_whole_is_recorded_and_the_taint_still_goes_back
     with pytest.raises(LabError, match="not gone"):
         control_plane.scheduling(_Loaded(), lambda _line: None)
     assert fake_cluster.calls[-1][:3] == ("taint", "nodes", "--overwrite")
+
+
+# ---------------------------------------------------------------- the Events' own etcd
+
+
+def test_an_events_member_is_told_from_the_main_member_on_the_same_host():
+    """Both are `etcd` on the same host: keyed alike, one hid the other's memory and CPU."""
+    events = b"/usr/local/bin/etcd\0--name=etcd-1-events\0--data-dir=/var/lib/etcd/events\0"
+    main = b"/usr/local/bin/etcd\0--name=etcd-1\0--data-dir=/var/lib/etcd\0"
+    assert control_plane.events_member(events)
+    assert not control_plane.events_member(main)
+    # A main member whose data folder only mentions events is still the main one.
+    assert not control_plane.events_member(b"etcd\0--name=etcd-1\0--wal-dir=/events\0")
+
+
+def test_the_comparison_lab_keeps_the_events_in_the_main_etcd(monkeypatch, tmp_path):
+    from lab import lifecycle
+
+    written = tmp_path / "cluster.yml"
+
+    class Up:
+        inventory_path = written
+
+    def up(lab, topology, inventory_path=None, kubernetes=False):
+        etcd = {"source": "mirror", "events": {"enabled": True}}
+        data = {"group_vars": {"etcd": {"etcd": etcd}}, "hosts": {}}
+        written.write_text(yaml.safe_dump(data))
+        return Up()
+
+    monkeypatch.setattr(lifecycle, "up", up)
+    control_plane.boot("bench", written)
+    etcd = yaml.safe_load(written.read_text())["group_vars"]["etcd"]["etcd"]
+    assert etcd == {"source": "mirror", "events": {"enabled": True}}  # the sample's choice
+    control_plane.boot("bench", written, events_apart=False)
+    etcd = yaml.safe_load(written.read_text())["group_vars"]["etcd"]["etcd"]
+    assert etcd == {"source": "mirror", "events": {"enabled": False}}
+
+
+def test_the_events_in_main_run_grows_the_same_steps_without_scheduler_batches(
+    monkeypatch, tmp_path
+):
+    lab = FakeLab(monkeypatch, tmp_path)
+    results = control_plane.suite(
+        (0, 500), 0.0, tmp_path / "work", lambda _: None, events_apart=False
+    )
+    assert [s["size"] for s in results["steps"]] == [0, 500]
+    assert results["events_etcd"] is False and "scheduling" not in results
+    assert ("boot", suites.LAB, "events in main") in lab.calls
+    assert ("scheduling", "loaded") not in lab.calls
+    # Control: the sample's run measures the scheduler.
+    assert "scheduling" in control_plane.suite((0, 500), 0.0, tmp_path / "w2", lambda _: None)
+
+
+def _events_in_main(measured: dict) -> dict:
+    """The measured steps as the before: the main etcd twice as large, more commits and
+    slower, and the Events' writes through the API servers unchanged."""
+    before = copy.deepcopy(measured)
+    before["machine"] = {"date": "2026-12-03 15:00 UTC"}
+    for step in before["steps"]:
+        for member in step["etcd"].values():
+            member["db_bytes"] *= 2
+            member["db_in_use_bytes"] *= 2
+            member["backend_commit_count"] += 100
+            member["backend_commit_p99_s"] *= 1.5
+    before["steps"] = [s for s in before["steps"] if s["size"] != 1000]
+    return before
+
+
+def test_the_events_comparison_pairs_the_sizes_both_runs_measured(measured):
+    before = _events_in_main(measured)
+    rows = cp_report.events_comparison(measured, before)
+    assert [row["size"] for row in rows] == [0, 500]  # 1,000 only in the after
+    row = rows[1]
+    assert row["db_bytes_before"] == 2 * row["db_bytes_after"]
+    assert row["in_use_bytes_before"] == 2 * row["in_use_bytes_after"]
+    assert row["commits_before"] == row["commits_after"] + 100 * 5
+    assert row["commit_p99_s_before"] == pytest.approx(1.5 * row["commit_p99_s_after"])
+    step = next(s for s in measured["steps"] if s["size"] == 500)
+    posts = [e for n, e in step["requests"].items() if n.split(" ")[1] == "events"]
+    assert row["event_writes_after"]["count"] == sum(e["count"] for e in posts)
+    assert row["event_writes_after"]["p99_s"] == max(
+        v for e in posts for v in e["p99"].values() if v is not None
+    )
+
+
+def test_the_section_gives_the_events_before_and_after_only_with_both_runs(measured, tmp_path):
+    path = tmp_path / cp_report.DOC
+    cp_report.write_doc(measured, path)
+    assert "Events in their own etcd, before and after" not in path.read_text()
+    cp_report.write_doc(measured, path, _events_in_main(measured))
+    text = path.read_text()
+    assert "Events in their own etcd, before and after" in text
+    assert "run 2026-12-03 15:00 UTC" in text
+    (row,) = [line for line in text.splitlines() if line.startswith("| 500 |")][-1:]
+    assert row.count(" / ") >= 6
+
+
+def test_make_bench_keeps_the_events_in_main_run_apart(monkeypatch, tmp_path):
+    FakeLab(monkeypatch, tmp_path)
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(signal, "signal", lambda *args: None)
+    monkeypatch.setattr(report, "plots", lambda results, out: [])
+    out = tmp_path / "out"
+    common = ["--suites", "controlplane", "--cp-sizes", "0 500", "--cp-settle", "0",
+              "--out", str(out), "--work", str(tmp_path / "work")]  # fmt: skip
+    assert bench_main.main(common) == 0
+    assert bench_main.main([*common, "--cp-events-in-main"]) == 0
+    stored = json.loads((out / "results.json").read_text())
+    assert stored["controlplane"]["events_etcd"] is True
+    assert stored[control_plane.EVENTS_IN_MAIN]["events_etcd"] is False
+    assert "Events in their own etcd, before and after" in (out / cp_report.DOC).read_text()

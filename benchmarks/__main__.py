@@ -54,6 +54,12 @@ def main(argv: list[str] | None = None) -> int:
         "sample's own etcd for Events, kept apart in results.json",
     )
     parser.add_argument(
+        "--cp-apf",
+        action="store_true",
+        help="the controlplane suite ends with a fleet operation with and without "
+        "fleet_policy's flow schema, at the largest size held",
+    )
+    parser.add_argument(
         "--scale-sizes", default="1000 7500", help="host counts of the scale suite's inventories"
     )
     parser.add_argument(
@@ -142,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                     args.work / key,
                     log,
                     events_apart=not args.cp_events_in_main,
+                    flow_control=args.cp_apf,
                 ),
             }
             results_path.write_text(json.dumps(results, indent=2))

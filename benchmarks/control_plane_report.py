@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.control_plane import EVENTS_PROCESS, SLO_EXCLUDED_VERBS
+from roles.fleet_policy.files import FLEET_PRIORITY_LEVEL as FLEET_LEVEL
 
 FLEET = 7500  # the seeds' fleet, issue 44's projection
 API_SERVERS = 5  # the reference design's API servers; the lab runs three
@@ -364,6 +365,8 @@ def markdown(
     lines += _daemonset_section(analysis["rows"], control_plane["steps"])
     lines += _scheduling_section(control_plane.get("scheduling"))
     lines += _events_section(control_plane, events_in_main)
+    lines += _flow_control_section(control_plane, "the run above")
+    lines += _flow_control_section(events_in_main, "the run with the Events in the main etcd")
     return lines
 
 
@@ -575,6 +578,49 @@ def _events_section(apart: dict[str, Any], in_main: dict[str, Any] | None) -> li
             f"{_pair(row, 'fsync_p99_s', _ms)} | {_pair(row, 'commits', count)} | "
             f"{_pair(row, 'event_writes', _writes_cell)} |"
         )
+    return [*lines, ""]
+
+
+def _sec3(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def _flow_control_section(run: dict[str, Any] | None, which: str) -> list[str]:
+    """The fleet operation with and without fleet_policy's flow schema
+    (benchmarks/flow_control.py), where the run made it."""
+    apf = (run or {}).get("flow_control")
+    if not apf or not apf.get("phases"):
+        return []
+    first = apf["phases"][0]
+    lines = [
+        f"API Priority and Fairness, before and after ({which}, at {apf['size']:,} simulated "
+        f"nodes): {first['clients']} connections list every node as `{apf['sampler']}` for "
+        f"{first['seconds']:g} s, first with fleet_policy's flow schema (its own Limited "
+        "level), then without it (Kubernetes' `service-accounts` schema, workload-low), the "
+        "fleet Ready before each. Beside them a workload's account asks for one pod every "
+        "0.5 s (refused, 403, after flow control queued it). The queue waits and the Lease "
+        "renewals are the worst API server's p99 over the phase:",
+        "",
+        "| flow schema | lists done (statuses) | list p50 s | probe p50 / p99 s | "
+        "queue wait p99 s (our level / workload-low) | Lease PUT p99 s | "
+        "simulated nodes not Ready after |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for phase in apf["phases"]:
+        waits = phase.get("queue_wait_p99_s", {})
+        ours = waits.get(FLEET_LEVEL)
+        low = waits.get("workload-low")
+        statuses = ", ".join(f"{n:,} {code}" for code, n in phase["flood"]["statuses"].items())
+        name = "fleet_policy's" if phase["flow_schema"] == "gpuinfra" else "none (before)"
+        lines.append(
+            f"| {name} | {phase['flood']['requests']:,} ({statuses}) | "
+            f"{_sec3(phase['flood']['p50_s'])} | {_sec3(phase['probe']['p50_s'])} / "
+            f"{_sec3(phase['probe']['p99_s'])} | {_sec3(ours)} / {_sec3(low)} | "
+            f"{_sec3(phase.get('lease_put_p99_s'))} | {phase['nodes_not_ready_after']:,} |"
+        )
+    errors = [e for e in apf.get("recovery", []) if e]
+    if errors:
+        lines += ["", f"The fleet did not get Ready again between phases: {errors[0]}"]
     return [*lines, ""]
 
 

@@ -828,3 +828,35 @@ def test_make_bench_keeps_the_events_in_main_run_apart(monkeypatch, tmp_path):
     assert stored["controlplane"]["events_etcd"] is True
     assert stored[control_plane.EVENTS_IN_MAIN]["events_etcd"] is False
     assert "Events in their own etcd, before and after" in (out / cp_report.DOC).read_text()
+
+
+def _apf_phase(label: str, probe_p99: float, low: float | None, not_ready: int) -> dict:
+    return {
+        "flow_schema": label, "clients": 48, "seconds": 90.0,
+        "flood": {"requests": 1200, "statuses": {"200": 1100, "429": 100}, "p50_s": 2.5},
+        "probe": {"requests": 150, "statuses": {"403": 150}, "p50_s": 0.01, "p99_s": probe_p99},
+        "lease_put_p99_s": 0.4, "nodes_not_ready_after": not_ready,
+        "queue_wait_p99_s": {"gpuinfra-fleet-jobs": 1.5, **({"workload-low": low} if low else {})},
+        "rejected": {},
+    }  # fmt: skip
+
+
+def test_the_section_gives_flow_controls_before_and_after_where_a_run_made_it(measured):
+    assert not any("Priority and Fairness" in line for line in cp_report.markdown(measured))
+    with_apf = measured | {
+        "flow_control": {
+            "size": 1000,
+            "sampler": "system:serviceaccount:gpu-health:gpu-health-sampler",
+            "phases": [_apf_phase("gpuinfra", 0.05, None, 0), _apf_phase("none", 2.0, 1.9, 12)],
+            "recovery": [None, None, None],
+        }
+    }
+    text = "\n".join(cp_report.markdown(with_apf))
+    assert "API Priority and Fairness, before and after (the run above, at 1,000" in text
+    rows = [line for line in text.splitlines() if line.startswith(("| fleet_policy", "| none"))]
+    assert rows == [
+        "| fleet_policy's | 1,200 (1,100 200, 100 429) | 2.500 | 0.010 / 0.050 | 1.500 / n/a "
+        "| 0.400 | 0 |",
+        "| none (before) | 1,200 (1,100 200, 100 429) | 2.500 | 0.010 / 2.000 | 1.500 / 1.900 "
+        "| 0.400 | 12 |",
+    ]

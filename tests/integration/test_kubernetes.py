@@ -1137,6 +1137,29 @@ def test_a_64_node_gang_runs_on_the_fleet_and_one_that_cannot_fit_waits_whole(fl
             cluster.kubectl("delete", "-n", TEAM, "workload", name, "--now", check=False)
 
 
+def test_the_gpu_daemonsets_run_on_every_simulated_gpu_node(fleet):
+    """The device plugin and the DCGM exporter select the nvidia runtime's label, which the
+    sample's GPU workers carry and so the simulated ones: a pod on each, played by kwok. The
+    lab's gpu-1 has no container toolkit (no NVIDIA repository here), so none there."""
+    loaded = fleet.cluster.lab.loaded
+    wanted = ("gpuinfra-system/dcgm-exporter", "gpuinfra-system/nvidia-device-plugin")
+
+    seen: dict = {}
+
+    def all_ready() -> dict | None:
+        counts = control_plane.daemonsets(loaded)
+        seen.update({name: counts.get(name) for name in wanted})
+        ready = all(seen[name] == {"desired": FLEET, "ready": FLEET} for name in wanted)
+        return counts if ready else None
+
+    try:
+        eventually(all_ready, what=f"both GPU DaemonSets Ready on {FLEET} nodes", seconds=300)
+    except AssertionError as failed:
+        raise AssertionError(f"{failed}; last seen: {seen}") from None
+    placed = fleet.cluster.get("pods", "-n", "gpuinfra-system")["items"]
+    assert not [p for p in placed if p["spec"].get("nodeName") == "gpu-1"]
+
+
 def test_the_control_planes_slis_are_recorded_under_the_fleet(fleet):
     """The figures `make bench`'s control-plane suite reads (benchmarks/control_plane.py) exist
     under the fleet: node registrations and lease renewals with a p99 latency, and each etcd
@@ -1153,4 +1176,8 @@ def test_the_control_planes_slis_are_recorded_under_the_fleet(fleet):
     for member, figures in step["etcd"].items():
         assert figures["db_bytes"] and figures["wal_fsync_count"] > 0, (member, figures)
         assert figures["wal_fsync_p99_s"] is not None, (member, figures)
+        # The Events member beside the main one on each host (the lab keeps the sample's
+        # Events cluster) is read apart, not in its place.
+        for program in ("etcd", control_plane.EVENTS_PROCESS):
+            assert f"{member}/{program}" in step["processes"], (member, sorted(step["processes"]))
     print(control_plane.summary(FLEET, {**step, "fleet": fleet.result.__dict__, "load": ""}))

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.helpers import GPUINFRA, gpuinfra
+from tests.helpers import GPUINFRA, gpuinfra, self_signed
 
 __all__ = ["GPUINFRA", "gpuinfra"]  # where the role tests have long imported them from
 
@@ -112,39 +112,14 @@ def ask_https(url: str, attempts: int = 60) -> str:
 
 
 def install_standin_cert(lab, host: str) -> None:
-    """A throwaway self-signed certificate and key for the stand-in, made here (lab hosts may
-    have no openssl) and written on `host` over ssh's stdin, 0600."""
-    import datetime
+    """A throwaway self-signed certificate and key for the stand-in, written on `host` over
+    ssh's stdin, 0600."""
     import subprocess
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
 
     from toolkit.ssh import ssh_argv
 
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(hours=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .sign(key, hashes.SHA256())
-    )
-    files = {
-        f"{STANDIN_CERT}.crt": cert.public_bytes(serialization.Encoding.PEM),
-        f"{STANDIN_CERT}.key": key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        ),
-    }
+    cert, key = self_signed("test")
+    files = {f"{STANDIN_CERT}.crt": cert, f"{STANDIN_CERT}.key": key}
     for path, data in files.items():
         write = f"umask 077 && cat > {path}"
         subprocess.run(ssh_argv(lab.loaded, host) + [write], input=data, check=True)

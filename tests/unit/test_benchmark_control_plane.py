@@ -479,11 +479,16 @@ def test_the_lab_goes_down_when_its_apply_fails(monkeypatch, tmp_path):
     assert lab.calls == [("down",), ("boot", suites.LAB), ("down",)]
 
 
-def test_make_bench_controlplane_stores_the_steps_and_the_machine(monkeypatch, tmp_path):
-    FakeLab(monkeypatch, tmp_path, fails_at=2500)
+def _as_make_bench(monkeypatch) -> None:
+    """`python -m benchmarks` as root, its signal handler and plots left out."""
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     monkeypatch.setattr(signal, "signal", lambda *args: None)
     monkeypatch.setattr(report, "plots", lambda results, out: [])
+
+
+def test_make_bench_controlplane_stores_the_steps_and_the_machine(monkeypatch, tmp_path):
+    FakeLab(monkeypatch, tmp_path, fails_at=2500)
+    _as_make_bench(monkeypatch)
     out = tmp_path / "out"
     argv = ["--suites", "controlplane", "--cp-sizes", "0 500 2500", "--cp-settle", "0",
             "--out", str(out), "--work", str(tmp_path / "work")]  # fmt: skip
@@ -816,9 +821,7 @@ def test_the_section_gives_the_events_before_and_after_only_with_both_runs(measu
 
 def test_make_bench_keeps_the_events_in_main_run_apart(monkeypatch, tmp_path):
     FakeLab(monkeypatch, tmp_path)
-    monkeypatch.setattr(os, "geteuid", lambda: 0)
-    monkeypatch.setattr(signal, "signal", lambda *args: None)
-    monkeypatch.setattr(report, "plots", lambda results, out: [])
+    _as_make_bench(monkeypatch)
     out = tmp_path / "out"
     common = ["--suites", "controlplane", "--cp-sizes", "0 500", "--cp-settle", "0",
               "--out", str(out), "--work", str(tmp_path / "work")]  # fmt: skip

@@ -17,6 +17,7 @@ from benchmarks import control_plane, flow_control, suites
 from lab import fleet
 from lab.errors import LabError
 from roles.fleet_policy.files import FLEET_PRIORITY_LEVEL
+from tests.helpers import self_signed
 
 
 def _histogram(name: str, labels: str, counts: dict[str, int]) -> str:
@@ -141,41 +142,10 @@ def test_a_request_that_fails_on_the_wire_counts_as_status_zero():
     assert out and {status for status, _ in out} == {0}
 
 
-def _self_signed():
-    import datetime
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kubernetes-admin")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(1)
-        .not_valid_before(now)
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    pem = cert.public_bytes(serialization.Encoding.PEM)
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-    return pem, key_pem
-
-
 def test_the_admin_key_is_written_0600_and_the_server_is_the_kubeconfigs(tmp_path):
     import base64
 
-    cert, key = _self_signed()
+    cert, key = self_signed("kubernetes-admin")
     b64 = lambda data: base64.b64encode(data).decode()  # noqa: E731
     kubeconfig = tmp_path / "admin.conf"
     config = {

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import commandline, control_plane, jobs, report, scale, suites
+from benchmarks import commandline, control_plane, flow_control, jobs, report, scale, suites
 from toolkit.limits import raise_open_files_limit
 
 
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                     args.work / key,
                     log,
                     events_apart=not args.cp_events_in_main,
-                    flow_control=args.cp_apf,
+                    flow_control=flow_control.comparison if args.cp_apf else None,
                 ),
             }
             results_path.write_text(json.dumps(results, indent=2))

@@ -565,15 +565,15 @@ def suite(
     work: Path,
     log: Callable[[str], None],
     events_apart: bool = True,
-    flow_control: bool = False,
+    flow_control: Callable[[str, int, Callable[[str], None]], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """`make bench BENCH_SUITES=controlplane`: boot the lab (`boot`), apply it, grow its fleet
     through `sizes`, and take it down at the end, also on failure. The steps are saved to
     WORK/steps.json as they come, so a run stopped halfway keeps them. Without `events_apart`
     (`--cp-events-in-main`) the lab keeps its Events in the main etcd and the run is the
-    before of that comparison: the same steps, no scheduler batches. With `flow_control`
-    (`--cp-apf`), last, at the largest size held: a fleet operation with and without
-    fleet_policy's flow schema (benchmarks/flow_control.py)."""
+    before of that comparison: the same steps, no scheduler batches. `flow_control`
+    (`--cp-apf`: benchmarks/flow_control.py's `comparison`) runs last, at the largest size
+    held: a fleet operation with and without fleet_policy's flow schema."""
     work = work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {
@@ -594,11 +594,8 @@ def suite(
         if events_apart and held and held[-1]:
             results["scheduling"] = scheduling_at(held[-1], log)
             _saver(work / "steps.json")(results)
-        if flow_control and held and held[-1]:
-            # Imported here: it reads the API servers with this module's functions.
-            from benchmarks import flow_control as apf
-
-            results["flow_control"] = apf.comparison(suites.LAB, held[-1], log)
+        if flow_control is not None and held and held[-1]:
+            results["flow_control"] = flow_control(suites.LAB, held[-1], log)
             _saver(work / "steps.json")(results)
     finally:
         # kwok's log goes with the lab: kept beside the steps, where a stopped growth is read.

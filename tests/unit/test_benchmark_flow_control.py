@@ -7,13 +7,16 @@ from __future__ import annotations
 import http.client
 import http.server
 import json
+import os
+import signal
 import stat
 import threading
 import time
 
 import pytest
 
-from benchmarks import control_plane, flow_control, suites
+from benchmarks import __main__ as bench_main
+from benchmarks import control_plane, flow_control, report, suites
 from lab import fleet
 from lab.errors import LabError
 from roles.fleet_policy.files import FLEET_PRIORITY_LEVEL
@@ -223,12 +226,30 @@ def test_the_suite_ends_with_the_comparison_only_when_asked(monkeypatch, tmp_pat
     from tests.unit.test_benchmark_control_plane import FakeLab
 
     FakeLab(monkeypatch, tmp_path)
-    asked: list[int] = []
-    monkeypatch.setattr(
-        flow_control, "comparison", lambda lab, size, log: asked.append(size) or {"size": size}
-    )
+    asked: list[tuple[str, int]] = []
+
+    def comparison(lab, size, log):
+        asked.append((lab, size))
+        return {"size": size}
+
     results = control_plane.suite((0, 500), 0.0, tmp_path / "w1", lambda _: None)
     assert "flow_control" not in results and asked == []
-    results = control_plane.suite((0, 500), 0.0, tmp_path / "w2", lambda _: None, flow_control=True)
-    assert results["flow_control"] == {"size": 500} and asked == [500]
-    assert suites.LAB  # the comparison runs on the suite's own lab
+    results = control_plane.suite(
+        (0, 500), 0.0, tmp_path / "w2", lambda _: None, flow_control=comparison
+    )
+    # On the suite's own lab, at the largest size held.
+    assert results["flow_control"] == {"size": 500} and asked == [(suites.LAB, 500)]
+
+
+def test_make_bench_passes_the_comparison_only_with_cp_apf(monkeypatch, tmp_path):
+    seen = []
+    monkeypatch.setattr(
+        control_plane, "suite", lambda *args, **kw: seen.append(kw["flow_control"]) or {}
+    )
+    monkeypatch.setattr(bench_main, "_machine", lambda: {})
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(signal, "signal", lambda *args: None)
+    monkeypatch.setattr(report, "write", lambda results, out: None)
+    argv = ["--suites", "controlplane", "--out", str(tmp_path), "--work", str(tmp_path)]
+    assert bench_main.main(argv) == 0 and bench_main.main([*argv, "--cp-apf"]) == 0
+    assert seen == [None, flow_control.comparison]

@@ -97,8 +97,12 @@ def etcd_quota_bytes(step: Step) -> float | None:
     return min(quotas) if quotas else None
 
 
+def _member_values(step: Step, key: str) -> list[Any]:
+    return [m[key] for m in step.get("etcd", {}).values() if m.get(key) is not None]
+
+
 def _worst_member(step: Step, key: str) -> float | None:
-    values = [m[key] for m in step.get("etcd", {}).values() if m.get(key) is not None]
+    values = _member_values(step, key)
     return max(values) if values else None
 
 
@@ -490,17 +494,14 @@ def _etcd_in_use_bytes(step: Step) -> float | None:
 def event_writes(step: Step) -> dict[str, Any] | None:
     """The Events' writes over the step: their count on all API servers and the worst p99."""
     found = [
-        (entry, name.split(" ")[0])
+        entry
         for name, entry in step.get("requests", {}).items()
         if name.split(" ")[1] in EVENT_RESOURCES and name.split(" ")[0] in EVENT_WRITES
     ]
     if not found:
         return None
-    p99s = [v for entry, _ in found for v in entry["p99"].values() if v is not None]
-    return {
-        "count": sum(entry["count"] for entry, _ in found),
-        "p99_s": max(p99s) if p99s else None,
-    }
+    p99s = [v for entry in found for v in entry["p99"].values() if v is not None]
+    return {"count": sum(entry["count"] for entry in found), "p99_s": max(p99s) if p99s else None}
 
 
 def events_comparison(apart: dict[str, Any], in_main: dict[str, Any]) -> list[dict[str, Any]]:
@@ -531,7 +532,7 @@ def events_comparison(apart: dict[str, Any], in_main: dict[str, Any]) -> list[di
 
 
 def _sum_members(step: Step, key: str) -> int | None:
-    values = [m[key] for m in step.get("etcd", {}).values() if m.get(key) is not None]
+    values = _member_values(step, key)
     return sum(values) if values else None
 
 

@@ -60,6 +60,14 @@ def main(argv: list[str] | None = None) -> int:
         "fleet_policy's flow schema, at the largest size held",
     )
     parser.add_argument(
+        "--cp-sized-for",
+        type=int,
+        metavar="NODES",
+        help="the controlplane suite with the API servers' slots and etcd's quota sized for "
+        "NODES nodes (inventory/sizing.py): the after of the sizing comparison, kept apart "
+        "in results.json",
+    )
+    parser.add_argument(
         "--scale-sizes", default="1000 7500", help="host counts of the scale suite's inventories"
     )
     parser.add_argument(
@@ -88,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
         "--report-only", action="store_true", help="rewrite the table and plots only"
     )
     args = parser.parse_args(argv)
+    if args.cp_events_in_main and args.cp_sized_for is not None:
+        # Each comparison changes one thing against the plain run.
+        parser.error("--cp-events-in-main and --cp-sized-for are two comparisons: one per run")
     if args.quick:
         args.sizes, args.repeats, args.suites = "10", 1, "drift"
     sizes = [int(s) for s in args.sizes.split()]
@@ -139,7 +150,11 @@ def main(argv: list[str] | None = None) -> int:
         if "controlplane" in wanted:
             machine = _machine()
             sizes_of_fleet = tuple(int(s) for s in args.cp_sizes.split())
-            key = control_plane.EVENTS_IN_MAIN if args.cp_events_in_main else "controlplane"
+            key = "controlplane"
+            if args.cp_events_in_main:
+                key = control_plane.EVENTS_IN_MAIN
+            elif args.cp_sized_for is not None:
+                key = control_plane.SIZED
             results[key] = {
                 "machine": machine,
                 **control_plane.suite(
@@ -149,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
                     log,
                     events_apart=not args.cp_events_in_main,
                     flow_control=flow_control.comparison if args.cp_apf else None,
+                    sized_for=args.cp_sized_for,
                 ),
             }
             results_path.write_text(json.dumps(results, indent=2))

@@ -8,9 +8,12 @@ size it makes the fleet that size (`gpuinfra lab fleet`'s code), waits `--settle
 and records over the step (growth and settle together):
 - each API server's `apiserver_request_duration_seconds` p99 per verb and resource, from the
   histogram's bucket counts grown during the step (as Prometheus' histogram_quantile);
+- each API server's responses over the step by status code (`apiserver_request_total`: the
+  429s are the requests flow control refused);
 - etcd's `etcd_mvcc_db_total_size_in_bytes` and backend quota, and its WAL fsync and backend
-  commit p99 over the step, on every member (read inside each member's network namespace on
-  127.0.0.1:2381, the plain metrics listener the etcd role opens to the monitoring hosts only);
+  commit p99 over the step, on every member of the main cluster and of the Events cluster
+  (read inside each member's network namespace on 127.0.0.1, on the plain metrics listeners
+  the etcd role opens to the monitoring hosts only: 2381 and the Events members' 2384);
 - the resident memory (VmRSS, which `process_resident_memory_bytes` reports too) and the CPU
   each API server, etcd member, scheduler and controller-manager used, read from /proc on this
   machine, where every lab host's processes run.
@@ -40,9 +43,10 @@ from typing import Any
 import yaml
 
 from benchmarks import suites
+from inventory.sizing import sizing
 from lab import fleet, gobuild, naming
 from lab.errors import LabError
-from roles.etcd.clusters import EVENTS
+from roles.etcd.clusters import EVENTS, MAIN, events_members
 from roles.fleet_policy.files import fleet_config
 from roles.fleet_policy.gang import in_tree_gang
 from toolkit import nodes
@@ -53,7 +57,15 @@ COMMS = {name[:15]: name for name in PROCESSES}
 # same program, told apart by its member name's suffix, so neither hides the other.
 EVENTS_PROCESS = EVENTS.name
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-ETCD_METRICS = "http://127.0.0.1:2381/metrics"
+ETCD_FAMILIES = (
+    "etcd_mvcc_db_total_size_in_bytes",
+    "etcd_mvcc_db_total_size_in_use_in_bytes",
+    "etcd_disk_wal_fsync_duration_seconds_bucket",
+    "etcd_disk_backend_commit_duration_seconds_bucket",
+    "etcd_server_is_leader",
+    "etcd_server_quota_backend_bytes",
+    "process_resident_memory_bytes",
+)
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 # Long-running requests (watches, proxied streams) are outside the latency SLO.
@@ -63,6 +75,9 @@ SIZES = (0, 500, 1000, 2500)
 SETTLE_S = 120.0
 # results.json's key of the run with the Events in the main etcd (`--cp-events-in-main`).
 EVENTS_IN_MAIN = "controlplane_events_in_main"
+# results.json's key of the run with the inventory sized for its simulated fleet
+# (`--cp-sized-for N`); the plain run's inventory is sized for the lab's five real nodes.
+SIZED = "controlplane_sized"
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -134,11 +149,10 @@ def apiserver_metrics(loaded, address: str) -> str:
     return result.stdout
 
 
-def etcd_metrics(lab: str, host: str) -> str:
+def etcd_metrics(lab: str, host: str, port: int = MAIN.metrics_port) -> str:
     netns = naming.LabNames(lab, 0).netns(host)
-    fetch = (
-        f"import urllib.request; print(urllib.request.urlopen({ETCD_METRICS!r}).read().decode())"
-    )
+    url = f"http://127.0.0.1:{port}/metrics"
+    fetch = f"import urllib.request; print(urllib.request.urlopen({url!r}).read().decode())"
     result = subprocess.run(
         ["ip", "netns", "exec", netns, sys.executable, "-c", fetch],
         capture_output=True, text=True, check=True, timeout=60,
@@ -186,26 +200,29 @@ def reading(lab: str, loaded) -> dict[str, Any]:
     api = {
         host: parse(
             apiserver_metrics(loaded, str(cluster.hosts[host].address)),
-            ("apiserver_request_duration_seconds_bucket", "process_resident_memory_bytes"),
+            (
+                "apiserver_request_duration_seconds_bucket",
+                "apiserver_request_total",
+                "process_resident_memory_bytes",
+            ),
         )
         for host in cluster.in_group("control_plane")
     }
     etcd = {
-        host: parse(
-            etcd_metrics(lab, host),
-            (
-                "etcd_mvcc_db_total_size_in_bytes",
-                "etcd_mvcc_db_total_size_in_use_in_bytes",
-                "etcd_disk_wal_fsync_duration_seconds_bucket",
-                "etcd_disk_backend_commit_duration_seconds_bucket",
-                "etcd_server_is_leader",
-                "etcd_server_quota_backend_bytes",
-                "process_resident_memory_bytes",
-            ),
-        )
+        host: parse(etcd_metrics(lab, host, MAIN.metrics_port), ETCD_FAMILIES)
         for host in cluster.in_group("etcd")
     }
-    return {"time": time.monotonic(), "api": api, "etcd": etcd, "processes": lab_processes()}
+    events = {
+        host: parse(etcd_metrics(lab, host, EVENTS.metrics_port), ETCD_FAMILIES)
+        for host in events_members(loaded)
+    }
+    return {
+        "time": time.monotonic(),
+        "api": api,
+        "etcd": etcd,
+        "etcd_events": events,
+        "processes": lab_processes(),
+    }
 
 
 def load_average() -> str:
@@ -226,14 +243,40 @@ def step_figures(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any
             entry = latencies.setdefault(f"{verb} {resource} {scope}", {"count": 0, "p99": {}})
             entry["count"] += int(count)
             entry["p99"][host] = p99
+    responses: dict[str, float] = defaultdict(float)
+    for host, samples in after["api"].items():
+        for (metric, labels), value in samples.items():
+            if metric == "apiserver_request_total":
+                code = dict(labels).get("code", "")
+                responses[code] += value - before["api"][host].get((metric, labels), 0.0)
+    processes = {}
+    for key, (rss, ticks) in sorted(after["processes"].items()):
+        start = before["processes"].get(key)
+        cpu = (ticks - start[1]) / CLOCK_TICKS / seconds if start else None
+        processes[key] = {"rss_bytes": rss, "cpu_cores": cpu}
+    figures = {
+        "seconds": round(seconds, 1),
+        "requests": latencies,
+        "responses": {code: int(n) for code, n in sorted(responses.items()) if n > 0},
+        "etcd": member_figures(before["etcd"], after["etcd"]),
+        "processes": processes,
+    }
+    if after.get("etcd_events"):
+        figures["etcd_events"] = member_figures(before["etcd_events"], after["etcd_events"])
+    return figures
+
+
+def member_figures(before: dict[str, Samples], after: dict[str, Samples]) -> dict[str, Any]:
+    """Each etcd member's figures over a step, from its two readings: database size, bytes in
+    use, quota, leadership, and its WAL fsync and backend commit p99 and counts."""
     etcd: dict[str, Any] = {}
-    for host, samples in after["etcd"].items():
+    for host, samples in after.items():
         figures = {}
         for name, key in (
             ("etcd_disk_wal_fsync_duration_seconds", "wal_fsync_p99_s"),
             ("etcd_disk_backend_commit_duration_seconds", "backend_commit_p99_s"),
         ):
-            grown = histogram_p99(before["etcd"][host], samples, name, ())
+            grown = histogram_p99(before[host], samples, name, ())
             figures[key] = grown.get((), (None, 0))[0]
             figures[key.replace("p99_s", "count")] = int(grown.get((), (None, 0))[1])
         figures["db_bytes"] = samples.get(("etcd_mvcc_db_total_size_in_bytes", ()))
@@ -241,17 +284,7 @@ def step_figures(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any
         figures["leader"] = samples.get(("etcd_server_is_leader", ())) == 1.0
         figures["quota_bytes"] = samples.get(("etcd_server_quota_backend_bytes", ()))
         etcd[host] = figures
-    processes = {}
-    for key, (rss, ticks) in sorted(after["processes"].items()):
-        start = before["processes"].get(key)
-        cpu = (ticks - start[1]) / CLOCK_TICKS / seconds if start else None
-        processes[key] = {"rss_bytes": rss, "cpu_cores": cpu}
-    return {
-        "seconds": round(seconds, 1),
-        "requests": latencies,
-        "etcd": etcd,
-        "processes": processes,
-    }
+    return etcd
 
 
 def _stamp(text: str) -> float:
@@ -265,7 +298,7 @@ def _condition_time(pod: dict, kind: str) -> float | None:
     return None
 
 
-def _percentile(values: list[float], q: float) -> float | None:
+def percentile(values: list[float], q: float) -> float | None:
     """The nearest-rank percentile; None for no values."""
     if not values:
         return None
@@ -290,10 +323,10 @@ def pod_startup(pods: list[dict]) -> dict[str, Any]:
         "pods": len(pods),
         "scheduled": len(bound),
         "ready": len(to_ready),
-        "scheduled_p50_s": _percentile(to_scheduled, 0.5),
-        "scheduled_p99_s": _percentile(to_scheduled, 0.99),
-        "ready_p50_s": _percentile(to_ready, 0.5),
-        "ready_p99_s": _percentile(to_ready, 0.99),
+        "scheduled_p50_s": percentile(to_scheduled, 0.5),
+        "scheduled_p99_s": percentile(to_scheduled, 0.99),
+        "ready_p50_s": percentile(to_ready, 0.5),
+        "ready_p99_s": percentile(to_ready, 0.99),
         # Whole-second stamps: a span of 0 s is read as 1 s.
         "pods_per_s": round(len(bound) / max(span, 1.0), 1) if span is not None else None,
     }
@@ -464,13 +497,35 @@ def summary(size: int, step: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def boot(lab: str, inventory: Path | None = None, events_apart: bool = True) -> Path:
+def sized_settings(nodes: int) -> dict[str, dict[str, int]]:
+    """What inventory/sizing.py derives for a fleet of `nodes`, as the inventory keys that set
+    it: the API servers' read and write slots and etcd's quota. Not CoreDNS's replicas (157 at
+    2,500 nodes: the simulated nodes' taints keep them off, and the lab's two workers hold 110
+    pods each) nor Prometheus' scrape interval (it scrapes no simulated node)."""
+    fleet_sizing = sizing(nodes)
+    return {
+        "kubernetes": {
+            "max_requests_inflight": fleet_sizing.max_requests_inflight,
+            "max_mutating_requests_inflight": fleet_sizing.max_mutating_requests_inflight,
+        },
+        "etcd": {"quota_backend_bytes": fleet_sizing.etcd_quota_backend_bytes},
+    }
+
+
+def boot(
+    lab: str,
+    inventory: Path | None = None,
+    events_apart: bool = True,
+    sized_for: int | None = None,
+) -> Path:
     """The smallest lab with the real control plane: the default topology without its storage
     hosts (as tests/integration/test_kubernetes.py boots it): five etcd members, three API
     servers behind lb-1, cpu-1 and gpu-1; the sample's two teams, research owning gpu-1 and
     inference only simulated nodes. Apply it next (`gpuinfra apply`). Without `events_apart`
     the Events stay in the main etcd (`etcd.events.enabled: false`), the comparison's before:
-    the sample keeps them in their own cluster."""
+    the sample keeps them in their own cluster. With `sized_for` the inventory sets what
+    inventory/sizing.py derives for that many nodes (`sized_settings`); without it the lab's
+    five real nodes size it, which is upstream's defaults: the sizing comparison's before."""
     from lab import lifecycle
     from lab.topology import Topology, default_topology
 
@@ -482,6 +537,10 @@ def boot(lab: str, inventory: Path | None = None, events_apart: bool = True) -> 
     data["teams"] = {"research": {"hosts": ["gpu-1"]}, "inference": {"hosts": []}}
     if not events_apart:
         data["group_vars"]["etcd"]["etcd"]["events"] = {"enabled": False}
+    if sized_for is not None:
+        settings = sized_settings(sized_for)
+        data["group_vars"]["all"]["kubernetes"].update(settings["kubernetes"])
+        data["group_vars"]["etcd"]["etcd"].update(settings["etcd"])
     result.inventory_path.write_text(yaml.safe_dump(data, sort_keys=False))
     return result.inventory_path
 
@@ -566,12 +625,15 @@ def suite(
     log: Callable[[str], None],
     events_apart: bool = True,
     flow_control: Callable[[str, int, Callable[[str], None]], dict[str, Any]] | None = None,
+    sized_for: int | None = None,
 ) -> dict[str, Any]:
     """`make bench BENCH_SUITES=controlplane`: boot the lab (`boot`), apply it, grow its fleet
     through `sizes`, and take it down at the end, also on failure. The steps are saved to
     WORK/steps.json as they come, so a run stopped halfway keeps them. Without `events_apart`
     (`--cp-events-in-main`) the lab keeps its Events in the main etcd and the run is the
-    before of that comparison: the same steps, no scheduler batches. `flow_control`
+    before of that comparison: the same steps, no scheduler batches. With `sized_for`
+    (`--cp-sized-for N`) the inventory is sized for N nodes (`boot`), the after of the sizing
+    comparison, again without scheduler batches. `flow_control`
     (`--cp-apf`: benchmarks/flow_control.py's `comparison`) runs last, at the largest size
     held: a fleet operation with and without fleet_policy's flow schema."""
     work = work.resolve()
@@ -580,18 +642,20 @@ def suite(
         "lab": suites.LAB, "sizes": list(sizes), "settle_s": settle,
         "events_etcd": events_apart, "steps": [],
     }  # fmt: skip
+    if sized_for is not None:
+        results["sized_for"] = {"nodes": sized_for, **sized_settings(sized_for)}
     log(f"control plane: lab {suites.LAB}, simulated nodes {' '.join(map(str, sizes))}")
     suites.lab_down(log)  # a lab of that name left by an earlier run
     try:
         started = time.monotonic()
-        inventory = boot(suites.LAB, work / "cluster.yml", events_apart)
+        inventory = boot(suites.LAB, work / "cluster.yml", events_apart, sized_for)
         log(f"  lab up: {time.monotonic() - started:.1f}s")
         suites.apply(inventory, work / "apply.json", log)
         grow(suites.LAB, sizes, settle, results, _saver(work / "steps.json"), log)
         # At the largest size the growth held: the scheduler's rate there, with and without
         # gangs (a fleet that stopped growing has the held size's nodes back first).
         held = [step["size"] for step in results["steps"]]
-        if events_apart and held and held[-1]:
+        if events_apart and sized_for is None and held and held[-1]:
             results["scheduling"] = scheduling_at(held[-1], log)
             _saver(work / "steps.json")(results)
         if flow_control is not None and held and held[-1]:

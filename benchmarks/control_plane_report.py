@@ -304,10 +304,13 @@ def _hosts(analysis: dict[str, Any], program: str) -> list[str]:
 
 
 def markdown(
-    control_plane: dict[str, Any], events_in_main: dict[str, Any] | None = None
+    control_plane: dict[str, Any],
+    events_in_main: dict[str, Any] | None = None,
+    sized: dict[str, Any] | None = None,
 ) -> list[str]:
     """The section of docs/benchmarks/control-plane.md between its markers; with the run of
-    `--cp-events-in-main`, the Events' before and after too."""
+    `--cp-events-in-main`, the Events' before and after too, and with the run of
+    `--cp-sized-for`, the sizing's."""
     analysis = analyse(control_plane)
     machine = control_plane.get("machine", {})
     lines = [
@@ -369,8 +372,11 @@ def markdown(
     lines += _daemonset_section(analysis["rows"], control_plane["steps"])
     lines += _scheduling_section(control_plane.get("scheduling"))
     lines += _events_section(control_plane, events_in_main)
+    lines += _events_cluster_section(control_plane)
+    lines += _sizing_section(control_plane, sized)
     lines += _flow_control_section(control_plane, "the run above")
     lines += _flow_control_section(events_in_main, "the run with the Events in the main etcd")
+    lines += _flow_control_section(sized, "the run sized for its fleet")
     return lines
 
 
@@ -582,6 +588,128 @@ def _events_section(apart: dict[str, Any], in_main: dict[str, Any] | None) -> li
     return [*lines, ""]
 
 
+def events_cluster(step: Step) -> Step | None:
+    """The step's figures of the Events cluster's members, shaped as a step (under "etcd") for
+    the main cluster's readers; None where the run read no Events member."""
+    members = step.get("etcd_events")
+    return {"etcd": members} if members else None
+
+
+def _events_cluster_section(control_plane: dict[str, Any]) -> list[str]:
+    """The Events cluster's own members at each step of the run, where it read them."""
+    rows = [
+        (step["size"], events)
+        for step in sorted(control_plane.get("steps", []), key=lambda s: s["size"])
+        if (events := events_cluster(step)) is not None
+    ]
+    if not rows:
+        return []
+    lines = [
+        "The Events cluster itself in the run above (its own members, read on their metrics "
+        "port 2384): the leader's database, the worst member's backend commit and WAL fsync "
+        "p99, the members' backend commits over the step:",
+        "",
+        "| simulated nodes | Events etcd db MiB | backend commit p99 ms | WAL fsync p99 ms | "
+        "backend commits |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for size, events in rows:
+        commits = _sum_members(events, "backend_commit_count")
+        lines.append(
+            f"| {size:,} | {_mib(etcd_db_bytes(events))} | "
+            f"{_ms(_worst_member(events, 'backend_commit_p99_s'))} | "
+            f"{_ms(_worst_member(events, 'wal_fsync_p99_s'))} | "
+            f"{'n/a' if commits is None else f'{commits:,}'} |"
+        )
+    return [*lines, ""]
+
+
+def refused(step: Step) -> int | None:
+    """The API servers' 429 responses over the step (flow control's refusals); None where the
+    run did not read the responses."""
+    responses = step.get("responses")
+    return None if responses is None else responses.get("429", 0)
+
+
+def _worst_p99(step: Step, slo: str) -> float | None:
+    worst = verdict(step, slo)["worst"]
+    return None if worst is None else worst["p99_s"]
+
+
+def _worst_resident(step: Step, program: str) -> int | None:
+    values = resident(step, program).values()
+    return max(values) if values else None
+
+
+def sizing_comparison(plain: dict[str, Any], sized: dict[str, Any]) -> list[dict[str, Any]]:
+    """At each size both runs measured: the inventory sized for the lab's real nodes (before:
+    upstream's defaults) and for the simulated fleet (after, `--cp-sized-for`)."""
+    before = {s["size"]: s for s in plain.get("steps", [])}
+    rows = []
+    for after in sorted(sized.get("steps", []), key=lambda s: s["size"]):
+        if after["size"] not in before:
+            continue
+        pair = {"before": before[after["size"]], "after": after}
+        rows.append(
+            {"size": after["size"]}
+            | {
+                f"{key}_{when}": figure(step)
+                for when, step in pair.items()
+                for key, figure in (
+                    ("single_p99_s", lambda s: _worst_p99(s, "single_object")),
+                    ("list_p99_s", lambda s: _worst_p99(s, "cluster_list")),
+                    ("refused", refused),
+                    ("apiserver_rss", lambda s: _worst_resident(s, "kube-apiserver")),
+                    ("cpu_cores", lambda s: cpu_cores(s, CONTROL_PLANE)),
+                    ("db_bytes", etcd_db_bytes),
+                )
+            }
+        )
+    return rows
+
+
+def _sizing_section(plain: dict[str, Any], sized: dict[str, Any] | None) -> list[str]:
+    """Before and after for the settings sized from the fleet, when the run of
+    `--cp-sized-for` is in results.json."""
+    if not sized or "sized_for" not in sized:
+        return []
+    settings = sized["sized_for"]
+    kube, etcd = settings["kubernetes"], settings["etcd"]
+    date = sized.get("machine", {}).get("date", "?")
+    lines = [
+        f"Sizing from the fleet, before and after: the same suite run with the inventory sized "
+        f"for {settings['nodes']:,} nodes (`BENCH_ARGS=--cp-sized-for {settings['nodes']}`, run "
+        f"{date}): `--max-requests-inflight` {kube['max_requests_inflight']:,} and "
+        f"`--max-mutating-requests-inflight` {kube['max_mutating_requests_inflight']:,} on "
+        f"each API server, etcd's quota {etcd['quota_backend_bytes'] / 2**30:g} GiB, against "
+        "the run above, sized for the lab's five real nodes (upstream's 400, 200 and 2 GiB). "
+        "CoreDNS's replicas are left out (the simulated nodes' taints keep them off), and so "
+        "is Prometheus' interval (it scrapes no simulated node). Each cell is before / after: "
+        "the worst API server's p99 of each SLO's worst call, the 429s (flow control's "
+        "refusals) over the step, the largest API server's memory, the control plane's CPU, "
+        "the main etcd's database:",
+        "",
+    ]
+    rows = sizing_comparison(plain, sized)
+    if not rows:
+        return [*lines, "No size was measured in both runs.", ""]
+    lines += [
+        "| simulated nodes | single-object p99 s | cluster LIST p99 s | 429s | "
+        "API server MiB | control plane CPU cores | etcd db MiB |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    seconds = lambda v: "n/a" if v is None else f"{v:.2f}"  # noqa: E731
+    count = lambda v: "n/a" if v is None else f"{v:,}"  # noqa: E731
+    for row in rows:
+        lines.append(
+            f"| {row['size']:,} | {_pair(row, 'single_p99_s', seconds)} | "
+            f"{_pair(row, 'list_p99_s', seconds)} | {_pair(row, 'refused', count)} | "
+            f"{_pair(row, 'apiserver_rss', _mib)} | {_pair(row, 'cpu_cores', seconds)} | "
+            f"{_pair(row, 'db_bytes', _mib)} |"
+        )
+    return [*lines, ""]
+
+
 def _sec3(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
@@ -635,11 +763,14 @@ def _etcd_db_cell(p: dict[str, Any]) -> str:
 
 
 def write_doc(
-    control_plane: dict[str, Any], path: Path, events_in_main: dict[str, Any] | None = None
+    control_plane: dict[str, Any],
+    path: Path,
+    events_in_main: dict[str, Any] | None = None,
+    sized: dict[str, Any] | None = None,
 ) -> None:
     """Replace the text between the markers of `path` (appending a Results section holding
     them when it has none), leaving the rest of the document as it is."""
-    section = "\n".join([BEGIN, *markdown(control_plane, events_in_main), END])
+    section = "\n".join([BEGIN, *markdown(control_plane, events_in_main, sized), END])
     text = path.read_text() if path.exists() else ""
     if BEGIN in text and END in text:
         head, rest = text.split(BEGIN, 1)

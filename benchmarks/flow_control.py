@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from benchmarks.control_plane import apiserver_metrics, histogram_p99, parse
+from benchmarks.control_plane import apiserver_metrics, histogram_p99, parse, percentile
 from lab import fleet
 from lab.errors import LabError
 from roles.fleet_policy.files import FLEET_PRIORITY_LEVEL
@@ -117,7 +117,8 @@ def _client_figures(samples: list[tuple[int, float]]) -> dict[str, Any]:
         statuses[str(status)] = statuses.get(str(status), 0) + 1
 
     def q(p: float) -> float | None:
-        return round(seconds[min(len(seconds) - 1, int(p * len(seconds)))], 3) if seconds else None
+        found = percentile(seconds, p)
+        return None if found is None else round(found, 3)
 
     return {
         "requests": len(samples),

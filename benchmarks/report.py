@@ -7,7 +7,7 @@ import statistics
 from pathlib import Path
 
 from benchmarks import control_plane_report, jobreport
-from benchmarks.control_plane import EVENTS_IN_MAIN
+from benchmarks.control_plane import EVENTS_IN_MAIN, SIZED
 from benchmarks.suites import BASELINE, CONNECT, ENGINES, EXACT, PROBE_FLOOR
 from engine.fingerprint.check import DEFAULT_PARALLEL
 
@@ -510,5 +510,6 @@ def write(results: dict, out: Path) -> None:
             results["controlplane"],
             out / control_plane_report.DOC,
             results.get(EVENTS_IN_MAIN),
+            results.get(SIZED),
         )
     plots(results, out)

@@ -1162,8 +1162,9 @@ def test_the_gpu_daemonsets_run_on_every_simulated_gpu_node(fleet):
 
 def test_the_control_planes_slis_are_recorded_under_the_fleet(fleet):
     """The figures `make bench`'s control-plane suite reads (benchmarks/control_plane.py) exist
-    under the fleet: node registrations and lease renewals with a p99 latency, and each etcd
-    member's WAL fsync and backend commit p99 and database size."""
+    under the fleet: node registrations and lease renewals with a p99 latency, the responses
+    by code, each etcd member's WAL fsync and backend commit p99 and database size, and the
+    Events cluster's members apart."""
     cluster = fleet.cluster
     after = control_plane.reading(cluster.lab.name, cluster.lab.loaded)
     step = control_plane.step_figures(fleet.before, after)
@@ -1180,4 +1181,9 @@ def test_the_control_planes_slis_are_recorded_under_the_fleet(fleet):
         # Events cluster) is read apart, not in its place.
         for program in ("etcd", control_plane.EVENTS_PROCESS):
             assert f"{member}/{program}" in step["processes"], (member, sorted(step["processes"]))
+    # The Events cluster's own members, read on their own metrics port.
+    assert set(step["etcd_events"]) == set(step["etcd"]), sorted(step["etcd_events"])
+    assert all(figures["db_bytes"] for figures in step["etcd_events"].values())
+    # The responses by code: the fleet's registrations (201) and renewals (200) among them.
+    assert step["responses"].get("200", 0) >= FLEET, step["responses"]
     print(control_plane.summary(FLEET, {**step, "fleet": fleet.result.__dict__, "load": ""}))

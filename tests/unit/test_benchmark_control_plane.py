@@ -231,6 +231,37 @@ def test_a_step_reads_each_members_database_and_quota():
     assert (member["db_bytes"], member["quota_bytes"], member["leader"]) == (45e6, 8 * 2**30, True)
 
 
+def test_a_step_reads_the_responses_by_code_and_the_events_members_apart():
+    api_families = ("apiserver_request_total",)
+    api = lambda ok, refused: control_plane.parse(  # noqa: E731
+        f'apiserver_request_total{{code="200",verb="GET"}} {ok}\n'
+        f'apiserver_request_total{{code="200",verb="PUT"}} {ok}\n'
+        f'apiserver_request_total{{code="429",verb="LIST"}} {refused}\n',
+        api_families,
+    )
+    etcd = lambda db: control_plane.parse(  # noqa: E731
+        f"etcd_mvcc_db_total_size_in_bytes {db}\netcd_server_is_leader 1\n",
+        control_plane.ETCD_FAMILIES,
+    )
+    before = {
+        "time": 0.0, "api": {"cp-1": api(10, 0), "cp-2": api(5, 2)},
+        "etcd": {"etcd-1": etcd(4e7)}, "etcd_events": {"etcd-1": etcd(1e6)}, "processes": {},
+    }  # fmt: skip
+    after = {
+        "time": 60.0, "api": {"cp-1": api(25, 3), "cp-2": api(5, 2)},
+        "etcd": {"etcd-1": etcd(5e7)}, "etcd_events": {"etcd-1": etcd(2e6)}, "processes": {},
+    }  # fmt: skip
+    step = control_plane.step_figures(before, after)
+    # Grown over the step only: cp-2's two 429s were there before; no zero counts kept.
+    assert step["responses"] == {"200": 30, "429": 3}
+    assert step["etcd"]["etcd-1"]["db_bytes"] == 5e7
+    assert step["etcd_events"]["etcd-1"]["db_bytes"] == 2e6
+    assert cp_report.events_cluster(step) == {"etcd": step["etcd_events"]}
+    # Control: a lab without an Events cluster records none.
+    step = control_plane.step_figures({**before, "etcd_events": {}}, {**after, "etcd_events": {}})
+    assert "etcd_events" not in step and cp_report.events_cluster(step) is None
+
+
 def test_one_step_gives_no_cost_per_node_and_no_projection(measured):
     measured["steps"] = measured["steps"][:1]
     analysis = cp_report.analyse(measured)
@@ -376,8 +407,13 @@ class FakeLab:
         self.clock = 0.0
         inventory = tmp_path / "cluster.yml"
 
-        def boot(lab, path=None, events_apart=True):
-            self.calls.append(("boot", lab) if events_apart else ("boot", lab, "events in main"))
+        def boot(lab, path=None, events_apart=True, sized_for=None):
+            call: tuple = ("boot", lab)
+            if not events_apart:
+                call += ("events in main",)
+            if sized_for is not None:
+                call += (f"sized for {sized_for}",)
+            self.calls.append(call)
             return inventory
 
         monkeypatch.setattr(control_plane, "boot", boot)
@@ -863,3 +899,139 @@ def test_the_section_gives_flow_controls_before_and_after_where_a_run_made_it(me
         "| none (before) | 1,200 (1,100 200, 100 429) | 2.500 | 0.010 / 2.000 | 1.500 / 1.900 "
         "| 0.400 | 12 |",
     ]
+
+
+# ---------------------------------------------------------------- sizing from the fleet
+
+
+def test_the_fleet_sized_settings_are_what_sizing_derives():
+    assert control_plane.sized_settings(2500) == {
+        "kubernetes": {"max_requests_inflight": 1500, "max_mutating_requests_inflight": 500},
+        "etcd": {"quota_backend_bytes": 5 * 2**30},
+    }
+    # Control: five nodes are upstream's defaults, what the plain run's lab has.
+    assert control_plane.sized_settings(5) == {
+        "kubernetes": {"max_requests_inflight": 400, "max_mutating_requests_inflight": 200},
+        "etcd": {"quota_backend_bytes": 2 * 2**30},
+    }
+
+
+def test_the_sized_lab_sets_the_fleets_slots_and_quota(monkeypatch, tmp_path):
+    from lab import lifecycle
+
+    written = tmp_path / "cluster.yml"
+
+    class Up:
+        inventory_path = written
+
+    def up(lab, topology, inventory_path=None, kubernetes=False):
+        data = {
+            "group_vars": {
+                "all": {"kubernetes": {"version": "1.35.4"}},
+                "etcd": {"etcd": {"source": "mirror"}},
+            },
+            "hosts": {},
+        }
+        written.write_text(yaml.safe_dump(data))
+        return Up()
+
+    monkeypatch.setattr(lifecycle, "up", up)
+    control_plane.boot("bench", written)
+    group_vars = yaml.safe_load(written.read_text())["group_vars"]
+    assert group_vars["all"]["kubernetes"] == {"version": "1.35.4"}  # sized by the lab's nodes
+    assert group_vars["etcd"]["etcd"] == {"source": "mirror"}
+    control_plane.boot("bench", written, sized_for=2500)
+    group_vars = yaml.safe_load(written.read_text())["group_vars"]
+    assert group_vars["all"]["kubernetes"] == {
+        "version": "1.35.4", "max_requests_inflight": 1500, "max_mutating_requests_inflight": 500
+    }  # fmt: skip
+    assert group_vars["etcd"]["etcd"] == {"source": "mirror", "quota_backend_bytes": 5 * 2**30}
+
+
+def test_the_sized_run_grows_the_same_steps_without_scheduler_batches(monkeypatch, tmp_path):
+    lab = FakeLab(monkeypatch, tmp_path)
+    results = control_plane.suite((0, 500), 0.0, tmp_path / "work", lambda _: None, sized_for=2500)
+    assert [s["size"] for s in results["steps"]] == [0, 500]
+    assert results["sized_for"]["nodes"] == 2500
+    assert results["sized_for"]["kubernetes"]["max_requests_inflight"] == 1500
+    assert "scheduling" not in results and ("scheduling", "loaded") not in lab.calls
+    assert ("boot", suites.LAB, "sized for 2500") in lab.calls
+    # Control: the plain run has no sizing of its own.
+    assert "sized_for" not in control_plane.suite((0,), 0.0, tmp_path / "w2", lambda _: None)
+
+
+def _sized(measured: dict) -> dict:
+    """The measured steps as the after: single-object calls twice as fast, 429s gone."""
+    after = copy.deepcopy(measured)
+    after["machine"] = {"date": "2026-12-04 20:00 UTC"}
+    after["sized_for"] = {"nodes": 2500, **control_plane.sized_settings(2500)}
+    for step in after["steps"]:
+        step["responses"] = {"200": 1000}
+        for name, entry in step["requests"].items():
+            if name.endswith(" resource"):
+                entry["p99"] = {h: (v / 2 if v else v) for h, v in entry["p99"].items()}
+    after["steps"] = [s for s in after["steps"] if s["size"] != 0]
+    return after
+
+
+def test_the_sizing_comparison_pairs_the_sizes_both_runs_measured(measured):
+    plain = copy.deepcopy(measured)
+    for step in plain["steps"]:
+        step["responses"] = {"200": 900, "429": 7}
+    rows = cp_report.sizing_comparison(plain, _sized(measured))
+    assert [row["size"] for row in rows] == [500, 1000]  # 0 only in the before
+    row = rows[0]
+    assert row["single_p99_s_after"] == pytest.approx(row["single_p99_s_before"] / 2)
+    assert row["list_p99_s_after"] == row["list_p99_s_before"]
+    assert (row["refused_before"], row["refused_after"]) == (7, 0)
+    assert row["cpu_cores_after"] == row["cpu_cores_before"]
+    # A run from before the responses were read says so rather than zero.
+    assert cp_report.sizing_comparison(measured, _sized(measured))[0]["refused_before"] is None
+
+
+def test_the_section_gives_the_sizing_before_and_after_only_with_the_sized_run(measured, tmp_path):
+    path = tmp_path / cp_report.DOC
+    cp_report.write_doc(measured, path)
+    assert "Sizing from the fleet, before and after" not in path.read_text()
+    cp_report.write_doc(measured, path, sized=_sized(measured))
+    text = path.read_text()
+    assert "Sizing from the fleet, before and after" in text
+    assert "`--max-requests-inflight` 1,500" in text and "quota 5 GiB" in text
+    (row,) = [line for line in text.splitlines() if line.startswith("| 1,000 |")][-1:]
+    assert row.count(" / ") >= 6 and "n/a / 0" in row
+
+
+def test_make_bench_keeps_the_sized_run_apart_and_runs_one_comparison_at_a_time(
+    monkeypatch, tmp_path, capsys
+):
+    FakeLab(monkeypatch, tmp_path)
+    _as_make_bench(monkeypatch)
+    out = tmp_path / "out"
+    common = ["--suites", "controlplane", "--cp-sizes", "0 500", "--cp-settle", "0",
+              "--out", str(out), "--work", str(tmp_path / "work")]  # fmt: skip
+    assert bench_main.main(common) == 0
+    assert bench_main.main([*common, "--cp-sized-for", "2500"]) == 0
+    stored = json.loads((out / "results.json").read_text())
+    assert "sized_for" not in stored["controlplane"]
+    assert stored[control_plane.SIZED]["sized_for"]["nodes"] == 2500
+    assert "Sizing from the fleet, before and after" in (out / cp_report.DOC).read_text()
+    with pytest.raises(SystemExit) as refused:
+        bench_main.main([*common, "--cp-sized-for", "2500", "--cp-events-in-main"])
+    assert refused.value.code == 2
+    assert "one per run" in capsys.readouterr().err
+
+
+def test_the_section_gives_the_events_clusters_own_members_where_the_run_read_them(measured):
+    text = "\n".join(cp_report.markdown(measured))
+    assert "The Events cluster itself" not in text  # a run from before they were read
+    with_events = copy.deepcopy(measured)
+    step = next(s for s in with_events["steps"] if s["size"] == 500)
+    step["etcd_events"] = {
+        f"etcd-{i}": {"db_bytes": 3 * 2**20, "leader": i == 2, "backend_commit_count": 40,
+                      "backend_commit_p99_s": 0.02 * i, "wal_fsync_p99_s": 0.01}
+        for i in range(1, 6)
+    }  # fmt: skip
+    text = "\n".join(cp_report.markdown(with_events))
+    assert "The Events cluster itself" in text
+    assert "| 500 | 3 | 100.0 | 10.0 | 200 |" in text
+    assert not [line for line in text.splitlines() if line.startswith("| 1,000 | 3 |")]

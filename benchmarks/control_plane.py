@@ -34,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.parse
 from collections import defaultdict
 from collections.abc import Callable
 from datetime import datetime
@@ -43,12 +44,13 @@ from typing import Any
 import yaml
 
 from benchmarks import suites
-from inventory.sizing import sizing
+from inventory.sizing import KUBERNETES_NODE_GROUPS, sizing
 from lab import fleet, gobuild, naming
 from lab.errors import LabError
 from roles.etcd.clusters import EVENTS, MAIN, events_members
 from roles.fleet_policy.files import fleet_config
 from roles.fleet_policy.gang import in_tree_gang
+from roles.monitoring.targets import PROMETHEUS_PORT
 from toolkit import nodes
 
 PROCESSES = ("kube-apiserver", "etcd", "kube-scheduler", "kube-controller-manager", "kwok")
@@ -150,8 +152,12 @@ def apiserver_metrics(loaded, address: str) -> str:
 
 
 def etcd_metrics(lab: str, host: str, port: int = MAIN.metrics_port) -> str:
+    return host_get(lab, host, f"http://127.0.0.1:{port}/metrics")
+
+
+def host_get(lab: str, host: str, url: str) -> str:
+    """GET `url` from inside a lab host's network namespace (its loopback listeners)."""
     netns = naming.LabNames(lab, 0).netns(host)
-    url = f"http://127.0.0.1:{port}/metrics"
     fetch = f"import urllib.request; print(urllib.request.urlopen({url!r}).read().decode())"
     result = subprocess.run(
         ["ip", "netns", "exec", netns, sys.executable, "-c", fetch],
@@ -222,6 +228,46 @@ def reading(lab: str, loaded) -> dict[str, Any]:
         "etcd": etcd,
         "etcd_events": events,
         "processes": lab_processes(),
+    }
+
+
+def metric_budget(lab: str, loaded) -> dict[str, Any]:
+    """What each scrape target brings Prometheus, from Prometheus' own per-target series on the
+    monitoring host: samples scraped and kept after the role's drops, by job and host; the head
+    block's series in all; the Kubernetes nodes; and the DCGM series a GPU keeps (its keep-list:
+    the exporter needs a GPU, so none is scraped here). {} without a monitoring host."""
+    monitoring = loaded.cluster.in_group("monitoring")
+    if not monitoring:
+        return {}
+    host = monitoring[0]
+
+    def query(expr: str) -> dict[tuple[str, str], float]:
+        url = f"http://127.0.0.1:{PROMETHEUS_PORT}/api/v1/query?" + urllib.parse.urlencode(
+            {"query": expr}
+        )
+        body = json.loads(host_get(lab, host, url))
+        return {
+            (r["metric"].get("job", ""), r["metric"].get("host", "")): float(r["value"][1])
+            for r in body["data"]["result"]
+        }
+
+    scraped = query("scrape_samples_scraped")
+    kept = query("scrape_samples_post_metric_relabeling")
+    jobs: dict[str, dict[str, dict[str, int]]] = {}
+    for (job, target), count in sorted(kept.items()):
+        jobs.setdefault(job, {})[target] = {
+            "scraped": int(scraped.get((job, target), 0)),
+            "kept": int(count),
+        }
+    cluster = loaded.cluster
+    return {
+        "host": host,
+        "jobs": jobs,
+        "head_series": int(sum(query("prometheus_tsdb_head_series").values())),
+        "kubernetes_nodes": sorted(
+            {name for group in KUBERNETES_NODE_GROUPS for name in cluster.in_group(group)}
+        ),
+        "dcgm_keep_metrics": len(fleet_config(loaded).dcgm_keep_metrics),
     }
 
 
@@ -631,7 +677,8 @@ def suite(
     through `sizes`, and take it down at the end, also on failure. The steps are saved to
     WORK/steps.json as they come, so a run stopped halfway keeps them. Without `events_apart`
     (`--cp-events-in-main`) the lab keeps its Events in the main etcd and the run is the
-    before of that comparison: the same steps, no scheduler batches. With `sized_for`
+    before of that comparison: the same steps, no scheduler batches. Every run ends with
+    Prometheus' series per target (`metric_budget`). With `sized_for`
     (`--cp-sized-for N`) the inventory is sized for N nodes (`boot`), the after of the sizing
     comparison, again without scheduler batches. `flow_control`
     (`--cp-apf`: benchmarks/flow_control.py's `comparison`) runs last, at the largest size
@@ -661,6 +708,12 @@ def suite(
         if flow_control is not None and held and held[-1]:
             results["flow_control"] = flow_control(suites.LAB, held[-1], log)
             _saver(work / "steps.json")(results)
+        try:
+            results["metric_budget"] = metric_budget(suites.LAB, fleet.lab_cluster(suites.LAB))
+        except (OSError, subprocess.SubprocessError, ValueError, KeyError) as error:
+            # The steps measured above still reach the report.
+            results["metric_budget"] = {"error": str(error)}
+        _saver(work / "steps.json")(results)
     finally:
         # kwok's log goes with the lab: kept beside the steps, where a stopped growth is read.
         kwok_log = fleet.fleet_dir(suites.LAB) / "kwok.log"

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.control_plane import EVENTS_PROCESS, SLO_EXCLUDED_VERBS
+from inventory.sizing import SERIES_PER_NODE
 from roles.fleet_policy.files import FLEET_PRIORITY_LEVEL as FLEET_LEVEL
 
 FLEET = 7500  # the seeds' fleet, issue 44's projection
@@ -374,6 +375,7 @@ def markdown(
     lines += _events_section(control_plane, events_in_main)
     lines += _events_cluster_section(control_plane)
     lines += _sizing_section(control_plane, sized)
+    lines += _metric_budget_section(control_plane.get("metric_budget"))
     lines += _flow_control_section(control_plane, "the run above")
     lines += _flow_control_section(events_in_main, "the run with the Events in the main etcd")
     lines += _flow_control_section(sized, "the run sized for its fleet")
@@ -707,6 +709,82 @@ def _sizing_section(plain: dict[str, Any], sized: dict[str, Any] | None) -> list
             f"{_pair(row, 'apiserver_rss', _mib)} | {_pair(row, 'cpu_cores', seconds)} | "
             f"{_pair(row, 'db_bytes', _mib)} |"
         )
+    return [*lines, ""]
+
+
+# The GPUs of one of the sample's GPU nodes, each with its own DCGM series.
+GPUS_PER_NODE = 8
+
+
+def budget_figures(budget: dict[str, Any]) -> dict[str, Any] | None:
+    """Per job: targets and the series kept (mean, largest) and scraped (mean) per target; and
+    what one Kubernetes node brings: its node exporter's kept series (the nodes' mean), and on
+    a GPU node the DCGM keep-list's series for each GPU, against inventory/sizing.py's budget."""
+    jobs = budget.get("jobs")
+    if not jobs:
+        return None
+    rows = []
+    for job, targets in sorted(jobs.items()):
+        kept = [t["kept"] for t in targets.values()]
+        scraped = [t["scraped"] for t in targets.values()]
+        rows.append(
+            {
+                "job": job,
+                "targets": len(targets),
+                "kept_mean": statistics.mean(kept),
+                "kept_max": max(kept),
+                "scraped_mean": statistics.mean(scraped),
+            }
+        )
+    nodes = [jobs.get("node", {}).get(name) for name in budget.get("kubernetes_nodes", [])]
+    node_kept = [n["kept"] for n in nodes if n is not None]
+    node_series = statistics.mean(node_kept) if node_kept else None
+    dcgm = budget.get("dcgm_keep_metrics", 0) * GPUS_PER_NODE
+    gpu_node = None if node_series is None else node_series + dcgm
+    return {
+        "rows": rows,
+        "node_exporter_per_node": node_series,
+        "dcgm_per_gpu_node": dcgm,
+        "gpu_node": gpu_node,
+        "budget": SERIES_PER_NODE,
+    }
+
+
+def _metric_budget_section(budget: dict[str, Any] | None) -> list[str]:
+    """Prometheus' series per target at the end of the run, where it read them."""
+    if not budget:
+        return []
+    if "error" in budget:
+        return [f"Prometheus' series per target were not read: {budget['error']}", ""]
+    figures = budget_figures(budget)
+    if figures is None:
+        return []
+    lines = [
+        f"The metric budget: the series each scrape brings Prometheus on {budget['host']} at the "
+        "end of the run (`scrape_samples_scraped`, and `scrape_samples_post_metric_relabeling` "
+        "after the monitoring role's drops and fleet_policy's DCGM keep-list), by job; "
+        f"{budget['head_series']:,} series in its head block in all:",
+        "",
+        "| job | targets | kept per target (mean, largest) | scraped per target (mean) |",
+        "| --- | --- | --- | --- |",
+    ]
+    for row in figures["rows"]:
+        lines.append(
+            f"| {row['job']} | {row['targets']} | {row['kept_mean']:,.0f}, {row['kept_max']:,} | "
+            f"{row['scraped_mean']:,.0f} |"
+        )
+    per_node = figures["node_exporter_per_node"]
+    if per_node is not None:
+        lines += [
+            "",
+            f"A Kubernetes node brings {per_node:,.0f} series from its node exporter (the mean "
+            f"of the lab's {len(budget['kubernetes_nodes'])} nodes); a GPU node adds "
+            f"{budget['dcgm_keep_metrics']} kept DCGM series per GPU, "
+            f"{figures['dcgm_per_gpu_node']:,} for {GPUS_PER_NODE} GPUs (the keep-list's; the "
+            f"exporter needs a GPU, so none ran here): {figures['gpu_node']:,.0f} per GPU node "
+            f"against inventory/sizing.py's budget of {figures['budget']:,} a node, which sets "
+            "the scrape interval.",
+        ]
     return [*lines, ""]
 
 

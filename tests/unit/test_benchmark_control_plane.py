@@ -424,6 +424,11 @@ class FakeLab:
         monkeypatch.setattr(control_plane, "reading", self.reading)
         monkeypatch.setattr(control_plane, "scheduling", self.scheduling)
         monkeypatch.setattr(control_plane, "daemonsets", lambda loaded: {})
+        monkeypatch.setattr(control_plane, "metric_budget", self.metric_budget)
+
+    def metric_budget(self, lab: str, loaded) -> dict:
+        self.calls.append(("metric budget", loaded))
+        return {"host": "mon-1", "jobs": {}}
 
     def scheduling(self, loaded, log) -> dict:
         self.calls.append(("scheduling", loaded))
@@ -1035,3 +1040,74 @@ def test_the_section_gives_the_events_clusters_own_members_where_the_run_read_th
     assert "The Events cluster itself" in text
     assert "| 500 | 3 | 100.0 | 10.0 | 200 |" in text
     assert not [line for line in text.splitlines() if line.startswith("| 1,000 | 3 |")]
+
+
+# ---------------------------------------------------------------- the metric budget
+
+
+def _prometheus_answers(monkeypatch) -> list[str]:
+    """Prometheus' query API on the monitoring host, as host_get reaches it."""
+    series = {
+        "scrape_samples_scraped": [("node", "cp-1", 1900), ("node", "gpu-1", 2100),
+                                   ("node", "mon-1", 1500), ("etcd", "etcd-1", 3000)],
+        "scrape_samples_post_metric_relabeling": [("node", "cp-1", 1100), ("node", "gpu-1", 1300),
+                                                  ("node", "mon-1", 900), ("etcd", "etcd-1", 1200)],
+        "prometheus_tsdb_head_series": [("prometheus", "mon-1", 7777)],
+    }  # fmt: skip
+    asked = []
+
+    def host_get(lab: str, host: str, url: str) -> str:
+        import urllib.parse
+
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)["query"][0]
+        asked.append((host, url.split("?")[0], query))
+        result = [
+            {"metric": {"job": job, "host": name}, "value": [0, str(value)]}
+            for job, name, value in series[query]
+        ]
+        return json.dumps({"status": "success", "data": {"result": result}})
+
+    monkeypatch.setattr(control_plane, "host_get", host_get)
+    return asked
+
+
+def test_the_metric_budget_is_read_from_prometheus_per_target(
+    monkeypatch, small_cluster, write_cluster
+):
+    from engine.context import load
+
+    asked = _prometheus_answers(monkeypatch)
+    budget = control_plane.metric_budget("bench", load(write_cluster(small_cluster)))
+    assert {host for host, _, _ in asked} == {"mon-1"}
+    assert {url for _, url, _ in asked} == {"http://127.0.0.1:9090/api/v1/query"}
+    assert budget["jobs"]["node"]["gpu-1"] == {"scraped": 2100, "kept": 1300}
+    assert budget["jobs"]["etcd"] == {"etcd-1": {"scraped": 3000, "kept": 1200}}
+    assert budget["head_series"] == 7777
+    assert budget["kubernetes_nodes"] == ["cp-1", "cp-2", "cpu-1", "gpu-1"]
+    assert budget["dcgm_keep_metrics"] == 13
+    figures = cp_report.budget_figures(budget)
+    # The nodes' mean: cp-1 and gpu-1 answered; mon-1 is not a Kubernetes node.
+    assert figures["node_exporter_per_node"] == 1200
+    assert figures["gpu_node"] == 1200 + 13 * 8
+    text = "\n".join(cp_report._metric_budget_section(budget))
+    assert "| node | 3 | 1,100, 1,300 | 1,833 |" in text
+    assert "1,304 per GPU node against inventory/sizing.py's budget of 2,000" in text
+
+
+def test_no_monitoring_host_no_budget_and_an_unread_one_says_why(small_cluster, write_cluster):
+    from engine.context import load
+
+    del small_cluster["hosts"]["mon-1"]
+    assert control_plane.metric_budget("bench", load(write_cluster(small_cluster))) == {}
+    assert cp_report._metric_budget_section({}) == []
+    text = "\n".join(cp_report._metric_budget_section({"error": "connection refused"}))
+    assert "were not read: connection refused" in text
+
+
+def test_every_run_ends_with_the_metric_budget(monkeypatch, tmp_path):
+    lab = FakeLab(monkeypatch, tmp_path)
+    results = control_plane.suite((0,), 0.0, tmp_path / "work", lambda _: None)
+    assert results["metric_budget"] == {"host": "mon-1", "jobs": {}}
+    assert lab.calls.index(("metric budget", "loaded")) < len(lab.calls) - 1  # before the down
+    saved = json.loads((tmp_path / "work" / "steps.json").read_text())
+    assert saved["metric_budget"]["host"] == "mon-1"

@@ -18,6 +18,9 @@ ETCD_EVENTS_PEER_PORT = 2382
 ETCD_EVENTS_CLIENT_PORT = 2383
 ETCD_EVENTS_METRICS_PORT = 2384
 KUBELET_PORT = 10250
+# kube-scheduler's and kube-controller-manager's secure ports (their /metrics and health).
+KUBE_SCHEDULER_PORT = 10259
+KUBE_CONTROLLER_MANAGER_PORT = 10257
 BGP_PORT = 179  # Calico (kubernetes role) routes pod CIDRs natively over BGP between nodes
 NODE_EXPORTER_PORT = 9100
 DNS_PORT = 53

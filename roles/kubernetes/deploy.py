@@ -45,6 +45,7 @@ from roles.kubernetes.kubeadm import (
     kubelet_differences,
     kubelet_patch,
 )
+from roles.kubernetes.metrics import OPERATOR_KUBECONFIG
 from roles.kubernetes.settings import (
     CONFIG_DIR,
     first_control_plane,
@@ -65,7 +66,6 @@ from toolkit.operations import put_file, restart_if_running, service_running
 from toolkit.pyinfra_api import op_hash
 from toolkit.spec import HostContext
 
-OPERATOR_KUBECONFIG = "kubernetes/admin.conf"  # under the cluster's state directory
 POD_ROUTES_SERVICE = "gpuinfra-pod-routes"
 
 

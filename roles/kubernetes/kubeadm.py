@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from inventory.model import Cluster
 from inventory.sizing import cluster_sizing, explicit_or
 from roles.kubernetes import apiproxy, cni
 from roles.kubernetes import models as m
@@ -168,6 +169,7 @@ def controller_manager_flags(ctx: HostContext, cfg: KubernetesConfig) -> list[Fl
         ),
         Flag("kube-api-burst", str(cfg.controller_manager_burst), "default 30"),
         Flag("profiling", "false", "CIS benchmark 1.3.2"),
+        *metrics_bind_flags(ctx.cluster),
     ]
     if cfg.cni == "routes":
         flags.append(
@@ -203,11 +205,27 @@ def api_server_gang_flags(scheduler: SchedulerFiles) -> list[Flag]:
     return _fleet_policy_flags(scheduler.api_server, reasons)
 
 
-def scheduler_flags(scheduler: SchedulerFiles) -> list[Flag]:
+def metrics_bind_flags(cluster: Cluster) -> list[Flag]:
+    """kube-scheduler's and kube-controller-manager's listener beyond 127.0.0.1 (kubeadm's),
+    where the cluster has a monitoring host to read their /metrics."""
+    if not cluster.in_group("monitoring"):
+        return []
+    return [
+        Flag(
+            "bind-address",
+            "0.0.0.0",
+            "Prometheus on the monitoring hosts reads /metrics (a client certificate in "
+            "system:monitoring; the firewall opens the port to those hosts only); kubeadm's "
+            "health checks and probes still reach it on the node",
+        )
+    ]
+
+
+def scheduler_flags(ctx: HostContext, scheduler: SchedulerFiles) -> list[Flag]:
     """The scheduler's flags from the fleet policy's kubeadm section: `config` (the default
-    profile) and the gang scheduling gates. kube-scheduler ignores --kube-api-qps/
-    --kube-api-burst/--profiling once it reads a configuration file; that file sets them
-    (clientConnection, enableProfiling)."""
+    profile) and the gang scheduling gates, and its listener for Prometheus. kube-scheduler
+    ignores --kube-api-qps/--kube-api-burst/--profiling once it reads a configuration file;
+    that file sets them (clientConnection, enableProfiling)."""
     reasons = {
         "config": "the default profile (roles/fleet_policy); it also sets the client's "
         "qps/burst and enableProfiling: false (CIS 1.4.1), which kube-scheduler no longer takes "
@@ -215,7 +233,7 @@ def scheduler_flags(scheduler: SchedulerFiles) -> list[Flag]:
         "feature-gates": "in-tree gang scheduling (roles/fleet_policy): the GangScheduling "
         "plugin joins the default profile and reads Workloads (alpha, off by default)",
     }
-    return _fleet_policy_flags(scheduler.kubeadm, reasons)
+    return _fleet_policy_flags(scheduler.kubeadm, reasons) + metrics_bind_flags(ctx.cluster)
 
 
 def scheduler_volumes(scheduler: SchedulerFiles) -> list[m.HostPathMount]:
@@ -298,7 +316,8 @@ def cluster_configuration(ctx: HostContext, cfg: KubernetesConfig) -> m.ClusterC
             extraArgs=_args(controller_manager_flags(ctx, cfg))
         ),
         scheduler=m.ControlPlaneComponent(
-            extraArgs=_args(scheduler_flags(scheduler)), extraVolumes=scheduler_volumes(scheduler)
+            extraArgs=_args(scheduler_flags(ctx, scheduler)),
+            extraVolumes=scheduler_volumes(scheduler),
         ),
     )
 
@@ -500,7 +519,7 @@ def kubeadm_file(ctx: HostContext, cfg: KubernetesConfig) -> ManagedFile:
             {
                 "kube-apiserver": api_server_flags(ctx, cfg),
                 "kube-controller-manager": controller_manager_flags(ctx, cfg),
-                "kube-scheduler": scheduler_flags(scheduler_files(ctx.loaded)),
+                "kube-scheduler": scheduler_flags(ctx, scheduler_files(ctx.loaded)),
             },
         )
         documents: list[m.Strict] = [

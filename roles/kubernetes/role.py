@@ -8,6 +8,8 @@ from collections.abc import Iterable, Mapping
 from inventory.model import LoadedCluster
 from inventory.topology import (
     BGP_PORT,
+    KUBE_CONTROLLER_MANAGER_PORT,
+    KUBE_SCHEDULER_PORT,
     KUBELET_PORT,
     FirewallRule,
     api_clients,
@@ -44,6 +46,20 @@ def ports(loaded: LoadedCluster) -> Mapping[str, Iterable[FirewallRule]]:
     )
     rules: dict[str, list[FirewallRule]] = {group: [kubelet, bgp] for group in NODE_GROUPS}
     rules["control_plane"].insert(0, api)
+    # Prometheus reads the scheduler's and controller manager's /metrics (they listen beyond
+    # 127.0.0.1 only when a monitoring host exists: roles/kubernetes/kubeadm.py).
+    monitoring = cluster.in_group("monitoring")
+    if monitoring:
+        scrapers = host_addresses(cluster, monitoring)
+        rules["control_plane"] += [
+            FirewallRule("kube-scheduler from monitoring", KUBE_SCHEDULER_PORT, "tcp", scrapers),
+            FirewallRule(
+                "kube-controller-manager from monitoring",
+                KUBE_CONTROLLER_MANAGER_PORT,
+                "tcp",
+                scrapers,
+            ),
+        ]
     return rules
 
 
@@ -66,6 +82,8 @@ ROLE = Role(
     ),
     ports=ports,
     cluster_files=lazy("roles.kubernetes.cni:cluster_files"),
+    # What Prometheus scrapes of the cluster and where its credentials come from (monitoring).
+    provides={"metrics_access": lazy("roles.kubernetes.metrics:metrics_access")},
     checks=cluster_checks,
     summary="kubeadm HA control plane on the external etcd, Calico BGP, rate-limited joins",
 )

@@ -19,6 +19,12 @@ from roles.monitoring.files import (
     prometheus_files,
     textfile_dir,
 )
+from roles.monitoring.kubernetes import (
+    certificate_signed,
+    client_key,
+    current_certificate,
+    metrics_access,
+)
 from roles.monitoring.targets import PROMETHEUS_PORT
 from toolkit.operations import put_file, restart_if_running, service_running, wait_for
 from toolkit.spec import HostContext
@@ -65,6 +71,17 @@ def apply_prometheus(ctx: HostContext) -> None:
         packages=["prometheus", "prometheus-alertmanager"],
         no_recommends=True,
     )
+    access = metrics_access(ctx.loaded)
+    if access is not None and current_certificate(ctx.loaded, client_key(ctx.loaded)) is None:
+        # Before the configuration, whose check needs the files it names.
+        certificate_signed(
+            name="Have Prometheus' Kubernetes client certificate signed (on the first "
+            "control-plane node, through the certificates API)",
+            signer=access.signer,
+            kubeconfig=access.admin_kubeconfig,
+            cluster_ca=access.cluster_ca,
+            state_dir=str(ctx.loaded.state_dir),
+        )
     # Rules are written (and checked) before the configuration that loads them.
     written = {f.path: put_file(f) for f in prometheus_files(ctx)}
     arguments, rules, config = (

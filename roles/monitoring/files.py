@@ -9,6 +9,7 @@ from inventory.model import LoadedCluster
 from inventory.sizing import cluster_sizing, explicit_or
 from roles.monitoring.config import MonitoringConfig
 from roles.monitoring.dashboards import DASHBOARDS
+from roles.monitoring.kubernetes import cluster_objects, credential_files, metrics_access
 from roles.monitoring.targets import PROMETHEUS_PORT, scrape_jobs
 from toolkit.spec import HostContext, ManagedFile, default_settings, provided, settings_of
 from toolkit.templates import render_template
@@ -87,19 +88,32 @@ def prometheus_files(ctx: HostContext) -> list[ManagedFile]:
         cfg=cfg,
         scrape_interval=scrape_interval(ctx.loaded, cfg),
         cluster=ctx.cluster,
-        jobs=scrape_jobs(ctx.cluster, cfg.dcgm_exporter_port, events_members(ctx.loaded)),
+        jobs=scrape_jobs(
+            ctx.cluster,
+            cfg.dcgm_exporter_port,
+            events_members(ctx.loaded),
+            kubernetes_endpoints(ctx.loaded),
+        ),
         job_rules=metric_rules(ctx.loaded),
         rules=ALERT_RULES,
         alertmanager=f"127.0.0.1:{ALERTMANAGER_PORT}",
         drop_regex="|".join(cfg.drop_metrics),
     )
-    # Rules first: promtool checks the configuration together with the rule files it names.
+    # Rules first: promtool checks the configuration together with the rule files it names,
+    # and the Kubernetes credentials it points at.
     return [
         ManagedFile("monitoring", PROMETHEUS_DEFAULTS, defaults),
+        *credential_files(ctx.loaded),
         ManagedFile("monitoring", ALERT_RULES, rules, check="promtool check rules {path}"),
         ManagedFile("monitoring", PROMETHEUS_CONFIG, config, check="promtool check config {path}"),
         *alertmanager_files(ctx),
     ]
+
+
+def kubernetes_endpoints(loaded: LoadedCluster) -> tuple:
+    """What the kubernetes role offers to scrape; none without Kubernetes."""
+    access = metrics_access(loaded)
+    return () if access is None else access.endpoints
 
 
 def alertmanager_files(ctx: HostContext) -> list[ManagedFile]:
@@ -134,10 +148,11 @@ def alertmanager_files(ctx: HostContext) -> list[ManagedFile]:
 
 def cluster_files(loaded: LoadedCluster) -> dict[str, str]:
     """Grafana dashboards (JSON models, importable as they are) for clusters with a monitoring
-    host: node overview, etcd and GPU health."""
+    host: node overview, etcd and GPU health; and where Kubernetes runs, the kubelets' metrics
+    for Prometheus' user (applied by the kubernetes role)."""
     if not loaded.cluster.in_group("monitoring"):
         return {}
     return {
         f"{DASHBOARD_DIR}/{name}.json": json.dumps(build(loaded.cluster), indent=2) + "\n"
         for name, build in DASHBOARDS.items()
-    }
+    } | cluster_objects(loaded)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from inventory.model import Cluster
 from inventory.topology import (
@@ -13,6 +15,20 @@ from inventory.topology import (
 )
 
 PROMETHEUS_PORT = 9090
+# Prometheus' credentials for the Kubernetes endpoints (roles/monitoring/kubernetes.py).
+CREDENTIALS_DIR = "/etc/prometheus/kubernetes"
+CLIENT_KEY = f"{CREDENTIALS_DIR}/client.key"
+CLIENT_CERT = f"{CREDENTIALS_DIR}/client.crt"
+CLUSTER_CA = f"{CREDENTIALS_DIR}/ca.crt"
+
+
+class KubernetesEndpoint(Protocol):
+    """One of the endpoints the kubernetes role offers (its metrics.MetricsEndpoint)."""
+
+    job: str
+    hosts: tuple[str, ...]
+    port: int
+    ca_signed: bool
 
 
 @dataclass(frozen=True)
@@ -23,10 +39,21 @@ class Target:
 
 
 @dataclass(frozen=True)
+class ClientTls:
+    """A job's TLS: the client certificate Prometheus shows, and the CA it checks the server's
+    against (None: the server's certificate is self-signed, nothing to check it against)."""
+
+    cert_file: str
+    key_file: str
+    ca_file: str | None
+
+
+@dataclass(frozen=True)
 class ScrapeJob:
     name: str
     targets: tuple[Target, ...]
     metrics_path: str = "/metrics"
+    tls: ClientTls | None = None  # over HTTPS with a client certificate; None: plain HTTP
 
 
 def _targets(cluster: Cluster, names: list[str], port: int) -> tuple[Target, ...]:
@@ -39,16 +66,29 @@ def _targets(cluster: Cluster, names: list[str], port: int) -> tuple[Target, ...
 
 
 def scrape_jobs(
-    cluster: Cluster, dcgm_port: int, events_members: list[str] | None = None
+    cluster: Cluster,
+    dcgm_port: int,
+    events_members: list[str] | None = None,
+    kubernetes: Sequence[KubernetesEndpoint] = (),
 ) -> list[ScrapeJob]:
     """Jobs in a fixed order; a job whose group is empty is left out (no empty target lists).
-    `events_members`: the hosts of the etcd role's Events cluster (none when it is off)."""
+    `events_members`: the hosts of the etcd role's Events cluster (none when it is off);
+    `kubernetes`: the cluster's own endpoints (API servers, kubelets, scheduler, controller
+    manager: roles/kubernetes/metrics.py), over HTTPS with Prometheus' client certificate."""
     jobs = [
         ScrapeJob("node", _targets(cluster, list(cluster.hosts), NODE_EXPORTER_PORT)),
         ScrapeJob("etcd", _targets(cluster, cluster.in_group("etcd"), ETCD_METRICS_PORT)),
         ScrapeJob("etcd-events", _targets(cluster, events_members or [], ETCD_EVENTS_METRICS_PORT)),
         ScrapeJob(
             "haproxy", _targets(cluster, cluster.in_group("loadbalancer"), HAPROXY_STATS_PORT)
+        ),
+        *(
+            ScrapeJob(
+                endpoint.job,
+                _targets(cluster, list(endpoint.hosts), endpoint.port),
+                tls=ClientTls(CLIENT_CERT, CLIENT_KEY, CLUSTER_CA if endpoint.ca_signed else None),
+            )
+            for endpoint in kubernetes
         ),
         # NVIDIA's DCGM exporter arrives with the GPU operator/Kubernetes; the job waits for it.
         ScrapeJob("dcgm", _targets(cluster, cluster.in_group("gpu_worker"), dcgm_port)),

@@ -24,6 +24,7 @@ import socket
 import ssl
 import subprocess
 import time
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -149,6 +150,82 @@ def test_kubelet_runs_the_configuration_the_role_rendered(cluster):
             "ephemeral-storage": "1Gi",
             "memory": "1Gi",
         }
+
+
+KUBERNETES_JOBS = {
+    "kubernetes-apiservers": CONTROL_PLANE,
+    "kubelet": NODES,
+    "kube-scheduler": CONTROL_PLANE,
+    "kube-controller-manager": CONTROL_PLANE,
+}
+
+
+def prometheus(cluster: Cluster, path: str, **params: str) -> dict:
+    """GET mon-1's Prometheus HTTP API, on its own host."""
+    query = "?" + urllib.parse.urlencode(params) if params else ""
+    url = shlex.quote(f"http://127.0.0.1:9090/api/v1/{path}{query}")
+    body = json.loads(cluster.lab.ssh("mon-1", f"curl -fsS {url}").stdout)
+    assert body["status"] == "success", body
+    return body["data"]
+
+
+def test_prometheus_scrapes_the_cluster_with_the_certificate_the_role_had_signed(cluster):
+    """Issue 46: every API server, kubelet, scheduler and controller manager is up in mon-1's
+    Prometheus, which shows the client certificate roles/monitoring/kubernetes.py had signed
+    through the certificates API, and their series reach its database. The control: the same
+    request from mon-1 without the certificate is refused; with it, served."""
+
+    def health() -> dict[str, dict[str, str]]:
+        targets = prometheus(cluster, "targets", state="active")["activeTargets"]
+        found: dict[str, dict[str, str]] = {}
+        for target in targets:
+            job = target["labels"]["job"]
+            if job in KUBERNETES_JOBS:
+                found.setdefault(job, {})[target["labels"]["host"]] = (
+                    target["health"] + " " + target.get("lastError", "")
+                ).strip()
+        return found
+
+    expected = {job: {host: "up" for host in hosts} for job, hosts in KUBERNETES_JOBS.items()}
+    seen: list[dict] = [{}]
+
+    def settled() -> bool:
+        seen[0] = health()
+        return seen[0] == expected
+
+    try:
+        eventually(settled, "every Kubernetes target up in Prometheus", seconds=180, interval=5)
+    except AssertionError as error:
+        raise AssertionError(f"{error}: {seen[0]}") from None
+    for job, metric in (
+        ("kubernetes-apiservers", "apiserver_request_total"),
+        ("kubelet", "kubelet_running_pods"),
+        ("kube-scheduler", "scheduler_schedule_attempts_total"),
+        ("kube-controller-manager", "workqueue_adds_total"),
+    ):
+        series = prometheus(cluster, "query", query=f'count({metric}{{job="{job}"}}) by (host)')
+        hosts = {s["metric"]["host"] for s in series["result"]}
+        assert hosts == set(KUBERNETES_JOBS[job]), (job, metric, series)
+    key = "/etc/prometheus/kubernetes/client.key"
+    assert cluster.lab.ssh("mon-1", f"stat -c '%a %U %G' {key}").stdout.split() == [
+        "640", "root", "prometheus"
+    ]  # fmt: skip
+    state = cluster.inventory.parent / ".state" / "monitoring"
+    assert {p.name: p.stat().st_mode & 0o777 for p in state.iterdir()} == {
+        "kubernetes-client.key": 0o600,
+        "kubernetes-client.crt": 0o600,
+        "kubernetes-ca.crt": 0o600,
+    }
+    # The signed request is gone again.
+    assert "gpuinfra-prometheus" not in cluster.kubectl("get", "csr", "-o", "name").stdout
+    url = f"https://cp-1.{cluster.lab.loaded.cluster.domain}:6443/metrics"
+    curl = (
+        f"curl -s -o /dev/null -w '%{{http_code}}' --cacert /etc/prometheus/kubernetes/ca.crt {url}"
+    )
+    anonymous = cluster.lab.ssh("mon-1", curl).stdout
+    assert anonymous in ("401", "403"), anonymous
+    credentials = "--cert /etc/prometheus/kubernetes/client.crt --key " + key
+    assert cluster.lab.ssh("mon-1", f"{curl} {credentials}").stdout == "200"
 
 
 def probe_pod(name: str, node: str, image: str, command: list[str]) -> dict:

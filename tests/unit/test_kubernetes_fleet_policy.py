@@ -126,6 +126,8 @@ def test_cluster_configuration_gates_gang_scheduling_on_the_api_server_and_the_s
     assert scheduler["extraArgs"] == [
         {"name": "config", "value": path},
         {"name": "feature-gates", "value": "GenericWorkload=true,GangScheduling=true"},
+        # Prometheus reads its /metrics (tests/unit/test_monitoring_kubernetes.py).
+        {"name": "bind-address", "value": "0.0.0.0"},
     ]
     assert scheduler["extraVolumes"] == [
         {

@@ -98,7 +98,12 @@ def test_scrape_jobs_cover_the_inventory():
     config = prometheus_config(loaded)
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
     # The sample runs the etcd role's Events cluster (etcd.events): a job of its own.
-    assert list(jobs) == ["node", "etcd", "etcd-events", "haproxy", "dcgm", "prometheus"]
+    assert list(jobs) == [
+        "node", "etcd", "etcd-events", "haproxy",
+        # The cluster's own endpoints, over HTTPS (tests/unit/test_monitoring_kubernetes.py).
+        "kubernetes-apiservers", "kubelet", "kube-scheduler", "kube-controller-manager",
+        "dcgm", "prometheus",
+    ]  # fmt: skip
 
     def targets(job: str) -> dict[str, dict]:
         return {static["targets"][0]: static["labels"] for static in jobs[job]["static_configs"]}

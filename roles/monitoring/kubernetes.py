@@ -227,10 +227,11 @@ def _sign(state, host, signer: str, kubeconfig: str, cluster_ca: str, state_dir:
         print_input=False,
         _timeout=SIGN_WAIT_S + 60,
     )
-    lines = [line.line for line in output if line.line.strip()]
-    if not ok or not lines:
-        raise OperationError(f"{signer}: no certificate for {USER}: {' | '.join(lines)[-300:]}")
-    cert_pem = base64.b64decode(lines[-1]).decode()
+    printed = output.stdout.split()
+    if not ok or not printed:
+        said = " | ".join(line.line for line in output if line.line.strip())[-300:]
+        raise OperationError(f"{signer}: no certificate for {USER}: {said}")
+    cert_pem = base64.b64decode(printed[-1]).decode()
     if _public(x509.load_pem_x509_certificate(cert_pem.encode())) != _public(key_pem):
         raise OperationError(f"{signer}: the certificate signed for {USER} is not for its key")
     buffer = BytesIO()

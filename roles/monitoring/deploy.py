@@ -3,7 +3,12 @@ its group."""
 
 from __future__ import annotations
 
-from pyinfra.api import deploy
+import base64
+from io import BytesIO, StringIO
+from pathlib import Path
+
+from cryptography import x509
+from pyinfra.api import FunctionCommand, OperationError, StringCommand, deploy, operation
 from pyinfra.operations import apt, files, server
 
 from inventory.topology import NODE_EXPORTER_PORT
@@ -20,16 +25,78 @@ from roles.monitoring.files import (
     textfile_dir,
 )
 from roles.monitoring.kubernetes import (
-    certificate_signed,
+    CA_STATE,
+    CERT_STATE,
+    KEY_STATE,
+    SIGN_WAIT_S,
+    USER,
     client_key,
     current_certificate,
     metrics_access,
+    public_key,
+    request_pem,
+    signing_command,
 )
-from roles.monitoring.targets import PROMETHEUS_PORT
+from roles.monitoring.targets import CLIENT_CERT, CLUSTER_CA, CREDENTIALS_DIR, PROMETHEUS_PORT
 from toolkit.operations import put_file, restart_if_running, service_running, wait_for
 from toolkit.spec import HostContext
+from toolkit.statefiles import write_secret_atomically
 
 ALERTMANAGER_UNIT = "prometheus-alertmanager"
+
+
+def _sign(state, host, signer: str, kubeconfig: str, cluster_ca: str, state_dir: str):
+    folder = Path(state_dir)
+    key_pem = (folder / KEY_STATE).read_text()  # the apply kept it while preparing
+    first = state.inventory.get_host(signer)
+    if first is None or first not in state.active_hosts:
+        raise OperationError(
+            f"{signer} (the first control-plane node) failed or is not in this run: Prometheus' "
+            "Kubernetes certificate is signed there; include it (--limit) and fix it first"
+        )
+    request = request_pem(key_pem)
+    ok, output = first.run_shell_command(
+        StringCommand(signing_command(request, kubeconfig)),
+        print_output=False,
+        print_input=False,
+        _timeout=SIGN_WAIT_S + 60,
+    )
+    printed = output.stdout.split()
+    if not ok or not printed:
+        said = " | ".join(line.line for line in output if line.line.strip())[-300:]
+        raise OperationError(f"{signer}: no certificate for {USER}: {said}")
+    cert_pem = base64.b64decode(printed[-1]).decode()
+    if public_key(x509.load_pem_x509_certificate(cert_pem.encode())) != public_key(key_pem):
+        raise OperationError(f"{signer}: the certificate signed for {USER} is not for its key")
+    buffer = BytesIO()
+    if not first.get_file(cluster_ca, buffer, print_output=False, print_input=False):
+        raise OperationError(f"{signer}: could not read {cluster_ca}")
+    ca_pem = buffer.getvalue().decode()
+    for relative, text in ((CERT_STATE, cert_pem), (CA_STATE, ca_pem)):
+        (folder / relative).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        write_secret_atomically(folder / relative, text.encode())
+    ok, _ = host.run_shell_command(
+        StringCommand(f"install -d -m 0755 {CREDENTIALS_DIR}"), print_output=False
+    )
+    for path, text in ((CLIENT_CERT, cert_pem), (CLUSTER_CA, ca_pem)):
+        if not ok or not host.put_file(StringIO(text), path, print_output=False):
+            raise OperationError(f"could not write {path}")
+    # As the managed files that the next apply writes them as (ManagedFile's defaults).
+    paths = f"{CLIENT_CERT} {CLUSTER_CA}"
+    ok, _ = host.run_shell_command(
+        StringCommand(f"chown root:root {paths} && chmod 0644 {paths}"), print_output=False
+    )
+    if not ok:
+        raise OperationError(f"could not set the owner and mode of {paths}")
+    return True
+
+
+@operation()
+def certificate_signed(signer: str, kubeconfig: str, cluster_ca: str, state_dir: str):
+    """Prometheus' client certificate signed on `signer` and written here and to the state (see
+    the module's docstring); only where no kept certificate serves. The key is read from the
+    state when it runs: never an operation's argument."""
+    yield FunctionCommand(_sign, (signer, kubeconfig, cluster_ca, state_dir), {})
 
 
 @deploy("Node exporter")

@@ -25,20 +25,18 @@ import datetime
 import hashlib
 import json
 import shlex
-from io import BytesIO, StringIO
-from pathlib import Path
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from pyinfra.api import FunctionCommand, OperationError, StringCommand, operation
 
 from inventory.model import LoadedCluster, StateAccess
-from roles.monitoring.targets import CLIENT_CERT, CLIENT_KEY, CLUSTER_CA, CREDENTIALS_DIR
+from roles.monitoring.targets import CLIENT_CERT, CLIENT_KEY, CLUSTER_CA
+from toolkit import clock
 from toolkit.spec import ManagedFile, provided
-from toolkit.statefiles import PLACEHOLDER, kept_secret, write_secret_atomically
+from toolkit.statefiles import PLACEHOLDER, kept_secret
 
 # The cluster's metrics endpoints and where Prometheus' certificate is signed (kubernetes).
 metrics_access = provided("kubernetes", "metrics_access")
@@ -59,12 +57,17 @@ SIGN_WAIT_S = 60
 
 
 def new_key() -> str:
+    """A P-256 key in PEM, without its last newline (as kept_secret reads every secret back)."""
     key = ec.generate_private_key(ec.SECP256R1())
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    ).decode()
+    return (
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+        .decode()
+        .strip()
+    )
 
 
 def client_key(loaded: LoadedCluster) -> str:
@@ -91,7 +94,7 @@ def request_pem(key_pem: str) -> str:
     return request.public_bytes(serialization.Encoding.PEM).decode()
 
 
-def _public(pem_key_or_cert: x509.Certificate | str) -> bytes:
+def public_key(pem_key_or_cert: x509.Certificate | str) -> bytes:
     if isinstance(pem_key_or_cert, x509.Certificate):
         public = pem_key_or_cert.public_key()
     else:
@@ -116,10 +119,11 @@ def current_certificate(
         ca = x509.load_pem_x509_certificate(ca_pem.encode())
     except (OSError, ValueError):
         return None
-    now = now or datetime.datetime.now(datetime.UTC)
-    if key_pem == PLACEHOLDER or _public(cert) != _public(key_pem):
+    now = now or clock.now_utc()
+    if key_pem == PLACEHOLDER or public_key(cert) != public_key(key_pem):
         return None
-    if cert.not_valid_after_utc - now < datetime.timedelta(seconds=RENEW_S):
+    renew_from = cert.not_valid_after_utc - datetime.timedelta(seconds=RENEW_S)
+    if now >= renew_from:
         return None
     try:
         cert.verify_directly_issued_by(ca)
@@ -129,6 +133,8 @@ def current_certificate(
         operator = x509.load_pem_x509_certificate(access.operator_ca.encode())
         if operator != ca:
             return None
+    # Kept from this reading of the clock until the renewal window opens (toolkit/clock.py).
+    clock.holds_until(renew_from)
     return cert_pem, ca_pem
 
 
@@ -209,57 +215,3 @@ def signing_command(request: str, kubeconfig: str) -> str:
         f"sleep 1; done; {kubectl} delete csr {name} --ignore-not-found >/dev/null; "
         f"echo 'no certificate after {SIGN_WAIT_S} s' >&2; exit 1"
     )
-
-
-def _sign(state, host, signer: str, kubeconfig: str, cluster_ca: str, state_dir: str):
-    folder = Path(state_dir)
-    key_pem = (folder / KEY_STATE).read_text()  # the apply kept it while preparing
-    first = state.inventory.get_host(signer)
-    if first is None or first not in state.active_hosts:
-        raise OperationError(
-            f"{signer} (the first control-plane node) failed or is not in this run: Prometheus' "
-            "Kubernetes certificate is signed there; include it (--limit) and fix it first"
-        )
-    request = request_pem(key_pem)
-    ok, output = first.run_shell_command(
-        StringCommand(signing_command(request, kubeconfig)),
-        print_output=False,
-        print_input=False,
-        _timeout=SIGN_WAIT_S + 60,
-    )
-    printed = output.stdout.split()
-    if not ok or not printed:
-        said = " | ".join(line.line for line in output if line.line.strip())[-300:]
-        raise OperationError(f"{signer}: no certificate for {USER}: {said}")
-    cert_pem = base64.b64decode(printed[-1]).decode()
-    if _public(x509.load_pem_x509_certificate(cert_pem.encode())) != _public(key_pem):
-        raise OperationError(f"{signer}: the certificate signed for {USER} is not for its key")
-    buffer = BytesIO()
-    if not first.get_file(cluster_ca, buffer, print_output=False, print_input=False):
-        raise OperationError(f"{signer}: could not read {cluster_ca}")
-    ca_pem = buffer.getvalue().decode()
-    for relative, text in ((CERT_STATE, cert_pem), (CA_STATE, ca_pem)):
-        (folder / relative).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        write_secret_atomically(folder / relative, text.encode())
-    ok, _ = host.run_shell_command(
-        StringCommand(f"install -d -m 0755 {CREDENTIALS_DIR}"), print_output=False
-    )
-    for path, text in ((CLIENT_CERT, cert_pem), (CLUSTER_CA, ca_pem)):
-        if not ok or not host.put_file(StringIO(text), path, print_output=False):
-            raise OperationError(f"could not write {path}")
-    # As the managed files that the next apply writes them as (ManagedFile's defaults).
-    paths = f"{CLIENT_CERT} {CLUSTER_CA}"
-    ok, _ = host.run_shell_command(
-        StringCommand(f"chown root:root {paths} && chmod 0644 {paths}"), print_output=False
-    )
-    if not ok:
-        raise OperationError(f"could not set the owner and mode of {paths}")
-    return True
-
-
-@operation()
-def certificate_signed(signer: str, kubeconfig: str, cluster_ca: str, state_dir: str):
-    """Prometheus' client certificate signed on `signer` and written here and to the state (see
-    the module's docstring); only where no kept certificate serves. The key is read from the
-    state when it runs: never an operation's argument."""
-    yield FunctionCommand(_sign, (signer, kubeconfig, cluster_ca, state_dir), {})

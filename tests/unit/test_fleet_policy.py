@@ -106,7 +106,8 @@ def test_every_rendered_object_is_valid_for_the_pinned_kubernetes(rendered):
     # The periodic check's Job template, which the sampler creates per node, is checked too.
     config = find(rendered, "kubernetes/gpu-health.yaml", "ConfigMap")
     objects.append(("periodic-job.yaml", yaml.safe_load(config["data"]["periodic-job.yaml"])))
-    assert len(objects) == 38  # drift job (1), gpu-health (21 + the Job), fleet policy (15)
+    # drift job (1), gpu-health (21 + the Job), fleet policy (15), monitoring's kubelet RBAC (2)
+    assert len(objects) == 40
     crds = crd_schemas(obj for _, obj in objects)
     version = load(SAMPLE).cluster.versions.kubernetes
     problems = [

@@ -247,3 +247,11 @@ def test_the_scheduler_and_controller_manager_listen_for_monitoring_only(
         assert "bind-address" not in flags
     ports_open = {rule.port for rule in ports(loaded)["control_plane"]}
     assert not ports_open & {KUBE_SCHEDULER_PORT, KUBE_CONTROLLER_MANAGER_PORT}
+
+
+def test_the_key_file_is_the_same_when_made_and_when_read_back(small_cluster, write_cluster):
+    """kept_secret returns a new secret as made and a kept one stripped: the file must not
+    differ between the apply that makes the key and the next (found by the engines' test)."""
+    made = files_of(load(write_cluster(small_cluster)), "mon-1")[CLIENT_KEY].content
+    again = files_of(load(write_cluster(small_cluster)), "mon-1")[CLIENT_KEY].content
+    assert made == again and made.endswith("-----\n") and not made.endswith("\n\n")

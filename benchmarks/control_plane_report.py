@@ -373,9 +373,24 @@ def markdown(
     lines += _daemonset_section(analysis["rows"], control_plane["steps"])
     lines += _scheduling_section(control_plane.get("scheduling"))
     lines += _events_section(control_plane, events_in_main)
-    lines += _events_cluster_section(control_plane)
+    # Read by the suite since 2026-12-04: from the plain run where it has them, else the sized.
+    newer = [
+        (run, which)
+        for run, which in ((control_plane, "the run above"), (sized, "the run sized for its fleet"))
+        if run
+    ]
+    lines += next(
+        (section for run, which in newer if (section := _events_cluster_section(run, which))), []
+    )
     lines += _sizing_section(control_plane, sized)
-    lines += _metric_budget_section(control_plane.get("metric_budget"))
+    lines += next(
+        (
+            section
+            for run, which in newer
+            if (section := _metric_budget_section(run.get("metric_budget"), which))
+        ),
+        [],
+    )
     lines += _flow_control_section(control_plane, "the run above")
     lines += _flow_control_section(events_in_main, "the run with the Events in the main etcd")
     lines += _flow_control_section(sized, "the run sized for its fleet")
@@ -597,7 +612,7 @@ def events_cluster(step: Step) -> Step | None:
     return {"etcd": members} if members else None
 
 
-def _events_cluster_section(control_plane: dict[str, Any]) -> list[str]:
+def _events_cluster_section(control_plane: dict[str, Any], which: str) -> list[str]:
     """The Events cluster's own members at each step of the run, where it read them."""
     rows = [
         (step["size"], events)
@@ -607,7 +622,7 @@ def _events_cluster_section(control_plane: dict[str, Any]) -> list[str]:
     if not rows:
         return []
     lines = [
-        "The Events cluster itself in the run above (its own members, read on their metrics "
+        f"The Events cluster itself in {which} (its own members, read on their metrics "
         "port 2384): the leader's database, the worst member's backend commit and WAL fsync "
         "p99, the members' backend commits over the step:",
         "",
@@ -643,6 +658,12 @@ def _worst_resident(step: Step, program: str) -> int | None:
     return max(values) if values else None
 
 
+def _cpu_seconds(step: Step) -> float | None:
+    """The control plane's CPU-seconds over the step: its work, whatever the step lasted."""
+    seconds = step.get("seconds")
+    return None if seconds is None else cpu_cores(step, CONTROL_PLANE) * seconds
+
+
 def sizing_comparison(plain: dict[str, Any], sized: dict[str, Any]) -> list[dict[str, Any]]:
     """At each size both runs measured: the inventory sized for the lab's real nodes (before:
     upstream's defaults) and for the simulated fleet (after, `--cp-sized-for`)."""
@@ -661,8 +682,9 @@ def sizing_comparison(plain: dict[str, Any], sized: dict[str, Any]) -> list[dict
                     ("single_p99_s", lambda s: _worst_p99(s, "single_object")),
                     ("list_p99_s", lambda s: _worst_p99(s, "cluster_list")),
                     ("refused", refused),
+                    ("ready_s", lambda s: s.get("fleet", {}).get("ready_seconds")),
                     ("apiserver_rss", lambda s: _worst_resident(s, "kube-apiserver")),
-                    ("cpu_cores", lambda s: cpu_cores(s, CONTROL_PLANE)),
+                    ("cpu_seconds", _cpu_seconds),
                     ("db_bytes", etcd_db_bytes),
                 )
             }
@@ -688,26 +710,28 @@ def _sizing_section(plain: dict[str, Any], sized: dict[str, Any] | None) -> list
         "CoreDNS's replicas are left out (the simulated nodes' taints keep them off), and so "
         "is Prometheus' interval (it scrapes no simulated node). Each cell is before / after: "
         "the worst API server's p99 of each SLO's worst call, the 429s (flow control's "
-        "refusals) over the step, the largest API server's memory, the control plane's CPU, "
-        "the main etcd's database:",
+        "refusals) over the step, the seconds until the step's new nodes were all Ready, the "
+        "largest API server's memory, the control plane's CPU-seconds over the step, the main "
+        "etcd's database:",
         "",
     ]
     rows = sizing_comparison(plain, sized)
     if not rows:
         return [*lines, "No size was measured in both runs.", ""]
     lines += [
-        "| simulated nodes | single-object p99 s | cluster LIST p99 s | 429s | "
-        "API server MiB | control plane CPU cores | etcd db MiB |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| simulated nodes | single-object p99 s | cluster LIST p99 s | 429s | Ready after s | "
+        "API server MiB | control plane CPU-s | etcd db MiB |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     seconds = lambda v: "n/a" if v is None else f"{v:.2f}"  # noqa: E731
     count = lambda v: "n/a" if v is None else f"{v:,}"  # noqa: E731
+    whole = lambda v: "n/a" if v is None else f"{v:,.0f}"  # noqa: E731
     for row in rows:
         lines.append(
             f"| {row['size']:,} | {_pair(row, 'single_p99_s', seconds)} | "
             f"{_pair(row, 'list_p99_s', seconds)} | {_pair(row, 'refused', count)} | "
-            f"{_pair(row, 'apiserver_rss', _mib)} | {_pair(row, 'cpu_cores', seconds)} | "
-            f"{_pair(row, 'db_bytes', _mib)} |"
+            f"{_pair(row, 'ready_s', whole)} | {_pair(row, 'apiserver_rss', _mib)} | "
+            f"{_pair(row, 'cpu_seconds', whole)} | {_pair(row, 'db_bytes', _mib)} |"
         )
     return [*lines, ""]
 
@@ -750,7 +774,7 @@ def budget_figures(budget: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
-def _metric_budget_section(budget: dict[str, Any] | None) -> list[str]:
+def _metric_budget_section(budget: dict[str, Any] | None, which: str) -> list[str]:
     """Prometheus' series per target at the end of the run, where it read them."""
     if not budget:
         return []
@@ -761,7 +785,7 @@ def _metric_budget_section(budget: dict[str, Any] | None) -> list[str]:
         return []
     lines = [
         f"The metric budget: the series each scrape brings Prometheus on {budget['host']} at the "
-        "end of the run (`scrape_samples_scraped`, and `scrape_samples_post_metric_relabeling` "
+        f"end of {which} (`scrape_samples_scraped`, and `scrape_samples_post_metric_relabeling` "
         "after the monitoring role's drops and fleet_policy's DCGM keep-list), by job; "
         f"{budget['head_series']:,} series in its head block in all:",
         "",
@@ -783,7 +807,9 @@ def _metric_budget_section(budget: dict[str, Any] | None) -> list[str]:
             f"{figures['dcgm_per_gpu_node']:,} for {GPUS_PER_NODE} GPUs (the keep-list's; the "
             f"exporter needs a GPU, so none ran here): {figures['gpu_node']:,.0f} per GPU node "
             f"against inventory/sizing.py's budget of {figures['budget']:,} a node, which sets "
-            "the scrape interval.",
+            "the scrape interval. The lab's hosts see 2 CPUs; the node exporter's per-CPU "
+            "series (each CPU's modes, frequency, softnet) grow with the count, which a DGX "
+            "H100's 224 multiplies: not measured here.",
         ]
     return [*lines, ""]
 

@@ -989,7 +989,8 @@ def test_the_sizing_comparison_pairs_the_sizes_both_runs_measured(measured):
     assert row["single_p99_s_after"] == pytest.approx(row["single_p99_s_before"] / 2)
     assert row["list_p99_s_after"] == row["list_p99_s_before"]
     assert (row["refused_before"], row["refused_after"]) == (7, 0)
-    assert row["cpu_cores_after"] == row["cpu_cores_before"]
+    assert row["cpu_seconds_after"] == pytest.approx(row["cpu_seconds_before"])
+    assert row["ready_s_after"] == row["ready_s_before"]
     # A run from before the responses were read says so rather than zero.
     assert cp_report.sizing_comparison(measured, _sized(measured))[0]["refused_before"] is None
 
@@ -1003,7 +1004,7 @@ def test_the_section_gives_the_sizing_before_and_after_only_with_the_sized_run(m
     assert "Sizing from the fleet, before and after" in text
     assert "`--max-requests-inflight` 1,500" in text and "quota 5 GiB" in text
     (row,) = [line for line in text.splitlines() if line.startswith("| 1,000 |")][-1:]
-    assert row.count(" / ") >= 6 and "n/a / 0" in row
+    assert row.count(" / ") >= 7 and "n/a / 0" in row
 
 
 def test_make_bench_keeps_the_sized_run_apart_and_runs_one_comparison_at_a_time(
@@ -1089,7 +1090,7 @@ def test_the_metric_budget_is_read_from_prometheus_per_target(
     # The nodes' mean: cp-1 and gpu-1 answered; mon-1 is not a Kubernetes node.
     assert figures["node_exporter_per_node"] == 1200
     assert figures["gpu_node"] == 1200 + 13 * 8
-    text = "\n".join(cp_report._metric_budget_section(budget))
+    text = "\n".join(cp_report._metric_budget_section(budget, "the run above"))
     assert "| node | 3 | 1,100, 1,300 | 1,833 |" in text
     assert "1,304 per GPU node against inventory/sizing.py's budget of 2,000" in text
 
@@ -1099,8 +1100,8 @@ def test_no_monitoring_host_no_budget_and_an_unread_one_says_why(small_cluster, 
 
     del small_cluster["hosts"]["mon-1"]
     assert control_plane.metric_budget("bench", load(write_cluster(small_cluster))) == {}
-    assert cp_report._metric_budget_section({}) == []
-    text = "\n".join(cp_report._metric_budget_section({"error": "connection refused"}))
+    assert cp_report._metric_budget_section({}, "the run above") == []
+    text = "\n".join(cp_report._metric_budget_section({"error": "connection refused"}, "it"))
     assert "were not read: connection refused" in text
 
 
@@ -1111,3 +1112,20 @@ def test_every_run_ends_with_the_metric_budget(monkeypatch, tmp_path):
     assert lab.calls.index(("metric budget", "loaded")) < len(lab.calls) - 1  # before the down
     saved = json.loads((tmp_path / "work" / "steps.json").read_text())
     assert saved["metric_budget"]["host"] == "mon-1"
+
+
+def test_the_budget_and_the_events_cluster_come_from_the_sized_run_when_the_plain_has_none(
+    monkeypatch, measured
+):
+    _prometheus_answers(monkeypatch)
+    sized = _sized(measured)
+    sized["metric_budget"] = {
+        "host": "mon-1", "head_series": 1, "kubernetes_nodes": ["cp-1"], "dcgm_keep_metrics": 13,
+        "jobs": {"node": {"cp-1": {"scraped": 500, "kept": 400}}},
+    }  # fmt: skip
+    text = "\n".join(cp_report.markdown(measured, sized=sized))
+    assert "at the end of the run sized for its fleet" in text
+    # Control: the plain run's own budget wins when it has one.
+    plain = {**copy.deepcopy(measured), "metric_budget": sized["metric_budget"]}
+    text = "\n".join(cp_report.markdown(plain, sized=sized))
+    assert "at the end of the run above" in text and "sized for its fleet (`scrape" not in text

@@ -527,12 +527,17 @@ def event_writes(step: Step) -> dict[str, Any] | None:
     return {"count": sum(entry["count"] for entry in found), "p99_s": max(p99s) if p99s else None}
 
 
-def events_comparison(apart: dict[str, Any], in_main: dict[str, Any]) -> list[dict[str, Any]]:
-    """At each size both runs measured: the main etcd with the Events in it (before, the run of
-    `--cp-events-in-main`) and with them in their own cluster (after, the sample's choice)."""
-    before = {s["size"]: s for s in in_main.get("steps", [])}
+Figure = tuple[str, Callable[[Step], Any]]
+
+
+def paired_steps(
+    before_run: dict[str, Any], after_run: dict[str, Any], figures: tuple[Figure, ...]
+) -> list[dict[str, Any]]:
+    """At each size both runs measured, every figure of each: {"size", "<key>_before",
+    "<key>_after"}."""
+    before = {s["size"]: s for s in before_run.get("steps", [])}
     rows = []
-    for after in sorted(apart.get("steps", []), key=lambda s: s["size"]):
+    for after in sorted(after_run.get("steps", []), key=lambda s: s["size"]):
         if after["size"] not in before:
             continue
         pair = {"before": before[after["size"]], "after": after}
@@ -541,17 +546,27 @@ def events_comparison(apart: dict[str, Any], in_main: dict[str, Any]) -> list[di
             | {
                 f"{key}_{when}": figure(step)
                 for when, step in pair.items()
-                for key, figure in (
-                    ("db_bytes", etcd_db_bytes),
-                    ("in_use_bytes", _etcd_in_use_bytes),
-                    ("commit_p99_s", lambda s: _worst_member(s, "backend_commit_p99_s")),
-                    ("fsync_p99_s", lambda s: _worst_member(s, "wal_fsync_p99_s")),
-                    ("commits", lambda s: _sum_members(s, "backend_commit_count")),
-                    ("event_writes", event_writes),
-                )
+                for key, figure in figures
             }
         )
     return rows
+
+
+def events_comparison(apart: dict[str, Any], in_main: dict[str, Any]) -> list[dict[str, Any]]:
+    """At each size both runs measured: the main etcd with the Events in it (before, the run of
+    `--cp-events-in-main`) and with them in their own cluster (after, the sample's choice)."""
+    return paired_steps(
+        in_main,
+        apart,
+        (
+            ("db_bytes", etcd_db_bytes),
+            ("in_use_bytes", _etcd_in_use_bytes),
+            ("commit_p99_s", lambda s: _worst_member(s, "backend_commit_p99_s")),
+            ("fsync_p99_s", lambda s: _worst_member(s, "wal_fsync_p99_s")),
+            ("commits", lambda s: _sum_members(s, "backend_commit_count")),
+            ("event_writes", event_writes),
+        ),
+    )
 
 
 def _sum_members(step: Step, key: str) -> int | None:
@@ -667,29 +682,19 @@ def _cpu_seconds(step: Step) -> float | None:
 def sizing_comparison(plain: dict[str, Any], sized: dict[str, Any]) -> list[dict[str, Any]]:
     """At each size both runs measured: the inventory sized for the lab's real nodes (before:
     upstream's defaults) and for the simulated fleet (after, `--cp-sized-for`)."""
-    before = {s["size"]: s for s in plain.get("steps", [])}
-    rows = []
-    for after in sorted(sized.get("steps", []), key=lambda s: s["size"]):
-        if after["size"] not in before:
-            continue
-        pair = {"before": before[after["size"]], "after": after}
-        rows.append(
-            {"size": after["size"]}
-            | {
-                f"{key}_{when}": figure(step)
-                for when, step in pair.items()
-                for key, figure in (
-                    ("single_p99_s", lambda s: _worst_p99(s, "single_object")),
-                    ("list_p99_s", lambda s: _worst_p99(s, "cluster_list")),
-                    ("refused", refused),
-                    ("ready_s", lambda s: s.get("fleet", {}).get("ready_seconds")),
-                    ("apiserver_rss", lambda s: _worst_resident(s, "kube-apiserver")),
-                    ("cpu_seconds", _cpu_seconds),
-                    ("db_bytes", etcd_db_bytes),
-                )
-            }
-        )
-    return rows
+    return paired_steps(
+        plain,
+        sized,
+        (
+            ("single_p99_s", lambda s: _worst_p99(s, "single_object")),
+            ("list_p99_s", lambda s: _worst_p99(s, "cluster_list")),
+            ("refused", refused),
+            ("ready_s", lambda s: s.get("fleet", {}).get("ready_seconds")),
+            ("apiserver_rss", lambda s: _worst_resident(s, "kube-apiserver")),
+            ("cpu_seconds", _cpu_seconds),
+            ("db_bytes", etcd_db_bytes),
+        ),
+    )
 
 
 def _sizing_section(plain: dict[str, Any], sized: dict[str, Any] | None) -> list[str]:

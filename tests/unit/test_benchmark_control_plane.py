@@ -860,12 +860,19 @@ def test_the_section_gives_the_events_before_and_after_only_with_both_runs(measu
     assert row.count(" / ") >= 6
 
 
-def test_make_bench_keeps_the_events_in_main_run_apart(monkeypatch, tmp_path):
+def _fake_make_bench(monkeypatch, tmp_path: Path) -> tuple[Path, list[str]]:
+    """`make bench BENCH_SUITES=controlplane` on a FakeLab at 0 and 500 nodes: its output
+    folder and arguments."""
     FakeLab(monkeypatch, tmp_path)
     _as_make_bench(monkeypatch)
     out = tmp_path / "out"
-    common = ["--suites", "controlplane", "--cp-sizes", "0 500", "--cp-settle", "0",
-              "--out", str(out), "--work", str(tmp_path / "work")]  # fmt: skip
+    argv = ["--suites", "controlplane", "--cp-sizes", "0 500", "--cp-settle", "0",
+            "--out", str(out), "--work", str(tmp_path / "work")]  # fmt: skip
+    return out, argv
+
+
+def test_make_bench_keeps_the_events_in_main_run_apart(monkeypatch, tmp_path):
+    out, common = _fake_make_bench(monkeypatch, tmp_path)
     assert bench_main.main(common) == 0
     assert bench_main.main([*common, "--cp-events-in-main"]) == 0
     stored = json.loads((out / "results.json").read_text())
@@ -1010,11 +1017,7 @@ def test_the_section_gives_the_sizing_before_and_after_only_with_the_sized_run(m
 def test_make_bench_keeps_the_sized_run_apart_and_runs_one_comparison_at_a_time(
     monkeypatch, tmp_path, capsys
 ):
-    FakeLab(monkeypatch, tmp_path)
-    _as_make_bench(monkeypatch)
-    out = tmp_path / "out"
-    common = ["--suites", "controlplane", "--cp-sizes", "0 500", "--cp-settle", "0",
-              "--out", str(out), "--work", str(tmp_path / "work")]  # fmt: skip
+    out, common = _fake_make_bench(monkeypatch, tmp_path)
     assert bench_main.main(common) == 0
     assert bench_main.main([*common, "--cp-sized-for", "2500"]) == 0
     stored = json.loads((out / "results.json").read_text())

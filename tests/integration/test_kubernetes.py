@@ -200,8 +200,10 @@ def test_prometheus_scrapes_the_cluster_with_the_certificate_the_role_had_signed
     for job, metric in (
         ("kubernetes-apiservers", "apiserver_request_total"),
         ("kubelet", "kubelet_running_pods"),
-        ("kube-scheduler", "scheduler_schedule_attempts_total"),
-        ("kube-controller-manager", "workqueue_adds_total"),
+        # Their client's requests: the instances that do not lead make them too (their
+        # lease), where the scheduling and controller series are the leader's only.
+        ("kube-scheduler", "rest_client_requests_total"),
+        ("kube-controller-manager", "rest_client_requests_total"),
     ):
         series = prometheus(cluster, "query", query=f'count({metric}{{job="{job}"}}) by (host)')
         hosts = {s["metric"]["host"] for s in series["result"]}

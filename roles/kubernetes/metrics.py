@@ -20,13 +20,12 @@ from inventory.topology import (
     KUBE_SCHEDULER_PORT,
     KUBELET_PORT,
 )
+from roles.kubernetes.kubeadm import ADMIN_CONF, APISERVER_PKI
 from roles.kubernetes.settings import cluster_settings, kubernetes_nodes
 
 # The cluster CA's certificate on every node (kubeadm's); what the API servers' own
 # certificates are signed with, so Prometheus checks them against it.
-CLUSTER_CA = "/etc/kubernetes/pki/ca.crt"
-# The kubeconfig on the first control-plane node that may approve a certificate request.
-ADMIN_KUBECONFIG = "/etc/kubernetes/admin.conf"
+CLUSTER_CA = f"{APISERVER_PKI}/ca.crt"
 # The controller's copy of it, under the cluster's state (roles/kubernetes/deploy.py).
 OPERATOR_KUBECONFIG = "kubernetes/admin.conf"
 
@@ -45,7 +44,7 @@ class MetricsEndpoint:
 @dataclass(frozen=True)
 class MetricsAccess:
     signer: str  # the first control-plane node, where the certificate request is approved
-    admin_kubeconfig: str
+    admin_kubeconfig: str  # there, kubeadm's admin.conf, which may approve it
     cluster_ca: str
     endpoints: tuple[MetricsEndpoint, ...]
     # The cluster CA's certificate (PEM) as the controller's copy of admin.conf holds it,
@@ -63,7 +62,7 @@ def metrics_access(loaded: LoadedCluster) -> MetricsAccess | None:
         return None
     return MetricsAccess(
         signer=control_plane[0],
-        admin_kubeconfig=ADMIN_KUBECONFIG,
+        admin_kubeconfig=ADMIN_CONF,
         cluster_ca=CLUSTER_CA,
         endpoints=(
             MetricsEndpoint("kubernetes-apiservers", control_plane, cluster.api.port, True),

@@ -30,8 +30,6 @@ from roles.monitoring.kubernetes import (
     KEY_STATE,
     SIGN_WAIT_S,
     USER,
-    client_key,
-    current_certificate,
     metrics_access,
     public_key,
     request_pem,
@@ -138,9 +136,11 @@ def apply_prometheus(ctx: HostContext) -> None:
         packages=["prometheus", "prometheus-alertmanager"],
         no_recommends=True,
     )
+    managed = prometheus_files(ctx)
     access = metrics_access(ctx.loaded)
-    if access is not None and current_certificate(ctx.loaded, client_key(ctx.loaded)) is None:
-        # Before the configuration, whose check needs the files it names.
+    if access is not None and CLIENT_CERT not in {f.path for f in managed}:
+        # No kept certificate serves (credential_files). Before the configuration, whose
+        # check needs the files it names.
         certificate_signed(
             name="Have Prometheus' Kubernetes client certificate signed (on the first "
             "control-plane node, through the certificates API)",
@@ -150,7 +150,7 @@ def apply_prometheus(ctx: HostContext) -> None:
             state_dir=str(ctx.loaded.state_dir),
         )
     # Rules are written (and checked) before the configuration that loads them.
-    written = {f.path: put_file(f) for f in prometheus_files(ctx)}
+    written = {f.path: put_file(f) for f in managed}
     arguments, rules, config = (
         written[PROMETHEUS_DEFAULTS],
         written[ALERT_RULES],

@@ -41,6 +41,7 @@ from roles.kubernetes.kubeadm import ADMIN_CONF, INIT_CONFIG, KUBELET_CONF, SECR
 from roles.kubernetes.stages import FIELD_MANAGER, ApplyStage
 from toolkit import record
 from toolkit.aptkeys import KeyFingerprints, fetch_key_commands
+from toolkit.clock import wall_seconds
 from toolkit.facts import HeldPackages
 from toolkit.operations import report_note, wait_for
 from toolkit.pacing import JOIN_PACER, Pacer, Rate, SlotPacer, shared_pacer
@@ -477,6 +478,22 @@ def _record_check(target, check: dict) -> None:
     record.host(target.name).checks.append(check)
 
 
+def _join_slot(host, pacer: Pacer | SlotPacer) -> None:
+    """Wait for a slot right before the join itself, the upload done, so the API sees joins at
+    the rate whatever each host's copy took; the report tells when the slot came (wall clock,
+    the one the nodes share with the controller) and how long the host waited for it."""
+    waited = pacer.acquire()
+    _record_check(
+        host,
+        {
+            "check": "kubeadm join slot",
+            "status": "ok",
+            "detail": f"a join slot after {waited:.1f} s (rate {pacer.rate})",
+            "at": wall_seconds(),
+        },
+    )
+
+
 def run_join(
     state,
     host,
@@ -487,7 +504,7 @@ def run_join(
     pacer_rate: str | None,
 ) -> bool:
     """Fill the join file into a 0700 directory, validate it, join, remove it. Workers take a
-    slot of the run's shared pacer first, and slow it down when the API pushes back."""
+    slot of the run's shared pacer before the join, and slow it down when the API pushes back."""
     pacer: Pacer | SlotPacer | None = (
         shared_pacer(JOIN_PACER, Rate.parse(pacer_rate)) if pacer_rate else None
     )
@@ -498,14 +515,14 @@ def run_join(
         secrets = join_secrets(state, first_name, control_plane, token_ttl)
         text = fill_join_config(content, secrets)
         for _attempt in range(JOIN_ATTEMPTS):
-            if pacer is not None:
-                pacer.acquire()
             host.run_shell_command(
                 StringCommand(f"install -d -m 0700 {SECRET_DIR} && umask 077 && : > {path}"),
                 print_output=False,
                 print_input=False,
             )
             host.put_file(StringIO(text), path, print_output=False, print_input=False)
+            if pacer is not None:
+                _join_slot(host, pacer)
             ok, output = host.run_shell_command(
                 StringCommand(
                     f"chmod 0600 {path} && kubeadm config validate --config {path} && "

@@ -45,10 +45,12 @@ CONTROL_PLANE = ["cp-1", "cp-2", "cp-3"]
 WORKERS = ["cpu-1", "cpu-2", "gpu-1"]
 NODES = CONTROL_PLANE + WORKERS
 JOIN_RATE_SECONDS = 3.0  # join_rate "1/3s": one worker per 3 s
-# The stand-in's "start" is taken on the host when kubeadm join starts; the pacer's slot is taken
-# on the controller just before the join file is uploaded, one or two SSH round trips earlier,
-# and those vary per host. This margin covers that, never the rate itself.
-START_JITTER_S = 0.5
+# The report's slot times come from the controller's clock, the stand-in's starts from the
+# hosts', which is the same kernel clock in the lab (LAB.md: systemd-nspawn hosts). The slots
+# are spaced by the pacer itself; what lies between a slot and its host's join start is an SSH
+# round trip and the stand-in's `kubeadm config validate`, which a loaded machine stretches to
+# a second and more (stop 59's CI): the spacing is read from the slots, never from the starts.
+CLOCK_EPSILON_S = 0.01
 TEAM = "research"
 
 
@@ -195,11 +197,29 @@ def test_init_once_control_plane_one_at_a_time_workers_paced_no_token_shown(
         assert later["start"] >= earlier["end"], (earlier, later)
     assert control_joins[0]["start"] >= inits[0]["end"]
 
-    worker_starts = sorted(e["start"] for e in joins if not e.get("control_plane"))
-    gaps = [b - a for a, b in pairwise(worker_starts)]
-    print("worker join gaps (s):", [round(g, 2) for g in gaps])
-    assert len(worker_starts) == len(WORKERS)
-    assert min(gaps) >= JOIN_RATE_SECONDS - START_JITTER_S, gaps
+    report = json.loads(report_path.read_text())
+    slots = {
+        name: [
+            c["at"] for c in report["hosts"][name]["checks"] if c["check"] == "kubeadm join slot"
+        ]
+        for name in NODES
+    }
+    assert {name: len(times) for name, times in slots.items()} == {
+        **{name: 0 for name in CONTROL_PLANE},  # control-plane joins go one at a time, unpaced
+        **{name: 1 for name in WORKERS},
+    }
+    slot_times = sorted(times[0] for times in slots.values() if times)
+    gaps = [b - a for a, b in pairwise(slot_times)]
+    print("worker join slot gaps (s):", [round(g, 2) for g in gaps])
+    assert min(gaps) >= JOIN_RATE_SECONDS - CLOCK_EPSILON_S, gaps
+    worker_joins = [e for e in joins if not e.get("control_plane")]
+    for join in worker_joins:  # each host's join began only once its slot had come
+        (slot,) = slots[join["host"]]
+        assert join["start"] >= slot - CLOCK_EPSILON_S, (join, slot)
+    print(
+        "slot to join start (s):",
+        [round(j["start"] - slots[j["host"]][0], 2) for j in worker_joins],
+    )
 
     secrets = kube_standin.issued_secrets(lab, "cp-1")
     assert len(secrets) >= 2  # a token and a certificate key were issued and used

@@ -510,13 +510,19 @@ class _State:
 
 
 class _CountingPacer(Pacer):
-    def __init__(self):
+    """Counts the slots taken; with `node`, notes what that node had done when each came."""
+
+    def __init__(self, node: _Node | None = None):
         super().__init__(Rate(5, 10), clock=lambda: 0.0, sleep=lambda s: None)
         self.acquired = 0
+        self.node = node
+        self.seen: list[tuple[int, int]] = []  # (commands run, files uploaded) at each slot
 
     def acquire(self) -> float:
         self.acquired += 1
-        return 0.0
+        if self.node is not None:
+            self.seen.append((len(self.node.ran), len(self.node.uploaded)))
+        return 2.5
 
 
 def test_join_fills_secrets_into_a_private_copy_and_reports_none(loaded, monkeypatch):
@@ -563,6 +569,26 @@ def test_worker_join_takes_a_pacer_slot_and_slows_down_on_429(loaded, monkeypatc
         _State(_Node("cp-1")), other, "cp-1", content, False, "15m", "5/10s"
     )
     assert pacer.acquired == 1  # a plain failure is not retried
+
+
+def test_a_worker_takes_its_slot_after_the_upload_and_the_report_says_when(loaded, monkeypatch):
+    """The slot comes right before the join: the copy of the join file is done, so the time a
+    host takes for it never shortens the spacing the API sees; the run's record keeps the
+    slot's wall-clock time and the wait."""
+    worker = _Node("cpu-1")
+    pacer = _CountingPacer(worker)
+    monkeypatch.setattr(kube_ops, "shared_pacer", lambda name, rate: pacer)
+    monkeypatch.setattr(kube_ops, "wall_seconds", lambda: 1234.5)
+    content = files_of(loaded, "cpu-1")[JOIN_CONFIG]
+    with record.recording() as run:
+        assert kube_ops.run_join(
+            _State(_Node("cp-1")), worker, "cp-1", content, False, "15m", "5/10s"
+        )
+    assert pacer.seen == [(1, 1)]  # after the directory and the upload, before the join
+    assert "kubeadm join" in worker.ran[1]
+    (slot,) = [c for c in run.host("cpu-1").checks if c["check"] == "kubeadm join slot"]
+    assert slot["status"] == "ok" and slot["at"] == 1234.5
+    assert "after 2.5 s" in slot["detail"] and "5/10s" in slot["detail"]
 
 
 PREFLIGHT_FAILED = [

@@ -58,12 +58,19 @@ def write_cluster(tmp_path: Path) -> Callable[[dict[str, Any]], Path]:
 
 
 @pytest.fixture
-def loaded(small_cluster: dict[str, Any], write_cluster) -> LoadedCluster:
-    """The small cluster as written and loaded, for tests that change nothing in it first (a
-    module may define a `loaded` of its own, which then wins)."""
+def load_small(small_cluster: dict[str, Any], write_cluster) -> Callable[[], LoadedCluster]:
+    """Write and load the small cluster as the test has changed it so far: call it after each
+    change (`small_cluster` is the same dictionary the test holds)."""
     from engine.context import load
 
-    return load(write_cluster(small_cluster))
+    return lambda: load(write_cluster(small_cluster))
+
+
+@pytest.fixture
+def loaded(load_small) -> LoadedCluster:
+    """The small cluster as written and loaded, for tests that change nothing in it first (a
+    module may define a `loaded` of its own, which then wins)."""
+    return load_small()
 
 
 def _state_dirs() -> set[Path]:

@@ -1075,13 +1075,10 @@ def _prometheus_answers(monkeypatch) -> list[str]:
     return asked
 
 
-def test_the_metric_budget_is_read_from_prometheus_per_target(
-    monkeypatch, small_cluster, write_cluster
-):
-    from engine.context import load
+def test_the_metric_budget_is_read_from_prometheus_per_target(monkeypatch, load_small):
 
     asked = _prometheus_answers(monkeypatch)
-    budget = control_plane.metric_budget("bench", load(write_cluster(small_cluster)))
+    budget = control_plane.metric_budget("bench", load_small())
     assert {host for host, _, _ in asked} == {"mon-1"}
     assert {url for _, url, _ in asked} == {"http://127.0.0.1:9090/api/v1/query"}
     assert budget["jobs"]["node"]["gpu-1"] == {"scraped": 2100, "kept": 1300}
@@ -1098,11 +1095,10 @@ def test_the_metric_budget_is_read_from_prometheus_per_target(
     assert "1,304 per GPU node against inventory/sizing.py's budget of 2,000" in text
 
 
-def test_no_monitoring_host_no_budget_and_an_unread_one_says_why(small_cluster, write_cluster):
-    from engine.context import load
+def test_no_monitoring_host_no_budget_and_an_unread_one_says_why(small_cluster, load_small):
 
     del small_cluster["hosts"]["mon-1"]
-    assert control_plane.metric_budget("bench", load(write_cluster(small_cluster))) == {}
+    assert control_plane.metric_budget("bench", load_small()) == {}
     assert cp_report._metric_budget_section({}, "the run above") == []
     text = "\n".join(cp_report._metric_budget_section({"error": "connection refused"}, "it"))
     assert "were not read: connection refused" in text

@@ -176,12 +176,12 @@ def asked_paths(loaded, name: str) -> set[str]:
     return asked
 
 
-def test_no_fact_or_managed_file_touches_the_probe_or_its_folder(small_cluster, write_cluster):
+def test_no_fact_or_managed_file_touches_the_probe_or_its_folder(small_cluster, load_small):
     """H1: a probe folder managed by files.directory had its mtime move with every install,
     so no host kept the fast path. The folder is made by the install command only, and no
     role manages or asks about it or the folder it is in."""
     small_cluster["group_vars"] = {"all": {"drift_job": {"enabled": True, "nodes": ["cpu-1"]}}}
-    loaded = load(write_cluster(small_cluster))
+    loaded = load_small()
     parent = str(Path(driftprobe.PROBE_DIR).parent)
     for name in loaded.cluster.hosts:
         for path in asked_paths(loaded, name):

@@ -8,7 +8,6 @@ from typer.testing import CliRunner
 
 from cli.exitcodes import ExitCode
 from cli.main import app
-from engine.context import load
 from engine.render import render_cluster
 from engine.selection import shard_hosts
 from roles.drift_job.files import MANIFEST, cluster_files
@@ -51,7 +50,7 @@ def test_bad_shard_option_is_bad_input(value):
     assert "--shard" in result.stderr
 
 
-def test_indexed_job_runs_one_shard_per_pod(write_cluster, small_cluster):
+def test_indexed_job_runs_one_shard_per_pod(load_small, small_cluster):
     hosts = {f"w-{i:03d}": {"address": f"10.0.{i // 250}.{i % 250 + 2}", "groups": ["cpu_worker"]}
              for i in range(450)}  # fmt: skip
     small_cluster["networks"]["node"] = "10.0.0.0/16"
@@ -62,7 +61,7 @@ def test_indexed_job_runs_one_shard_per_pod(write_cluster, small_cluster):
         else h
         for name, h in small_cluster["hosts"].items()
     }
-    loaded = load(write_cluster(small_cluster))
+    loaded = load_small()
     job = yaml.safe_load(cluster_files(loaded)[MANIFEST])
     assert job["kind"] == "Job"
     spec = job["spec"]
@@ -76,9 +75,9 @@ def test_indexed_job_runs_one_shard_per_pod(write_cluster, small_cluster):
     assert "job-completion-index" in index_env["valueFrom"]["fieldRef"]["fieldPath"]
 
 
-def test_shard_count_is_a_setting_and_render_writes_the_job(write_cluster, small_cluster, tmp_path):
+def test_shard_count_is_a_setting_and_render_writes_the_job(load_small, small_cluster, tmp_path):
     small_cluster["group_vars"] = {"all": {"drift_job": {"shards": 4, "image": "reg/gi@sha256:ab"}}}
-    loaded = load(write_cluster(small_cluster))
+    loaded = load_small()
     render_cluster(loaded, tmp_path / "out")
     job = yaml.safe_load((tmp_path / "out" / "_cluster" / MANIFEST).read_text())
     assert job["spec"]["completions"] == 4

@@ -327,14 +327,14 @@ def test_every_rendered_path_of_a_host_is_its_own():
         assert set(ours_or_declared(ctx)) >= ctx.rendered_paths()
 
 
-def test_rendered_paths_need_no_state_and_make_none(small_cluster, write_cluster):
+def test_rendered_paths_need_no_state_and_make_none(load_small):
     """`plan` and `drift` read state, never make it, and may run before any apply: a
     control-plane node's paths (the etcd client certificate among them) come without the etcd
     CA, and asking for them writes nothing."""
     from engine.context import host_context
     from inventory.model import StateAccess
 
-    loaded = load(write_cluster(small_cluster)).with_state_access(StateAccess.existing)
+    loaded = load_small().with_state_access(StateAccess.existing)
     paths = host_context(loaded, "cp-1").rendered_paths()
     assert any(path.startswith("/etc/kubernetes/pki/") for path in paths), sorted(paths)
     assert not loaded.state_dir.exists()

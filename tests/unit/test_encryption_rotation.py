@@ -15,7 +15,6 @@ from typer.testing import CliRunner
 from cli.main import app
 from day2 import encryption as rotation
 from day2.kubernetes import KubernetesOperationError
-from engine.context import load
 from roles.kubernetes import encryption
 from toolkit.remote import RemoteResult
 
@@ -23,9 +22,9 @@ OLD = encryption.new_key()
 
 
 @pytest.fixture
-def loaded(small_cluster, write_cluster):
+def loaded(small_cluster, load_small):
     small_cluster["hosts"]["cp-3"] = {"address": "10.0.0.23", "groups": ["control_plane"]}
-    cluster = load(write_cluster(small_cluster))
+    cluster = load_small()
     path = cluster.state_dir / encryption.KEY_STATE
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(OLD + "\n")

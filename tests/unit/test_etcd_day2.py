@@ -16,7 +16,6 @@ from cli.main import app
 from day2 import etcd as day2
 from day2.etcd import common, replace_commands, restore_commands, restore_flow
 from day2.etcd.health import wal_fsync_p99_ms
-from engine.context import load
 from tests.unit.test_etcd_hardening import Members, remote
 from toolkit import remote as remote_module
 from toolkit.remote import RemoteResult
@@ -66,11 +65,6 @@ def status_output(member_id: int, leader: int, healthy: bool) -> str:
         f"== status\n{json.dumps(status)}\n== health\n{json.dumps(health)}\n"
         f"== metrics\n{METRICS}\n== end\n"
     )
-
-
-@pytest.fixture
-def loaded(small_cluster, write_cluster):
-    return load(write_cluster(small_cluster))
 
 
 def fake_hosts(monkeypatch, answers: dict[str, RemoteResult]) -> None:
@@ -228,10 +222,10 @@ def test_restore_asks_again_before_stopping_the_members(monkeypatch, loaded, sna
 
 
 @pytest.fixture
-def with_disk(small_cluster, write_cluster):
+def with_disk(small_cluster, load_small):
     """etcd-2 has a dedicated data disk; the other members keep their data in a directory."""
     small_cluster["hosts"]["etcd-2"]["etcd"] = {"disk": "/dev/nvme1n1"}
-    return load(write_cluster(small_cluster))
+    return load_small()
 
 
 def test_restore_and_replace_are_refused_when_the_data_disk_is_not_mounted(

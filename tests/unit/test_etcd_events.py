@@ -34,10 +34,10 @@ EVENTS_ON = {"etcd": {"etcd": {"events": {"enabled": True}}}}
 
 
 @pytest.fixture
-def loaded(small_cluster, write_cluster):
+def loaded(small_cluster, load_small):
     small_cluster["hosts"]["etcd-2"]["etcd"] = {"member_name": "infra2"}
     small_cluster["group_vars"] = EVENTS_ON
-    return load(write_cluster(small_cluster))
+    return load_small()
 
 
 def api_server_args(loaded, host: str = "cp-1") -> dict[str, str]:
@@ -54,8 +54,8 @@ def rules(loaded, group: str = "etcd") -> dict[int, set[str]]:
     }
 
 
-def test_off_by_default_nothing_of_it_is_rendered(small_cluster, write_cluster):
-    plain = load(write_cluster(small_cluster))
+def test_off_by_default_nothing_of_it_is_rendered(load_small):
+    plain = load_small()
     paths = set(files_of(plain, "etcd-1"))
     assert MAIN.unit_file in paths
     assert not {p for p in paths if "events" in p}
@@ -174,19 +174,19 @@ def test_the_api_servers_keep_events_in_the_events_cluster(loaded):
     )
 
 
-def test_an_explicit_events_etcd_wins_over_the_events_cluster(small_cluster, write_cluster):
+def test_an_explicit_events_etcd_wins_over_the_events_cluster(small_cluster, load_small):
     small_cluster["group_vars"] = {
         **EVENTS_ON,
         "control_plane": {"kubernetes": {"events_etcd_endpoints": ["https://10.9.0.1:2379"]}},
     }
-    external = load(write_cluster(small_cluster))
+    external = load_small()
     assert api_server_args(external)["etcd-servers-overrides"] == "/events#https://10.9.0.1:2379"
 
 
-def test_members_must_agree_on_the_events_cluster(small_cluster, write_cluster):
+def test_members_must_agree_on_the_events_cluster(small_cluster, load_small):
     small_cluster["hosts"]["etcd-3"]["vars"] = {"etcd": {"events": {"enabled": True}}}
     with pytest.raises(InventoryInvalid) as excinfo:
-        load(write_cluster(small_cluster))
+        load_small()
     assert "one value for every etcd member (on only for etcd-3)" in str(excinfo.value)
 
 
@@ -332,11 +332,11 @@ def test_status_asks_the_events_members_on_their_own_port(monkeypatch, loaded):
     assert "https://127.0.0.1:2383" in asked[-1] and "alarm list" in asked[-1]
 
 
-def test_events_commands_refuse_a_cluster_without_it(small_cluster, write_cluster):
+def test_events_commands_refuse_a_cluster_without_it(load_small):
     from day2.etcd import EtcdOperationError, status
 
     with pytest.raises(EtcdOperationError, match="etcd.events is off"):
-        status(load(write_cluster(small_cluster)), EVENTS)
+        status(load_small(), EVENTS)
 
 
 def test_a_snapshot_of_the_events_cluster_is_taken_from_its_own_port(monkeypatch, loaded, tmp_path):
@@ -401,11 +401,9 @@ def test_replace_with_events_replaces_the_events_member_and_leaves_the_main_one(
     assert not main.sent("127.0.0.1:2383") and main.sent("member add infra2 --learner")
 
 
-def test_replace_with_events_is_refused_where_the_events_cluster_is_off(
-    monkeypatch, small_cluster, write_cluster
-):
+def test_replace_with_events_is_refused_where_the_events_cluster_is_off(monkeypatch, load_small):
     members = EventsMembers()
     monkeypatch.setattr(common, "run_remote", members)
     with pytest.raises(day2.EtcdOperationError, match="etcd.events is off"):
-        day2.replace(load(write_cluster(small_cluster)), "etcd-2", etcd=EVENTS)
+        day2.replace(load_small(), "etcd-2", etcd=EVENTS)
     assert members.commands == []

@@ -31,17 +31,12 @@ from day2.etcd.restore_commands import (
     rollback_restore_command,
     swap_restore_command,
 )
-from engine.context import host_context, load
+from engine.context import host_context
 from roles.etcd import pki
 from roles.etcd.clusters import EtcdCluster
 from roles.etcd.config import EtcdConfig
 from roles.etcd.files import PKI, client_files, managed_files
 from toolkit.remote import RemoteResult
-
-
-@pytest.fixture
-def loaded(small_cluster, write_cluster):
-    return load(write_cluster(small_cluster))
 
 
 def cert(pem: str) -> x509.Certificate:

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from day2 import etcd as day2
-from engine.context import load
 from tests.unit.test_etcd_day2 import METRICS, fake_hosts
 from tests.unit.test_etcd_hardening import remote
 
@@ -21,11 +20,6 @@ def member_output(version: str, state: str) -> str:
     status = (folder / f"status-{state}.txt").read_text()
     health = (folder / f"health-{state}.txt").read_text()
     return f"== status\n{status}== health\n{health}== metrics\n{METRICS}\n== end\n"
-
-
-@pytest.fixture
-def loaded(small_cluster, write_cluster):
-    return load(write_cluster(small_cluster))
 
 
 def test_every_captured_version_is_here():

@@ -792,15 +792,15 @@ def test_job_cluster_option_refusals(loaded, extra, said):
     assert said in result.stderr
 
 
-def test_empty_nodes_validate_only_with_sources(small_cluster, write_cluster, tmp_path):
+def test_empty_nodes_validate_only_with_sources(small_cluster, load_small, tmp_path):
     from inventory.errors import InventoryInvalid
 
     small_cluster["group_vars"] = {"all": {"drift_job": {"enabled": True}}}
     with pytest.raises(InventoryInvalid) as raised:
-        load(write_cluster(small_cluster))
+        load_small()
     assert "name the Kubernetes nodes the Job runs on" in str(raised.value)
     small_cluster["group_vars"]["all"]["drift_job"]["sources"] = ["192.0.2.1/32"]
-    loaded = load(write_cluster(small_cluster))
+    loaded = load_small()
     assert KEY.key_sources(loaded, fleet_config(loaded)) == ("192.0.2.1",)
 
 

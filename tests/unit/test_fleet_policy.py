@@ -689,11 +689,11 @@ def test_gang_scheduling_is_in_tree_from_the_sources_of_kubernetes_1_35_and_1_36
             gang.in_tree_gang(other)
 
 
-def test_on_1_36_the_controller_manager_gets_the_workload_gate(small_cluster, write_cluster):
+def test_on_1_36_the_controller_manager_gets_the_workload_gate(small_cluster, load_small):
     """1.36's API server stamps a finalizer on every PodGroup; the controller manager's
     podgroup-protection controller, on only with GenericWorkload, removes it."""
     small_cluster["versions"] = {**small_cluster.get("versions", {}), "kubernetes": "1.36.3"}
-    loaded = load(write_cluster(small_cluster))
+    loaded = load_small()
     section = files.scheduler_files(loaded).controller_manager
     assert section == {"extraArgs": [{"name": "feature-gates", "value": "GenericWorkload=true"}]}
 

@@ -91,7 +91,7 @@ def test_off_by_default_runs_nothing():
     assert "fabric_check is off" in checks[0].detail
 
 
-def test_on_it_starts_each_server_before_its_client(small_cluster, write_cluster):
+def test_on_it_starts_each_server_before_its_client(small_cluster, load_small):
     small_cluster["group_vars"] = {"gpu_worker": {"gpu_health": {"fabric_check": True}}}
     for index in (1, 2):
         name = f"gpu-{index}"
@@ -107,7 +107,7 @@ def test_on_it_starts_each_server_before_its_client(small_cluster, write_cluster
                 }
             },
         }
-    loaded = load(write_cluster(small_cluster))
+    loaded = load_small()
     calls: list[tuple[str, str]] = []
 
     def ssh(loaded, host, command, timeout):

@@ -10,16 +10,15 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from day2 import kubernetes as day2
-from engine.context import load
 from toolkit.remote import RemoteResult
 
 
 @pytest.fixture
-def loaded(small_cluster, write_cluster):
+def loaded(small_cluster, load_small):
     small_cluster["hosts"]["cp-3"] = {"address": "10.0.0.23", "groups": ["control_plane"]}
     for i in (2, 3, 4):
         small_cluster["hosts"][f"cpu-{i}"] = {"address": f"10.0.0.7{i}", "groups": ["cpu_worker"]}
-    return load(write_cluster(small_cluster))
+    return load_small()
 
 
 class Recorder:
@@ -227,7 +226,7 @@ def test_upgrade_stores_the_targets_cluster_configuration_before_kubeadm_reads_i
 
 
 def test_upgrade_with_release_binaries_checks_each_against_the_targets_pin(
-    small_cluster, write_cluster
+    small_cluster, load_small
 ):
     pins = {"kubeadm": "a" * 64, "kubelet": "b" * 64, "kubectl": "c" * 64}
     small_cluster["group_vars"] = {
@@ -240,7 +239,7 @@ def test_upgrade_with_release_binaries_checks_each_against_the_targets_pin(
             }
         }
     }
-    loaded = load(write_cluster(small_cluster))
+    loaded = load_small()
     command = day2.package_commands(loaded, "cp-1", "v1.36.3", ["kubelet", "kubectl"])
     parts = command.split(" && ")
     fetch = parts.index(
@@ -255,7 +254,7 @@ def test_upgrade_with_release_binaries_checks_each_against_the_targets_pin(
 
 
 def test_a_pinned_coredns_is_left_to_the_inventory_during_an_upgrade(
-    small_cluster, write_cluster, loaded
+    small_cluster, load_small, loaded
 ):
     """kubeadm's Corefile migration refuses a CoreDNS it does not know (1.36 on 1.14.7): with
     the inventory's own tag, its checks are ignored and its addon phase skipped."""
@@ -263,7 +262,7 @@ def test_a_pinned_coredns_is_left_to_the_inventory_during_an_upgrade(
     day2.upgrade(loaded, "1.36.3", runner=plain)
     assert not any("CoreDNS" in c or "addon/coredns" in c for _, c in plain.calls)  # control
     small_cluster["group_vars"] = {"all": {"kubernetes": {"coredns_image_tag": "v1.14.7"}}}
-    pinned, recorder = load(write_cluster(small_cluster)), Recorder()
+    pinned, recorder = load_small(), Recorder()
     outcome = day2.upgrade(pinned, "1.36.3", runner=recorder)
     commands = dict(recorder.calls[i][::-1] for i in range(len(recorder.calls)))
     ignored = "--ignore-preflight-errors=CoreDNSUnsupportedPlugins,CoreDNSMigration"
@@ -276,14 +275,14 @@ def test_a_pinned_coredns_is_left_to_the_inventory_during_an_upgrade(
 
 
 def test_the_inventorys_ignored_preflight_checks_hold_for_the_upgrade_too(
-    small_cluster, write_cluster
+    small_cluster, load_small
 ):
     """The lab's cgroup v1 hosts fail kubeadm's SystemVerification at init, join and upgrade
     alike: the inventory's list reaches every kubeadm upgrade command."""
     kubernetes = {"ignore_preflight_errors": ["SystemVerification"]}
     small_cluster["group_vars"] = {"all": {"kubernetes": kubernetes}}
     recorder = Recorder()
-    day2.upgrade(load(write_cluster(small_cluster)), "1.36.3", runner=recorder)
+    day2.upgrade(load_small(), "1.36.3", runner=recorder)
     upgrades = [c for _, c in recorder.calls if c.startswith("kubeadm upgrade")]
     assert len(upgrades) >= 4
     assert all("--ignore-preflight-errors=SystemVerification" in c for c in upgrades), upgrades

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from pyinfra.facts.files import Sha1File
 
-from engine.context import cluster_files, host_context, load
+from engine.context import cluster_files, host_context
 from roles.fleet_policy import files as fleet_files
 from roles.kubernetes import operations as kube_ops
 from roles.kubernetes.coredns import COREDNS_PATCH
@@ -36,9 +36,9 @@ TEAM = "research"
 
 
 @pytest.fixture
-def loaded(small_cluster, write_cluster):
+def loaded(small_cluster, load_small):
     small_cluster["teams"] = {TEAM: {"hosts": ["gpu-1"]}}
-    return load(write_cluster(small_cluster))
+    return load_small()
 
 
 files_of = functools.partial(shared_files_of, role="kubernetes")
@@ -75,9 +75,9 @@ def test_a_team_worker_registers_with_its_team_label_and_taint_a_teamless_one_wi
     assert taints is None and "gpuinfra.io/team" not in labels
 
 
-def test_a_cpu_worker_of_a_team_is_tainted_by_the_team_only(small_cluster, write_cluster):
+def test_a_cpu_worker_of_a_team_is_tainted_by_the_team_only(small_cluster, load_small):
     small_cluster["teams"] = {"inference": {"hosts": ["cpu-1"]}}
-    loaded = load(write_cluster(small_cluster))
+    loaded = load_small()
     taints, labels = registration(loaded, "cpu-1", JOIN_CONFIG)
     assert taints == [{"key": "gpuinfra.io/team", "value": "inference", "effect": "NoSchedule"}]
     assert labels == {"gpuinfra.io/team": "inference"}

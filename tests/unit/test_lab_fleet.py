@@ -68,10 +68,10 @@ def test_without_teams_the_nodes_are_shared_and_still_wait_for_the_preflight(loa
     assert [kubelet_form(taint) for taint in node["spec"]["taints"]] == [nodes.PREFLIGHT_TAINT]
 
 
-def test_an_inventory_without_a_gpu_worker_has_nothing_to_simulate(small_cluster, write_cluster):
+def test_an_inventory_without_a_gpu_worker_has_nothing_to_simulate(small_cluster, load_small):
     del small_cluster["hosts"]["gpu-1"]
     with pytest.raises(LabInvalid, match="gpu_worker"):
-        fleet.fleet_nodes(load(write_cluster(small_cluster)), [1])
+        fleet.fleet_nodes(load_small(), [1])
 
 
 def test_the_played_pods_addresses_stay_clear_of_the_real_nodes_blocks(sample):

@@ -68,11 +68,11 @@ def test_the_cluster_is_scraped_over_https_with_prometheus_certificate():
     assert "scheme" not in jobs["node"] and "tls_config" not in jobs["etcd"]
 
 
-def test_without_kubernetes_nothing_of_it_is_scraped_or_kept(small_cluster, write_cluster):
+def test_without_kubernetes_nothing_of_it_is_scraped_or_kept(small_cluster, load_small):
     small_cluster.setdefault("group_vars", {}).setdefault("all", {})["kubernetes"] = {
         "enabled": False
     }
-    loaded = load(write_cluster(small_cluster))
+    loaded = load_small()
     assert metrics_access(loaded) is None
     assert "kubelet" not in _jobs(loaded)
     assert CLIENT_KEY not in files_of(loaded, "mon-1")
@@ -90,10 +90,10 @@ def test_the_key_is_a_kept_secret_and_the_certificate_waits_for_its_signature(lo
     assert CLIENT_CERT not in files and CLUSTER_CA not in files
 
 
-def test_a_read_only_load_makes_no_key(small_cluster, write_cluster):
+def test_a_read_only_load_makes_no_key(load_small):
     from inventory.model import StateAccess
 
-    loaded = load(write_cluster(small_cluster)).with_state_access(StateAccess.existing)
+    loaded = load_small().with_state_access(StateAccess.existing)
     assert files_of(loaded, "mon-1")[CLIENT_KEY].content.startswith("PLACEHOLDER")
     assert not (loaded.state_dir / creds.KEY_STATE).exists()
 
@@ -249,9 +249,9 @@ def test_the_scheduler_and_controller_manager_listen_for_monitoring_only(
     assert not ports_open & {KUBE_SCHEDULER_PORT, KUBE_CONTROLLER_MANAGER_PORT}
 
 
-def test_the_key_file_is_the_same_when_made_and_when_read_back(small_cluster, write_cluster):
+def test_the_key_file_is_the_same_when_made_and_when_read_back(load_small):
     """kept_secret returns a new secret as made and a kept one stripped: the file must not
     differ between the apply that makes the key and the next (found by the engines' test)."""
-    made = files_of(load(write_cluster(small_cluster)), "mon-1")[CLIENT_KEY].content
-    again = files_of(load(write_cluster(small_cluster)), "mon-1")[CLIENT_KEY].content
+    made = files_of(load_small(), "mon-1")[CLIENT_KEY].content
+    again = files_of(load_small(), "mon-1")[CLIENT_KEY].content
     assert made == again and made.endswith("-----\n") and not made.endswith("\n\n")

@@ -88,9 +88,11 @@ def test_with_dns_servers_the_hosts_file_holds_only_what_precedes_dns():
     assert "127.0.0.1 localhost\n" in hosts_file
 
 
-def test_without_dns_servers_the_hosts_file_lists_every_host(small_cluster, write_cluster):
+def test_without_dns_servers_the_hosts_file_lists_every_host(
+    small_cluster, write_cluster, load_small
+):
     del small_cluster["hosts"]["dns-1"]
-    loaded = load(write_cluster(small_cluster))
+    loaded = load_small()
     hosts_file = _hosts_file(loaded, "cpu-1")
     for name, host in loaded.cluster.hosts.items():
         assert f"{host.address} {name}.small.test {name}\n" in hosts_file
@@ -112,13 +114,13 @@ def test_the_hosts_file_does_not_grow_with_the_fleet():
     assert sizes[50] == sizes[500]
 
 
-def test_group_and_host_vars_reach_the_templates(small_cluster, write_cluster):
+def test_group_and_host_vars_reach_the_templates(small_cluster, load_small):
     small_cluster["group_vars"] = {
         "all": {"base": {"ntp_servers": ["ntp.all"]}},
         "etcd": {"base": {"ntp_servers": ["ntp.etcd"]}},
     }
     small_cluster["hosts"]["etcd-2"]["vars"] = {"base": {"ntp_servers": ["ntp.host"]}}
-    loaded = load(write_cluster(small_cluster))
+    loaded = load_small()
     chrony = {
         ctx.name: next(f for f in host_files(ctx) if "chrony" in f.path).content
         for ctx in host_contexts(loaded)

@@ -52,7 +52,7 @@ def test_containerd_uses_systemd_cgroups_and_the_pinned_pause_image():
 
 
 def test_a_cgroup_v1_host_without_cap_sys_resource_gets_cgroupfs_and_clamped_oom_scores(
-    small_cluster, write_cluster
+    small_cluster, load_small
 ):
     """The lab's settings: runc manages the cgroups itself and never lowers oom_score_adj."""
     small_cluster["group_vars"] = {
@@ -61,7 +61,7 @@ def test_a_cgroup_v1_host_without_cap_sys_resource_gets_cgroupfs_and_clamped_oom
             "kubernetes": {"cgroup_driver": "cgroupfs"},  # kubelet's must match (checked)
         }
     }
-    loaded = load(write_cluster(small_cluster))
+    loaded = load_small()
     node = next(n for n, h in loaded.cluster.hosts.items() if "cpu_worker" in h.groups)
     cri = tomllib.loads(files_of(loaded, node)["/etc/containerd/config.toml"])["plugins"][
         "io.containerd.grpc.v1.cri"
@@ -79,7 +79,7 @@ def test_docker_rotates_logs_restores_live_and_uses_systemd_cgroups():
     assert daemon["data-root"] == "/var/lib/docker"
 
 
-def test_mirrors_and_data_root_come_from_the_inventory(small_cluster, write_cluster):
+def test_mirrors_and_data_root_come_from_the_inventory(small_cluster, load_small):
     small_cluster["group_vars"] = {
         "all": {
             "container_runtime": {
@@ -91,7 +91,7 @@ def test_mirrors_and_data_root_come_from_the_inventory(small_cluster, write_clus
             }
         }
     }
-    files = files_of(load(write_cluster(small_cluster)), "cpu-1")
+    files = files_of(load_small(), "cpu-1")
     config = tomllib.loads(files["/etc/containerd/config.toml"])
     mirrors = config["plugins"]["io.containerd.grpc.v1.cri"]["registry"]["mirrors"]
     assert mirrors["docker.io"]["endpoint"] == ["https://mirror.example:5000"]
@@ -113,11 +113,11 @@ def test_docker_source_on_ubuntu_pins_dockers_packages_and_key():
     assert "Package: containerd.io\nPin: version 2.2.9*" in pins  # the sample's versions
 
 
-def test_distribution_source_on_debian_13_uses_debians_packages(small_cluster, write_cluster):
+def test_distribution_source_on_debian_13_uses_debians_packages(small_cluster, load_small):
     small_cluster["group_vars"] = {"all": {"container_runtime": {"source": "distribution"}}}
     # Debian 13's containerd, pinned as the lab pins it (the default is containerd 2).
     small_cluster["versions"] = {**small_cluster.get("versions", {}), "containerd": "1.7.24"}
-    files = files_of(load(write_cluster(small_cluster)), "cpu-1")
+    files = files_of(load_small(), "cpu-1")
     assert "Enabled: no" in files["/etc/apt/sources.list.d/docker.sources"]
     pins = files["/etc/apt/preferences.d/gpuinfra-container-runtime"]
     for package, version in [

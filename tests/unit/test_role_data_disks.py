@@ -144,12 +144,12 @@ def test_the_sample_gpu_workers_stripe_four_disks_into_raid0_at_data():
         ("/dev/disk/by-uuid/1234", "not a stable name"),
     ],
 )
-def test_kernel_names_are_refused_naming_file_and_key(small_cluster, write_cluster, disk, words):
+def test_kernel_names_are_refused_naming_file_and_key(small_cluster, load_small, disk, words):
     small_cluster["hosts"]["gpu-1"]["vars"] = {
         "data_disks": {"volumes": [{"name": "data", "layout": "single", "disks": [disk]}]}
     }
     with pytest.raises(InventoryInvalid) as excinfo:
-        load(write_cluster(small_cluster))
+        load_small()
     (error,) = excinfo.value.errors
     assert error.key == "hosts.gpu-1.vars.data_disks.volumes.0.disks"
     assert words in error.message and disk in error.message
@@ -166,25 +166,25 @@ def test_kernel_names_are_refused_naming_file_and_key(small_cluster, write_clust
         ({"name": "Data_Set_1", "disks": MEMBERS}, "should match pattern"),
     ],
 )
-def test_volumes_that_cannot_be_made_are_refused(small_cluster, write_cluster, volume, words):
+def test_volumes_that_cannot_be_made_are_refused(small_cluster, load_small, volume, words):
     small_cluster["group_vars"] = {"gpu_worker": {"data_disks": {"volumes": [volume]}}}
     with pytest.raises(InventoryInvalid) as excinfo:
-        load(write_cluster(small_cluster))
+        load_small()
     assert any(words in e.message for e in excinfo.value.errors), excinfo.value.errors
     assert all(e.key.startswith("group_vars.gpu_worker.data_disks") for e in excinfo.value.errors)
 
 
-def test_a_disk_in_two_volumes_and_volumes_on_non_workers_are_refused(small_cluster, write_cluster):
+def test_a_disk_in_two_volumes_and_volumes_on_non_workers_are_refused(small_cluster, load_small):
     one = {"name": "a", "layout": "single", "disks": MEMBERS[:1], "mountpoint": "/a"}
     two = {"name": "b", "layout": "single", "disks": MEMBERS[:1], "mountpoint": "/b"}
     small_cluster["hosts"]["gpu-1"]["vars"] = {"data_disks": {"volumes": [one, two]}}
     with pytest.raises(InventoryInvalid) as excinfo:
-        load(write_cluster(small_cluster))
+        load_small()
     assert "is in volumes a and b" in excinfo.value.errors[0].message
     small_cluster["hosts"]["gpu-1"]["vars"] = {}
     small_cluster["hosts"]["mon-1"]["vars"] = {"data_disks": {"volumes": [one]}}
     with pytest.raises(InventoryInvalid) as excinfo:
-        load(write_cluster(small_cluster))
+        load_small()
     assert [e.key for e in excinfo.value.errors] == ["hosts.mon-1"]
 
 

@@ -36,9 +36,9 @@ def contexts(loaded):
 
 
 @pytest.fixture
-def two_dns(small_cluster, write_cluster):
+def two_dns(small_cluster, load_small):
     small_cluster["hosts"]["mon-1"]["groups"] = ["monitoring", "dns"]
-    return contexts(load(write_cluster(small_cluster)))
+    return contexts(load_small())
 
 
 @pytest.mark.parametrize(
@@ -125,9 +125,9 @@ def test_recursion_only_for_cluster_networks_and_queries_for_admins_too(two_dns)
     assert "forwarders" not in options
 
 
-def test_forwarders_are_configurable(small_cluster, write_cluster):
+def test_forwarders_are_configurable(small_cluster, load_small):
     small_cluster["group_vars"] = {"dns": {"dns": {"forwarders": ["192.0.2.53"]}}}
-    options = files_of(load(write_cluster(small_cluster)), "dns-1")[OPTIONS_FILE]
+    options = files_of(load_small(), "dns-1")[OPTIONS_FILE]
     assert "forwarders {\n\t\t192.0.2.53;\n\t};" in options
 
 
@@ -187,9 +187,9 @@ def test_every_host_resolves_through_the_dns_servers(two_dns):
         ]
 
 
-def test_no_dns_servers_leaves_the_resolver_alone(small_cluster, write_cluster):
+def test_no_dns_servers_leaves_the_resolver_alone(small_cluster, load_small):
     del small_cluster["hosts"]["dns-1"]
-    ctx = contexts(load(write_cluster(small_cluster)))["cpu-1"]
+    ctx = contexts(load_small())["cpu-1"]
     assert client_files(ctx) == []
 
 

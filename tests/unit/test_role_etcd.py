@@ -11,7 +11,7 @@ import pytest
 from cryptography import x509
 from pydantic import ValidationError
 
-from engine.context import host_context, load
+from engine.context import host_context
 from roles.etcd import pki
 from roles.etcd.clusters import MAIN
 from roles.etcd.config import EtcdConfig
@@ -32,9 +32,9 @@ from toolkit.spec import HostContext
 
 
 @pytest.fixture
-def loaded(small_cluster, write_cluster):
+def loaded(small_cluster, load_small):
     small_cluster["hosts"]["etcd-2"]["etcd"] = {"disk": "/dev/nvme1n1", "member_name": "infra2"}
-    return load(write_cluster(small_cluster))
+    return load_small()
 
 
 def context(loaded, name: str) -> HostContext:
@@ -76,11 +76,11 @@ def test_private_keys_are_0600_in_a_0700_folder(loaded):
     assert not list(root.rglob("*.partial"))
 
 
-def test_certificates_are_kept_until_names_change_or_rotation(loaded, small_cluster, write_cluster):
+def test_certificates_are_kept_until_names_change_or_rotation(loaded, small_cluster, load_small):
     first = pki.ensure_pki(loaded)
     assert pki.ensure_pki(loaded)["etcd-1/server"] == first["etcd-1/server"]
     small_cluster["hosts"]["etcd-1"]["address"] = "10.0.0.99"
-    moved = load(write_cluster(small_cluster))
+    moved = load_small()
     again = pki.ensure_pki(moved)
     assert again["etcd-1/server"] != first["etcd-1/server"]
     assert "10.0.0.99" in sans(again["etcd-1/server"].cert_pem)[1]
@@ -115,13 +115,13 @@ def test_unit_flags_require_client_and_peer_certificates(loaded):
     assert not any(f.startswith("--listen-client-urls=http:") for f in flags)
 
 
-def test_settings_reach_the_unit_and_the_disk_is_checked_before_start(small_cluster, write_cluster):
+def test_settings_reach_the_unit_and_the_disk_is_checked_before_start(small_cluster, load_small):
     small_cluster["hosts"]["etcd-1"]["etcd"] = {"disk": "/dev/vdb"}
     small_cluster["group_vars"] = {
         "etcd": {"etcd": {"quota_backend_bytes": 4294967296, "heartbeat_interval_ms": 100,
                           "election_timeout_ms": 1000, "source": "distribution"}}
     }  # fmt: skip
-    loaded = load(write_cluster(small_cluster))
+    loaded = load_small()
     files = {f.path: f for f in managed_files(context(loaded, "etcd-1"))}
     unit = files["/etc/systemd/system/etcd.service"].content
     assert "ExecStart=/usr/bin/etcd \\" in unit
@@ -251,12 +251,12 @@ def test_config_errors_name_the_key():
         EtcdConfig(disk_gate=True)
 
 
-def test_inventory_rejects_unknown_etcd_settings(small_cluster, write_cluster):
+def test_inventory_rejects_unknown_etcd_settings(small_cluster, load_small):
     from inventory.errors import InventoryInvalid
 
     small_cluster["group_vars"] = {"etcd": {"etcd": {"quota_bytes": 1}}}
     with pytest.raises(InventoryInvalid, match="quota_bytes"):
-        load(write_cluster(small_cluster))
+        load_small()
 
 
 def test_upstream_release_is_pinned_by_checksum():

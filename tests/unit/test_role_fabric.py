@@ -66,7 +66,7 @@ def test_nccl_conf_comments_hold_no_equals_sign(sample):
     assert comments and not [line for line in comments if "=" in line]
 
 
-def test_roce_sets_the_gid_index_and_extras(small_cluster, write_cluster):
+def test_roce_sets_the_gid_index_and_extras(small_cluster, load_small):
     small_cluster["hosts"]["gpu-1"]["vars"] = {
         "fabric": {
             "ports": [PORT0],
@@ -74,14 +74,12 @@ def test_roce_sets_the_gid_index_and_extras(small_cluster, write_cluster):
             "nccl_extra": {"NCCL_IB_TIMEOUT": "22"},
         }
     }
-    nccl = files_of(load(write_cluster(small_cluster)), "gpu-1")["/etc/nccl.conf"]
+    nccl = files_of(load_small(), "gpu-1")["/etc/nccl.conf"]
     assert "\nNCCL_IB_GID_INDEX=3\n" in nccl
     assert nccl.endswith("NCCL_IB_TIMEOUT=22\n")
     assert (
         "(RoCE)"
-        in files_of(load(write_cluster(small_cluster)), "gpu-1")[
-            "/etc/systemd/network/60-gpuinfra-fabric0.network"
-        ]
+        in files_of(load_small(), "gpu-1")["/etc/systemd/network/60-gpuinfra-fabric0.network"]
     )
 
 
@@ -89,7 +87,7 @@ def test_infiniband_sets_no_gid_index(sample):
     assert "GID_INDEX" not in files_of(sample, "gpu-1")["/etc/nccl.conf"]
 
 
-def test_memlock_for_sessions_and_both_runtimes(sample, small_cluster, write_cluster):
+def test_memlock_for_sessions_and_both_runtimes(sample, small_cluster, load_small):
     files = files_of(sample, "gpu-1")
     limits = files["/etc/security/limits.d/91-gpuinfra-fabric.conf"]
     for who in ("*", "root"):
@@ -100,7 +98,7 @@ def test_memlock_for_sessions_and_both_runtimes(sample, small_cluster, write_clu
             in files[f"/etc/systemd/system/{unit}.service.d/50-gpuinfra-fabric.conf"]
         )
     small_cluster["hosts"]["gpu-1"]["vars"] = {"fabric": {"memlock": "67108864"}}
-    files = files_of(load(write_cluster(small_cluster)), "gpu-1")
+    files = files_of(load_small(), "gpu-1")
     assert (
         "LimitMEMLOCK=67108864K"
         in files["/etc/systemd/system/containerd.service.d/50-gpuinfra-fabric.conf"]
@@ -126,18 +124,18 @@ def test_fabric_role_runs_on_gpu_workers_only(sample):
     assert files_of(sample, "etcd-1") == {}
 
 
-def test_gpudirect_rdma_follows_the_fabric_settings(small_cluster, write_cluster):
-    loaded = load(write_cluster(small_cluster))
+def test_gpudirect_rdma_follows_the_fabric_settings(small_cluster, load_small):
+    loaded = load_small()
     assert "nvidia-peermem" not in modules(loaded, "gpu-1")  # no fabric ports: nothing to do
     small_cluster["hosts"]["gpu-1"]["vars"] = {"fabric": {"ports": [PORT0]}}
-    assert "nvidia-peermem" in modules(load(write_cluster(small_cluster)), "gpu-1")
+    assert "nvidia-peermem" in modules(load_small(), "gpu-1")
     small_cluster["hosts"]["gpu-1"]["vars"] = {
         "fabric": {"ports": [PORT0], "gpudirect_rdma": False}
     }
-    assert "nvidia-peermem" not in modules(load(write_cluster(small_cluster)), "gpu-1")
+    assert "nvidia-peermem" not in modules(load_small(), "gpu-1")
     small_cluster["group_vars"] = {"all": {"fabric": {"gpudirect_rdma": True}}}
     small_cluster["hosts"]["gpu-1"]["vars"] = {}
-    loaded = load(write_cluster(small_cluster))
+    loaded = load_small()
     assert "nvidia-peermem" in modules(loaded, "gpu-1")
     assert "nvidia-peermem" not in modules(loaded, "cpu-1")  # a GPU module, GPU workers only
 
@@ -151,7 +149,7 @@ def test_firewall_admits_tcp_from_fabric_peers_on_gpu_workers(sample, loaded):
     assert "fabric peers" not in render_table(host_context(loaded, "gpu-1"))
 
 
-def test_fewer_ports_than_another_host_writes_fewer_files(small_cluster, write_cluster):
+def test_fewer_ports_than_another_host_writes_fewer_files(small_cluster, load_small):
     small_cluster["hosts"]["gpu-2"] = {
         "address": "10.0.0.62",
         "groups": ["gpu_worker"],
@@ -159,7 +157,7 @@ def test_fewer_ports_than_another_host_writes_fewer_files(small_cluster, write_c
         "vars": {"fabric": {"ports": [PORT0 | {"address": "10.1.0.62/24"}]}},
     }
     small_cluster["hosts"]["gpu-1"]["vars"] = {"fabric": {"ports": [PORT0, PORT1]}}
-    loaded = load(write_cluster(small_cluster))
+    loaded = load_small()
     from roles.fabric.files import port_slots
 
     assert port_slots(host_context(loaded, "gpu-2")) == 2  # gpu-2 removes slot 1's file
@@ -177,17 +175,15 @@ def test_fewer_ports_than_another_host_writes_fewer_files(small_cluster, write_c
         ({"memlock": "64G"}, "fabric.memlock", ""),
     ],
 )
-def test_bad_fabric_settings_name_the_host_and_key(
-    small_cluster, write_cluster, fabric, key, message
-):
+def test_bad_fabric_settings_name_the_host_and_key(small_cluster, load_small, fabric, key, message):
     small_cluster["hosts"]["gpu-1"]["vars"] = {"fabric": fabric}
     with pytest.raises(InventoryInvalid) as error:
-        load(write_cluster(small_cluster))
+        load_small()
     text = str(error.value)
     assert "hosts.gpu-1.vars.fabric" in text and key in text and message in text
 
 
-def test_an_address_on_two_hosts_is_refused(small_cluster, write_cluster):
+def test_an_address_on_two_hosts_is_refused(small_cluster, load_small):
     small_cluster["hosts"]["gpu-2"] = {
         "address": "10.0.0.62",
         "groups": ["gpu_worker"],
@@ -196,13 +192,13 @@ def test_an_address_on_two_hosts_is_refused(small_cluster, write_cluster):
     }
     small_cluster["hosts"]["gpu-1"]["vars"] = {"fabric": {"ports": [PORT0]}}
     with pytest.raises(InventoryInvalid, match=r"gpu-2.*10\.1\.0\.61 is also gpu-1 ib0's"):
-        load(write_cluster(small_cluster))
+        load_small()
 
 
-def test_an_os_without_pins_needs_package_versions(small_cluster, write_cluster):
+def test_an_os_without_pins_needs_package_versions(small_cluster, load_small):
     small_cluster["os"] = "debian-12"
     with pytest.raises(InventoryInvalid, match="no pinned version on debian-12"):
-        load(write_cluster(small_cluster))
+        load_small()
     small_cluster["group_vars"] = {
         "gpu_worker": {
             "fabric": {
@@ -213,7 +209,7 @@ def test_an_os_without_pins_needs_package_versions(small_cluster, write_cluster)
             }
         }
     }
-    load(write_cluster(small_cluster))  # pinned by the site: accepted
+    load_small()  # pinned by the site: accepted
 
 
 def test_cli_validate_exits_2_on_a_bad_fabric_key(small_cluster, write_cluster):

@@ -87,7 +87,7 @@ def test_etcd_ports_reach_only_etcd_hosts():
         assert "dport 2379" not in text and "dport 2380" not in text
 
 
-def test_extra_rules_per_group_and_host(small_cluster, write_cluster):
+def test_extra_rules_per_group_and_host(small_cluster, load_small):
     small_cluster["group_vars"] = {
         "cpu_worker": {"firewall": {"extra_rules": [{"port": 30080, "sources": ["0.0.0.0/0"]}]}}
     }
@@ -99,7 +99,7 @@ def test_extra_rules_per_group_and_host(small_cluster, write_cluster):
             ]
         }
     }  # fmt: skip
-    by_name = contexts(load(write_cluster(small_cluster)))
+    by_name = contexts(load_small())
     assert 'ip saddr 0.0.0.0/0 tcp dport 30080 accept comment "extra rule' in table(
         by_name["cpu-1"]
     )
@@ -108,30 +108,30 @@ def test_extra_rules_per_group_and_host(small_cluster, write_cluster):
     assert [r.port for r in host_rules(by_name["gpu-1"]) if r.port == 8472] == [8472]
 
 
-def test_disabled_firewall_keeps_the_rules_but_accepts(small_cluster, write_cluster):
+def test_disabled_firewall_keeps_the_rules_but_accepts(small_cluster, load_small):
     small_cluster["group_vars"] = {"all": {"firewall": {"enabled": False}}}
-    ctx = contexts(load(write_cluster(small_cluster)))["etcd-1"]
+    ctx = contexts(load_small())["etcd-1"]
     text = table(ctx)
     assert "policy accept;" in text and "tcp dport 2380 accept" in text
 
 
-def test_no_admin_networks_with_the_firewall_enabled_is_refused(small_cluster, write_cluster):
+def test_no_admin_networks_with_the_firewall_enabled_is_refused(small_cluster, load_small):
     del small_cluster["networks"]["admin"]
     with pytest.raises(InventoryInvalid) as caught:
-        load(write_cluster(small_cluster))
+        load_small()
     keys = [error.key for error in caught.value.errors]
     assert keys == ["networks.admin"]
     assert "firewall" in str(caught.value)
     small_cluster["group_vars"] = {"all": {"firewall": {"enabled": False}}}
-    load(write_cluster(small_cluster))  # explicitly off: accepted
+    load_small()  # explicitly off: accepted
 
 
-def test_unknown_extra_rule_key_is_named(small_cluster, write_cluster):
+def test_unknown_extra_rule_key_is_named(small_cluster, load_small):
     small_cluster["group_vars"] = {
         "etcd": {"firewall": {"extra_rules": [{"port": 1, "sources": ["10.0.0.1"], "prot": 1}]}}
     }
     with pytest.raises(InventoryInvalid) as caught:
-        load(write_cluster(small_cluster))
+        load_small()
     assert [e.key for e in caught.value.errors] == ["group_vars.etcd.firewall.extra_rules.0.prot"]
 
 

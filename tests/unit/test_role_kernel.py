@@ -62,12 +62,12 @@ def test_every_default_sysctl_says_why():
     assert all(why.strip() for _, why in DEFAULT_SYSCTLS.values())
 
 
-def test_sysctls_merge_over_defaults_per_group_and_host(small_cluster, write_cluster):
+def test_sysctls_merge_over_defaults_per_group_and_host(small_cluster, load_small):
     small_cluster["group_vars"] = {
         "all": {"kernel": {"sysctls": {"net.core.somaxconn": 4096, "vm.swappiness": None}}},
     }
     small_cluster["hosts"]["cpu-1"]["vars"] = {"kernel": {"sysctls": {"vm.max_map_count": 1}}}
-    loaded = load(write_cluster(small_cluster))
+    loaded = load_small()
     etcd = sysctl_lines(files_of(loaded, "etcd-1")["/etc/sysctl.d/90-gpuinfra.conf"])
     assert etcd["net.core.somaxconn"] == "4096"
     assert "vm.swappiness" not in etcd
@@ -76,12 +76,12 @@ def test_sysctls_merge_over_defaults_per_group_and_host(small_cluster, write_clu
     assert cpu["vm.max_map_count"] == "1"
 
 
-def test_nvidia_peermem_loads_on_gpu_workers_only(small_cluster, write_cluster):
+def test_nvidia_peermem_loads_on_gpu_workers_only(small_cluster, load_small):
     # The fabric settings decide GPUDirect RDMA (tests/unit/test_role_fabric.py has the cases
     # without ports and with it switched off): ports on gpu-1 want it, and cpu-1 never gets it.
     small_cluster["hosts"]["gpu-1"]["vars"] = {"fabric": {"ports": [FABRIC_PORT]}}
     small_cluster["hosts"]["cpu-1"]["vars"] = {"fabric": {"gpudirect_rdma": True}}
-    loaded = load(write_cluster(small_cluster))
+    loaded = load_small()
     gpu = files_of(loaded, "gpu-1")["/etc/modules-load.d/gpuinfra.conf"].splitlines()
     cpu = files_of(loaded, "cpu-1")["/etc/modules-load.d/gpuinfra.conf"].splitlines()
     assert {"overlay", "br_netfilter", "nvidia-peermem"} <= set(gpu)
@@ -89,11 +89,11 @@ def test_nvidia_peermem_loads_on_gpu_workers_only(small_cluster, write_cluster):
     assert "nvidia-peermem" not in cpu
 
 
-def test_grub_drop_in_appends_the_configured_arguments(small_cluster, write_cluster):
+def test_grub_drop_in_appends_the_configured_arguments(small_cluster, load_small):
     small_cluster["hosts"]["cpu-1"]["vars"] = {
         "kernel": {"grub_cmdline": ["iommu=pt", "pci=realloc=off"]}
     }
-    loaded = load(write_cluster(small_cluster))
+    loaded = load_small()
     grub = files_of(loaded, "cpu-1")["/etc/default/grub.d/90-gpuinfra.cfg"]
     assert (
         'GRUB_CMDLINE_LINUX_DEFAULT="$GRUB_CMDLINE_LINUX_DEFAULT iommu=pt pci=realloc=off"' in grub
@@ -113,9 +113,9 @@ def test_limits_for_sessions_and_systemd_services(loaded):
     assert "DefaultLimitNOFILE=1048576" in systemd
 
 
-def test_boot_units_carry_the_configured_governor_and_thp(small_cluster, write_cluster):
+def test_boot_units_carry_the_configured_governor_and_thp(small_cluster, load_small):
     small_cluster["group_vars"] = {"all": {"kernel": {"transparent_hugepages": "never"}}}
-    files = files_of(load(write_cluster(small_cluster)), "cpu-1")
+    files = files_of(load_small(), "cpu-1")
     thp = files["/etc/systemd/system/gpuinfra-thp.service"]
     assert "echo never > /sys/kernel/mm/transparent_hugepage/enabled" in thp
     assert "ConditionPathIsReadWrite=" in thp  # skipped, not failed, in a container

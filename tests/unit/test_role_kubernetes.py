@@ -56,12 +56,6 @@ from toolkit.facts import HeldPackages
 from toolkit.pacing import Pacer, Rate
 from toolkit.statefiles import PLACEHOLDER
 
-
-@pytest.fixture
-def loaded(small_cluster, write_cluster):
-    return load(write_cluster(small_cluster))
-
-
 files_of = functools.partial(shared_files_of, role="kubernetes")
 
 
@@ -149,21 +143,19 @@ def test_etcd_client_paths_match_the_etcd_role(loaded):
     assert {etcd["external"][k] for k in ("caFile", "certFile", "keyFile")} == written
 
 
-def test_goaway_chance_only_with_several_api_servers_behind_a_balancer(
-    small_cluster, write_cluster
-):
-    two = load(write_cluster(small_cluster))
+def test_goaway_chance_only_with_several_api_servers_behind_a_balancer(small_cluster, load_small):
+    two = load_small()
     assert "goaway-chance" in {
         f.name for f in api_server_flags(host_context(two, "cp-1"), KubernetesConfig())
     }
     del small_cluster["hosts"]["cp-2"]
-    one = load(write_cluster(small_cluster))
+    one = load_small()
     names = {f.name for f in api_server_flags(host_context(one, "cp-1"), KubernetesConfig())}
     assert "goaway-chance" not in names
 
 
 def test_the_api_servers_shutdown_delay_outlasts_the_slowest_balancers_detection(
-    small_cluster, write_cluster
+    small_cluster, load_small
 ):
     """/readyz fails at once on SIGTERM; the API server serves on for longer than a balancer
     takes to see it (interval x fall + the check's timeout): lb-1's own settings, or the
@@ -173,17 +165,17 @@ def test_the_api_servers_shutdown_delay_outlasts_the_slowest_balancers_detection
         flags = api_server_flags(host_context(loaded, "cp-1"), KubernetesConfig())
         return {f.name: f.value for f in flags}["shutdown-delay-duration"]
 
-    assert delay(load(write_cluster(small_cluster))) == "16s"  # lb-1 at the defaults
+    assert delay(load_small()) == "16s"  # lb-1 at the defaults
     small_cluster["group_vars"] = {
         "loadbalancer": {"loadbalancer": {"check_interval": "3000ms", "check_fall": 5}}
     }
-    assert delay(load(write_cluster(small_cluster))) == "25s"  # 15 + 5 + 5
+    assert delay(load_small()) == "25s"  # 15 + 5 + 5
     del small_cluster["hosts"]["lb-1"]
-    assert delay(load(write_cluster(small_cluster))) == "16s"  # the node-local proxies
+    assert delay(load_small()) == "16s"  # the node-local proxies
 
 
 def test_secrets_are_encrypted_at_rest_with_a_key_kept_private_in_the_state(
-    small_cluster, write_cluster
+    small_cluster, write_cluster, load_small
 ):
     """Every API server reads one EncryptionConfiguration (secretbox first, identity to read
     what was written before) from a 0600 file never shown in a diff, mounted as a folder so a
@@ -229,7 +221,7 @@ def test_secrets_are_encrypted_at_rest_with_a_key_kept_private_in_the_state(
     )
 
     small_cluster["group_vars"] = {"all": {"kubernetes": {"encrypt_secrets": False}}}
-    off = load(write_cluster(small_cluster))
+    off = load_small()
     assert encryption.ENCRYPTION_CONFIG not in files_of(off, "cp-1")
     cluster = documents(files_of(off, "cp-1")[INIT_CONFIG])["ClusterConfiguration"]
     assert not any(name.startswith("encryption") for name in args(cluster["apiServer"]))
@@ -266,17 +258,17 @@ def test_a_key_other_than_the_kept_one_on_a_node_stops_the_apply(tmp_path):
     assert encryption.key_name(other) in beside
 
 
-def test_the_node_local_proxy_checks_readyz(small_cluster, write_cluster):
+def test_the_node_local_proxy_checks_readyz(small_cluster, load_small):
     del small_cluster["hosts"]["lb-1"]
-    loaded = load(write_cluster(small_cluster))
+    loaded = load_small()
     proxy = files_of(loaded, "cpu-1")["/etc/kubernetes/gpuinfra/api-proxy.cfg"]
     assert "    http-check send meth GET uri /readyz\n" in proxy
     assert "    default-server check check-ssl verify none inter 2s fall 3 rise 2\n" in proxy
     assert "tcp-check" not in proxy
 
 
-def test_events_etcd_only_when_configured(small_cluster, write_cluster):
-    plain = load(write_cluster(small_cluster))
+def test_events_etcd_only_when_configured(small_cluster, load_small):
+    plain = load_small()
     init = documents(files_of(plain, "cp-1")[INIT_CONFIG])
     assert "etcd-servers-overrides" not in args(init["ClusterConfiguration"]["apiServer"])
     small_cluster["group_vars"] = {
@@ -286,7 +278,7 @@ def test_events_etcd_only_when_configured(small_cluster, write_cluster):
             }
         }
     }
-    events = load(write_cluster(small_cluster))
+    events = load_small()
     init = documents(files_of(events, "cp-1")[INIT_CONFIG])
     value = args(init["ClusterConfiguration"]["apiServer"])["etcd-servers-overrides"]
     assert value == "/events#https://10.0.0.81:2379;https://10.0.0.82:2379"
@@ -727,9 +719,9 @@ def test_with_a_balancer_no_node_runs_its_own_proxy(loaded):
     assert init["ClusterConfiguration"]["controlPlaneEndpoint"] == "api.small.test:6443"
 
 
-def test_disabled_role_writes_and_runs_nothing(small_cluster, write_cluster):
+def test_disabled_role_writes_and_runs_nothing(small_cluster, load_small):
     small_cluster["group_vars"] = {"all": {"kubernetes": {"enabled": False}}}
-    disabled = load(write_cluster(small_cluster))
+    disabled = load_small()
     assert files_of(disabled, "cp-1") == {} and files_of(disabled, "gpu-1") == {}
     from roles.kubernetes.cni import cluster_files
 

@@ -53,15 +53,15 @@ def test_haproxy_only_on_balancers():
     assert KEEPALIVED_CONFIG not in files_of(loaded, "mon-1")
 
 
-def test_readyz_health_check_is_an_https_probe(small_cluster, write_cluster):
+def test_readyz_health_check_is_an_https_probe(small_cluster, load_small):
     small_cluster["group_vars"] = {"loadbalancer": {"loadbalancer": {"health_check": "readyz"}}}
-    text = files_of(load(write_cluster(small_cluster)), "lb-1")[HAPROXY_CONFIG].content
+    text = files_of(load_small(), "lb-1")[HAPROXY_CONFIG].content
     assert "http-check send meth GET uri /readyz" in text
     assert "default-server check check-ssl verify none inter 2s fall 3 rise 2" in text
     assert "tcp-check" not in text
     # The control: "tcp" still renders the connect check.
     small_cluster["group_vars"] = {"loadbalancer": {"loadbalancer": {"health_check": "tcp"}}}
-    text = files_of(load(write_cluster(small_cluster)), "lb-1")[HAPROXY_CONFIG].content
+    text = files_of(load_small(), "lb-1")[HAPROXY_CONFIG].content
     assert "    option tcp-check\n" in text and "/readyz" not in text
 
 
@@ -105,7 +105,7 @@ def test_track_script_probes_the_api_port(small_cluster, write_cluster):
     assert "/dev/tcp/127.0.0.1/6443" in script.content
 
 
-def test_vrrp_settings_from_the_inventory(small_cluster, write_cluster):
+def test_vrrp_settings_from_the_inventory(small_cluster, load_small):
     small_cluster = two_balancers(small_cluster)
     small_cluster["group_vars"] = {
         "loadbalancer": {
@@ -116,7 +116,7 @@ def test_vrrp_settings_from_the_inventory(small_cluster, write_cluster):
             }
         }
     }
-    text = files_of(load(write_cluster(small_cluster)), "lb-2")[KEEPALIVED_CONFIG].content
+    text = files_of(load_small(), "lb-2")[KEEPALIVED_CONFIG].content
     assert "interface bond0\n" in text
     assert "virtual_router_id 77\n" in text
     assert "auth_pass s3cret\n" in text
@@ -127,10 +127,10 @@ def test_vrrp_settings_from_the_inventory(small_cluster, write_cluster):
     ("setting", "value"),
     [("check_fall", 0), ("health_check", "http"), ("vrrp_password", "longer-than-8")],
 )
-def test_invalid_settings_name_the_key(small_cluster, write_cluster, setting, value):
+def test_invalid_settings_name_the_key(small_cluster, load_small, setting, value):
     small_cluster["group_vars"] = {"loadbalancer": {"loadbalancer": {setting: value}}}
     with pytest.raises(InventoryInvalid) as excinfo:
-        load(write_cluster(small_cluster))
+        load_small()
     assert [e.key for e in excinfo.value.errors] == [
         f"group_vars.loadbalancer.loadbalancer.{setting}"
     ]

@@ -57,11 +57,11 @@ def test_node_exporter_on_every_host():
         assert "--collector.textfile.directory=/var/lib/prometheus/node-exporter" in args
 
 
-def test_textfile_directory_follows_gpu_health(small_cluster, write_cluster):
+def test_textfile_directory_follows_gpu_health(small_cluster, load_small):
     small_cluster["group_vars"] = {
         "gpu_worker": {"gpu_health": {"textfile_dir": "/srv/node-exporter/textfile"}}
     }
-    loaded = load(write_cluster(small_cluster))
+    loaded = load_small()
     gpu = arguments(files_of(loaded, "gpu-1")[NODE_EXPORTER_DEFAULTS].content)
     cpu = arguments(files_of(loaded, "cpu-1")[NODE_EXPORTER_DEFAULTS].content)
     assert "--collector.textfile.directory=/srv/node-exporter/textfile" in gpu
@@ -145,9 +145,9 @@ def test_unused_series_are_dropped_at_scrape_time():
         assert [rule["action"] for rule in first] == expected
 
 
-def test_groups_without_hosts_get_no_job(small_cluster, write_cluster):
+def test_groups_without_hosts_get_no_job(small_cluster, load_small):
     del small_cluster["hosts"]["gpu-1"]
-    loaded = load(write_cluster(small_cluster))
+    loaded = load_small()
     jobs = [job.name for job in scrape_jobs(loaded.cluster, 9400)]
     assert jobs == ["node", "etcd", "haproxy", "prometheus"]
 
@@ -175,22 +175,22 @@ def test_alert_rules_hold_the_etcd_limits():
     assert all(rule["labels"]["severity"] in ("warning", "critical") for rule in rules.values())
 
 
-def test_gpu_alerts_read_gpu_health_metrics(small_cluster, write_cluster):
+def test_gpu_alerts_read_gpu_health_metrics(small_cluster, load_small):
     small_cluster["hosts"]["gpu-1"]["vars"] = {"gpu_health": {"passive_interval_s": 600}}
-    rules = alert_rules(load(write_cluster(small_cluster)))
+    rules = alert_rules(load_small())
     assert rules["GpuHealthFailed"]["expr"] == "gpuinfra_gpu_health_verdict == 2"
     assert rules["GpuHealthStale"]["expr"] == (
         "time() - gpuinfra_gpu_health_last_run_timestamp_seconds > 1800"
     )
 
 
-def test_retention_and_alert_delay_from_the_inventory(small_cluster, write_cluster):
+def test_retention_and_alert_delay_from_the_inventory(small_cluster, load_small):
     small_cluster["group_vars"] = {
         "monitoring": {
             "monitoring": {"retention_time": "30d", "retention_size": "50GB", "node_down_for": "5m"}
         }
     }
-    loaded = load(write_cluster(small_cluster))
+    loaded = load_small()
     args = arguments(files_of(loaded, "mon-1")[PROMETHEUS_DEFAULTS].content)
     assert "--storage.tsdb.retention.time=30d" in args
     assert "--storage.tsdb.retention.size=50GB" in args
@@ -208,10 +208,10 @@ def test_retention_and_alert_delay_from_the_inventory(small_cluster, write_clust
         ("alert_group_interval", "soon"),
     ],
 )
-def test_invalid_settings_name_the_key(small_cluster, write_cluster, setting, value):
+def test_invalid_settings_name_the_key(small_cluster, load_small, setting, value):
     small_cluster["group_vars"] = {"monitoring": {"monitoring": {setting: value}}}
     with pytest.raises(InventoryInvalid) as excinfo:
-        load(write_cluster(small_cluster))
+        load_small()
     # A list's item is named by its index as well (alert_webhooks.0).
     keys = [e.key.removesuffix(".0") for e in excinfo.value.errors]
     assert keys == [f"group_vars.monitoring.monitoring.{setting}"]
@@ -239,9 +239,9 @@ def test_gpu_dashboard_uses_gpu_health_metrics():
     assert "gpuinfra_gpu_health_last_run_timestamp_seconds" in exprs
 
 
-def test_no_dashboards_without_a_monitoring_host(small_cluster, write_cluster):
+def test_no_dashboards_without_a_monitoring_host(small_cluster, load_small):
     del small_cluster["hosts"]["mon-1"]
-    rendered = cluster_files(load(write_cluster(small_cluster)))
+    rendered = cluster_files(load_small())
     assert not [name for name in rendered if name.startswith("grafana/")]
 
 
@@ -254,12 +254,12 @@ def test_prometheus_sends_alerts_to_alertmanager_on_its_host():
     assert "--cluster.listen-address=" in args  # one instance: no gossip port
 
 
-def test_alerts_go_to_the_inventorys_webhooks_firing_and_resolved(small_cluster, write_cluster):
+def test_alerts_go_to_the_inventorys_webhooks_firing_and_resolved(small_cluster, load_small):
     hooks = ["https://pager.example.com/hook/abc", "http://198.18.0.1:9099/alerts"]
     small_cluster["group_vars"] = {
         "all": {"monitoring": {"alert_webhooks": hooks, "alert_group_wait": "5s"}}
     }
-    managed = files_of(load(write_cluster(small_cluster)), "mon-1")[ALERTMANAGER_CONFIG]
+    managed = files_of(load_small(), "mon-1")[ALERTMANAGER_CONFIG]
     routes = yaml.safe_load(managed.content)
     assert routes["route"]["receiver"] == "webhooks"
     assert routes["route"]["group_wait"] == "5s" and routes["route"]["group_interval"] == "5m"

@@ -1248,7 +1248,9 @@ def test_a_run_deletes_only_its_own_objects(small_cluster, write_cluster, tmp_pa
     assert f"gpuinfra.io/rollout-run={rollout.run}" in deleted
 
 
-def test_the_pods_inventory_still_declares_the_operators_key(small_cluster, write_cluster):
+def test_the_pods_inventory_still_declares_the_operators_key(
+    small_cluster, write_cluster, load_small
+):
     """The pods log in with the run's key, but the hosts' root still holds the operator's
     (ssh.key): the pod's inventory declares its public half wherever base.authorized_keys is
     set, so the base role in a pod finds no undeclared key (the lab's rollout of every role
@@ -1264,7 +1266,7 @@ def test_the_pods_inventory_still_declares_the_operators_key(small_cluster, writ
     site = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGs0ZXl0aGF0aXNub3RyZWFsYnV0aXNzaGFwZWQ site"
     small_cluster["ssh"] = {**small_cluster.get("ssh", {}), "key": str(private)}
     small_cluster["group_vars"] = {"gpu_worker": {"base": {"authorized_keys": [site]}}}
-    loaded = load(write_cluster(small_cluster))
+    loaded = load_small()
     pod = Cluster.model_validate(yaml.safe_load(rolloutjob.pod_inventory(loaded)))
     operator = key_blob(public_key(private.read_text()))[1]
 

@@ -82,10 +82,10 @@ def test_the_settings_go_with_their_cluster(bastion_cluster):
     assert key not in ssh._BUILT
 
 
-def test_bad_bastion_is_an_inventory_error(small_cluster, write_cluster) -> None:
+def test_bad_bastion_is_an_inventory_error(small_cluster, load_small) -> None:
     small_cluster["ssh"] = {"bastion": "jump@host:notaport"}
     with pytest.raises(InventoryInvalid) as raised:
-        load(write_cluster(small_cluster))
+        load_small()
     assert "ssh.bastion" in str(raised.value)
 
 
@@ -176,10 +176,10 @@ def hostile_config(tmp_path) -> Path:
     return path
 
 
-def test_the_probe_ignores_the_users_ssh_config(small_cluster, write_cluster, hostile_config):
+def test_the_probe_ignores_the_users_ssh_config(small_cluster, load_small, hostile_config):
     """The drift probe goes where pyinfra's connection goes (paramiko reads no ssh_config)."""
     small_cluster["ssh"] = {"user": "admin", "port": 2222}
-    settings = SSHSettings.from_cluster(load(write_cluster(small_cluster)))
+    settings = SSHSettings.from_cluster(load_small())
     argv = fingerprint.check.probe_argv(settings, "10.0.0.71")
     assert argv[-2:] == ["sh", "-s"]
     resolved = ssh_g("-F", str(hostile_config), *argv[1:-2])
@@ -207,23 +207,23 @@ def test_the_bastion_hop_ignores_the_users_ssh_config(bastion_cluster, hostile_c
 
 
 def test_firewall_admits_ssh_on_the_inventory_port_and_from_the_bastion(
-    small_cluster, write_cluster
+    small_cluster, load_small
 ) -> None:
     """ssh.port 2222: the SSH rule must open 2222, not 22, or the drop policy locks the
     controller out mid-run; the bastion (outside the node network here) must be admitted."""
     small_cluster["ssh"] = {"port": 2222, "bastion": "jump@203.0.113.7"}
-    loaded = load(write_cluster(small_cluster))
+    loaded = load_small()
     rules = topology_of(loaded).firewall["all"]
     ssh = [rule for rule in rules if rule.description.startswith("SSH")]
     assert [rule.port for rule in ssh] == [2222]
     assert "203.0.113.7" in ssh[0].sources and "10.0.0.0/24" in ssh[0].sources
 
 
-def test_sshd_drop_in_listens_on_the_inventory_port(small_cluster, write_cluster) -> None:
+def test_sshd_drop_in_listens_on_the_inventory_port(small_cluster, load_small) -> None:
     from roles.base.files import managed_files
 
     small_cluster["ssh"] = {"port": 2222}
-    loaded = load(write_cluster(small_cluster))
+    loaded = load_small()
     ctx = host_context(loaded, "cpu-1", topology_of(loaded))
     drop_in = {f.path: f for f in managed_files(ctx)}["/etc/ssh/sshd_config.d/50-gpuinfra.conf"]
     assert "\nPort 2222\n" in drop_in.content

@@ -223,13 +223,6 @@ def test_listing_the_steps_loads_no_flow():
 # ---------------------------------------------------------------- the flows on stand-in hosts
 
 
-@pytest.fixture
-def loaded(small_cluster, write_cluster):
-    from engine.context import load
-
-    return load(write_cluster(small_cluster))
-
-
 def test_replace_names_the_failed_step_and_skips_the_gate_when_asked(monkeypatch, loaded):
     from day2 import etcd
     from day2.etcd import common
@@ -400,12 +393,11 @@ def test_replace_preflight_alone_changes_nothing(monkeypatch, loaded):
 
 
 @pytest.fixture
-def kubernetes_loaded(small_cluster, write_cluster):
-    from engine.context import load
+def kubernetes_loaded(small_cluster, load_small):
 
     small_cluster["hosts"]["cp-3"] = {"address": "10.0.0.23", "groups": ["control_plane"]}
     small_cluster["hosts"]["cpu-2"] = {"address": "10.0.0.72", "groups": ["cpu_worker"]}
-    return load(write_cluster(small_cluster))
+    return load_small()
 
 
 def test_node_remove_read_alone_sends_only_the_read(kubernetes_loaded):

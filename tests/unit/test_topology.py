@@ -62,7 +62,7 @@ def test_ssh_from_admin_and_node_networks_everywhere():
     assert ssh.sources == ("10.10.0.0/24", "10.40.0.0/16")
 
 
-def test_etcd_member_name_override(small_cluster, write_cluster):
+def test_etcd_member_name_override(small_cluster, load_small):
     small_cluster["hosts"]["etcd-1"]["etcd"] = {"member_name": "etcd1"}
-    topology = topology_of(load(write_cluster(small_cluster)))
+    topology = topology_of(load_small())
     assert topology.etcd_initial_cluster.startswith("etcd1=https://10.0.0.11:2380,")

@@ -8,7 +8,6 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from engine.context import load
 from inventory.errors import InventoryInvalid
 from tests.unit.conftest import SAMPLE
 
@@ -197,10 +196,10 @@ def test_invalid_inventory_writes_nothing(small_cluster, write_cluster, tmp_path
     assert not out.exists()
 
 
-def test_loader_raises_with_every_error(small_cluster, write_cluster):
+def test_loader_raises_with_every_error(small_cluster, load_small):
     small_cluster["hosts"]["etcd-4"] = {"address": "10.0.0.14", "groups": ["etcd"]}
     with pytest.raises(InventoryInvalid) as excinfo:
-        load(write_cluster(small_cluster))
+        load_small()
     assert [e.key for e in excinfo.value.errors] == ["hosts.etcd-4"]
 
 
@@ -234,7 +233,7 @@ def test_a_merged_key_error_names_the_section_that_set_it(small_cluster, write_c
     assert "group_vars.all" not in err
 
 
-def test_loaded_settings_are_typed_and_merged_in_order(small_cluster, write_cluster):
+def test_loaded_settings_are_typed_and_merged_in_order(small_cluster, load_small):
     from roles.etcd.config import EtcdConfig
 
     small_cluster["group_vars"] = {
@@ -242,7 +241,7 @@ def test_loaded_settings_are_typed_and_merged_in_order(small_cluster, write_clus
         "etcd": {"etcd": {"health_timeout_s": 40}},
     }
     small_cluster["hosts"]["etcd-1"]["vars"] = {"etcd": {"health_timeout_s": 50}}
-    loaded = load(write_cluster(small_cluster))
+    loaded = load_small()
     first, second = loaded.settings["etcd-1"]["etcd"], loaded.settings["etcd-2"]["etcd"]
     assert isinstance(first, EtcdConfig)
     assert (first.health_timeout_s, first.backup_keep) == (50, 5)

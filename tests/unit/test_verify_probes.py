@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import pytest
 
-from engine.context import load
 from tests.verify.firewall import test_etcd_from_control_plane as from_control_plane
 from tests.verify.firewall import test_etcd_from_workers as from_workers
 from tests.verify.probes import ControlFailed
@@ -35,8 +34,8 @@ class FakeHost:
 
 
 @pytest.fixture
-def cluster(small_cluster, write_cluster):
-    return load(write_cluster(small_cluster))
+def cluster(load_small):
+    return load_small()
 
 
 POWERED_OFF = FakeHost({})  # nothing answers: every port "filtered"
@@ -60,9 +59,9 @@ def test_control_plane_peer_probe_needs_the_control(cluster) -> None:
     from_control_plane.test_etcd_peer_port_is_filtered(FIREWALLED, cluster)
 
 
-def test_control_follows_the_inventory_ssh_port(small_cluster, write_cluster) -> None:
+def test_control_follows_the_inventory_ssh_port(small_cluster, load_small) -> None:
     small_cluster["ssh"] = {"port": 2222}
-    loaded = load(write_cluster(small_cluster))
+    loaded = load_small()
     from_workers.test_etcd_ports_are_filtered(FakeHost({2222: 0}), loaded, 2379)
     with pytest.raises(ControlFailed):
         from_workers.test_etcd_ports_are_filtered(FakeHost({22: 0}), loaded, 2379)

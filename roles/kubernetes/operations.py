@@ -478,6 +478,10 @@ def _record_check(target, check: dict) -> None:
     record.host(target.name).checks.append(check)
 
 
+# The report's check for each worker's join slot (its wall-clock `at` and the wait).
+JOIN_SLOT_CHECK = "kubeadm join slot"
+
+
 def _join_slot(host, pacer: Pacer | SlotPacer) -> None:
     """Wait for a slot right before the join itself, the upload done, so the API sees joins at
     the rate whatever each host's copy took; the report tells when the slot came (wall clock,
@@ -486,7 +490,7 @@ def _join_slot(host, pacer: Pacer | SlotPacer) -> None:
     _record_check(
         host,
         {
-            "check": "kubeadm join slot",
+            "check": JOIN_SLOT_CHECK,
             "status": "ok",
             "detail": f"a join slot after {waited:.1f} s (rate {pacer.rate})",
             "at": wall_seconds(),

@@ -28,6 +28,7 @@ from cli.exitcodes import ExitCode
 from inventory.versions import DEFAULT_ETCD
 from lab import lifecycle
 from lab.topology import HostSpec, Topology
+from roles.kubernetes.operations import JOIN_SLOT_CHECK
 from tests.integration import kube_standin
 from tests.integration.conftest import KEEP_ENV, LAB_NAME, boot_lab
 from tests.integration.roles_helpers import (
@@ -199,9 +200,7 @@ def test_init_once_control_plane_one_at_a_time_workers_paced_no_token_shown(
 
     report = json.loads(report_path.read_text())
     slots = {
-        name: [
-            c["at"] for c in report["hosts"][name]["checks"] if c["check"] == "kubeadm join slot"
-        ]
+        name: [c["at"] for c in report["hosts"][name]["checks"] if c["check"] == JOIN_SLOT_CHECK]
         for name in NODES
     }
     assert {name: len(times) for name, times in slots.items()} == {

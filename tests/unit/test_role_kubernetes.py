@@ -578,7 +578,7 @@ def test_a_worker_takes_its_slot_after_the_upload_and_the_report_says_when(loade
         )
     assert pacer.seen == [(1, 1)]  # after the directory and the upload, before the join
     assert "kubeadm join" in worker.ran[1]
-    (slot,) = [c for c in run.host("cpu-1").checks if c["check"] == "kubeadm join slot"]
+    (slot,) = [c for c in run.host("cpu-1").checks if c["check"] == kube_ops.JOIN_SLOT_CHECK]
     assert slot["status"] == "ok" and slot["at"] == 1234.5
     assert "after 2.5 s" in slot["detail"] and "5/10s" in slot["detail"]
 

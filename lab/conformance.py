@@ -22,6 +22,8 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,9 +47,21 @@ AGNHOST_SETUP = (
     ("groupadd", "-g", "50000", "group-defined-in-image"),
     ("useradd", "-u", "1000", "-M", "-G", "group-defined-in-image", "user-defined-in-image"),
 )
-# busybox: every applet of a static busybox, beside Debian's minimal tools (a command the tests
-# run, `wget`, `nslookup`, `nc`, `top`, exists either way; busybox does not replace a file).
-BUSYBOX_PACKAGES = ("busybox-static",)
+# busybox: a static busybox built here from the release's own source, its every applet linked
+# where Debian's minimal root has no command of that name (a command the tests run, `wget`,
+# `nslookup`, `nc`, `top`, exists either way; busybox does not replace a file). Not Debian's
+# busybox-static: Debian reverts upstream's commit 9c143ce5 (debian/patches/revert-9c143ce5...),
+# so its ash drops every environment variable whose name is not a shell identifier, and the
+# Secret and ConfigMap tests' `sh -c env` must print `data-1=value-1`. Its source is the
+# release tarball as Debian's archive ships it (`.orig`, checked against the sha256 here).
+BUSYBOX_SOURCE = (
+    "pool/main/b/busybox/busybox_1.37.0.orig.tar.bz2",
+    "3311dff32e746499f4df0d5df04d7eb396382d7e108bb9250e7b519b837043a4",
+)
+# Upstream's defconfig, as upstream's image, linked statically; without tc, whose CBQ code does
+# not build against Linux 6.8's headers and later (no test runs tc).
+BUSYBOX_CONFIG = {"CONFIG_STATIC": "y", "CONFIG_TC": None}
+BUSYBOX_DIR = Path("/var/cache/gpuinfra/busybox")
 # `--install -s` puts each applet where busybox files it (sysctl in /sbin, which Debian's
 # merged /usr keeps apart from /bin); the tests run some by their /bin path (`/bin/sysctl` in
 # the sysctl test), as upstream's image has every applet there: each is linked in /bin too.
@@ -138,8 +152,66 @@ def _label(layers: list[Path], *more: str) -> str:
     return digest.hexdigest()[:16]
 
 
-def _base(name: str, packages, mirror, setup=()) -> Path:
-    return offline._debian_base(f"e2e-{name}", tuple(packages), mirror, setup=tuple(setup))
+def _base(name: str, packages, mirror, setup=(), files=None) -> Path:
+    return offline._debian_base(
+        f"e2e-{name}", tuple(packages), mirror, setup=tuple(setup), files=files
+    )
+
+
+def busybox_binary(mirror: rootfs.Mirror) -> Path:
+    """A static busybox of BUSYBOX_SOURCE with BUSYBOX_CONFIG, built once per machine (about a
+    CPU-minute) with this machine's C compiler."""
+    path, sha256 = BUSYBOX_SOURCE
+    made = BUSYBOX_DIR / f"{Path(path).name.split('.orig')[0]}-{sha256[:12]}" / "busybox"
+    if made.is_file():
+        return made
+    missing = [tool for tool in ("make", "cc", "bzip2") if shutil.which(tool) is None]
+    if missing:
+        raise LabError(
+            f"building busybox needs {', '.join(missing)}: run scripts/install-debian-packages.sh"
+        )
+    BUSYBOX_DIR.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".busybox-", dir=BUSYBOX_DIR) as work:
+        tarball = Path(work) / Path(path).name
+        url = f"{mirror.archive}/{path}"
+        try:
+            with urllib.request.urlopen(url, timeout=120) as response:
+                tarball.write_bytes(response.read())
+        except OSError as exc:
+            raise LabError(f"busybox's source could not be fetched from {url}: {exc}") from exc
+        got = hashlib.sha256(tarball.read_bytes()).hexdigest()
+        if got != sha256:
+            raise LabError(f"{url} has sha256 {got}, not the {sha256} lab/conformance.py pins")
+        _run_build(["tar", "-xjf", tarball.name], Path(work))
+        (source,) = [entry for entry in Path(work).iterdir() if entry.is_dir()]
+        _run_build(["make", "defconfig"], source)
+        config = source / ".config"
+        config.write_text(busybox_config(config.read_text(), BUSYBOX_CONFIG))
+        _run_build(["make", f"-j{os.cpu_count() or 1}", "busybox"], source)
+        made.parent.mkdir(exist_ok=True)
+        staged = made.with_name(".busybox.new")
+        shutil.copy2(source / "busybox", staged)
+        staged.replace(made)
+    return made
+
+
+def busybox_config(config: str, settings: dict[str, str | None]) -> str:
+    """A Kconfig `.config` with each setting given a value, or turned off for None."""
+    lines = [
+        line
+        for line in config.splitlines()
+        if not any(re.match(rf"(# )?{name}[= ]", line) for name in settings)
+    ]
+    for name, value in settings.items():
+        lines.append(f"{name}={value}" if value is not None else f"# {name} is not set")
+    return "\n".join(lines) + "\n"
+
+
+def _run_build(argv: list[str], cwd: Path) -> None:
+    ran = subprocess.run(argv, cwd=cwd, capture_output=True, text=True)
+    if ran.returncode != 0:
+        tail = (ran.stderr.strip().splitlines() or ["no output"])[-1]
+        raise LabError(f"building busybox: {' '.join(argv)} failed: {tail}")
 
 
 def _agnhost(suite: gobuild.GoModule, source: Path, mirror: rootfs.Mirror) -> list[Path]:
@@ -184,7 +256,8 @@ def build_images(
         return Built(layers, "/agnhost", ("test-webserver",), _label(layers))
 
     def busybox(image: ManifestImage) -> Built:
-        layers = [_base("busybox", BUSYBOX_PACKAGES, mirror, BUSYBOX_SETUP)]
+        files = {"usr/bin/busybox": busybox_binary(mirror)}
+        layers = [_base("busybox", (), mirror, BUSYBOX_SETUP, files)]
         return Built(layers, None, ("sh",), _label(layers))
 
     def nginx(image: ManifestImage) -> Built:

@@ -396,13 +396,16 @@ def _debian_base(
     mirror: rootfs.Mirror,
     accounts: tuple[tuple[str, int], ...] = (),
     setup: tuple[tuple[str, ...], ...] = (),
+    files: dict[str, Path] | None = None,
 ) -> Path:
     """A layer of a minimal Debian 13 root with these packages and accounts (name, uid, a
-    group of the same number, no login), then the setup commands run inside it, built once per
-    machine and list (the lists are in its name: a package added is a new layer, not the old
-    one)."""
+    group of the same number, no login) and these files (path in the root: file on this
+    machine), then the setup commands run inside it, built once per machine and list (the lists
+    are in its name: a package added is a new layer, not the old one)."""
     what = " ".join(sorted(packages)) + "".join(f" {user}:{uid}" for user, uid in accounts)
     what += "".join(" !" + " ".join(command) for command in setup)  # none: the key as it was
+    for member, source in sorted((files or {}).items()):
+        what += f" +{member}:{hashlib.sha256(source.read_bytes()).hexdigest()}"
     listed = hashlib.sha256(what.encode()).hexdigest()[:12]
     layer = BASE_DIR / f"{name}-{rootfs.SUITE}-{listed}.tar"
     if layer.is_file():
@@ -418,6 +421,8 @@ def _debian_base(
                 passwd.write(f"{user}:x:{uid}:{uid}:{user}:/nonexistent:/usr/sbin/nologin\n")
             with open(build / "etc/group", "a") as group:
                 group.write(f"{user}:x:{uid}:\n")
+        for member, source in (files or {}).items():
+            shutil.copy2(source, build / member)
         for command in setup:
             ran = subprocess.run(["chroot", str(build), *command], capture_output=True, text=True)
             if ran.returncode != 0:

@@ -108,10 +108,8 @@ def ensure_root(mirror: Mirror, suite: str = SUITE) -> tuple[Path, float | None]
 def debootstrap(
     build: Path, mirror: Mirror, suite: str, include: tuple[str, ...] = INCLUDE
 ) -> None:
-    argv = [
-        "debootstrap", "--variant=minbase", f"--include={','.join(include)}",
-        suite, str(build), mirror.archive,
-    ]  # fmt: skip
+    included = [f"--include={','.join(include)}"] if include else []
+    argv = ["debootstrap", "--variant=minbase", *included, suite, str(build), mirror.archive]
     log = build.parent / f".{suite}.debootstrap.log"
     with log.open("w") as output:
         result = subprocess.run(argv, stdout=output, stderr=subprocess.STDOUT, check=False)

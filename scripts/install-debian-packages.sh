@@ -4,7 +4,10 @@ set -eu
 
 # apt-cacher-ng: the lab's package cache (lab/aptcache.py), so a dozen hosts download each
 # package from the mirror once.
-PACKAGES="debootstrap systemd-container iproute2 nftables openssh-client util-linux apt-cacher-ng"
+# gcc, make, libc6-dev, bzip2: the conformance suite's busybox, built from source
+# (lab/conformance.py says why).
+PACKAGES="debootstrap systemd-container iproute2 nftables openssh-client util-linux apt-cacher-ng
+gcc make libc6-dev bzip2"
 
 if [ "$(id -u)" -ne 0 ]; then
     echo "error: run as root (apt-get installs system packages)" >&2

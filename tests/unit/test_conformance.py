@@ -4,6 +4,8 @@ JUnit, the images' names against the suite's manifest, and the command's bad-inp
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import re
 import shutil
 import subprocess
@@ -17,7 +19,8 @@ from cli.exitcodes import ExitCode
 from cli.main import app
 from day2 import conformance
 from lab import conformance as images
-from lab import gobuild
+from lab import gobuild, rootfs
+from lab.errors import LabError
 from tests.unit.loopback import loopback_cluster
 
 runner = CliRunner()
@@ -200,6 +203,60 @@ def test_the_suite_names_the_pause_tag_the_clusters_kubeadm_names(manifest_go):
     from lab import offline
 
     assert images.manifest_images(manifest_go)["Pause"].tag == offline.pause_tag(kubernetes)
+
+
+def test_the_busybox_config_sets_and_turns_off_exactly_the_settings_named():
+    config = "CONFIG_STATIC is fine\n# CONFIG_STATIC is not set\nCONFIG_TC=y\nCONFIG_TCPSVD=y\n"
+    made = images.busybox_config(config, images.BUSYBOX_CONFIG).splitlines()
+    assert "CONFIG_STATIC=y" in made and "# CONFIG_TC is not set" in made
+    assert "CONFIG_TCPSVD=y" in made  # a name that only starts like one is kept
+    assert "CONFIG_TC=y" not in made and "# CONFIG_STATIC is not set" not in made
+
+
+def _serve(folder: Path):
+    import http.server
+    import threading
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
+    handler.log_message = lambda *args: None
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd, rootfs.Mirror(f"http://127.0.0.1:{httpd.server_address[1]}", None)
+
+
+def test_busybox_is_built_from_the_pinned_source_and_a_wrong_tarball_is_refused(
+    tmp_path, monkeypatch
+):
+    """The image's busybox is not Debian's binary (whose ash drops `data-1=...` from its
+    environment): its source is fetched from the mirror and checked before anything is built.
+    The positive control serves a source tree whose Makefile stands in for busybox's (its
+    `defconfig` writes a .config, its `busybox` target copies it), so the build's steps run."""
+    monkeypatch.setattr(images, "BUSYBOX_DIR", tmp_path / "cache")
+    tree = tmp_path / "busybox-9.9"
+    tree.mkdir()
+    (tree / "Makefile").write_text(
+        "defconfig:\n\tprintf '# CONFIG_STATIC is not set\\nCONFIG_TC=y\\n' > .config\n"
+        "busybox:\n\tcp .config busybox\n"
+    )
+    path = "pool/main/b/busybox/busybox_9.9.orig.tar.bz2"
+    served = tmp_path / "archive" / path
+    served.parent.mkdir(parents=True)
+    subprocess.run(["tar", "-cjf", str(served), "-C", str(tmp_path), tree.name], check=True)
+    good = hashlib.sha256(served.read_bytes()).hexdigest()
+
+    httpd, mirror = _serve(tmp_path / "archive")
+    try:
+        monkeypatch.setattr(images, "BUSYBOX_SOURCE", (path, "0" * 64))
+        with pytest.raises(LabError, match=f"has sha256 {good}, not the 0000"):
+            images.busybox_binary(mirror)
+        assert list((tmp_path / "cache").iterdir()) == []  # nothing half built is kept
+
+        monkeypatch.setattr(images, "BUSYBOX_SOURCE", (path, good))
+        made = images.busybox_binary(mirror)
+    finally:
+        httpd.shutdown()
+    assert made.read_text() == "CONFIG_STATIC=y\n# CONFIG_TC is not set\n"
+    assert images.busybox_binary(mirror) == made  # once per machine: the server is gone
 
 
 # ---------------------------------------------------------------- the command

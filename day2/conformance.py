@@ -12,6 +12,7 @@ parallel mode needs the ginkgo CLI's server); the `[Serial]` tests run after, on
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -25,6 +26,7 @@ import yaml
 
 from inventory.model import LoadedCluster
 from roles.kubernetes.deploy import OPERATOR_KUBECONFIG
+from toolkit.nodes import PREFLIGHT_TAINT_KEY, TEAM_TAINT_KEY
 
 CI_SUBSET = Path(__file__).with_name("conformance-ci.txt")
 SUBSETS = ("ci", "all")
@@ -49,6 +51,14 @@ REGISTRY_PATHS = {
 INVALID_REGISTRY = "127.0.0.1:1/invalid"
 # e2e.test processes for the parallel part: the lab's two workers are busy at about four.
 DEFAULT_PROCESSES = 4
+# Taints that do not stop the suite from starting: its own default, and gpuinfra's. At start
+# the suite waits for every node to be ready for tests, up to 30 minutes, then fails every test;
+# a GPU node kept for a team or waiting for its preflight checks would stop it on every GPU
+# cluster gpuinfra builds. The suite schedules its pods on untainted nodes only, either way.
+NON_BLOCKING_TAINTS = ("node-role.kubernetes.io/control-plane", PREFLIGHT_TAINT_KEY, TEAM_TAINT_KEY)
+# "[sig-architecture] Conformance Tests should have at least two untainted nodes", and the
+# tests that spread pods over two nodes.
+MIN_UNTAINTED_NODES = 2
 # The suite's own limit per run is 24 h; a wedged test fails its process after this instead.
 PROCESS_TIMEOUT = "6h"
 
@@ -75,6 +85,8 @@ class Summary:
     failures: list[str] = field(default_factory=list)
     junit: list[str] = field(default_factory=list)
     registry: str = ""
+    # Nodes the suite was told to leave out (not Ready, cordoned, or another taint), and why.
+    left_out: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -86,6 +98,7 @@ class Summary:
             f"{self.failed} failed, {self.skipped} skipped, {self.not_run} not run, "
             f"wall time {self.wall_s:.0f} s",
             f"images from {self.registry}",
+            *(f"left out: {name} ({why})" for name, why in sorted(self.left_out.items())),
             *(f"failed: {name}" for name in self.failures),
             *(f"junit: {path}" for path in self.junit),
         ]
@@ -173,6 +186,70 @@ def kubeconfig(loaded: LoadedCluster) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class NodeSurvey:
+    """The cluster's nodes as the suite will see them."""
+
+    untainted: list[str]  # Ready, schedulable, no NoSchedule or NoExecute taint
+    tainted: dict[str, str]  # Ready and schedulable, with only NON_BLOCKING_TAINTS: key list
+    left_out: dict[str, str]  # what would stop the suite from starting, and why
+
+
+def survey_nodes(node_list: dict) -> NodeSurvey:
+    """Sort `kubectl get nodes -o json`'s nodes into those the suite runs its pods on, those
+    it passes over (our taints, the control plane's), and those it must be told to leave out."""
+    untainted: list[str] = []
+    tainted: dict[str, str] = {}
+    left_out: dict[str, str] = {}
+    for node in node_list.get("items", []):
+        name = node["metadata"]["name"]
+        conditions = node.get("status", {}).get("conditions", [])
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+        keys = [
+            taint["key"]
+            for taint in node.get("spec", {}).get("taints") or []
+            if taint.get("effect") in ("NoSchedule", "NoExecute")
+        ]
+        others = [key for key in keys if key not in NON_BLOCKING_TAINTS]
+        if not ready:
+            left_out[name] = "not Ready"
+        elif node.get("spec", {}).get("unschedulable"):
+            left_out[name] = "cordoned"
+        elif others:
+            left_out[name] = "taint " + ", ".join(others)
+        elif keys:
+            tainted[name] = ", ".join(keys)
+        else:
+            untainted.append(name)
+    return NodeSurvey(untainted, tainted, left_out)
+
+
+def check_nodes(survey: NodeSurvey) -> None:
+    """Refuse a cluster the suite cannot pass, before its 30-minute wait."""
+    if len(survey.untainted) >= MIN_UNTAINTED_NODES:
+        return
+    why = [f"{name}: {keys}" for name, keys in sorted(survey.tainted.items())]
+    why += [f"{name}: {reason}" for name, reason in sorted(survey.left_out.items())]
+    raise ConformanceInputError(
+        f"the suite needs {MIN_UNTAINTED_NODES} Ready, untainted, schedulable nodes and the "
+        f"cluster has {len(survey.untainted)} ({', '.join(survey.untainted) or 'none'}); "
+        f"the others: {'; '.join(why) or 'none'}"
+    )
+
+
+def read_nodes(suite: Suite, config: Path) -> NodeSurvey:
+    kubectl = str(suite.kubectl) if suite.kubectl is not None else "kubectl"
+    argv = [kubectl, f"--kubeconfig={config}", "get", "nodes", "-o", "json"]
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ConformanceError(f"kubectl get nodes failed: {exc}") from exc
+    if result.returncode != 0:
+        tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ConformanceError(f"kubectl get nodes failed: {tail}")
+    return survey_nodes(json.loads(result.stdout))
+
+
 def list_tests(suite: Suite) -> list[str]:
     """Every test e2e.test has, by its ginkgo name (`--list-tests`)."""
     result = subprocess.run(
@@ -194,10 +271,14 @@ def parse_listing(text: str) -> list[str]:
     return found
 
 
-def e2e_argv(suite: Suite, config: Path, names: list[str], report: Path) -> list[str]:
+def e2e_argv(
+    suite: Suite, config: Path, names: list[str], report: Path, left_out: int = 0
+) -> list[str]:
     argv = [
         str(suite.e2e_test),
         f"--kubeconfig={config}",
+        f"--non-blocking-taints={','.join(NON_BLOCKING_TAINTS)}",
+        f"--allowed-not-ready-nodes={left_out}",
         f"--ginkgo.focus={focus(names)}",
         f"--ginkgo.junit-report={report}",
         f"--ginkgo.timeout={PROCESS_TIMEOUT}",
@@ -223,6 +304,8 @@ def run(
     if not suite.e2e_test.is_file():
         raise ConformanceInputError(f"no e2e.test at {suite.e2e_test}")
     names = select(subset, list_tests(suite))
+    nodes = read_nodes(suite, config)
+    check_nodes(nodes)
     out = loaded.state_dir / RESULTS_DIR / subset
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("junit-*.xml"):
@@ -245,7 +328,7 @@ def run(
             report = out / f"junit-{index:02d}.xml"
             reports.append((shard, report))
             log = (out / f"e2e-{index:02d}.log").open("w")
-            argv = e2e_argv(suite, config, shard, report)
+            argv = e2e_argv(suite, config, shard, report, len(nodes.left_out))
             running.append((subprocess.Popen(argv, stdout=log, stderr=log, env=env), log))
         for process, log in running:
             process.wait()
@@ -253,6 +336,7 @@ def run(
     summary = summarize(subset, names, reports)
     summary.wall_s = time.monotonic() - started
     summary.registry = suite.registry
+    summary.left_out = dict(nodes.left_out)
     (out / "summary.txt").write_text(summary.to_text())
     return summary
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import re
 import shutil
 import subprocess
@@ -323,7 +324,63 @@ def _fake_suite(tmp_path: Path, tests: list[str], fail: set[str]) -> conformance
     script = tmp_path / "e2e.test"
     script.write_text(FAKE_E2E.format(python=sys.executable, tests=tests, fail=fail))
     script.chmod(0o755)
-    return conformance.Suite(e2e_test=script, kubectl=None, registry="10.1.0.1:5000")
+    kubectl = tmp_path / "kubectl"
+    kubectl.write_text(f"#!/bin/sh\ncat {tmp_path / 'nodes.json'}\n")
+    kubectl.chmod(0o755)
+    nodes = [_node("cpu-1"), _node("cpu-2"), _node("cp-1", taints=[CONTROL_PLANE_TAINT])]
+    (tmp_path / "nodes.json").write_text(json.dumps({"items": nodes}))
+    return conformance.Suite(e2e_test=script, kubectl=kubectl, registry="10.1.0.1:5000")
+
+
+CONTROL_PLANE_TAINT = {"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}
+
+
+def _node(name: str, ready: bool = True, cordoned: bool = False, taints=()) -> dict:
+    status = {"type": "Ready", "status": "True" if ready else "False"}
+    spec = {"taints": list(taints)} | ({"unschedulable": True} if cordoned else {})
+    return {"metadata": {"name": name}, "spec": spec, "status": {"conditions": [status]}}
+
+
+def test_gpuinfras_taints_do_not_block_the_suite_and_other_nodes_are_left_out():
+    preflight = {"key": "gpuinfra.io/preflight", "value": "pending", "effect": "NoSchedule"}
+    team = {"key": "gpuinfra.io/team", "value": "research", "effect": "NoSchedule"}
+    foreign = {"key": "example.com/maintenance", "effect": "NoExecute"}
+    soft = {"key": "example.com/soft", "effect": "PreferNoSchedule"}
+    nodes = [
+        _node("cp-1", taints=[CONTROL_PLANE_TAINT]),
+        _node("cpu-1", taints=[soft]),
+        _node("gpu-1", taints=[preflight, team]),
+        _node("gpu-2", cordoned=True),
+        _node("gpu-3", ready=False),
+        _node("gpu-4", taints=[foreign]),
+    ]
+    survey = conformance.survey_nodes({"items": nodes})
+    assert survey.untainted == ["cpu-1"]  # PreferNoSchedule keeps no pod off
+    assert survey.tainted == {
+        "cp-1": "node-role.kubernetes.io/control-plane",
+        "gpu-1": "gpuinfra.io/preflight, gpuinfra.io/team",
+    }
+    assert survey.left_out == {
+        "gpu-2": "cordoned",
+        "gpu-3": "not Ready",
+        "gpu-4": "taint example.com/maintenance",
+    }
+    with pytest.raises(conformance.ConformanceInputError) as refused:
+        conformance.check_nodes(survey)
+    message = str(refused.value)
+    assert "needs 2 Ready, untainted, schedulable nodes and the cluster has 1 (cpu-1)" in message
+    assert "gpu-1: gpuinfra.io/preflight, gpuinfra.io/team" in message
+    assert "gpu-2: cordoned" in message
+    # The positive control: a second untainted node and the same cluster is accepted.
+    conformance.check_nodes(conformance.survey_nodes({"items": [*nodes, _node("cpu-2")]}))
+    argv = conformance.e2e_argv(
+        conformance.Suite(Path("e2e.test"), None, "r"), Path("k"), ["t"], Path("j"), 3
+    )
+    assert "--allowed-not-ready-nodes=3" in argv
+    assert (
+        "--non-blocking-taints=node-role.kubernetes.io/control-plane,"
+        "gpuinfra.io/preflight,gpuinfra.io/team"
+    ) in argv
 
 
 def test_a_run_writes_junit_per_process_and_a_summary(tmp_path):
@@ -351,7 +408,10 @@ def test_a_run_writes_junit_per_process_and_a_summary(tmp_path):
     assert listed["promoterE2eRegistry"] == "10.1.0.1:5000/e2e-test-images"
 
 
-def test_the_command_exits_1_on_a_failed_test_and_0_when_all_pass(tmp_path):
+def test_the_command_exits_1_on_a_failed_test_and_0_when_all_pass(tmp_path, monkeypatch):
+    import cli.kubernetes
+
+    monkeypatch.setattr(cli.kubernetes, "_built_kubectl", lambda version: tmp_path / "kubectl")
     tests = ["[sig-a] t0 [Conformance]", "[sig-a] t1 [Conformance]"]
     cluster = loopback_cluster(tmp_path / "loop")
     (cluster / ".state/kubernetes").mkdir(parents=True)
@@ -362,3 +422,23 @@ def test_the_command_exits_1_on_a_failed_test_and_0_when_all_pass(tmp_path):
         result = runner.invoke(app, [*argv, "--e2e-test", str(suite.e2e_test)])
         assert result.exit_code == code, result.output
         assert "2 tests" in result.output
+
+
+def test_the_command_refuses_a_cluster_with_one_untainted_node_before_running(
+    tmp_path, monkeypatch
+):
+    import cli.kubernetes
+
+    monkeypatch.setattr(cli.kubernetes, "_built_kubectl", lambda version: tmp_path / "kubectl")
+    cluster = loopback_cluster(tmp_path / "loop")
+    (cluster / ".state/kubernetes").mkdir(parents=True)
+    (cluster / ".state/kubernetes/admin.conf").write_text("apiVersion: v1\n")
+    suite = _fake_suite(tmp_path, ["[sig-a] t0 [Conformance]"], set())
+    preflight = {"key": "gpuinfra.io/preflight", "effect": "NoSchedule"}
+    nodes = [_node("cpu-1"), _node("gpu-1", taints=[preflight])]
+    (tmp_path / "nodes.json").write_text(json.dumps({"items": nodes}))
+    argv = ["kubernetes", "conformance", str(cluster), "--e2e-test", str(suite.e2e_test)]
+    result = runner.invoke(app, [*argv, "--subset", "all"])
+    assert result.exit_code == ExitCode.BAD_INPUT, result.output
+    assert "gpu-1: gpuinfra.io/preflight" in result.output
+    assert not (cluster / ".state/conformance/all/junit-01.xml").exists()

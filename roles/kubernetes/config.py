@@ -98,8 +98,10 @@ class KubernetesConfig(BaseModel):
     # "routes" mode: masquerade pod traffic leaving the pod network (nft table
     # gpuinfra-pod-nat, loaded by the pod routes unit), so hosts with no route back to the pod
     # blocks (etcd, load balancers, DNS) can answer a pod; Calico's calico_nat_outgoing does
-    # the same. Off by default: the drift Job (docs/fleet-jobs.md) is what needs it.
-    routes_nat_outgoing: bool = False
+    # the same, and is on by default too. CoreDNS needs it: it forwards every name outside the
+    # cluster from its pod to the nodes' DNS servers (the conformance suite's DNS test timed out
+    # on the nodes' search domain without it). Off only where the routers carry the pod blocks.
+    routes_nat_outgoing: bool = True
 
     # Calico in BGP mode with no encapsulation: pod CIDRs routed natively between nodes (the
     # reference design left Flannel's overlay for ~2 Gbit/s against 10-15 host to host).

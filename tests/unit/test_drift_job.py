@@ -197,7 +197,8 @@ def test_routes_without_masquerade_is_refused_for_a_job(small_cluster, write_clu
 
     from cli.main import app
 
-    small_cluster["group_vars"] = {"all": {"drift_job": ENABLED, "kubernetes": {"cni": "routes"}}}
+    routes = {"cni": "routes", "routes_nat_outgoing": False}
+    small_cluster["group_vars"] = {"all": {"drift_job": ENABLED, "kubernetes": routes}}
     result = CliRunner().invoke(app, ["inventory", "validate", str(write_cluster(small_cluster))])
     assert result.exit_code == 2
     assert "routes_nat_outgoing" in result.stderr

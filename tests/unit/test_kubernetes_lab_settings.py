@@ -181,8 +181,12 @@ def test_routes_nat_outgoing_masquerades_only_this_nodes_pods_leaving_the_pod_ne
 
 
 def test_routes_without_nat_outgoing_load_no_nft_table(small_cluster, write_cluster):
-    """The default (and every inventory before the option): the script is as it was."""
-    script = files_of(lab_like(small_cluster, write_cluster), "cpu-1")[POD_ROUTES_SCRIPT]
+    """Turned off (a site whose routers carry the pod blocks): the script loads no nft table.
+    The default masquerades, as Calico's does: CoreDNS forwards from its pod."""
+    default = files_of(lab_like(small_cluster, write_cluster), "cpu-1")[POD_ROUTES_SCRIPT]
+    assert "masquerade" in default
+    turned_off = lab_like(small_cluster, write_cluster, routes_nat_outgoing=False)
+    script = files_of(turned_off, "cpu-1")[POD_ROUTES_SCRIPT]
     assert "nft" not in script and "masquerade" not in script
     assert script.endswith("proto static\nEOF\n")
 

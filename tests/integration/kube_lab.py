@@ -9,11 +9,12 @@ the last of them.
 Its inventory carries what each of them exercises: a team and a second one owning no node, a
 balloon pool, a join rate slow enough to see, the drift Job on cpu-1 and the rollout Job on cp-2
 (the workers are what it rolls, so its pods cannot run there), both with the lab's own gpuinfra
-image, and `cni: routes` masquerading pod traffic (the drift Job's pods reach hosts outside the
-pod network). The storage hosts are there for the rollout: its pods apply every role to the
-workers, the CephFS client's with the state entries it reads (issue 47.10: `apply --job` failed
-on every cluster with storage hosts). test_kubernetes_upgrade.py boots a lab of its own with
-`applied_lab`, without them (`storage=False`): an upgrade touches no storage host.
+image, and `cni: routes` masquerading pod traffic as it does by default (the drift Job's pods
+and CoreDNS reach hosts outside the pod network). The storage hosts are there for the rollout:
+its pods apply every role to the workers, the CephFS client's with the state entries it reads
+(issue 47.10: `apply --job` failed on every cluster with storage hosts).
+test_kubernetes_upgrade.py boots a lab of its own with `applied_lab`, without them
+(`storage=False`): an upgrade touches no storage host.
 """
 
 from __future__ import annotations
@@ -107,7 +108,6 @@ def lab_inventory(path: Path) -> None:
     everyone["rollout_job"] = {
         **job, "nodes": [ROLLOUT_JOB_NODE], "shards": 2, "budget": 1, "deadline_seconds": 1800
     }  # fmt: skip
-    everyone["kubernetes"]["routes_nat_outgoing"] = True
     path.write_text(yaml.safe_dump(data, sort_keys=False))
 
 

@@ -48,6 +48,14 @@ NODES = "fleet-policy/nodes.yaml"
 # policies anyway: system:masters (kubeadm's super-admin.conf) and kubeadm:cluster-admins (its
 # admin.conf since Kubernetes 1.29, the operator's kubeconfig).
 ADMIN_GROUPS = ("system:masters", "kubeadm:cluster-admins")
+# kube-controller-manager's controllers that create pods, ReplicaSets and Jobs from a template
+# (each under its own account: kubeadm runs it with --use-service-account-credentials). They
+# may preset a pod's node because the template they copy was checked where its author is known
+# (templates/fleet_policy/teams.yaml.j2, gpuinfra-workload-node-presets).
+WORKLOAD_CONTROLLERS = tuple(
+    f"system:serviceaccount:kube-system:{name}-controller"
+    for name in ("statefulset", "replicaset", "job", "replication", "deployment", "cronjob")
+)
 # Namespaces whose pods tolerate every taint by design (node agents): the team policy skips them.
 SYSTEM_NAMESPACES = ("kube-system", "kube-node-lease", "kube-public")
 
@@ -200,6 +208,7 @@ def cluster_files(loaded: LoadedCluster) -> dict[str, str]:
             namespaces=namespaces,
             exempt=exempt,
             admin_groups=list(ADMIN_GROUPS),
+            workload_controllers=list(WORKLOAD_CONTROLLERS),
             agent_namespaces=[*SYSTEM_NAMESPACES, cfg.namespace],
             health_namespace=gpu_health_config(loaded).namespace,
             health_accounts=list(nodes.GPU_HEALTH_CHECK_ACCOUNTS),

@@ -506,6 +506,60 @@ def test_a_team_pod_that_presets_its_node_is_refused(cluster, team_member):
     assert admitted.returncode == 0, admitted.stderr
 
 
+def pinned_statefulset(namespace: str, node: str | None) -> dict:
+    spec: dict = {"containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10.1"}],
+                  "terminationGracePeriodSeconds": 0}  # fmt: skip
+    if node:
+        spec["nodeName"] = node
+    labels = {"app": "pinned"}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": "pinned", "namespace": namespace},
+        "spec": {
+            "replicas": 1,
+            "serviceName": "pinned",
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels}, "spec": spec},
+        },
+    }
+
+
+def test_a_workload_that_presets_its_node_is_checked_where_its_author_is_known(
+    cluster, team_member
+):
+    """A team member's StatefulSet whose pods name gpu-1 is refused by the workload rule (its
+    pods' creator would be the controller); the same left to the scheduler is admitted (both
+    server-side dry runs). An admin's StatefulSet naming cpu-1 gets its pod from the controller,
+    bound to cpu-1: the conformance suite's evicted-StatefulSet test does that, and the pod
+    rule alone refused the controller's pod."""
+    pinned = yaml.safe_dump(pinned_statefulset(TEAM, "gpu-1"))
+    refused = cluster.kubectl(
+        team_member, "create", "-f", "-", "--dry-run=server", stdin=pinned, check=False
+    )
+    assert refused.returncode != 0
+    assert "gpuinfra-workload-node-presets" in refused.stderr, refused.stderr
+    free = yaml.safe_dump(pinned_statefulset(TEAM, None))
+    admitted = cluster.kubectl(
+        team_member, "create", "-f", "-", "--dry-run=server", stdin=free, check=False
+    )
+    assert admitted.returncode == 0, admitted.stderr
+
+    cluster.kubectl("delete", "statefulset", "-n", "default", "pinned", "--ignore-not-found")
+    cluster.create(pinned_statefulset("default", "cpu-1"))
+    try:
+
+        def created() -> dict | None:
+            found = cluster.kubectl("get", "pod", "-n", "default", "pinned-0", "-o", "json",
+                                    check=False)  # fmt: skip
+            return json.loads(found.stdout) if found.returncode == 0 else None
+
+        pod = eventually(created, "pod pinned-0 created by the StatefulSet controller", 60)
+        assert pod["spec"]["nodeName"] == "cpu-1"
+    finally:
+        cluster.kubectl("delete", "statefulset", "-n", "default", "pinned", "--wait=false")
+
+
 def preflight_pod(namespace: str, account: str | None = None) -> dict:
     pod = team_pod(namespace, TEAM)
     pod["spec"]["tolerations"].append(

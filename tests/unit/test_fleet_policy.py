@@ -72,6 +72,8 @@ def test_render_writes_every_fleet_object(rendered):
     for wanted in [
         ("ValidatingAdmissionPolicy", "gpuinfra-team-tolerations"),
         ("ValidatingAdmissionPolicyBinding", "gpuinfra-team-tolerations"),
+        ("ValidatingAdmissionPolicy", "gpuinfra-workload-node-presets"),
+        ("ValidatingAdmissionPolicyBinding", "gpuinfra-workload-node-presets"),
         ("ValidatingAdmissionPolicy", "gpuinfra-gpu-health-node-writes"),
         ("Namespace", "research"),
         ("Namespace", "research-batch"),
@@ -106,8 +108,8 @@ def test_every_rendered_object_is_valid_for_the_pinned_kubernetes(rendered):
     # The periodic check's Job template, which the sampler creates per node, is checked too.
     config = find(rendered, "kubernetes/gpu-health.yaml", "ConfigMap")
     objects.append(("periodic-job.yaml", yaml.safe_load(config["data"]["periodic-job.yaml"])))
-    # drift job (1), gpu-health (21 + the Job), fleet policy (15), monitoring's kubelet RBAC (2)
-    assert len(objects) == 40
+    # drift job (1), gpu-health (21 + the Job), fleet policy (17), monitoring's kubelet RBAC (2)
+    assert len(objects) == 42
     crds = crd_schemas(obj for _, obj in objects)
     version = load(SAMPLE).cluster.versions.kubernetes
     problems = [
@@ -251,7 +253,7 @@ def team_toleration(team: str, **extra: str) -> dict:
 
 @pytest.fixture(scope="module")
 def team_policy(rendered) -> dict:
-    return find(rendered, files.TEAMS, "ValidatingAdmissionPolicy")
+    return find(rendered, files.TEAMS, "ValidatingAdmissionPolicy", "gpuinfra-team-tolerations")
 
 
 def decide_team(team_policy, namespace: str, team: str | None, tolerations):
@@ -375,6 +377,95 @@ def test_mirror_pods_admins_and_bound_pods_may_carry_a_node_name(team_policy):
     # A pod the scheduler bound (pods/binding) carries nodeName in every later update.
     bound = placed_pod("research", "gpu-1")
     assert decide_placed(team_policy, bound, "alice", operation="UPDATE") == []
+
+
+CONTROLLER = "system:serviceaccount:kube-system:statefulset-controller"
+
+
+def test_the_workload_controllers_may_create_pods_bound_to_a_node(team_policy):
+    """A StatefulSet's or a Job's pods carry their template's nodeName, and their creator is
+    the controller: what it copies was checked on the workload (below)."""
+    placed = placed_pod("research", "gpu-1")
+    for name in ("statefulset", "replicaset", "job", "replication"):
+        user = f"system:serviceaccount:kube-system:{name}-controller"
+        assert decide_placed(team_policy, placed, user, ["system:serviceaccounts"]) == []
+    # The controls: another account of kube-system, and a team's account of the same name.
+    assert decide_placed(team_policy, placed, "system:serviceaccount:kube-system:default") != []
+    impostor = "system:serviceaccount:research:statefulset-controller"
+    assert decide_placed(team_policy, placed, impostor) != []
+
+
+@pytest.fixture(scope="module")
+def workload_policy(rendered) -> dict:
+    return find(
+        rendered, files.TEAMS, "ValidatingAdmissionPolicy", "gpuinfra-workload-node-presets"
+    )
+
+
+def workload(kind: str, namespace: str, node: str | None) -> dict:
+    spec: dict = {"containers": [{"name": "main", "image": "busybox"}]}
+    if node is not None:
+        spec["nodeName"] = node
+    template = {"metadata": {}, "spec": spec}
+    body = (
+        {"jobTemplate": {"spec": {"template": template}}}
+        if kind == "CronJob"
+        else {"template": template}
+    )
+    return {"kind": kind, "metadata": {"name": "w", "namespace": namespace}, "spec": body}
+
+
+def decide_workload(policy, obj: dict, user: str, groups=(), old: dict | None = None):
+    namespace = obj["metadata"]["namespace"]
+    request = {"namespace": namespace, "operation": "UPDATE" if old else "CREATE",
+               "userInfo": {"username": user, "groups": list(groups)}}  # fmt: skip
+    return admission(policy, obj, team_namespace(namespace, "research"), request, old)
+
+
+WORKLOAD_KINDS = ["StatefulSet", "Deployment", "ReplicaSet", "DaemonSet", "Job", "CronJob",
+                  "ReplicationController"]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", WORKLOAD_KINDS)
+def test_a_workload_whose_pods_preset_their_node_is_refused(workload_policy, kind):
+    failed = decide_workload(workload_policy, workload(kind, "research", "gpu-1"), "alice")
+    assert failed == [
+        "pod templates in namespace research may not set spec.nodeName: their pods would skip "
+        "the scheduler and every taint (preflight, teams)"
+    ]
+    # The control: the same workload left to the scheduler is admitted.
+    assert decide_workload(workload_policy, workload(kind, "research", None), "alice") == []
+
+
+def test_admins_and_the_controllers_may_preset_a_workloads_node(workload_policy):
+    placed = workload("StatefulSet", "research", "cpu-1")
+    assert decide_workload(workload_policy, placed, "kubernetes-admin",
+                           ["kubeadm:cluster-admins"]) == []  # fmt: skip
+    # A Deployment's ReplicaSets and a CronJob's Jobs are made by their controllers.
+    replicas = workload("ReplicaSet", "research", "cpu-1")
+    deployments = "system:serviceaccount:kube-system:deployment-controller"
+    assert decide_workload(workload_policy, replicas, deployments) == []
+    jobs = "system:serviceaccount:kube-system:cronjob-controller"
+    assert decide_workload(workload_policy, workload("Job", "research", "cpu-1"), jobs) == []
+    # The control: the same user in another group is refused.
+    assert decide_workload(workload_policy, placed, "kubernetes-admin", ["developers"]) != []
+
+
+def test_an_update_may_keep_a_preset_node_but_not_set_or_change_one(workload_policy):
+    admitted = workload("StatefulSet", "research", "cpu-1")
+    # The garbage collector's finalizer, a label: the node as it was.
+    gc = "system:serviceaccount:kube-system:generic-garbage-collector"
+    assert decide_workload(workload_policy, admitted, gc, old=admitted) == []
+    moved = workload("StatefulSet", "research", "gpu-1")
+    assert decide_workload(workload_policy, moved, "alice", old=admitted) != []
+    unset = workload("StatefulSet", "research", None)
+    assert decide_workload(workload_policy, admitted, "alice", old=unset) != []
+    assert decide_workload(workload_policy, unset, "alice", old=admitted) == []
+
+
+def test_the_workload_rule_skips_the_node_agent_namespaces(workload_policy):
+    agent = workload("DaemonSet", "kube-system", "gpu-1")
+    assert decide_workload(workload_policy, agent, "alice") is None
 
 
 @pytest.fixture(scope="module")

@@ -342,6 +342,13 @@ def conformance(
         Path | None,
         typer.Option("--e2e-test", help="An e2e.test of the cluster's release (default: go/'s)."),
     ] = None,
+    rerun_failed: Annotated[
+        bool,
+        typer.Option(
+            "--rerun-failed",
+            help="Only the tests that failed in the subset's last run (results in <subset>-rerun).",
+        ),
+    ] = False,
     output: FormatOpt = OutputFormat.table,
 ) -> None:
     """Run the Kubernetes conformance suite (e2e.test) through the operator's kubeconfig: the
@@ -362,7 +369,9 @@ def conformance(
             registry=registry,
         )
     result = day2_call(
-        lambda: run_suite(loaded, suite, subset.value, processes, progress=console.print),
+        lambda: run_suite(
+            loaded, suite, subset.value, processes, console.print, rerun_failed=rerun_failed
+        ),
         ConformanceError,
         refused=(ConformanceInputError,),
     )

@@ -137,6 +137,23 @@ def select(subset: str, listed: Iterable[str]) -> list[str]:
     return wanted
 
 
+def failed_before(summary: Path, listed: Iterable[str]) -> list[str]:
+    """The tests a run's summary.txt names as failed, to run again (`--rerun-failed`); each
+    must be one e2e.test lists."""
+    if not summary.is_file():
+        raise ConformanceInputError(f"no earlier run to rerun: {summary} does not exist")
+    lines = summary.read_text().splitlines()
+    failed = [line.removeprefix("failed: ") for line in lines if line.startswith("failed: ")]
+    if not failed:
+        raise ConformanceInputError(f"{summary} names no failed test: nothing to rerun")
+    unknown = sorted(set(failed) - set(listed))
+    if unknown:
+        raise ConformanceInputError(
+            f"{summary} names a test this e2e.test does not have: {unknown[0]}"
+        )
+    return failed
+
+
 def shards(names: list[str], processes: int) -> list[list[str]]:
     """The parallel tests dealt out to processes, round-robin (neighbours in a file tend to
     be alike in cost); the [Serial] tests as one last shard of their own."""
@@ -297,16 +314,24 @@ def run(
     subset: str,
     processes: int = DEFAULT_PROCESSES,
     progress: Callable[[str], None] = lambda line: None,
+    rerun_failed: bool = False,
 ) -> Summary:
     """Run a subset against the cluster: the parallel shards at once, then the [Serial] one;
-    JUnit per shard and summary.txt in <state>/conformance/<subset>/."""
+    JUnit per shard and summary.txt in <state>/conformance/<subset>/. With `rerun_failed`,
+    only the tests that failed in that subset's last run, into <subset>-rerun/ (the full
+    run's record stays as it was)."""
     config = kubeconfig(loaded)
     if not suite.e2e_test.is_file():
         raise ConformanceInputError(f"no e2e.test at {suite.e2e_test}")
-    names = select(subset, list_tests(suite))
+    listed = list_tests(suite)
+    names = select(subset, listed)
+    results = loaded.state_dir / RESULTS_DIR
+    if rerun_failed:
+        names = failed_before(results / subset / "summary.txt", names)
+        subset = f"{subset}-rerun"
     nodes = read_nodes(suite, config)
     check_nodes(nodes)
-    out = loaded.state_dir / RESULTS_DIR / subset
+    out = results / subset
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("junit-*.xml"):
         stale.unlink()

@@ -408,6 +408,36 @@ def test_a_run_writes_junit_per_process_and_a_summary(tmp_path):
     assert listed["promoterE2eRegistry"] == "10.1.0.1:5000/e2e-test-images"
 
 
+def test_a_rerun_runs_only_the_last_runs_failures_and_keeps_its_record(tmp_path):
+    from engine.context import load
+
+    tests = [f"[sig-a] t{index} (x) [Conformance]" for index in range(4)]
+    cluster = loopback_cluster(tmp_path / "loop")
+    (cluster / ".state/kubernetes").mkdir(parents=True)
+    (cluster / ".state/kubernetes/admin.conf").write_text("apiVersion: v1\n")
+    loaded = load(cluster)
+    # No run yet: refused before anything runs.
+    with pytest.raises(conformance.ConformanceInputError, match="no earlier run"):
+        conformance.run(loaded, _fake_suite(tmp_path, tests, set()), "all", rerun_failed=True)
+    first = conformance.run(loaded, _fake_suite(tmp_path, tests, {tests[1], tests[3]}), "all")
+    assert first.failures == [tests[1], tests[3]]
+    # The rerun: only those two, and one of them passes now.
+    again = conformance.run(
+        loaded, _fake_suite(tmp_path, tests, {tests[3]}), "all", rerun_failed=True
+    )
+    assert (again.selected, again.passed, again.failed) == (2, 1, 1)
+    assert again.failures == [tests[3]]
+    record = (cluster / ".state/conformance/all/summary.txt").read_text()
+    assert "4 tests, 2 passed, 2 failed" in record
+    assert "2 tests, 1 passed, 1 failed" in (
+        cluster / ".state/conformance/all-rerun/summary.txt"
+    ).read_text()
+    # A last run that failed nothing leaves nothing to rerun.
+    conformance.run(loaded, _fake_suite(tmp_path, tests, set()), "all")
+    with pytest.raises(conformance.ConformanceInputError, match="nothing to rerun"):
+        conformance.run(loaded, _fake_suite(tmp_path, tests, set()), "all", rerun_failed=True)
+
+
 def test_the_command_exits_1_on_a_failed_test_and_0_when_all_pass(tmp_path, monkeypatch):
     import cli.kubernetes
 

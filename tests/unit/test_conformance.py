@@ -429,9 +429,10 @@ def test_a_rerun_runs_only_the_last_runs_failures_and_keeps_its_record(tmp_path)
     assert again.failures == [tests[3]]
     record = (cluster / ".state/conformance/all/summary.txt").read_text()
     assert "4 tests, 2 passed, 2 failed" in record
-    assert "2 tests, 1 passed, 1 failed" in (
-        cluster / ".state/conformance/all-rerun/summary.txt"
-    ).read_text()
+    assert (
+        "2 tests, 1 passed, 1 failed"
+        in (cluster / ".state/conformance/all-rerun/summary.txt").read_text()
+    )
     # A last run that failed nothing leaves nothing to rerun.
     conformance.run(loaded, _fake_suite(tmp_path, tests, set()), "all")
     with pytest.raises(conformance.ConformanceInputError, match="nothing to rerun"):

@@ -12,8 +12,8 @@ help:
 	@echo "              and the cluster's Go programs built from go/ (once per machine)"
 	@echo "make demo     the main job: lab up, bootstrap the cluster on it, drift + verify reports"
 	@echo "make test     every test: unit, then integration on a lab booted for the run"
-	@echo "make test-long  the suites past make test's time, CI's second stage: faults injected"
-	@echo "              into applies, the Kubernetes upgrade by one minor"
+	@echo "make test-long  the suites past make test's time, by hand (not in CI): faults"
+	@echo "              injected into applies, the Kubernetes upgrade by one minor"
 	@echo "make unit     unit tests only (no root, no hosts)"
 	@echo "make lint     ruff check and format check"
 	@echo "make render   render the sample cluster's files into build/render"
@@ -48,8 +48,8 @@ test: install
 	PYTEST=$(BIN)/pytest bash scripts/integration-tests.sh
 
 # The two suites that do not fit make test's 45 minutes, side by side (scripts/long-tests.sh);
-# CI runs them after make test (.ci/run). The upgrade builds the newer Kubernetes release first
-# (about 10 minutes once per machine).
+# run by hand on a change's final commit: CI's 90 minutes do not hold both (.ci/run). The
+# upgrade builds the newer Kubernetes release first (about 10 minutes once per machine).
 test-long: install
 	PYTEST=$(BIN)/pytest bash scripts/long-tests.sh
 

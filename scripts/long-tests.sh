@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# `make test-long`: the integration suites that do not fit make test's 45 minutes, CI's second
-# stage after make test (.ci/run): faults injected into applies of every role (test_faults.py,
+# `make test-long`: the integration suites that do not fit make test's 45 minutes, run by hand
+# on a change's final commit (not in CI: .ci/run says why): faults injected into applies of every role (test_faults.py,
 # a lab of five hosts booted bare for each fault) beside the Kubernetes upgrade by one minor
 # (test_kubernetes_upgrade.py, a 13-host lab of its own and the newer release built here).
 # Side by side, as make test's two processes: the upgrade spends most of its time waiting

@@ -1,6 +1,6 @@
 """Faults injected into applies of every role on lab hosts, and what survives them.
 
-Run by `make test-long`, CI's second stage (about 14 minutes; `make test`
+Run by `make test-long`, by hand, not in CI (about 14 minutes; `make test`
 deselects it by the `faults` marker): `.venv/bin/pytest -m faults tests/integration/test_faults.py`
 alone. Each test writes its counts to build/faults/<test>.json; docs/reliability.md holds the
 figures.

@@ -3,7 +3,7 @@
 and served by the lab's file server and registry, while a client reads and writes through the
 balancer the whole time and counts its errors.
 
-Run by `make test-long` beside the fault suite, CI's second stage (`pytest -m
+Run by `make test-long` beside the fault suite, by hand, not in CI (`pytest -m
 upgrade` alone): its own 13-host lab `<GPUINFRA_LAB_NAME>-k8s-up` (GPUINFRA_K8S_UPGRADE_LAB_NAME
 overrides) with one apply and one upgrade takes about 15 minutes on the project's 2-core
 machine, more than `make test` can spare. docs/kubernetes-lab.md keeps its figures.

@@ -109,13 +109,14 @@ def test_the_long_suites_never_join_make_tests_split():
     assert split.side_modules(sorted(times), times) == ["tests/integration/test_faults.py"]
 
 
-def test_ci_runs_both_stages_and_every_suite_make_test_deselects_but_cuda():
-    """Everything CI claims, CI runs: .ci/run calls make test, then make test-long, and each
-    marker the default selection leaves out is either run by scripts/long-tests.sh or the one
-    declared opt-in (cuda: a 1.9 GB toolkit). The control: the default selection does leave
-    markers out, so the check has something to hold."""
+def test_ci_runs_make_test_and_make_test_long_holds_every_suite_it_deselects_but_cuda():
+    """.ci/run calls the README's make test alone (make test-long came out of CI on 2026-12-07:
+    both did not fit CI's 90 minutes, docs/development.md), and each marker the default
+    selection leaves out is either run by scripts/long-tests.sh or the one declared opt-in
+    (cuda: a 1.9 GB toolkit). The control: the default selection does leave markers out, so
+    the check has something to hold."""
     ci = [line.strip() for line in (REPO / ".ci/run").read_text().splitlines()]
-    assert [line for line in ci if line.startswith("make ")] == ["make test", "make test-long"]
+    assert [line for line in ci if line.startswith("make ")] == ["make test"]
     pyproject = (REPO / "pyproject.toml").read_text()
     addopts = next(line for line in pyproject.splitlines() if line.startswith("addopts"))
     deselected = set(re.findall(r"not (\w+)", addopts))

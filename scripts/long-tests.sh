@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `make test-long`: the integration suites that do not fit make test's 45 minutes, run by hand
-# on a change's final commit (not in CI: .ci/run says why): faults injected into applies of every role (test_faults.py,
-# a lab of five hosts booted bare for each fault) beside the Kubernetes upgrade by one minor
-# (test_kubernetes_upgrade.py, a 13-host lab of its own and the newer release built here).
+# on a change's final commit (not in CI: .ci/run says why): faults injected into applies of
+# every role (test_faults.py, a lab of five hosts booted bare for each fault) beside the
+# Kubernetes upgrade by one minor (test_kubernetes_upgrade.py, a 13-host lab of its own and the
+# newer release built here).
 # Side by side, as make test's two processes: the upgrade spends most of its time waiting
 # (joins paced, nodes drained, pods restarted), the faults suite on its applies.
 #
